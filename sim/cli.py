@@ -6,9 +6,15 @@ line on stderr and exit status 2; never a traceback.
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from sim.errors import MoesimError
 from traces.cli import app as trace_app
@@ -21,6 +27,100 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(trace_app, name="trace", help="Record, import, synthesise and inspect moe-trace files.")
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a key: --set cache.rate=0.25 (repeatable)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write config.yaml, metrics.json, steps.parquet, timeline.json here")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print metrics.json to stdout instead of the summary")] = False,
+    timeline: Annotated[bool, typer.Option(help="record the GPU/PCIe timeline (with --out)")] = True,
+    progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+) -> None:
+    """Run one scenario and print its summary."""
+    from sim.outputs import print_summary, write_outputs
+    from sim.runner import run_loaded
+    from sim.scenario import load_scenario
+
+    loaded = load_scenario(scenario, set_ or [])
+    err = Console(stderr=True)
+    show = err.is_terminal if progress is None else progress
+    want_timeline = timeline and out is not None
+    if show:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("iterations"), TimeRemainingColumn(), console=err, transient=True) as bar:
+            task = bar.add_task(loaded.scenario.name, total=None)
+            last = [0.0]
+
+            def tick(done: int, total: int) -> None:
+                now = time.monotonic()
+                if now - last[0] > 0.1 or done == total:
+                    last[0] = now
+                    bar.update(task, completed=done, total=total)
+
+            result = run_loaded(loaded, timeline=want_timeline, progress=tick)
+    else:
+        result = run_loaded(loaded, timeline=want_timeline)
+    if out is not None:
+        write_outputs(result, out, timeline=want_timeline)
+    if json_out:
+        print(json.dumps(result.metrics, indent=2, sort_keys=True))
+    else:
+        console = Console()
+        print_summary(result, console)
+        if out is not None:
+            console.print(f"wrote {out}/config.yaml, metrics.json, steps.parquet" + (", timeline.json" if want_timeline else ""))
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of scenario files."""
+    from sim.scenario import scenario_schema
+
+    print(json.dumps(scenario_schema(), indent=2))
+
+
+@app.command()
+def policies() -> None:
+    """List the registered policies and their parameters."""
+    from policies.registry import policy_class, policy_names, policy_params
+
+    t = Table("policy", "kind", "parameters (defaults)", "what it does")
+    for name in policy_names():
+        cls = policy_class(name)
+        kind = "oracle bound" if cls.oracle else ("lossy" if cls.lossy else "lossless")
+        params = ", ".join(f"{k}={v!r}" for k, v in policy_params(cls).items()) or "-"
+        t.add_row(name, kind, params, cls.summary)
+    Console().print(t)
+
+
+@app.command()
+def models() -> None:
+    """List the model catalog."""
+    from sim.catalog import get_model, model_names
+
+    t = Table("model", "MoE layers", "experts", "top-k", "shared", "expert MB", "routed GB", "non-expert GB")
+    for name in model_names():
+        m = get_model(name)
+        t.add_row(name, str(m.num_layers), str(m.num_experts), str(m.top_k), str(m.num_shared_experts),
+                  f"{m.expert_bytes / 1e6:.1f}", f"{m.routed_bytes / 1e9:.1f}", f"{m.non_expert_bytes / 1e9:.2f}")
+    Console().print(t)
+
+
+@app.command()
+def hardware() -> None:
+    """List the hardware catalog."""
+    from sim.catalog import get_hardware, hardware_names
+
+    t = Table("hardware", "VRAM GiB", "PCIe GB/s", "copy engines", "TFLOP/s", "HBM GB/s", "calibrated")
+    for name in hardware_names():
+        h = get_hardware(name)
+        t.add_row(name, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", str(h.copy_engines), f"{h.peak_tflops:g}",
+                  f"{h.hbm_gbps:g}", "yes" if h.costs else "no")
+    Console().print(t)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -234,6 +234,9 @@ def validate_batch(
     lut = np.empty(len(ph_dict), dtype=np.int8)
     for j, name in enumerate(ph_dict):
         if name not in PHASES:
+            if not (ph_idx == j).any():  # an unused dictionary entry is harmless
+                lut[j] = 0
+                continue
             i = _first_bad_row(ph_idx == j)
             raise TraceError(path, f"unknown phase {name!r} (expected prefill or decode)", row=row0 + i, column="phase")
         lut[j] = PHASES.index(name)
@@ -349,6 +352,21 @@ def num_rows(path: str | os.PathLike[str]) -> int:
     return int(_open(path).metadata.num_rows)
 
 
+def _embedding_cols(batch: pa.RecordBatch, row0: int, path: Any) -> dict[str, np.ndarray]:
+    """The non-null embeddings of a batch as ``embedding`` ``[n, D]`` plus their global rows."""
+    emb = batch.column("embedding")
+    if emb.null_count == batch.num_rows:
+        return {}
+    vals = emb.drop_null()
+    lengths = np.diff(np.asarray(vals.offsets))
+    if lengths.size and (lengths != lengths[0]).any():
+        raise TraceError(path, "embeddings of different lengths", column="embedding")
+    mat = np.asarray(vals.flatten().to_numpy(zero_copy_only=False), dtype=np.float16)
+    mat = mat.reshape(len(vals), int(lengths[0]) if lengths.size else 0)
+    _check_finite(mat, "embedding", path, row0)
+    return {"embedding_rows": np.flatnonzero(~np.asarray(emb.is_null())) + row0, "embedding": mat}
+
+
 def iter_batches(
     path: str | os.PathLike[str],
     columns: Sequence[str] | None = None,
@@ -378,17 +396,7 @@ def iter_batches(
         for batch in pf.iter_batches(batch_size=batch_rows, columns=want):
             cols = validate_batch(batch, meta, cursor, path)
             if "embedding" in want:
-                emb = batch.column("embedding")
-                if emb.null_count < batch.num_rows:
-                    cols["embedding_rows"] = np.flatnonzero(~np.asarray(emb.is_null())) + (cursor.row - batch.num_rows)
-                    vals = emb.drop_null()
-                    lengths = np.diff(np.asarray(vals.offsets))
-                    if lengths.size and (lengths != lengths[0]).any():
-                        raise TraceError(path, "embeddings of different lengths", column="embedding")
-                    mat = np.asarray(vals.flatten().to_numpy(zero_copy_only=False), dtype=np.float16)
-                    mat = mat.reshape(len(vals), int(lengths[0]) if lengths.size else 0)
-                    _check_finite(mat, "embedding", path, 0)
-                    cols["embedding"] = mat
+                cols.update(_embedding_cols(batch, cursor.row - batch.num_rows, path))
             yield cols
     except (pa.ArrowInvalid, OSError) as exc:
         raise TraceError(path, f"unreadable Parquet data ({str(exc).splitlines()[0]})") from None
@@ -436,6 +444,22 @@ class Trace:
         return out
 
 
+def _collect(meta: TraceMeta, batches: Iterable[dict[str, np.ndarray]], path: Any) -> Trace:
+    parts: dict[str, list[np.ndarray]] = {}
+    for cols in batches:
+        for k, v in cols.items():
+            parts.setdefault(k, []).append(v)
+    merged: dict[str, Any] = {k: np.concatenate(chunks) for k, chunks in parts.items()}
+    if not parts:  # a file with no rows
+        merged = {c: np.zeros(0, dtype=np.int64) for c in ("request_id", "token_idx", "layer")}
+        merged["phase"] = np.zeros(0, dtype=np.int8)
+        merged["experts"] = np.zeros((0, meta.model.top_k), dtype=np.int16)
+    for opt in ("weights", "logits", "lookahead_logits"):
+        if opt in merged and len(parts[opt]) != len(parts["request_id"]):
+            raise TraceError(path, "column is filled in some row groups and null in others", column=opt)
+    return Trace(meta=meta, path=None if path is None else str(path), **merged)
+
+
 def read_trace(
     path: str | os.PathLike[str],
     columns: Sequence[str] | None = None,
@@ -444,21 +468,25 @@ def read_trace(
 ) -> Trace:
     """Read and validate a whole trace into a :class:`Trace` (only the columns asked for)."""
     meta = read_meta(path)
-    parts: dict[str, list[np.ndarray]] = {}
-    for cols in iter_batches(path, columns, batch_rows=batch_rows):
-        for k, v in cols.items():
-            parts.setdefault(k, []).append(v)
-    merged: dict[str, Any] = {}
-    for k, chunks in parts.items():
-        merged[k] = np.concatenate(chunks) if chunks else None
-    if not parts:  # a file with no rows
-        merged = {c: np.zeros(0, dtype=np.int64) for c in ("request_id", "token_idx", "layer")}
-        merged["phase"] = np.zeros(0, dtype=np.int8)
-        merged["experts"] = np.zeros((0, meta.model.top_k), dtype=np.int16)
-    for opt in ("weights", "logits", "lookahead_logits"):
-        if opt in merged and len(parts[opt]) != len(parts["request_id"]):
-            raise TraceError(path, "column is filled in some row groups and null in others", column=opt)
-    return Trace(meta=meta, path=str(path), **{k: v for k, v in merged.items()})
+    return _collect(meta, iter_batches(path, columns, batch_rows=batch_rows), path)
+
+
+def trace_from_columns(columns: Mapping[str, Any], meta: TraceMeta) -> Trace:
+    """Validate in-memory columns (as :func:`write_trace` takes them) into a :class:`Trace`
+    without a file (synthetic traces in scenarios)."""
+    table = build_table(columns, meta)
+    cursor = _Cursor()
+
+    def batches() -> Iterator[dict[str, np.ndarray]]:
+        for batch in table.to_batches(max_chunksize=DEFAULT_BATCH_ROWS):
+            row0 = cursor.row
+            cols = validate_batch(batch, meta, cursor, None)
+            if "embedding" in batch.schema.names:
+                cols.update(_embedding_cols(batch, row0, None))
+            yield cols
+        _check_complete(cursor, meta, None)
+
+    return _collect(meta, batches(), None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -550,6 +578,10 @@ def write_trace(
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
+        # mkstemp creates the file 0600; give it the mode a plain open() would (umask applied)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         pq.write_table(table, tmp, row_group_size=row_group_rows, compression="zstd")
         os.replace(tmp, out)
     except BaseException:

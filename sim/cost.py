@@ -1,0 +1,69 @@
+"""Cost model: how long GPU work and PCIe transfers take (seconds).
+
+Without calibrated ``costs`` the model is a roofline: a kernel group takes
+``max(bytes_read / hbm, flops / peak) + kernel_us``. With ``hardware.costs`` (from a real GPU,
+see the calibration harness) the measured per-layer and per-expert times are used instead,
+with optional per-token slopes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.catalog import HardwareSpec, ModelSpec
+
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Durations in seconds for one model on one GPU."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.model.expert_bytes
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Host-to-device copy of ``nbytes``: fixed latency plus bytes over bandwidth."""
+        hw = self.hardware
+        return hw.pcie_latency_us * US + nbytes / (hw.pcie_gbps * 1e9)
+
+    def d2h_s(self, nbytes: float) -> float:
+        hw = self.hardware
+        bw = hw.d2h_gbps if hw.d2h_gbps is not None else hw.pcie_gbps
+        return hw.pcie_latency_us * US + nbytes / (bw * 1e9)
+
+    def _roofline(self, nbytes: float, flops: float) -> float:
+        hw = self.hardware
+        return max(nbytes / (hw.hbm_gbps * 1e9), flops / (hw.peak_tflops * 1e12)) + hw.kernel_us * US
+
+    def layer_s(self, n_tokens: int) -> float:
+        """Non-MoE part of one layer (attention, norms, router, shared experts) for an
+        iteration of ``n_tokens`` tokens. The roofline spreads ``non_expert_bytes`` evenly
+        over the MoE layers (embeddings and head included)."""
+        costs = self.hardware.costs
+        if costs is not None:
+            return (costs.layer_us + costs.layer_us_per_token * max(0, n_tokens - 1)) * US
+        m = self.model
+        per_layer_bytes = m.non_expert_bytes / m.num_layers
+        flops = 2.0 * (per_layer_bytes / m.dtype_bytes) * n_tokens
+        return self._roofline(per_layer_bytes, flops)
+
+    def expert_s(self, n_tokens: int) -> float:
+        """One routed expert applied to ``n_tokens`` tokens."""
+        if n_tokens <= 0:
+            return 0.0
+        costs = self.hardware.costs
+        if costs is not None:
+            return (costs.expert_us + costs.expert_us_per_token * (n_tokens - 1)) * US
+        m = self.model
+        return self._roofline(m.expert_bytes, 2.0 * m.expert_params * n_tokens)
+
+    def head_s(self, n_tokens: int) -> float:
+        """Once per iteration after the last layer (LM head, sampling). The roofline folds the
+        head into ``layer_s``; only calibrated costs carry a separate figure."""
+        costs = self.hardware.costs
+        return costs.head_us * US if costs is not None else 0.0

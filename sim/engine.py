@@ -1,0 +1,907 @@
+"""The SimPy model: one GPU compute stream, host-to-device copy lanes and the expert VRAM budget.
+
+Semantics (DESIGN.md section 5), per iteration and MoE layer ``l``:
+
+1. ``policy.before_layer`` (evict, prefetch, cancel queued prefetches);
+2. non-MoE compute of ``l`` on the GPU stream;
+3. routing of ``l`` becomes known; ``policy.plan`` says which experts run;
+4. each planned expert part is resident (hit), issued (late: queued or in flight) or absent
+   (demand load, queued ahead of every prefetch; a transfer in flight is never cancelled);
+   ``policy.after_layer`` runs now, so its prefetches for later layers overlap the compute;
+5. expert parts compute on the GPU stream as they become resident, ready ones first; an expert
+   stays pinned until all its parts of this layer have computed.
+
+VRAM: a unit (an expert, or a segment of one) holds its bytes from the moment its transfer is
+issued until it is evicted, in the pool of its layer (or the one global pool), or in the
+shared transfer buffer (``cache.buffer_experts``) when its pool has no room. Victims come from
+the policy among unpinned residents; a demand load that finds no room waits (a stall), after
+the engine has cancelled queued prefetches of that pool. The budget is never exceeded.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from policies.base import HIT, LATE, MISS, PARTIAL, Outcome, Policy, Routing, UnitKey
+from sim.cost import CostModel
+from sim.errors import MoesimError
+from sim.workload import Future, Iteration, Workload
+
+# unit states
+WAITING, QUEUED, INFLIGHT, RESIDENT = 1, 2, 3, 4
+STATE_NAMES = {WAITING: "waiting", QUEUED: "queued", INFLIGHT: "in-flight", RESIDENT: "resident"}
+ABSENT = 0
+
+DEMAND_CLASS, PREFETCH_CLASS = 0, 1
+BUFFER_POOL = -1
+
+
+class CausalityError(RuntimeError):
+    """A policy asked for information a real system would not have at that instant."""
+
+
+class Unit:
+    """An expert (or a segment of one) that is waiting for room, queued, in flight or resident."""
+
+    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "issue_iter",
+                 "in_buffer", "start", "end", "seq")
+
+    def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool, issue_iter: int,
+                 event: simpy.Event) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.pool = pool
+        self.state = WAITING
+        self.event = event
+        self.demand = demand
+        self.used = False
+        self.issue_iter = issue_iter
+        self.in_buffer = False
+        self.start = -1.0
+        self.end = -1.0
+        self.seq = 0
+
+
+@dataclass
+class SimContext:
+    """Static context handed to ``policy.setup``."""
+
+    model: Any               # sim.catalog.ModelSpec
+    hardware: Any            # sim.catalog.HardwareSpec
+    cost: CostModel
+    num_layers: int
+    num_experts: int
+    top_k: int
+    expert_bytes: int
+    pool_capacity: list[int]  # bytes per pool (one per layer, or one global)
+    buffer_bytes: int
+    total_budget: int         # sum of pool capacities
+    rng: np.random.Generator
+    has_lookahead: bool
+    has_weights: bool
+    has_embedding: bool
+    future: Future | None = None   # oracle policies only
+    expert_frequency: np.ndarray | None = None   # [L, E] counts over the replayed workload (offline profile)
+
+
+@dataclass
+class StepRecord:
+    iteration: int
+    layer: int
+    t_start: float
+    t_route: float
+    t_end: float
+    n_experts: int
+    hits: int
+    late: int
+    partial: int
+    misses: int
+    stall_s: float
+    demand_bytes: int
+    prefetch_bytes: int
+    evictions: int
+
+
+@dataclass
+class RunStats:
+    """Raw counters of one run; :mod:`sim.metrics` turns them into the reported metrics."""
+
+    hits: int = 0
+    late: int = 0
+    partial: int = 0
+    misses: int = 0
+    demand_bytes: int = 0
+    prefetch_bytes: int = 0
+    prefetch_units: int = 0
+    prefetch_used: int = 0
+    wasted_prefetch_bytes: int = 0
+    refetch_bytes: int = 0
+    fetch_needed: int = 0       # accesses whose expert was brought in since its previous access
+    fetch_covered: int = 0      # ... of which by a prefetch
+    evictions: int = 0
+    stall_s: float = 0.0
+    gpu_busy_s: float = 0.0
+    pcie_busy_s: float = 0.0
+    vram_peak_bytes: int = 0
+    substitutions: int = 0
+    dropped: int = 0
+    mass_kept_sum: float = 0.0
+    token_layers: int = 0
+    token_end: dict[int, list[float]] = field(default_factory=dict)   # request -> token times
+    request_start: dict[int, float] = field(default_factory=dict)
+    iteration_end: list[float] = field(default_factory=list)
+
+
+class EngineView:
+    """What a policy may see and do. Reads are limited to the present: the routing of layers
+    already routed in the current iteration, their ``lookahead_logits``, and the past."""
+
+    __slots__ = ("_e",)
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    # -- time and position -------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        """Simulated time in seconds."""
+        return float(self._e.env.now)
+
+    @property
+    def iteration(self) -> Iteration:
+        return self._e.cur_iter
+
+    @property
+    def iteration_index(self) -> int:
+        return self._e.cur_iter.index
+
+    @property
+    def layer(self) -> int:
+        """The layer being processed (-1 before layer 0 of the iteration)."""
+        return self._e.cur_layer
+
+    @property
+    def num_layers(self) -> int:
+        return self._e.L
+
+    # -- present and past routing -------------------------------------------------------------
+    def routing(self, layer: int) -> Routing:
+        """Routing of ``layer`` in the current iteration; only once it is known."""
+        e = self._e
+        if layer > e.routed_upto:
+            raise CausalityError(f"routing of layer {layer} is not known yet (now at layer {e.cur_layer})")
+        return e.routing_of(e.cur_iter, layer)
+
+    def lookahead_logits(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) applied
+        to the router input of ``layer``; available once ``layer`` is routed."""
+        e = self._e
+        if layer > e.routed_upto:
+            raise CausalityError(f"lookahead of layer {layer} is not known yet (now at layer {e.cur_layer})")
+        la = e.trace.lookahead_logits
+        if la is None:
+            return None
+        return la[e.rows_of(e.cur_iter, layer)]
+
+    def previous_lookahead_logits(self) -> np.ndarray | None:
+        """Lookahead of the last layer of the previous iteration (router 0 applied to it): a
+        cross-token prediction for layer 0, available at the start of an iteration. Tokens of
+        the previous iteration, so its batch may differ in size."""
+        e = self._e
+        la = e.trace.lookahead_logits
+        if la is None or e.prev_iter is None:
+            return None
+        return la[e.rows_of(e.prev_iter, e.L - 1)]
+
+    def previous_routing(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, k]`` routing of ``layer`` in the previous iteration."""
+        e = self._e
+        if e.prev_iter is None:
+            return None
+        return e.trace.experts[e.rows_of(e.prev_iter, layer)]
+
+    def embedding(self) -> np.ndarray | None:
+        """Semantic embedding of the current iteration (known at its start), if the trace has one."""
+        e = self._e
+        it = e.cur_iter
+        if it.emb_row < 0 or e.trace.embedding is None or e.emb_index is None:
+            return None
+        idx = e.emb_index.get(it.emb_row)
+        return None if idx is None else e.trace.embedding[idx]
+
+    # -- residency --------------------------------------------------------------------------
+    def state(self, layer: int, expert: int, part: int = 0) -> int:
+        """``ABSENT`` (0), ``WAITING``, ``QUEUED``, ``INFLIGHT`` or ``RESIDENT``."""
+        u = self._e.units.get((layer, expert, part))
+        return ABSENT if u is None else u.state
+
+    def is_resident(self, layer: int, expert: int) -> bool:
+        """All parts of the expert are resident."""
+        e = self._e
+        for p in range(len(e.fractions[layer])):
+            u = e.units.get((layer, expert, p))
+            if u is None or u.state != RESIDENT:
+                return False
+        return True
+
+    def is_present(self, layer: int, expert: int, part: int = 0) -> bool:
+        """The unit is resident or issued (waiting, queued, in flight)."""
+        return (layer, expert, part) in self._e.units
+
+    def resident_units(self, pool: int | None = None) -> list[UnitKey]:
+        e = self._e
+        src = e.units.items() if pool is None else e.pool_units[pool].items()
+        return [k for k, u in src if u.state == RESIDENT]
+
+    def units_of_layer(self, layer: int) -> list[UnitKey]:
+        return [k for k in self._e.units if k[0] == layer]
+
+    def pinned(self, layer: int, expert: int) -> bool:
+        return (layer, expert) in self._e.pinned
+
+    def pool_of(self, layer: int) -> int:
+        return self._e.pool_of(layer)
+
+    def capacity(self, pool: int) -> int:
+        return self._e.capacity[pool]
+
+    def used(self, pool: int) -> int:
+        return self._e.used[pool]
+
+    def free(self, pool: int) -> int:
+        return self._e.capacity[pool] - self._e.used[pool]
+
+    def part_bytes(self, layer: int, part: int = 0) -> int:
+        return self._e.part_bytes(layer, part)
+
+    # -- actions ------------------------------------------------------------------------------
+    def prefetch(self, layer: int, expert: int, part: int = 0, priority: float = 0.0,
+                 into_buffer: bool = False) -> bool:
+        """Queue a prefetch (behind every demand load; higher ``priority`` first). It takes room
+        now: from its pool (victims from ``choose_victim``), or the transfer buffer when
+        ``into_buffer`` or the pool has none. Returns False, doing nothing, when the unit is
+        already present or there is no room."""
+        return self._e.issue_prefetch((layer, expert, part), priority, into_buffer)
+
+    def evict(self, layer: int, expert: int, part: int = 0) -> bool:
+        """Drop a resident, unpinned unit. Returns False if it is not such a unit."""
+        return self._e.evict_key((layer, expert, part), critical=False)
+
+    def cancel_prefetches(self, layer: int | None = None) -> int:
+        """Cancel queued (not yet started) prefetches, of ``layer`` or all; returns how many."""
+        return self._e.cancel_queued(layer)
+
+    def set_layer_budgets(self, budgets: list[int]) -> None:
+        """Re-split the expert budget among layers (bytes per layer; the sum may not exceed the
+        total). Only at an idle point (``on_iteration_end``/``setup``-time ``warm``) and only when
+        each layer's current usage fits its new budget (evict first)."""
+        self._e.set_layer_budgets(budgets)
+
+
+class Engine:
+    """Replays a :class:`~sim.workload.Workload` under a policy. Build, then :meth:`run`."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        cost: CostModel,
+        *,
+        budget_bytes: int,
+        buffer_bytes: int = 0,
+        initial: str = "empty",
+        seed: int = 0,
+        record_timeline: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        tr = workload.trace
+        m = tr.model
+        self.workload, self.trace, self.policy, self.cost = workload, tr, policy, cost
+        self.L, self.E, self.K = m.num_layers, m.num_experts, m.top_k
+        self.expert_bytes = cost.expert_bytes
+        self.env = simpy.Environment()
+        self.view = EngineView(self)
+        self.record_timeline = record_timeline
+        self.timeline: list[tuple[str, str, float, float, dict[str, Any]]] = []
+        self.progress = progress
+        self.initial = initial
+        ss = np.random.SeedSequence(seed)
+        pol_seed, eng_seed = ss.spawn(2)
+        self.rng = np.random.default_rng(eng_seed)
+
+        if policy.scope not in ("layer", "global"):
+            raise MoesimError(f"policy {policy.name!r} has unknown scope {policy.scope!r}")
+        self.global_pool = policy.scope == "global"
+        if self.global_pool:
+            self.capacity = [int(budget_bytes)]
+        else:
+            per = int(budget_bytes) // self.L
+            self.capacity = [per] * self.L
+        self.used = [0] * len(self.capacity)
+        self.pool_units: list[dict[UnitKey, Unit]] = [{} for _ in self.capacity]
+        self.buffer_capacity = int(buffer_bytes)
+        self.buffer_used = 0
+        self.fractions: list[tuple[float, ...]] = [(1.0,)] * self.L
+
+        self.units: dict[UnitKey, Unit] = {}
+        self.pinned: set[tuple[int, int]] = set()
+        self.waiting: list[Unit] = []              # demand units waiting for room, in order
+        self.lane_queue: list[tuple[Any, ...]] = []
+        self.lane_wake: list[simpy.Event] = []
+        self.space_event = self.env.event()
+        self.last_evict_iter: dict[UnitKey, int] = {}
+        self.stats = RunStats()
+        self.steps: list[StepRecord] = []
+        self._seq = 0
+        self._layer_evictions = 0
+        self._layer_prefetch_bytes = 0
+        self.cur_layer = -1
+        self.routed_upto = -1
+        self.cur_iter = workload.iterations[0]
+        self.prev_iter: Iteration | None = None
+        self.emb_index = (
+            {int(r): i for i, r in enumerate(tr.embedding_rows)} if tr.embedding_rows is not None else None
+        )
+        self.freq: np.ndarray | None = None
+
+        self.ctx = SimContext(
+            model=cost.model, hardware=cost.hardware, cost=cost, num_layers=self.L,
+            num_experts=self.E, top_k=self.K, expert_bytes=self.expert_bytes,
+            pool_capacity=list(self.capacity), buffer_bytes=self.buffer_capacity,
+            total_budget=sum(self.capacity), rng=np.random.default_rng(pol_seed),
+            has_lookahead=tr.lookahead_logits is not None, has_weights=tr.weights is not None,
+            has_embedding=tr.embedding is not None,
+            future=workload.future() if policy.oracle else None,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # helpers
+    def pool_of(self, layer: int) -> int:
+        return 0 if self.global_pool else layer
+
+    def part_bytes(self, layer: int, part: int) -> int:
+        fr = self.fractions[layer]
+        if not 0 <= part < len(fr):
+            raise ValueError(f"layer {layer} has {len(fr)} part(s); no part {part}")
+        return int(round(fr[part] * self.expert_bytes))
+
+    @staticmethod
+    def rows_of(it: Iteration, layer: int) -> slice | np.ndarray:
+        """Trace rows of ``layer`` for the tokens of ``it`` (a slice when there is one token:
+        numpy views are much cheaper than fancy indexing on the hot path)."""
+        if it.rows0.shape[0] == 1:
+            r = int(it.rows0[0]) + layer
+            return slice(r, r + 1)
+        return it.rows0 + layer
+
+    def routing_of(self, it: Iteration, layer: int) -> Routing:
+        rows = self.rows_of(it, layer)
+        w = self.trace.weights
+        return Routing(layer, self.trace.experts[rows], None if w is None else w[rows])
+
+    def _add_unit(self, u: Unit) -> None:
+        self.units[u.key] = u
+        self.pool_units[u.pool][u.key] = u
+
+    def _remove_unit(self, u: Unit) -> None:
+        del self.units[u.key]
+        del self.pool_units[u.pool][u.key]
+
+    def _total_used(self) -> int:
+        return sum(self.used) + self.buffer_used
+
+    def _note_peak(self) -> None:
+        tot = self._total_used()
+        if tot > self.stats.vram_peak_bytes:
+            self.stats.vram_peak_bytes = tot
+
+    def _release(self, u: Unit) -> None:
+        if u.in_buffer:
+            self.buffer_used -= u.nbytes
+        else:
+            self.used[u.pool] -= u.nbytes
+        if not self.space_event.triggered:
+            self.space_event.succeed()
+
+    def _candidates(self, pool: int) -> list[UnitKey]:
+        pinned = self.pinned
+        return [k for k, u in self.pool_units[pool].items()
+                if u.state == RESIDENT and not u.in_buffer and (k[0], k[1]) not in pinned]
+
+    def evict_key(self, key: UnitKey, critical: bool) -> bool:
+        u = self.units.get(key)
+        if u is None or u.state != RESIDENT or (key[0], key[1]) in self.pinned:
+            return False
+        self._remove_unit(u)
+        self._release(u)
+        self.stats.evictions += 1
+        self._layer_evictions += 1
+        if not u.used and not u.demand:
+            self.stats.wasted_prefetch_bytes += u.nbytes
+        self.last_evict_iter[key] = self.cur_iter.index
+        self.policy.on_evict(self.view, key)
+        return True
+
+    def _make_room(self, pool: int, nbytes: int) -> tuple[bool, int]:
+        """Evict policy-chosen victims until ``nbytes`` fit in ``pool``; returns (fits, evictions)."""
+        n = 0
+        cap, used = self.capacity, self.used
+        while cap[pool] - used[pool] < nbytes:
+            cands = self._candidates(pool)
+            if not cands:
+                break
+            victim = self.policy.choose_victim(self.view, pool, cands, nbytes - (cap[pool] - used[pool]))
+            if victim is None:
+                break
+            if victim not in self.units or not self.evict_key(victim, critical=True):
+                raise MoesimError(f"policy {self.policy.name!r} chose victim {victim}, which is not an unpinned resident")
+            n += 1
+        return cap[pool] - used[pool] >= nbytes, n
+
+    def _allocate(self, u: Unit, allow_buffer: bool) -> tuple[bool, int]:
+        fits, n = self._make_room(u.pool, u.nbytes)
+        if fits:
+            self.used[u.pool] += u.nbytes
+        elif allow_buffer and self.buffer_capacity - self.buffer_used >= u.nbytes:
+            u.in_buffer = True
+            self.buffer_used += u.nbytes
+        else:
+            return False, n
+        if self.used[u.pool] > self.capacity[u.pool] or self.buffer_used > self.buffer_capacity:
+            raise AssertionError("VRAM budget exceeded")  # invariant; never expected
+        self._note_peak()
+        return True, n
+
+    def _enqueue(self, u: Unit, cls: int, prio: float) -> None:
+        self._seq += 1
+        u.seq = self._seq
+        u.state = QUEUED
+        heapq.heappush(self.lane_queue, (cls, -prio, self._seq, u))
+        if self.lane_wake:
+            ev = self.lane_wake.pop()
+            if not ev.triggered:
+                ev.succeed()
+
+    # ------------------------------------------------------------------------------------------
+    # prefetch / demand
+    def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
+        if key in self.units:
+            return False
+        layer, expert, part = key
+        if not (0 <= layer < self.L and 0 <= expert < self.E):
+            raise ValueError(f"no expert {expert} in layer {layer}")
+        nbytes = self.part_bytes(layer, part)
+        pool = self.pool_of(layer)
+        u = Unit(key, nbytes, pool, False, self.cur_iter.index, self.env.event())
+        if any(w.pool == pool for w in self.waiting):
+            return False  # demand loads waiting for room in this pool come first
+        if into_buffer:
+            if self.buffer_capacity - self.buffer_used < nbytes:
+                return False
+            u.in_buffer = True
+            self.buffer_used += nbytes
+            self._note_peak()
+        else:
+            ok, _ = self._allocate(u, allow_buffer=True)
+            if not ok:
+                return False
+        self._add_unit(u)
+        self._enqueue(u, PREFETCH_CLASS, priority)
+        return True
+
+    def cancel_queued(self, layer: int | None) -> int:
+        n = 0
+        keep = []
+        for entry in self.lane_queue:
+            u = entry[3]
+            if entry[0] == PREFETCH_CLASS and u.state == QUEUED and (layer is None or u.key[0] == layer):
+                u.state = ABSENT
+                self._remove_unit(u)
+                self._release(u)
+                n += 1
+            else:
+                keep.append(entry)
+        if n:
+            heapq.heapify(keep)
+            self.lane_queue = keep
+        return n
+
+    def _try_waiting(self) -> float:
+        """Give room to waiting demand units in order; returns eviction delay on the critical path."""
+        delay = 0.0
+        evict_s = self.cost.hardware.evict_us * 1e-6
+        while self.waiting:
+            u = self.waiting[0]
+            ok, n = self._allocate(u, allow_buffer=True)
+            if not ok and self.cancel_queued_pool(u.pool):
+                ok, n2 = self._allocate(u, allow_buffer=True)
+                n += n2
+            delay += n * evict_s
+            if not ok:
+                break
+            self.waiting.pop(0)
+            self._enqueue(u, DEMAND_CLASS, 0.0)
+        return delay
+
+    def cancel_queued_pool(self, pool: int) -> int:
+        n = 0
+        keep = []
+        for entry in self.lane_queue:
+            u = entry[3]
+            if entry[0] == PREFETCH_CLASS and u.state == QUEUED and u.pool == pool and not u.in_buffer:
+                u.state = ABSENT
+                self._remove_unit(u)
+                self._release(u)
+                n += 1
+            else:
+                keep.append(entry)
+        if n:
+            heapq.heapify(keep)
+            self.lane_queue = keep
+        return n
+
+    def set_layer_budgets(self, budgets: list[int]) -> None:
+        if self.global_pool:
+            raise MoesimError(f"policy {self.policy.name!r} has one global pool; it cannot set per-layer budgets")
+        if len(budgets) != self.L:
+            raise ValueError(f"need {self.L} layer budgets, got {len(budgets)}")
+        total = sum(self.ctx.pool_capacity)
+        if sum(int(b) for b in budgets) > total:
+            raise ValueError(f"layer budgets sum to {sum(budgets)} bytes, over the total {total}")
+        for layer, b in enumerate(budgets):
+            if self.used[layer] > int(b):
+                raise ValueError(f"layer {layer} uses {self.used[layer]} bytes, over its new budget {int(b)}: evict first")
+        self.capacity = [int(b) for b in budgets]
+
+    def set_fractions(self, layer: int, fractions: tuple[float, ...]) -> None:
+        if abs(sum(fractions) - 1.0) > 1e-9 or any(f < 0 for f in fractions):
+            raise ValueError(f"part fractions of layer {layer} must be >= 0 and sum to 1, got {fractions}")
+        if fractions != self.fractions[layer] and any(k[0] == layer for k in self.units):
+            raise ValueError(f"layer {layer} changes its split while units are present: evict them first")
+        self.fractions[layer] = fractions
+
+    # ------------------------------------------------------------------------------------------
+    # processes
+    def _lane(self, lane_id: int) -> Any:
+        env = self.env
+        cost = self.cost
+        while True:
+            if not self.lane_queue:
+                ev = env.event()
+                self.lane_wake.append(ev)
+                yield ev
+                continue
+            cls, _, _, u = heapq.heappop(self.lane_queue)
+            if u.state != QUEUED:
+                continue
+            u.state = INFLIGHT
+            dur = cost.transfer_s(u.nbytes)
+            u.start = env.now
+            key = u.key
+            refetched = self.last_evict_iter.get(key)
+            if refetched is not None and self.cur_iter.index - refetched <= 1:
+                self.stats.refetch_bytes += u.nbytes
+            if cls == DEMAND_CLASS:
+                self.stats.demand_bytes += u.nbytes
+            else:
+                self.stats.prefetch_bytes += u.nbytes
+                self.stats.prefetch_units += 1
+                self._layer_prefetch_bytes += u.nbytes
+            yield env.timeout(dur)
+            u.end = env.now
+            self.stats.pcie_busy_s += dur
+            u.state = RESIDENT
+            if self.record_timeline:
+                self.timeline.append((f"PCIe H2D {lane_id}", f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else ""),
+                                      u.start, dur, {"demand": cls == DEMAND_CLASS, "bytes": u.nbytes}))
+            u.event.succeed()
+            self.policy.on_loaded(self.view, key, cls == DEMAND_CLASS)
+
+    def _initial_fill(self) -> None:
+        if self.initial == "empty":
+            return
+        L, E = self.L, self.E
+        placed: list[UnitKey] = []
+        for layer in range(L):
+            if self.initial == "popular":
+                assert self.freq is not None
+                order = np.argsort(-self.freq[layer], kind="stable")
+            elif self.initial == "random":
+                order = self.rng.permutation(E)
+            else:
+                raise MoesimError(f"cache.initial: unknown value {self.initial!r} (empty, popular or random)")
+            for e in order:
+                for p in range(len(self.fractions[layer])):
+                    key = (layer, int(e), p)
+                    nbytes = self.part_bytes(layer, p)
+                    pool = self.pool_of(layer)
+                    cap_share = self.capacity[pool] if not self.global_pool else self.capacity[0] // L * (layer + 1)
+                    if self.used[pool] + nbytes > min(self.capacity[pool], cap_share):
+                        break
+                    u = Unit(key, nbytes, pool, True, -1, self.env.event())
+                    u.state = RESIDENT
+                    u.used = True
+                    self.used[pool] += nbytes
+                    self._add_unit(u)
+                    placed.append(key)
+        self._note_peak()
+        self.policy.warm(self.view, placed)
+
+    def _gpu(self) -> Any:
+        env = self.env
+        cost = self.cost
+        L = self.L
+        st = self.stats
+        policy = self.policy
+        view = self.view
+        tr = self.trace
+        weights = tr.weights
+        units = self.units
+        pinned = self.pinned
+        timeline = self.timeline if self.record_timeline else None
+        iters = self.workload.iterations
+        n_iters = len(iters)
+        batch_start: dict[int, float] = {}
+        exp_cost: dict[int, float] = {}
+        for it in iters:
+            self.cur_iter = it
+            self.cur_layer = -1
+            self.routed_upto = -1
+            if it.batch not in batch_start:
+                batch_start[it.batch] = env.now
+            for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
+                if first:
+                    st.request_start[int(r)] = batch_start[it.batch]
+            policy.on_iteration_start(view)
+            n_tok = it.n_tokens
+            layer_s = cost.layer_s(n_tok)
+            for layer in range(L):
+                self.cur_layer = layer
+                self._layer_evictions = 0
+                self._layer_prefetch_bytes = 0
+                t0 = env.now
+                policy.before_layer(view, layer)
+                # 2. non-MoE compute
+                yield env.timeout(layer_s)
+                st.gpu_busy_s += layer_s
+                if timeline is not None:
+                    timeline.append(("GPU", f"L{layer} attn", t0, layer_s, {"iteration": it.index}))
+                # 3. routing known, plan
+                self.routed_upto = layer
+                t_route = env.now
+                routing = self.routing_of(it, layer)
+                plan = policy.plan(view, layer, routing)
+                if plan is None:
+                    plan_m = routing.experts
+                else:
+                    plan_m = np.asarray(plan)
+                    if plan_m.shape != routing.experts.shape:
+                        raise MoesimError(f"policy {policy.name!r} returned a plan of shape {plan_m.shape}, expected {routing.experts.shape}")
+                    self._lossy_stats(routing, plan_m, weights is not None)
+                # executed experts in access order and their token counts
+                flat = plan_m.reshape(-1)
+                if n_tok == 1:
+                    exps = [int(x) for x in flat if x >= 0]
+                    counts = [1] * len(exps)
+                else:
+                    valid = flat[flat >= 0]
+                    uniq, first, cnt = np.unique(valid, return_index=True, return_counts=True)
+                    order = np.argsort(first, kind="stable")
+                    exps = [int(x) for x in uniq[order]]
+                    counts = [int(x) for x in cnt[order]]
+                fr = self.fractions[layer]
+                nparts = len(fr)
+                pool = self.pool_of(layer)
+                status: list[int] = []
+                need: list[tuple[int, float, Unit]] = []  # (expert index, compute seconds, unit)
+                miss_units: list[Unit] = []
+                for e in exps:
+                    pinned.add((layer, e))
+                for i, e in enumerate(exps):
+                    c = counts[i]
+                    t_exp = exp_cost.get(c)
+                    if t_exp is None:
+                        t_exp = exp_cost[c] = cost.expert_s(c)
+                    n_res = n_abs = 0
+                    fetched = covered = False
+                    for p in range(nparts):
+                        key = (layer, e, p)
+                        u = units.get(key)
+                        if u is None:
+                            n_abs += 1
+                            u = Unit(key, self.part_bytes(layer, p), pool, True, it.index, env.event())
+                            self._add_unit(u)
+                            miss_units.append(u)
+                        elif u.state == RESIDENT:
+                            n_res += 1
+                        if not u.used:
+                            # brought in since its previous use: by a prefetch, or on demand
+                            fetched = True
+                            if not u.demand:
+                                covered = True
+                                st.prefetch_used += 1
+                            u.used = True
+                        need.append((i, t_exp * fr[p], u))
+                    if n_res == nparts:
+                        status.append(HIT)
+                    elif n_abs == 0:
+                        status.append(LATE)
+                    elif n_res:
+                        status.append(PARTIAL)
+                    else:
+                        status.append(MISS)
+                    if fetched:
+                        st.fetch_needed += 1
+                        if covered:
+                            st.fetch_covered += 1
+                hits = status.count(HIT)
+                late = status.count(LATE)
+                part = status.count(PARTIAL)
+                miss = status.count(MISS)
+                st.hits += hits
+                st.late += late
+                st.partial += part
+                st.misses += miss
+                # 4. demand loads for absent parts, ahead of queued prefetches
+                self.waiting.extend(miss_units)
+                delay = self._try_waiting()
+                stall = 0.0
+                if delay > 0:
+                    yield env.timeout(delay)
+                    stall += delay
+                policy.after_layer(view, layer, Outcome(layer, routing, plan_m, exps, status))
+                # 5. compute parts as they become resident, ready ones first
+                remaining = need
+                left_parts = [nparts] * len(exps)
+                while remaining:
+                    ready = [x for x in remaining if x[2].state == RESIDENT]
+                    if ready:
+                        if self.waiting:
+                            ready = ready[:1]   # memory is tight: free pins one expert at a time
+                        dt = sum(x[1] for x in ready)
+                        tc = env.now
+                        yield env.timeout(dt)
+                        st.gpu_busy_s += dt
+                        if timeline is not None:
+                            timeline.append(("GPU", f"L{layer} experts", tc, dt,
+                                             {"experts": [exps[x[0]] for x in ready]}))
+                        if len(ready) == len(remaining):
+                            remaining = []
+                        else:
+                            done = set(id(x) for x in ready)
+                            remaining = [x for x in remaining if id(x) not in done]
+                        for x in ready:
+                            left_parts[x[0]] -= 1
+                            if left_parts[x[0]] == 0:
+                                pinned.discard((layer, exps[x[0]]))
+                        if self.waiting:
+                            d = self._try_waiting()
+                            if d > 0:
+                                yield env.timeout(d)
+                                stall += d
+                        continue
+                    # nothing ready: wait for a transfer, or for room
+                    ts = env.now
+                    evs = [x[2].event for x in remaining if x[2].state in (QUEUED, INFLIGHT)]
+                    if evs:
+                        yield evs[0] if len(evs) == 1 else env.any_of(evs)
+                    elif self.waiting:
+                        if not self.space_event.triggered:
+                            self._check_deadlock(layer)
+                        self.space_event = env.event()
+                        yield self.space_event
+                        d = self._try_waiting()
+                        if d > 0:
+                            yield env.timeout(d)
+                    else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
+                        raise AssertionError("expert part neither present nor waiting")
+                    stall += env.now - ts
+                for e in exps:
+                    pinned.discard((layer, e))
+                st.stall_s += stall
+                self._settle_buffer(layer)
+                self.steps.append(StepRecord(it.index, layer, t0, t_route, env.now, len(exps), hits, late,
+                                             part, miss, stall, sum(u.nbytes for u in miss_units),
+                                             self._layer_prefetch_bytes, self._layer_evictions))
+            head = cost.head_s(n_tok)
+            if head > 0:
+                yield env.timeout(head)
+                st.gpu_busy_s += head
+            now = env.now
+            st.iteration_end.append(now)
+            for r in it.request_ids.tolist():
+                st.token_end.setdefault(int(r), []).append(now)
+            self.cur_layer = L
+            policy.on_iteration_end(view)
+            self._apply_fractions()
+            self.prev_iter = it
+            if self.progress is not None:
+                self.progress(it.index + 1, n_iters)
+
+    def _check_deadlock(self, layer: int) -> None:
+        busy = any(u.state in (QUEUED, INFLIGHT) for u in self.units.values())
+        if not busy:
+            u = self.waiting[0]
+            raise MoesimError(
+                f"the expert budget is too small: layer {layer} needs {u.nbytes} bytes for expert "
+                f"{u.key[1]} but its pool holds {self.capacity[u.pool]} bytes, all pinned; raise "
+                "cache.rate or cache.buffer_experts")
+
+    def _settle_buffer(self, layer: int) -> None:
+        """After ``layer`` computed: its resident units in the transfer buffer move into their
+        pool if the policy makes room, else they are dropped."""
+        if not self.buffer_used:
+            return
+        for key, u in list(self.units.items()):
+            if u.in_buffer and u.state == RESIDENT and key[0] == layer:
+                fits = self.policy.admit(self.view, key) and self._make_room(u.pool, u.nbytes)[0]
+                if fits:
+                    self.buffer_used -= u.nbytes
+                    self.used[u.pool] += u.nbytes
+                    u.in_buffer = False
+                else:
+                    self._remove_unit(u)
+                    self._release(u)
+                    if not u.used and not u.demand:
+                        self.stats.wasted_prefetch_bytes += u.nbytes
+                    self.last_evict_iter[key] = self.cur_iter.index
+                    self.policy.on_evict(self.view, key)
+
+    def _apply_fractions(self) -> None:
+        for layer in range(self.L):
+            fr = tuple(float(f) for f in self.policy.part_fractions(layer))
+            if fr != self.fractions[layer]:
+                self.set_fractions(layer, fr)
+
+    def _lossy_stats(self, routing: Routing, plan: np.ndarray, has_w: bool) -> None:
+        st = self.stats
+        orig = routing.experts
+        n, k = orig.shape
+        st.dropped += int((plan < 0).sum())
+        # substitutions: experts that run but were not routed to that token
+        for t in range(n):
+            o = set(orig[t].tolist())
+            ran = [x for x in plan[t].tolist() if x >= 0]
+            st.substitutions += sum(1 for x in ran if x not in o)
+            w = routing.weights[t] if has_w and routing.weights is not None else np.ones(k)
+            tot = float(w.sum())
+            kept = float(sum(w[j] for j in range(k) if int(orig[t, j]) in ran))
+            st.mass_kept_sum += kept / tot if tot > 0 else 1.0
+            st.token_layers += 1
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> RunStats:
+        """Run the whole workload; returns the raw counters (also in ``self.stats``)."""
+        self.freq = self._frequencies()
+        self.ctx.expert_frequency = self.freq
+        self.policy.setup(self.ctx)
+        self._apply_fractions()
+        need = max(self.part_bytes(layer, p) for layer in range(self.L) for p in range(len(self.fractions[layer])))
+        if min(self.capacity) + self.buffer_capacity < need:
+            per = min(self.capacity) / self.expert_bytes
+            raise MoesimError(
+                f"the expert budget holds {per:.2f} experts per {'pool' if self.global_pool else 'layer'}; "
+                "at least one expert is needed (raise cache.rate or cache.buffer_experts)")
+        self._initial_fill()
+        for lane in range(self.cost.hardware.copy_engines):
+            self.env.process(self._lane(lane))
+        gpu = self.env.process(self._gpu())
+        self.env.run(until=gpu)
+        return self.stats
+
+    def _frequencies(self) -> np.ndarray:
+        """[L, E] access counts over the replayed workload: an offline profile, as the
+        ``popular`` warm start and ``static`` policy assume one exists."""
+        L, E = self.L, self.E
+        freq = np.zeros((L, E), dtype=np.int64)
+        rows0 = np.concatenate([it.rows0 for it in self.workload.iterations])
+        for layer in range(L):
+            ex = self.trace.experts[rows0 + layer].reshape(-1)
+            freq[layer] = np.bincount(ex.astype(np.int64), minlength=E)
+        return freq

@@ -1,0 +1,113 @@
+"""Run outputs (DESIGN.md section 8): the one-screen summary, ``config.yaml``,
+``metrics.json``, ``steps.parquet`` and ``timeline.json`` (Chrome trace / Perfetto)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from sim.engine import Engine, StepRecord
+from sim.runner import RunResult
+
+
+def steps_table(engine: Engine) -> pa.Table:
+    """Per (iteration, layer): times in microseconds, access counts, bytes moved."""
+    names = [f.name for f in fields(StepRecord)]
+    cols: dict[str, list[Any]] = {n: [] for n in names}
+    for s in engine.steps:
+        for n, v in asdict(s).items():
+            cols[n].append(v)
+    out: dict[str, Any] = {}
+    for n in names:
+        if n in ("t_start", "t_route", "t_end", "stall_s"):
+            key = "stall_us" if n == "stall_s" else f"{n}_us"
+            out[key] = pa.array([v * 1e6 for v in cols[n]], type=pa.float64())
+        else:
+            out[n] = pa.array(cols[n], type=pa.int64())
+    return pa.table(out)
+
+
+def chrome_trace(engine: Engine, name: str) -> dict[str, Any]:
+    """The recorded GPU and PCIe activity as a Chrome trace (opens in Perfetto)."""
+    tracks: dict[str, int] = {}
+    events: list[dict[str, Any]] = []
+    for track, label, start, dur, args in engine.timeline:
+        tid = tracks.setdefault(track, len(tracks) + 1)
+        events.append({"name": label, "ph": "X", "pid": 1, "tid": tid, "ts": start * 1e6,
+                       "dur": dur * 1e6, "args": args})
+    meta = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"moesim: {name}"}}]
+    for track, tid in tracks.items():
+        meta.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": track}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": tid, "args": {"sort_index": tid}})
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+
+
+def write_outputs(result: RunResult, out_dir: str | Path, *, timeline: bool = True) -> Path:
+    """Write the run's files into ``out_dir``. Files are written to a temporary folder first
+    and moved in at the end, so a failure leaves nothing half-written."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.yaml").write_text(yaml.safe_dump(result.config, sort_keys=False))
+        (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2, sort_keys=True) + "\n")
+        pq.write_table(steps_table(result.engine), tmp / "steps.parquet", compression="zstd")
+        if timeline:
+            (tmp / "timeline.json").write_text(json.dumps(chrome_trace(result.engine, str(result.metrics.get("scenario")))))
+        out.mkdir(exist_ok=True)
+        for f in tmp.iterdir():
+            f.replace(out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def summary_table(result: RunResult) -> Table:
+    m = result.metrics
+    r = result.config["resolved"]
+    title = f"{m['scenario']}: {m['policy']}" + (" (oracle bound)" if m["bound"] else "")
+    t = Table(title=title, show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("model / hardware", f"{r['model']['name']} on {r['hardware']['name']}")
+    t.add_row("budget", f"{m['expert_budget_gib']:.2f} GiB = {r['budget_experts_per_layer']:.2f} experts/layer"
+              + (f" + buffer {r['buffer_bytes'] / r['expert_bytes']:.0f} experts" if r["buffer_bytes"] else ""))
+    t.add_row("tokens", f"{m['output_tokens']} output, {m['tokens']} processed, {m['requests']} requests, {m['iterations']} iterations")
+    t.add_row("TTFT ms", f"mean {_fmt(m['ttft_ms']['mean'])}  p50 {_fmt(m['ttft_ms']['p50'])}  p99 {_fmt(m['ttft_ms']['p99'])}")
+    t.add_row("TPOT ms", f"mean {_fmt(m['tpot_ms']['mean'])}  p50 {_fmt(m['tpot_ms']['p50'])}  p99 {_fmt(m['tpot_ms']['p99'])}")
+    t.add_row("throughput", f"{m['tokens_per_s']:.1f} tokens/s over {m['sim_time_s']:.3f} s simulated")
+    t.add_row("accesses", f"hit {m['hit_rate']:.2%}  late {m['late_rate']:.2%}  partial {m['partial_rate']:.2%}  miss {m['miss_rate']:.2%}  ({m['accesses']})")
+    t.add_row("stall", f"{m['stall_ms']:.1f} ms ({m['stall_ms_per_token']:.3f} ms/token); GPU busy {m['gpu_busy_fraction']:.1%}")
+    t.add_row("PCIe", f"{m['h2d_gb']:.3f} GB H2D ({m['h2d_gb_per_token'] * 1e3:.2f} MB/token), busy {m['pcie_busy_ms']:.1f} ms; "
+              f"wasted prefetch {m['wasted_prefetch_gb']:.3f} GB, refetch {m['refetch_gb']:.3f} GB")
+    if m.get("fetch_precision") is not None or m.get("prefetch_recall") is not None:
+        t.add_row("prefetch", f"precision {_fmt(m['fetch_precision'])}  recall {_fmt(m['prefetch_recall'])}")
+    if "routing_mass_kept" in m:
+        t.add_row("lossy", f"{m['substitutions_per_token']:.2f} substitutions/token, {m['dropped_per_token']:.2f} dropped/token, "
+                  f"routing mass kept {m['routing_mass_kept']:.3f} (later routing replayed as recorded)")
+    t.add_row("VRAM peak", f"{m['vram_peak_gib']:.2f} GiB (experts {m['expert_vram_peak_gib']:.2f} GiB)")
+    return t
+
+
+def print_summary(result: RunResult, console: Console | None = None) -> None:
+    (console or Console()).print(summary_table(result))

@@ -1,0 +1,237 @@
+"""Scenario files: validated YAML describing one simulation run (DESIGN.md section 4).
+
+``load_scenario(path, overrides)`` reads the YAML, applies ``--set key=value`` overrides,
+validates it (unknown keys, wrong types and out-of-range values are errors naming the YAML
+path) and resolves catalog references. :func:`scenario_schema` gives the JSON Schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from sim.catalog import GIB, CatalogError, HardwareSpec, ModelSpec, get_hardware, get_model
+from sim.errors import MoesimError
+
+
+class ScenarioError(MoesimError, ValueError):
+    """A scenario that cannot run; the message names the file and the YAML path."""
+
+
+class CacheSpec(BaseModel):
+    """The expert budget: exactly one of ``rate``, ``experts_per_layer`` or ``gib``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate: float | None = Field(None, gt=0, le=1, description="budget as a fraction of all routed-expert bytes, in (0, 1]")
+    experts_per_layer: float | None = Field(None, gt=0, description="budget in whole experts per MoE layer")
+    gib: float | None = Field(None, gt=0, description="budget in GiB")
+    initial: Literal["empty", "popular", "random"] = Field(
+        "empty", description="cache content at time 0: empty, the most popular experts of each layer "
+        "(from an offline profile of the replayed trace), or random experts")
+    buffer_experts: float = Field(0, ge=0, description="extra room for transfers in flight, in experts, "
+                                  "given equally to every policy (MoEpic's comparison uses top_k)")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CacheSpec:
+        given = [k for k in ("rate", "experts_per_layer", "gib") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of rate, experts_per_layer, gib (got {', '.join(given) or 'none'})")
+        return self
+
+    def budget_bytes(self, model: ModelSpec) -> int:
+        if self.rate is not None:
+            return int(self.rate * model.routed_bytes)
+        if self.experts_per_layer is not None:
+            return int(round(self.experts_per_layer * model.num_layers)) * model.expert_bytes
+        assert self.gib is not None
+        return int(self.gib * GIB)
+
+
+class PolicySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="registered policy name (see `simctl policies`)")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword parameters of the policy")
+
+
+class WorkloadSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: PositiveInt = Field(1, description="requests decoded together")
+    phases: list[Literal["prefill", "decode"]] = Field(
+        default_factory=lambda: ["decode"], min_length=1, description="which phases of the trace to replay")
+    requests: Literal["all"] | PositiveInt | list[int] = Field(
+        "all", description="all requests, the first N, or a list of request ids")
+
+
+class Scenario(BaseModel):
+    """One simulation run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("scenario", description="name shown in outputs")
+    trace: str | dict[str, Any] = Field(description="trace file (relative to the scenario file) or {synthetic: {...}}")
+    model: str | dict[str, Any] | None = Field(None, description="catalog name, {base: NAME, ...overrides} or a full spec; default: the trace's model")
+    hardware: str | dict[str, Any] = Field(description="catalog name, {base: NAME, ...overrides} or a full spec")
+    cache: CacheSpec = Field(description="expert budget")
+    policy: str | PolicySpec = Field(description="policy name or {name, params}")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")
+    seed: int = Field(0, ge=0, description="seed of every random choice of the run")
+
+    @model_validator(mode="after")
+    def _check_trace(self) -> Scenario:
+        if isinstance(self.trace, dict):
+            if set(self.trace) != {"synthetic"}:
+                raise ValueError("trace must be a file path or a mapping with the single key 'synthetic'")
+            if not isinstance(self.trace["synthetic"], dict):
+                raise ValueError("trace.synthetic must be a mapping of generator parameters")
+        return self
+
+    @property
+    def policy_spec(self) -> PolicySpec:
+        return self.policy if isinstance(self.policy, PolicySpec) else PolicySpec(name=self.policy)
+
+
+class LoadedScenario(BaseModel):
+    """A validated scenario with its references resolved."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    scenario: Scenario
+    base_dir: Path
+    source: str | None = None
+
+    def resolved(self) -> dict[str, Any]:
+        """The scenario as plain data, for ``config.yaml``."""
+        return self.scenario.model_dump(mode="json", exclude_none=True)
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.resolved(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def trace_path(self) -> Path | None:
+        t = self.scenario.trace
+        if isinstance(t, str):
+            p = Path(t).expanduser()
+            return p if p.is_absolute() else (self.base_dir / p)
+        return None
+
+    def model_spec(self, trace_model_name: str) -> ModelSpec:
+        ref = self.scenario.model if self.scenario.model is not None else trace_model_name
+        try:
+            return get_model(ref)
+        except CatalogError as exc:
+            raise ScenarioError(f"{self.source or 'scenario'}: model: {exc}") from None
+        except ValidationError as exc:
+            raise ScenarioError(_format_validation(exc, self.source, prefix="model")) from None
+
+    def hardware_spec(self) -> HardwareSpec:
+        try:
+            return get_hardware(self.scenario.hardware)
+        except CatalogError as exc:
+            raise ScenarioError(f"{self.source or 'scenario'}: hardware: {exc}") from None
+        except ValidationError as exc:
+            raise ScenarioError(_format_validation(exc, self.source, prefix="hardware")) from None
+
+
+def _format_validation(exc: ValidationError, source: str | None, prefix: str = "") -> str:
+    err = exc.errors()[0]
+    loc = [str(x) for x in err.get("loc", ()) if not str(x).startswith(("function-after", "union["))]
+    # pydantic puts the union member's type name in the location; drop those
+    loc = [x for x in loc if x not in ("str", "int", "dict[str,any]", "PolicySpec", "list[int]", "literal['all']")]
+    path = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{source or 'scenario'}: {path}: {msg}{more}"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], parsed YAML value)."""
+    if "=" not in item:
+        raise ScenarioError(f"--set {item!r}: expected KEY=VALUE")
+    key, _, raw = item.partition("=")
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ScenarioError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides to the raw scenario mapping (in place; returns it).
+
+    Setting one of the mutually exclusive cache sizes drops the others, so
+    ``--set cache.rate=0.25`` works on a scenario written with ``experts_per_layer``.
+    """
+    for item in overrides:
+        path, value = parse_override(item)
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            if isinstance(node, dict):
+                nxt = node.get(part)
+                if isinstance(nxt, str) and part in ("model", "hardware"):
+                    nxt = {"base": nxt}
+                    node[part] = nxt
+                elif isinstance(nxt, str) and part == "policy":
+                    nxt = {"name": nxt}
+                    node[part] = nxt
+                elif nxt is None:
+                    nxt = {}
+                    node[part] = nxt
+                elif not isinstance(nxt, dict):
+                    raise ScenarioError(f"--set {item}: {'.'.join(path[:i + 1])} is not a mapping")
+                node = nxt
+        last = path[-1]
+        if path[:-1] == ["cache"] and last in ("rate", "experts_per_layer", "gib"):
+            for other in ("rate", "experts_per_layer", "gib"):
+                node.pop(other, None)
+        node[last] = value
+    return data
+
+
+def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrides: list[str] | None = None) -> LoadedScenario:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source or 'scenario'}: the top level must be a mapping")
+    data = apply_overrides(data, list(overrides or []))
+    try:
+        scen = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_format_validation(exc, source)) from None
+    return LoadedScenario(scenario=scen, base_dir=base_dir, source=source)
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
+    """Read, override and validate a scenario file."""
+    p = Path(path)
+    if not p.exists():
+        raise ScenarioError(f"{p}: no such scenario file")
+    if p.is_dir():
+        raise ScenarioError(f"{p}: is a directory, not a scenario file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ScenarioError(f"{p}:{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{p}: cannot read ({exc})") from None
+    return load_scenario_data(data, source=str(p), base_dir=p.resolve().parent, overrides=overrides)
+
+
+def scenario_schema() -> dict[str, Any]:
+    """JSON Schema of scenario files."""
+    return Scenario.model_json_schema()

@@ -1,0 +1,174 @@
+"""Turn a trace and a workload spec into the ordered list of iterations the engine replays.
+
+An iteration is one forward pass: the prefill of one request (all its prompt tokens), or one
+decode step of a batch (one token of each request of the batch that is still decoding).
+Requests are grouped into batches of ``batch_size`` in trace order; a batch runs its
+requests' prefills one after another, then decodes in lockstep; a request that runs out of
+decode tokens leaves the batch.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.errors import MoesimError
+from traces.format import DECODE, PHASES, PREFILL, Trace
+
+
+@dataclass
+class Iteration:
+    """One forward pass. ``rows0`` holds, per token, the trace row of its layer-0 entry; the
+    row of layer ``l`` is ``rows0 + l``."""
+
+    index: int
+    phase: int
+    rows0: np.ndarray
+    request_ids: np.ndarray
+    batch: int
+    first_of_request: np.ndarray   # per token: is this the request's first iteration
+    emb_row: int = -1              # row of the embedding (layer-0 row of the first token), -1 if none
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.rows0.shape[0])
+
+    @property
+    def phase_name(self) -> str:
+        return PHASES[self.phase]
+
+
+@dataclass
+class Workload:
+    trace: Trace
+    iterations: list[Iteration]
+    batches: int
+    requests: list[int]
+    decode_tokens: int = 0
+    _future: Future | None = field(default=None, repr=False)
+
+    def future(self) -> Future:
+        if self._future is None:
+            self._future = Future(self)
+        return self._future
+
+
+def build_workload(
+    trace: Trace,
+    *,
+    batch_size: int = 1,
+    phases: Sequence[str] = ("decode",),
+    requests: str | int | Sequence[int] = "all",
+) -> Workload:
+    """Select requests and phases of ``trace`` and group them into iterations."""
+    if batch_size < 1:
+        raise MoesimError(f"workload.batch_size must be >= 1, got {batch_size}")
+    want = set()
+    for p in phases:
+        if p not in PHASES:
+            raise MoesimError(f"workload.phases: unknown phase {p!r} (expected prefill or decode)")
+        want.add(PHASES.index(p))
+    L = trace.model.num_layers
+    rows0 = np.arange(0, trace.num_rows, L)
+    req = trace.request_id[rows0]
+    ph = trace.phase[rows0]
+    keep = np.isin(ph, list(want))
+    present = list(dict.fromkeys(int(r) for r in req))
+    if requests == "all":
+        chosen = present
+    elif isinstance(requests, int):
+        if requests < 1:
+            raise MoesimError(f"workload.requests must be >= 1, got {requests}")
+        chosen = present[:requests]
+    else:
+        missing = [r for r in requests if r not in set(present)]
+        if missing:
+            raise MoesimError(f"workload.requests: request {missing[0]} is not in the trace")
+        chosen = list(requests)
+    sel = keep & np.isin(req, chosen)
+    if not sel.any():
+        raise MoesimError(
+            f"the workload selects no tokens (phases {list(phases)}, {len(chosen)} requests); "
+            f"the trace has phases {sorted({PHASES[int(x)] for x in np.unique(ph)})}")
+    tok_rows = rows0[sel]
+    tok_req = req[sel]
+    tok_ph = ph[sel]
+    by_req: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for r in chosen:
+        m = tok_req == r
+        if m.any():
+            rr, pp = tok_rows[m], tok_ph[m]
+            by_req[r] = (rr[pp == PREFILL], rr[pp == DECODE])
+    order = [r for r in chosen if r in by_req]
+    iters: list[Iteration] = []
+    n_decode = 0
+    has_emb = trace.embedding_rows is not None and len(trace.embedding_rows) > 0
+    emb_set = set(int(x) for x in trace.embedding_rows) if has_emb and trace.embedding_rows is not None else set()
+
+    def emb(row: int) -> int:
+        return row if row in emb_set else -1
+
+    for b, start in enumerate(range(0, len(order), batch_size)):
+        group = order[start:start + batch_size]
+        seen: set[int] = set()
+        for r in group:
+            pre, _ = by_req[r]
+            if len(pre):
+                iters.append(Iteration(len(iters), PREFILL, pre, np.full(len(pre), r), b,
+                                       np.array([True] + [False] * (len(pre) - 1)), emb(int(pre[0]))))
+                seen.add(r)
+        longest = max(len(by_req[r][1]) for r in group)
+        for j in range(longest):
+            rows = [int(by_req[r][1][j]) for r in group if j < len(by_req[r][1])]
+            rids = [r for r in group if j < len(by_req[r][1])]
+            first = np.array([r not in seen for r in rids])
+            seen.update(rids)
+            iters.append(Iteration(len(iters), DECODE, np.array(rows, dtype=np.int64),
+                                   np.array(rids, dtype=np.int64), b, first, emb(rows[0])))
+            n_decode += len(rows)
+    return Workload(trace=trace, iterations=iters, batches=(len(order) + batch_size - 1) // batch_size,
+                    requests=order, decode_tokens=n_decode)
+
+
+class Future:
+    """Oracle annotation of a workload (a separate pass, given only to ``oracle`` policies):
+    for each (layer, expert), the ordered access keys at which the recorded routing uses it.
+    The key of an access is ``(iteration * L + layer) + rank / (n + 1)``: a global order of
+    (iteration, layer) steps, refined by ``rank``, the expert's first position among the ``n``
+    experts of that step in access order (tokens in order, highest probability first)."""
+
+    def __init__(self, workload: Workload) -> None:
+        tr = workload.trace
+        L, E = tr.model.num_layers, tr.model.num_experts
+        self._uses: list[list[list[float]]] = [[[] for _ in range(E)] for _ in range(L)]
+        self._experts = tr.experts
+        self._iters = workload.iterations
+        for it in workload.iterations:
+            for layer in range(L):
+                flat = tr.experts[it.rows0 + layer].reshape(-1)
+                _, first = np.unique(flat, return_index=True)
+                order = np.sort(first)
+                denom = len(order) + 1
+                base = it.index * L + layer
+                for rank, pos in enumerate(order):
+                    self._uses[layer][int(flat[pos])].append(base + (rank + 1) / denom)
+        self.num_layers = L
+
+    def step_key(self, iteration: int, layer: int) -> float:
+        """The key just after every access of step (iteration, layer)."""
+        return float(iteration * self.num_layers + layer) + 0.999999
+
+    def next_use(self, layer: int, expert: int, after: float) -> float:
+        """The first access key of (layer, expert) strictly after ``after`` (inf if none)."""
+        uses = self._uses[layer][expert]
+        i = bisect_right(uses, after)
+        return uses[i] if i < len(uses) else float("inf")
+
+    def routing(self, iteration: int, layer: int) -> np.ndarray:
+        """The recorded ``[n_tokens, top_k]`` routing of a (future) iteration and layer."""
+        if not 0 <= iteration < len(self._iters):
+            return np.zeros((0, self._experts.shape[1]), dtype=self._experts.dtype)
+        return self._experts[self._iters[iteration].rows0 + layer]

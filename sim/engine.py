@@ -500,7 +500,8 @@ class Engine:
         keep = []
         for entry in self.lane_queue:
             u = entry[3]
-            if entry[0] == PREFETCH_CLASS and u.state == QUEUED and (layer is None or u.key[0] == layer):
+            if (entry[0] == PREFETCH_CLASS and u.state == QUEUED and (layer is None or u.key[0] == layer)
+                    and (u.key[0], u.key[1]) not in self.pinned):
                 u.state = ABSENT
                 self._remove_unit(u)
                 self._release(u)
@@ -512,10 +513,12 @@ class Engine:
             self.lane_queue = keep
         return n
 
-    def _try_waiting(self) -> float:
-        """Give room to waiting demand units in order; returns eviction delay on the critical path."""
+    def _try_waiting(self) -> tuple[list[Unit], float]:
+        """Give room to waiting demand units, in order. Returns the units that got room (to be
+        queued once the eviction delay on the critical path, also returned, has passed)."""
         delay = 0.0
         evict_s = self.cost.hardware.evict_us * 1e-6
+        granted: list[Unit] = []
         while self.waiting:
             u = self.waiting[0]
             ok, n = self._allocate(u, allow_buffer=True)
@@ -526,6 +529,17 @@ class Engine:
             if not ok:
                 break
             self.waiting.pop(0)
+            u.state = QUEUED
+            granted.append(u)
+        return granted, delay
+
+    def _issue_demand(self) -> Any:
+        """Process fragment: grant room to waiting demand loads, pay the eviction cost on the
+        critical path, then queue the loads. Returns the stall it caused (seconds)."""
+        granted, delay = self._try_waiting()
+        if delay > 0:
+            yield self.env.timeout(delay)
+        for u in granted:
             self._enqueue(u, DEMAND_CLASS, 0.0)
         return delay
 
@@ -534,7 +548,8 @@ class Engine:
         keep = []
         for entry in self.lane_queue:
             u = entry[3]
-            if entry[0] == PREFETCH_CLASS and u.state == QUEUED and u.pool == pool and not u.in_buffer:
+            if (entry[0] == PREFETCH_CLASS and u.state == QUEUED and u.pool == pool and not u.in_buffer
+                    and (u.key[0], u.key[1]) not in self.pinned):
                 u.state = ABSENT
                 self._remove_unit(u)
                 self._release(u)
@@ -750,11 +765,9 @@ class Engine:
                 st.misses += miss
                 # 4. demand loads for absent parts, ahead of queued prefetches
                 self.waiting.extend(miss_units)
-                delay = self._try_waiting()
                 stall = 0.0
-                if delay > 0:
-                    yield env.timeout(delay)
-                    stall += delay
+                if self.waiting:
+                    stall += yield from self._issue_demand()
                 policy.after_layer(view, layer, Outcome(layer, routing, plan_m, exps, status))
                 # 5. compute parts as they become resident, ready ones first
                 remaining = need
@@ -780,11 +793,13 @@ class Engine:
                             left_parts[x[0]] -= 1
                             if left_parts[x[0]] == 0:
                                 pinned.discard((layer, exps[x[0]]))
+                                if self.buffer_used:   # free the staging room at once
+                                    for p in range(nparts):
+                                        bu = units.get((layer, exps[x[0]], p))
+                                        if bu is not None and bu.in_buffer and bu.state == RESIDENT:
+                                            self._settle(bu)
                         if self.waiting:
-                            d = self._try_waiting()
-                            if d > 0:
-                                yield env.timeout(d)
-                                stall += d
+                            stall += yield from self._issue_demand()
                         continue
                     # nothing ready: wait for a transfer, or for room
                     ts = env.now
@@ -792,13 +807,12 @@ class Engine:
                     if evs:
                         yield evs[0] if len(evs) == 1 else env.any_of(evs)
                     elif self.waiting:
-                        if not self.space_event.triggered:
+                        if self.space_event.triggered:   # room was freed since we last tried
+                            self.space_event = env.event()
+                            yield from self._issue_demand()
+                        else:
                             self._check_deadlock(layer)
-                        self.space_event = env.event()
-                        yield self.space_event
-                        d = self._try_waiting()
-                        if d > 0:
-                            yield env.timeout(d)
+                            yield self.space_event
                     else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
                         raise AssertionError("expert part neither present nor waiting")
                     stall += env.now - ts
@@ -815,7 +829,7 @@ class Engine:
                 st.gpu_busy_s += head
             now = env.now
             st.iteration_end.append(now)
-            for r in it.request_ids.tolist():
+            for r in dict.fromkeys(it.request_ids.tolist()):   # one output token per request
                 st.token_end.setdefault(int(r), []).append(now)
             self.cur_layer = L
             policy.on_iteration_end(view)
@@ -833,25 +847,29 @@ class Engine:
                 f"{u.key[1]} but its pool holds {self.capacity[u.pool]} bytes, all pinned; raise "
                 "cache.rate or cache.buffer_experts")
 
+    def _settle(self, u: Unit) -> None:
+        """A resident unit in the transfer buffer whose layer is done with it: it moves into its
+        pool if the policy admits it and room can be made, else it is dropped."""
+        key = u.key
+        if self.policy.admit(self.view, key) and self._make_room(u.pool, u.nbytes)[0]:
+            self.buffer_used -= u.nbytes
+            self.used[u.pool] += u.nbytes
+            u.in_buffer = False
+        else:
+            self._remove_unit(u)
+            self._release(u)
+            if not u.used and not u.demand:
+                self.stats.wasted_prefetch_bytes += u.nbytes
+            self.last_evict_iter[key] = self.cur_iter.index
+            self.policy.on_evict(self.view, key)
+
     def _settle_buffer(self, layer: int) -> None:
-        """After ``layer`` computed: its resident units in the transfer buffer move into their
-        pool if the policy makes room, else they are dropped."""
+        """After ``layer`` computed, settle its resident units still in the transfer buffer."""
         if not self.buffer_used:
             return
         for key, u in list(self.units.items()):
             if u.in_buffer and u.state == RESIDENT and key[0] == layer:
-                fits = self.policy.admit(self.view, key) and self._make_room(u.pool, u.nbytes)[0]
-                if fits:
-                    self.buffer_used -= u.nbytes
-                    self.used[u.pool] += u.nbytes
-                    u.in_buffer = False
-                else:
-                    self._remove_unit(u)
-                    self._release(u)
-                    if not u.used and not u.demand:
-                        self.stats.wasted_prefetch_bytes += u.nbytes
-                    self.last_evict_iter[key] = self.cur_iter.index
-                    self.policy.on_evict(self.view, key)
+                self._settle(u)
 
     def _apply_fractions(self) -> None:
         for layer in range(self.L):

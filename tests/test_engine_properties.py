@@ -1,0 +1,71 @@
+"""Hypothesis properties of the engine over random tiny traces, budgets and policies."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.registry import make_policy, policy_names
+from tests.util import random_trace, run_engine, tiny_hw, tiny_model
+
+SETTINGS = settings(max_examples=25, deadline=None)
+
+case = st.fixed_dictionaries({
+    "seed": st.integers(0, 10_000),
+    "layers": st.integers(1, 3),
+    "experts": st.integers(2, 8),
+    "k": st.integers(1, 3),
+    "batch": st.integers(1, 3),
+    "budget": st.integers(1, 10),
+    "buffer": st.integers(0, 2),
+    "copy_engines": st.integers(1, 2),
+    "policy": st.sampled_from(policy_names()),
+})
+
+
+@SETTINGS
+@given(case)
+def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ignore[type-arg]
+    k = min(c["k"], c["experts"])
+    tr = random_trace(c["seed"], layers=c["layers"], experts=c["experts"], top_k=k, requests=3,
+                      prompt=2, decode=4)
+    model = tiny_model(c["layers"], c["experts"], k)
+    hw = tiny_hw(copy_engines=c["copy_engines"])
+    budget = max(c["budget"], c["layers"])  # at least one expert per layer
+    eng, m = run_engine(tr, make_policy(c["policy"]), model, hw, budget_experts=budget,
+                        buffer_experts=c["buffer"], batch_size=c["batch"], phases=("prefill", "decode"))
+    # VRAM never exceeds budget + buffer (the peak is taken at every allocation)
+    assert eng.stats.vram_peak_bytes <= (budget + c["buffer"]) * model.expert_bytes
+    # one access per (iteration, layer, distinct expert executed)
+    expected = sum(len(np.unique(tr.experts[it.rows0 + layer]))
+                   for it in eng.workload.iterations for layer in range(c["layers"]))
+    assert m["accesses"] == expected == m["hits"] + m["late"] + m["partial"] + m["misses"]
+    # time only moves forward, and the GPU cannot be busier than the clock
+    for s in eng.steps:
+        assert s.t_start <= s.t_route <= s.t_end and s.stall_s >= 0
+    assert all(a.t_end <= b.t_start + 1e-12 for a, b in zip(eng.steps, eng.steps[1:], strict=False))
+    assert eng.stats.gpu_busy_s <= m["sim_time_s"] + 1e-9
+    # every miss was a demand load of its bytes
+    assert m["demand_gb"] * 1e9 >= m["misses"] * model.expert_bytes - 1
+
+
+@SETTINGS
+@given(st.integers(0, 10_000), st.integers(1, 6))
+def test_lru_hit_rate_never_drops_when_the_cache_grows(seed: int, size: int) -> None:
+    # LRU's stack property: with one pool per layer, a bigger cache holds a superset
+    tr = random_trace(seed, layers=2, experts=10, top_k=2, requests=2, prompt=0, decode=12)
+    model, hw = tiny_model(2, 10, 2), tiny_hw()
+    hits = [run_engine(tr, make_policy("lru"), model, hw, budget_experts=2 * c)[1]["hits"]
+            for c in (size + 1, size + 2)]
+    assert hits[0] <= hits[1]
+
+
+@SETTINGS
+@given(st.integers(0, 10_000), st.floats(0.5, 50.0))
+def test_more_bandwidth_never_slows_no_cache(seed: int, gbps: float) -> None:
+    tr = random_trace(seed, layers=2, experts=6, top_k=2, requests=1, prompt=0, decode=5)
+    model = tiny_model(2, 6, 2)
+    slow = run_engine(tr, make_policy("no-cache"), model, tiny_hw(pcie_gbps=gbps), budget_experts=4)[1]
+    fast = run_engine(tr, make_policy("no-cache"), model, tiny_hw(pcie_gbps=gbps * 2), budget_experts=4)[1]
+    assert fast["sim_time_s"] < slow["sim_time_s"]

@@ -1,0 +1,157 @@
+"""Exact timelines of the engine on tiny hand-made traces.
+
+Hardware: calibrated costs, layer 100 us, expert 50 us, PCIe 3 GB/s, zero latency, so a 3 MB
+expert loads in exactly 1000 us. Every expected figure below is written out by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.base import Policy
+from policies.caching import LRU
+from policies.registry import make_policy
+from tests.util import make_trace, run_engine, step_us, tiny_hw, tiny_model
+
+MB = 3_000_000  # one expert
+
+
+def test_demand_misses_follow_the_hand_formula() -> None:
+    # layer 0 sees 0, 0, 3; layer 1 sees 1, 2, 2; one expert per layer fits
+    tr = make_trace([[[0], [1]], [[0], [2]], [[3], [2]]], num_experts=4)
+    model, hw = tiny_model(2, 4, 1), tiny_hw(latency_us=10)
+    eng, m = run_engine(tr, LRU(), model, hw, budget_experts=2)
+    miss = 100 + 10 + 1000 + 50
+    hit = 100 + 50
+    assert step_us(eng) == [miss, miss, hit, miss, miss, hit]
+    assert m["hits"] == 2 and m["misses"] == 4 and m["accesses"] == 6
+    assert m["sim_time_s"] == pytest.approx((4 * miss + 2 * hit) * 1e-6)
+    assert m["stall_ms"] == pytest.approx(4 * 1.010)
+    assert m["demand_gb"] == pytest.approx(4 * MB / 1e9)
+    assert m["expert_vram_peak_gib"] * 2**30 == pytest.approx(2 * MB)
+
+
+def test_prefetch_that_arrives_early_hides_its_transfer() -> None:
+    # the attention window (1500 us) is longer than a transfer (1000 us)
+    tr = make_trace([[[0], [1]], [[2], [3]], [[0], [1]]], num_experts=4)
+    model, hw = tiny_model(2, 4, 1), tiny_hw(layer_us=1500)
+    eng, m = run_engine(tr, make_policy("oracle-prefetch"), model, hw, budget_experts=4)
+    first = 1500 + 1000 + 50          # nothing to prefetch from before the first layer
+    assert step_us(eng) == [first] + [1550] * 5
+    assert m["stall_ms"] == pytest.approx(1.0)
+    assert m["misses"] == 1 and m["hits"] == 5
+
+
+def test_late_prefetch_stalls_for_exactly_the_remainder() -> None:
+    # window 600 us < transfer 1000 us; the prefetch of layer 1 waits behind layer 0's demand load
+    tr = make_trace([[[0], [1]], [[2], [3]]], num_experts=4)
+    model, hw = tiny_model(2, 4, 1), tiny_hw(layer_us=600)
+    eng, m = run_engine(tr, make_policy("oracle-prefetch"), model, hw, budget_experts=4)
+    # it0 L0: attn 0-600, demand 600-1600, compute -1650; prefetch L1 runs 1600-2600
+    # it0 L1: attn 1650-2250, late until 2600 (stall 350), compute -2650
+    # prefetch of it1 L0 issued at 2250, lane busy until 2600: lands at 3600
+    # it1 L0: attn 2650-3250, stall 350, compute -3650; prefetch it1 L1 lands 4600
+    # it1 L1: attn 3650-4250, stall 350, compute -4650
+    assert step_us(eng) == [1650, 1000, 1000, 1000]
+    assert [round(s.stall_s * 1e6, 6) for s in eng.steps] == [1000, 350, 350, 350]
+    assert m["late"] == 3 and m["misses"] == 1
+
+
+def test_demand_loads_jump_the_queue_of_prefetches() -> None:
+    class PrefetchAll(LRU):
+        name = "test-prefetch-all"
+
+        def before_layer(self, view, layer):  # type: ignore[no-untyped-def]
+            if view.iteration_index == 0 and layer == 0:
+                for e in (1, 2, 3):
+                    view.prefetch(1, e)
+
+    tr = make_trace([[[0], [0]]], num_experts=4)
+    model, hw = tiny_model(2, 4, 1), tiny_hw()
+    eng, _ = run_engine(tr, PrefetchAll(), model, hw, budget_experts=8)
+    # the lane starts prefetch (1,1) at 0; demand (0,0) is issued at 100 and goes next, ahead of
+    # (1,2) and (1,3): it runs 1000-2000 and computes until 2050. Layer 1 routes at 2150 while
+    # (1,2) is in flight (2000-3000); its demand load jumps (1,3) again: 3000-4000, compute -4050
+    assert step_us(eng) == [100 + 1900 + 50, 100 + (4000 - 2150) + 50]
+
+
+class SplitHalf(Policy):
+    """Test policy: experts in two halves; keeps only the first half after use."""
+
+    name = "test-split"
+
+    def __init__(self) -> None:
+        pass
+
+    def part_fractions(self, layer: int) -> tuple[float, ...]:
+        return (0.5, 0.5)
+
+    def before_layer(self, view, layer):  # type: ignore[no-untyped-def]
+        for key in view.resident_units():
+            if key[2] == 1:
+                view.evict(*key)
+
+
+def test_segments_compute_while_the_rest_loads() -> None:
+    tr = make_trace([[[0]], [[0]]], num_experts=2)
+    model, hw = tiny_model(1, 2, 1), tiny_hw()
+    eng, m = run_engine(tr, SplitHalf(), model, hw, budget_experts=1)
+    # it0: both halves miss: half 0 lands at 600 and computes 600-625, half 1 lands at 1100
+    #      and computes 1100-1125
+    # it1: half 0 resident (partial), half 1 loads 500 us while half 0 computes 25 us
+    assert step_us(eng) == [1125, 100 + 500 + 25]
+    assert (m["misses"], m["partial"], m["hits"]) == (1, 1, 0)
+    assert m["demand_gb"] == pytest.approx(1.5 * MB / 1e9)
+
+
+def test_batched_tokens_share_one_expert_run() -> None:
+    # two requests decoded together; both route to expert 0, one of them also to expert 1
+    tr = make_trace([[[0, 1]], [[0, 2]]], num_experts=4, requests=[0, 1])
+    model, hw = tiny_model(1, 4, 2), tiny_hw(per_token_us=10)
+    eng, m = run_engine(tr, LRU(), model, hw, budget_experts=4, batch_size=2)
+    # misses 0, 1, 2 load back to back (0-1000 after attn...): loads end at 1100, 2100, 3100;
+    # expert 0 runs for two tokens (60 us) at 1100, expert 1 at 2100, expert 2 at 3100
+    assert step_us(eng) == [3100 + 50]
+    assert m["accesses"] == 3 and m["output_tokens"] == 2
+    assert [round(x * 1e6) for x in eng.stats.token_end[0]] == [3150]
+
+
+def test_tight_budget_streams_experts_through_one_slot() -> None:
+    tr = make_trace([[[0]], [[1]]], num_experts=4, requests=[0, 1])
+    model, hw = tiny_model(1, 4, 1), tiny_hw()
+    eng, m = run_engine(tr, LRU(), model, hw, budget_experts=1, batch_size=2)
+    # expert 0 loads 100-1100, computes -1150 and unpins; expert 1 evicts it, loads -2150, computes -2200
+    assert step_us(eng) == [2200]
+    assert m["expert_vram_peak_gib"] * 2**30 == pytest.approx(MB)
+
+
+def test_eviction_cost_is_paid_inside_a_demand_miss() -> None:
+    tr = make_trace([[[0]], [[1]]], num_experts=2)
+    model, hw = tiny_model(1, 2, 1), tiny_hw(evict_us=30)
+    eng, _ = run_engine(tr, LRU(), model, hw, budget_experts=1)
+    assert step_us(eng) == [1150, 100 + 30 + 1000 + 50]
+
+
+def test_transfer_buffer_lets_a_full_cache_load_before_evicting() -> None:
+    class Keep(LRU):
+        name = "test-keep"
+
+        def choose_victim(self, view, pool, candidates, need_bytes):  # type: ignore[no-untyped-def]
+            return None if view.layer == 0 and view.iteration_index == 1 else super().choose_victim(
+                view, pool, candidates, need_bytes)
+
+    tr = make_trace([[[0]], [[1]], [[0]]], num_experts=2)
+    model, hw = tiny_model(1, 2, 1), tiny_hw()
+    eng, m = run_engine(tr, Keep(), model, hw, budget_experts=1, buffer_experts=1)
+    # it1: the policy refuses to evict expert 0, so expert 1 loads into the buffer; after use it
+    # moves into the cache only if room is made (refused again): it is dropped, 0 stays
+    assert m["hits"] == 1 and m["misses"] == 2
+    assert m["expert_vram_peak_gib"] * 2**30 == pytest.approx(2 * MB)
+
+
+def test_budget_below_one_expert_is_a_clear_error() -> None:
+    from sim.errors import MoesimError
+
+    tr = make_trace([[[0]]], num_experts=2)
+    with pytest.raises(MoesimError, match="at least one expert"):
+        run_engine(tr, LRU(), tiny_model(1, 2, 1), tiny_hw(), budget_experts=0.5)

@@ -1,0 +1,91 @@
+"""Every registered policy: builds with its defaults, keeps VRAM within the budget, is
+deterministic, and (unless it is an oracle) never reads the future."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from policies.registry import make_policy, policy_class, policy_names
+from tests.util import make_trace, random_trace, run_engine, tiny_hw, tiny_model
+from traces.format import Trace
+
+NAMES = policy_names()
+
+
+def _steps(engine) -> list[tuple]:  # type: ignore[no-untyped-def]
+    return [dataclasses.astuple(s) for s in engine.steps]
+
+
+def _swap_last_tokens(tr: Trace) -> Trace:
+    """The same trace with the last two tokens' routing swapped: per-layer expert frequencies
+    (any offline profile) stay the same, the future differs."""
+    L, E = tr.model.num_layers, tr.model.num_experts
+    T = tr.num_rows // L
+    order = np.arange(T)
+    order[[T - 2, T - 1]] = order[[T - 1, T - 2]]
+
+    def per_token(a: np.ndarray) -> np.ndarray:
+        return a.reshape(T, L, -1)[order]
+
+    assert tr.lookahead_logits is not None and tr.weights is not None
+    return make_trace(per_token(tr.experts), num_experts=E,
+                      requests=tr.request_id[::L].tolist(), phases=tr.phase[::L].tolist(),
+                      lookahead=per_token(tr.lookahead_logits), weights=per_token(tr.weights))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_builds_with_defaults_and_lists_its_params(name: str) -> None:
+    cls = policy_class(name)
+    pol = make_policy(name)
+    assert pol.name == name
+    assert cls.summary, f"{name} has no summary for `simctl policies`"
+    # scikit-learn style: the parameters are the __init__ keywords, stored as given
+    assert set(pol.get_params()) == set(make_policy(name).get_params())
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("batch,budget,buffer", [(1, 12, 0), (2, 6, 2), (3, 9, 0)])
+def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: int) -> None:
+    tr = random_trace(1, layers=3, experts=8, top_k=2, requests=3)
+    model, hw = tiny_model(3, 8, 2), tiny_hw()
+    eng, m = run_engine(tr, make_policy(name), model, hw, budget_experts=budget, buffer_experts=buffer,
+                        batch_size=batch, phases=("prefill", "decode"))
+    assert eng.stats.vram_peak_bytes <= (budget + buffer) * model.expert_bytes
+    assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"] > 0
+    assert all(used >= 0 for used in eng.used)
+    assert 0.0 <= m["gpu_busy_fraction"] <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_same_output(name: str) -> None:
+    tr = random_trace(2, requests=2)
+    model, hw = tiny_model(3, 8, 2), tiny_hw()
+    runs = [run_engine(tr, make_policy(name), model, hw, budget_experts=9, seed=7, initial="random")
+            for _ in range(2)]
+    assert runs[0][1] == runs[1][1]
+    assert _steps(runs[0][0]) == _steps(runs[1][0])
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not policy_class(n).oracle])
+def test_never_reads_the_future(name: str) -> None:
+    tr_a = random_trace(3, requests=2, decode=8)
+    tr_b = _swap_last_tokens(tr_a)
+    assert not np.array_equal(tr_a.experts, tr_b.experts)
+    model, hw = tiny_model(3, 8, 2), tiny_hw()
+    eng_a, _ = run_engine(tr_a, make_policy(name), model, hw, budget_experts=9)
+    eng_b, _ = run_engine(tr_b, make_policy(name), model, hw, budget_experts=9)
+    n_iters = len(eng_a.workload.iterations)
+    # everything up to the first swapped token (the second-to-last iteration) is identical
+    prefix = [s for s in _steps(eng_a) if s[0] < n_iters - 2]
+    assert prefix and prefix == [s for s in _steps(eng_b) if s[0] < n_iters - 2]
+
+
+def test_oracles_are_labelled_as_bounds() -> None:
+    oracles = {n for n in NAMES if policy_class(n).oracle}
+    assert {"belady", "oracle-prefetch"} <= oracles
+    tr = random_trace(4)
+    _, m = run_engine(tr, make_policy("belady"), tiny_model(3, 8, 2), tiny_hw(), budget_experts=6)
+    assert m["bound"] is True

@@ -48,7 +48,13 @@ def run(
     show = err.is_terminal if progress is None else progress
     want_timeline = timeline and out is not None
     if show:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("iterations"), TimeRemainingColumn(), console=err, transient=True) as bar:
@@ -69,7 +75,7 @@ def run(
     if json_out:
         print(json.dumps(result.metrics, indent=2, sort_keys=True))
     else:
-        console = Console()
+        console = _console()
         print_summary(result, console)
         if out is not None:
             console.print(f"wrote {out}/config.yaml, metrics.json, steps.parquet" + (", timeline.json" if want_timeline else ""))
@@ -94,7 +100,7 @@ def policies() -> None:
         kind = "oracle bound" if cls.oracle else ("lossy" if cls.lossy else "lossless")
         params = ", ".join(f"{k}={v!r}" for k, v in policy_params(cls).items()) or "-"
         t.add_row(name, kind, params, cls.summary)
-    Console().print(t)
+    _console().print(t)
 
 
 @app.command()
@@ -107,7 +113,7 @@ def models() -> None:
         m = get_model(name)
         t.add_row(name, str(m.num_layers), str(m.num_experts), str(m.top_k), str(m.num_shared_experts),
                   f"{m.expert_bytes / 1e6:.1f}", f"{m.routed_bytes / 1e9:.1f}", f"{m.non_expert_bytes / 1e9:.2f}")
-    Console().print(t)
+    _console().print(t)
 
 
 @app.command()
@@ -120,7 +126,12 @@ def hardware() -> None:
         h = get_hardware(name)
         t.add_row(name, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", str(h.copy_engines), f"{h.peak_tflops:g}",
                   f"{h.hbm_gbps:g}", "yes" if h.costs else "no")
-    Console().print(t)
+    _console().print(t)
+
+
+def _console() -> Console:
+    """stdout console; wide when piped, so tables are not cut to 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -260,6 +260,15 @@ class EngineView:
     def part_bytes(self, layer: int, part: int = 0) -> int:
         return self._e.part_bytes(layer, part)
 
+    def buffer_free(self) -> int:
+        """Free bytes in the transfer buffer (``cache.buffer_experts``)."""
+        return self._e.buffer_capacity - self._e.buffer_used
+
+    def in_buffer(self, layer: int, expert: int, part: int = 0) -> bool:
+        """The unit is present and holds room in the transfer buffer rather than in its pool."""
+        u = self._e.units.get((layer, expert, part))
+        return u is not None and u.in_buffer
+
     # -- actions ------------------------------------------------------------------------------
     def prefetch(self, layer: int, expert: int, part: int = 0, priority: float = 0.0,
                  into_buffer: bool = False) -> bool:
@@ -479,7 +488,7 @@ class Engine:
         nbytes = self.part_bytes(layer, part)
         pool = self.pool_of(layer)
         u = Unit(key, nbytes, pool, False, self.cur_iter.index, self.env.event())
-        if any(w.pool == pool for w in self.waiting):
+        if self.waiting and any(w.pool == pool for w in self.waiting):
             return False  # demand loads waiting for room in this pool come first
         if into_buffer:
             if self.buffer_capacity - self.buffer_used < nbytes:
@@ -664,6 +673,12 @@ class Engine:
         n_iters = len(iters)
         batch_start: dict[int, float] = {}
         exp_cost: dict[int, float] = {}
+        # skip the calls of hooks a policy does not override (the hot path runs per layer)
+        cls = type(policy)
+        has_before = cls.before_layer is not Policy.before_layer
+        has_plan = cls.plan is not Policy.plan
+        has_after = cls.after_layer is not Policy.after_layer
+        timeout = env.timeout
         for it in iters:
             self.cur_iter = it
             self.cur_layer = -1
@@ -681,9 +696,10 @@ class Engine:
                 self._layer_evictions = 0
                 self._layer_prefetch_bytes = 0
                 t0 = env.now
-                policy.before_layer(view, layer)
+                if has_before:
+                    policy.before_layer(view, layer)
                 # 2. non-MoE compute
-                yield env.timeout(layer_s)
+                yield timeout(layer_s)
                 st.gpu_busy_s += layer_s
                 if timeline is not None:
                     timeline.append(("GPU", f"L{layer} attn", t0, layer_s, {"iteration": it.index}))
@@ -691,7 +707,7 @@ class Engine:
                 self.routed_upto = layer
                 t_route = env.now
                 routing = self.routing_of(it, layer)
-                plan = policy.plan(view, layer, routing)
+                plan = policy.plan(view, layer, routing) if has_plan else None
                 if plan is None:
                     plan_m = routing.experts
                 else:
@@ -768,7 +784,8 @@ class Engine:
                 stall = 0.0
                 if self.waiting:
                     stall += yield from self._issue_demand()
-                policy.after_layer(view, layer, Outcome(layer, routing, plan_m, exps, status))
+                if has_after:
+                    policy.after_layer(view, layer, Outcome(layer, routing, plan_m, exps, status))
                 # 5. compute parts as they become resident, ready ones first
                 remaining = need
                 left_parts = [nparts] * len(exps)

@@ -60,12 +60,19 @@ class PolicySpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict, description="keyword parameters of the policy")
 
 
+Phase = Literal["prefill", "decode"]
+
+
+def _decode_only() -> list[Phase]:
+    return ["decode"]
+
+
 class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batch_size: PositiveInt = Field(1, description="requests decoded together")
-    phases: list[Literal["prefill", "decode"]] = Field(
-        default_factory=lambda: ["decode"], min_length=1, description="which phases of the trace to replay")
+    phases: list[Phase] = Field(
+        default_factory=_decode_only, min_length=1, description="which phases of the trace to replay")
     requests: Literal["all"] | PositiveInt | list[int] = Field(
         "all", description="all requests, the first N, or a list of request ids")
 
@@ -81,7 +88,7 @@ class Scenario(BaseModel):
     hardware: str | dict[str, Any] = Field(description="catalog name, {base: NAME, ...overrides} or a full spec")
     cache: CacheSpec = Field(description="expert budget")
     policy: str | PolicySpec = Field(description="policy name or {name, params}")
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")  # type: ignore[arg-type]
     seed: int = Field(0, ge=0, description="seed of every random choice of the run")
 
     @model_validator(mode="after")

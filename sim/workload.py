@@ -84,10 +84,11 @@ def build_workload(
             raise MoesimError(f"workload.requests must be >= 1, got {requests}")
         chosen = present[:requests]
     else:
-        missing = [r for r in requests if r not in set(present)]
+        ids = [int(r) for r in requests]
+        missing = [r for r in ids if r not in set(present)]
         if missing:
             raise MoesimError(f"workload.requests: request {missing[0]} is not in the trace")
-        chosen = list(requests)
+        chosen = ids
     sel = keep & np.isin(req, chosen)
     if not sel.any():
         raise MoesimError(

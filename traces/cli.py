@@ -2,6 +2,222 @@
 
 from __future__ import annotations
 
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from sim.errors import MoesimError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+def _console() -> Console:
+    # bound at call time, so output goes to the current sys.stdout (tests capture it)
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=False, width=160)
+    return console
+
+
+def _parse_sets(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise MoesimError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            out[key] = raw
+    return out
+
+
+@app.command("import")
+def import_cmd(
+    src: Annotated[Path, typer.Argument(help="source file (routing.csv, .csv, .jsonl or .npy)")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="output moe-trace Parquet file")],
+    fmt: Annotated[str, typer.Option("--from", help="source format: flame, csv, jsonl or vllm")],
+    model: Annotated[str | None, typer.Option(
+        "--model", help="catalog model giving the shape (default for flame: flame-moe-290m); "
+        "a name outside the catalog needs --num-layers, --num-experts and --top-k")] = None,
+    num_layers: Annotated[int | None, typer.Option(help="override the number of MoE layers")] = None,
+    num_experts: Annotated[int | None, typer.Option(help="override the routed experts per layer")] = None,
+    top_k: Annotated[int | None, typer.Option(help="override the experts selected per token")] = None,
+    sidecar: Annotated[Path | None, typer.Option(
+        help='vllm: JSON {"requests": [{"prompt_tokens": P, "output_tokens": D}, ...]} '
+        "(default: SRC with suffix .json)")] = None,
+    request_lengths: Annotated[str | None, typer.Option(
+        help="vllm: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
+) -> None:
+    """Convert a router log into a moe-trace v1 file."""
+    from traces.importers import (
+        FLAME_MODEL,
+        FORMATS,
+        import_trace,
+        model_info,
+        parse_request_lengths,
+    )
+
+    if fmt not in FORMATS:
+        raise MoesimError(f"--from {fmt!r}: unknown format (expected one of {', '.join(FORMATS)})")
+    name = model or (FLAME_MODEL if fmt == "flame" else None)
+    if name is None:
+        raise MoesimError(f"--model is required with --from {fmt}")
+    info = model_info(name, num_layers=num_layers, num_experts=num_experts, top_k=top_k)
+    lengths = parse_request_lengths(request_lengths) if request_lengths else None
+    if fmt != "vllm" and (sidecar is not None or lengths is not None):
+        raise MoesimError("--sidecar and --request-lengths apply to --from vllm only")
+    t0 = time.perf_counter()
+    path, meta, rows = import_trace(fmt, src, out, model=info, sidecar=sidecar, request_lengths=lengths)
+    m = meta.model
+    _console().print(f"wrote {path}: {rows:,} rows, {m.name} (L={m.num_layers}, E={m.num_experts}, "
+                     f"k={m.top_k}) in {time.perf_counter() - t0:.2f} s")
+
+
+@app.command("synth")
+def synth_cmd(
+    out: Annotated[Path, typer.Option("-o", "--out", help="output moe-trace Parquet file")],
+    preset: Annotated[str | None, typer.Option(help="preset shaped after a catalog model")] = None,
+    requests: Annotated[int | None, typer.Option(help="number of requests")] = None,
+    prompt_len: Annotated[int | None, typer.Option(help="prompt tokens per request")] = None,
+    decode_len: Annotated[int | None, typer.Option(help="decode tokens per request")] = None,
+    seed: Annotated[int | None, typer.Option(help="random seed")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="any generator parameter, KEY=VALUE (repeatable; see `simctl trace synth-params`)")] = None,
+) -> None:
+    """Generate a synthetic trace from the latent-state router model."""
+    from traces.synthetic import parse_params, synthesize
+
+    data: dict[str, Any] = {}
+    if preset is not None:
+        data["preset"] = preset
+    for key, val in (("requests", requests), ("prompt_len", prompt_len), ("decode_len", decode_len), ("seed", seed)):
+        if val is not None:
+            data[key] = val
+    data.update(_parse_sets(set_))
+    params = parse_params(data)
+    t0 = time.perf_counter()
+    path, meta, rows = synthesize(params, out)
+    dt = time.perf_counter() - t0
+    m = meta.model
+    _console().print(f"wrote {path}: {rows:,} rows, {m.name} (L={m.num_layers}, E={m.num_experts}, "
+                     f"k={m.top_k}) in {dt:.2f} s ({rows / max(dt, 1e-9):,.0f} rows/s)")
+
+
+@app.command("synth-params")
+def synth_params_cmd() -> None:
+    """List the generator parameters with their defaults and help, and the presets."""
+    from traces.synthetic import PRESETS, SynthParams
+
+    table = Table(title="simctl trace synth --set KEY=VALUE")
+    for col in ("parameter", "default", "meaning"):
+        table.add_column(col)
+    for name, f in SynthParams.model_fields.items():
+        table.add_row(name, repr(f.default), f.description or "")
+    console = _console()
+    console.print(table)
+    console.print("presets: " + ", ".join(PRESETS))
+
+
+@app.command("inspect")
+def inspect_cmd(
+    file: Annotated[Path, typer.Argument(help="moe-trace Parquet file")],
+    rows: Annotated[int, typer.Option("--rows", "-n", min=0, help="rows to show")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
+) -> None:
+    """Validate a trace and show its metadata, counts and first rows."""
+    from traces.stats import trace_summary
+
+    info = trace_summary(file, head=rows)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    console = _console()
+    m = info["model"]
+    console.print(f"[bold]{info['file']}[/bold]: moe-trace v{info['version']}, {info['bytes']:,} bytes, "
+                  f"{info['row_groups']} row group(s), valid")
+    console.print(f"model: {m['name']}  layers {m['num_layers']}, experts {m['num_experts']}, top-k {m['top_k']}, "
+                  f"shared {m['num_shared_experts']}")
+    console.print("source: " + json.dumps(info["source"], sort_keys=True))
+    console.print("columns: " + ", ".join(info["columns"]))
+    tpr = info["tokens_per_request"]
+    counts = Table(title="counts")
+    for col in ("phase", "rows", "tokens"):
+        counts.add_column(col, justify="right")
+    for ph in info["rows_by_phase"]:
+        counts.add_row(ph, f"{info['rows_by_phase'][ph]:,}", f"{info['tokens_by_phase'][ph]:,}")
+    counts.add_row("all", f"{info['rows']:,}", f"{info['tokens']:,}")
+    console.print(counts)
+    if tpr:
+        console.print(f"requests: {info['requests']:,}; tokens per request min {tpr['min']}, "
+                      f"mean {tpr['mean']:.1f}, max {tpr['max']}")
+    if info["embedding"]:
+        console.print(f"embedding: {info['embedding']['rows']:,} rows of {info['embedding']['dim']}")
+    if info["head"]:
+        head = Table(title=f"first {len(info['head'])} rows")
+        keys = list(info["head"][0])
+        for k in keys:
+            head.add_column(k)
+        for r in info["head"]:
+            head.add_row(*[" ".join(str(x) for x in r[k]) if isinstance(r[k], list) else str(r[k]) for k in keys])
+        console.print(head)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+@app.command("stats")
+def stats_cmd(
+    file: Annotated[Path, typer.Argument(help="moe-trace Parquet file")],
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    cache_sizes: Annotated[str | None, typer.Option(
+        help="LRU cache sizes in experts per layer, comma-separated (default: k and E/4, E/2, 3E/4)")] = None,
+) -> None:
+    """Routing statistics per layer: popularity, reuse, next-layer prediction, co-activation, LRU."""
+    from traces.stats import trace_stats
+
+    sizes: list[int] | None = None
+    if cache_sizes:
+        try:
+            sizes = [int(s) for s in cache_sizes.split(",") if s.strip()]
+        except ValueError:
+            raise MoesimError(f"--cache-sizes {cache_sizes!r}: expected integers separated by commas") from None
+        if not sizes or min(sizes) < 1:
+            raise MoesimError(f"--cache-sizes {cache_sizes!r}: sizes must be >= 1")
+    st = trace_stats(file, cache_sizes=sizes)
+    if as_json:
+        typer.echo(json.dumps(st.to_dict(), indent=2))
+        return
+    m = st.meta.model
+    console = _console()
+    console.print(f"[bold]{st.path}[/bold]: {m.name} (L={m.num_layers}, E={m.num_experts}, k={m.top_k}); "
+                  f"{st.requests:,} requests, {st.tokens:,} tokens "
+                  f"({', '.join(f'{v:,} {k}' for k, v in st.tokens_by_phase.items())}), {st.rows:,} rows")
+    table = Table()
+    for col in ("layer", "entropy", "top-10%", "reuse", "next-layer", "coact sparsity",
+                *[f"LRU@{s}" for s in st.cache_sizes]):
+        table.add_column(col, justify="right")
+    for ls in [*st.layers, st.overall]:
+        table.add_row("all" if ls.layer < 0 else str(ls.layer), _num(ls.entropy), _pct(ls.top10_share),
+                      _pct(ls.reuse), _pct(ls.next_layer_acc), _num(ls.coact_sparsity),
+                      *[_pct(ls.lru[s]) for s in st.cache_sizes], end_section=ls is st.layers[-1])
+    console.print(table)
+    console.print(f"entropy: of expert popularity, / log E; top-10%: share of selections to the top "
+                  f"{math.ceil(m.num_experts / 10)} experts; reuse: share of the top-{m.top_k} shared with the "
+                  f"previous token of the request (chance {100 * st.chance_reuse:.1f}%)")
+    console.print("next-layer: top-k of lookahead_logits vs the next layer's experts; coact sparsity: "
+                  "1 - (pairs holding 90% of co-activations) / (all pairs); LRU@C: hit rate with C experts "
+                  "of the layer cached")

@@ -123,7 +123,7 @@ class TraceMeta:
         if not isinstance(obj, dict):
             raise TraceError(path, f"metadata {META_KEY.decode()!r} must be a JSON object")
         version = obj.get("version")
-        if version != TRACE_VERSION:
+        if type(version) is not int or version != TRACE_VERSION:
             raise TraceError(path, f"unsupported moe-trace version {version!r} (this reader knows {TRACE_VERSION})")
         model = obj.get("model")
         if not isinstance(model, dict):
@@ -186,7 +186,7 @@ def _check_finite(mat: np.ndarray, column: str, path: Any, row0: int) -> None:
         raise TraceError(path, "non-finite value", row=row0 + i, column=column)
 
 
-def _first_bad_row(mask: np.ndarray) -> int:
+def _first_bad_row(mask: Any) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
@@ -363,8 +363,11 @@ def _embedding_cols(batch: pa.RecordBatch, row0: int, path: Any) -> dict[str, np
         raise TraceError(path, "embeddings of different lengths", column="embedding")
     mat = np.asarray(vals.flatten().to_numpy(zero_copy_only=False), dtype=np.float16)
     mat = mat.reshape(len(vals), int(lengths[0]) if lengths.size else 0)
-    _check_finite(mat, "embedding", path, row0)
-    return {"embedding_rows": np.flatnonzero(~np.asarray(emb.is_null())) + row0, "embedding": mat}
+    rows = np.flatnonzero(~np.asarray(emb.is_null())) + row0
+    bad = ~np.isfinite(mat).all(axis=1)
+    if bad.any():
+        raise TraceError(path, "non-finite value", row=int(rows[_first_bad_row(bad)]), column="embedding")
+    return {"embedding_rows": rows, "embedding": mat}
 
 
 def iter_batches(
@@ -510,6 +513,20 @@ def _list_array(mat: Any, value_type: pa.DataType, rows: int, column: str) -> pa
     return pa.array([None if v is None else np.asarray(v).tolist() for v in seq], type=pa.list_(value_type))
 
 
+def embedding_list_array(emb: np.ndarray, emb_rows: np.ndarray, rows: int) -> pa.ListArray:
+    """The ``embedding`` column as a list array of ``rows`` entries: ``emb[i]`` at row
+    ``emb_rows[i]`` (ascending), null elsewhere; built without a Python loop."""
+    emb_rows = np.asarray(emb_rows, dtype=np.int64)
+    if emb_rows.size and (np.diff(emb_rows) <= 0).any():
+        raise ValueError("embedding_rows must be strictly ascending")
+    dim = emb.shape[1] if emb.ndim == 2 else 0
+    present = np.zeros(rows, dtype=bool)
+    present[emb_rows] = True
+    offsets = np.concatenate([[0], np.cumsum(present.astype(np.int64) * dim)]).astype(np.int32)
+    values = pa.array(np.ascontiguousarray(emb, dtype=np.float16).reshape(-1), type=pa.float16())
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), values, mask=pa.array(~present))
+
+
 def build_table(columns: Mapping[str, Any], meta: TraceMeta) -> pa.Table:
     """Assemble a moe-trace table in the canonical schema from numpy arrays or sequences.
 
@@ -538,11 +555,9 @@ def build_table(columns: Mapping[str, Any], meta: TraceMeta) -> pa.Table:
         elif name == "embedding":
             emb_rows = columns.get("embedding_rows")
             if emb_rows is not None:
-                full: list[Any] = [None] * rows
-                for i, r in enumerate(np.asarray(emb_rows)):
-                    full[int(r)] = val[i]
-                val = full
-            arr = _list_array(val, pa.float16(), rows, name)
+                arr = embedding_list_array(np.asarray(val), np.asarray(emb_rows), rows)
+            else:
+                arr = _list_array(val, pa.float16(), rows, name)
         elif pa.types.is_list(f.type):
             arr = _list_array(val, f.type.value_type, rows, name)
         else:

@@ -1,0 +1,70 @@
+"""Engine speed: simulated layer-steps per second and simulated time / wall time.
+
+Mixtral-8x7B, batch 1, mixtral-offloading, on a synthetic trace of the generator's Mixtral
+preset (decode tokens only). Prints figures; asserts nothing.
+
+    python benchmarks/bench_engine.py [--tokens 2000] [--policy mixtral-offloading] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+from policies.registry import make_policy
+from sim.catalog import get_hardware, get_model
+from sim.cost import CostModel
+from sim.engine import Engine
+from sim.metrics import compute_metrics
+from sim.workload import build_workload
+from traces.format import trace_from_columns
+from traces.synthetic import SynthParams, generate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=2000, help="decode tokens (4 requests)")
+    ap.add_argument("--policy", default="mixtral-offloading")
+    ap.add_argument("--hardware", default="rtx-4090")
+    ap.add_argument("--experts-per-layer", type=float, default=2)
+    ap.add_argument("--profile", action="store_true", help="print the 15 most expensive functions")
+    args = ap.parse_args()
+
+    requests = 4
+    params = SynthParams.from_preset("mixtral-8x7b", requests=requests, prompt_len=0,
+                                     decode_len=args.tokens // requests, seed=0)
+    t0 = time.perf_counter()
+    cols, meta = generate(params)
+    trace = trace_from_columns(cols, meta)
+    t_gen = time.perf_counter() - t0
+    model, hw = get_model("mixtral-8x7b"), get_hardware(args.hardware)
+    wl = build_workload(trace, batch_size=1, phases=["decode"])
+    budget = int(args.experts_per_layer * model.num_layers) * model.expert_bytes
+    engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget)
+    prof = cProfile.Profile() if args.profile else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    engine.run()
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - t0
+    m = compute_metrics(engine)
+    steps = len(engine.steps)
+    print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens x {model.num_layers} layers), "
+          f"generated and validated in {t_gen:.2f} s")
+    print(f"policy {args.policy} on {hw.name}, {args.experts_per_layer:g} experts/layer: "
+          f"hit {m['hit_rate']:.3f}, late {m['late_rate']:.3f}, TPOT {m['tpot_ms']['mean']:.1f} ms")
+    print(f"layer-steps: {steps}  wall: {wall:.3f} s  ->  {steps / wall:,.0f} layer-steps/s")
+    print(f"simulated {m['sim_time_s']:.2f} s in {wall:.3f} s wall: {m['sim_time_s'] / wall:,.1f}x real time")
+    if prof:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(15)
+        print(s.getvalue())
+
+
+if __name__ == "__main__":
+    main()

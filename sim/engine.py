@@ -20,7 +20,6 @@ the engine has cancelled queued prefetches of that pool. The budget is never exc
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ import simpy
 from policies.base import HIT, LATE, MISS, PARTIAL, Outcome, Policy, Routing, UnitKey
 from sim.cost import CostModel
 from sim.errors import MoesimError
+from sim.pcie import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
 from sim.workload import Future, Iteration, Workload
 
 # unit states
@@ -38,8 +38,6 @@ WAITING, QUEUED, INFLIGHT, RESIDENT = 1, 2, 3, 4
 STATE_NAMES = {WAITING: "waiting", QUEUED: "queued", INFLIGHT: "in-flight", RESIDENT: "resident"}
 ABSENT = 0
 
-DEMAND_CLASS, PREFETCH_CLASS = 0, 1
-BUFFER_POOL = -1
 
 
 class CausalityError(RuntimeError):
@@ -50,22 +48,18 @@ class Unit:
     """An expert (or a segment of one) that is waiting for room, queued, in flight or resident."""
 
     __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "issue_iter",
-                 "in_buffer", "start", "end", "seq")
+                 "in_buffer")
 
-    def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool, issue_iter: int,
-                 event: simpy.Event) -> None:
+    def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool, issue_iter: int) -> None:
         self.key = key
         self.nbytes = nbytes
         self.pool = pool
         self.state = WAITING
-        self.event = event
+        self.event: simpy.Event | None = None   # made when someone waits for the transfer
         self.demand = demand
         self.used = False
         self.issue_iter = issue_iter
         self.in_buffer = False
-        self.start = -1.0
-        self.end = -1.0
-        self.seq = 0
 
 
 @dataclass
@@ -341,13 +335,13 @@ class Engine:
         self.units: dict[UnitKey, Unit] = {}
         self.pinned: set[tuple[int, int]] = set()
         self.waiting: list[Unit] = []              # demand units waiting for room, in order
-        self.lane_queue: list[tuple[Any, ...]] = []
-        self.lane_wake: list[simpy.Event] = []
+        self.lanes = CopyLanes(self.env, cost.hardware.copy_engines, cost.transfer_s,
+                               self._on_transfer_start, self._on_transfer_land,
+                               queued=QUEUED, inflight=INFLIGHT)
         self.space_event = self.env.event()
         self.last_evict_iter: dict[UnitKey, int] = {}
         self.stats = RunStats()
         self.steps: list[StepRecord] = []
-        self._seq = 0
         self._layer_evictions = 0
         self._layer_prefetch_bytes = 0
         self.cur_layer = -1
@@ -358,6 +352,7 @@ class Engine:
             {int(r): i for i, r in enumerate(tr.embedding_rows)} if tr.embedding_rows is not None else None
         )
         self.freq: np.ndarray | None = None
+        self._has_on_loaded = type(policy).on_loaded is not Policy.on_loaded
 
         self.ctx = SimContext(
             model=cost.model, hardware=cost.hardware, cost=cost, num_layers=self.L,
@@ -393,6 +388,13 @@ class Engine:
         rows = self.rows_of(it, layer)
         w = self.trace.weights
         return Routing(layer, self.trace.experts[rows], None if w is None else w[rows])
+
+    def _landing(self, u: Unit) -> simpy.Event:
+        """The event that fires when ``u``'s transfer lands (made on first demand: most
+        transfers land before anyone waits, and an untriggered event costs nothing)."""
+        if u.event is None:
+            u.event = self.env.event()
+        return u.event
 
     def _add_unit(self, u: Unit) -> None:
         self.units[u.key] = u
@@ -468,14 +470,30 @@ class Engine:
         return True, n
 
     def _enqueue(self, u: Unit, cls: int, prio: float) -> None:
-        self._seq += 1
-        u.seq = self._seq
-        u.state = QUEUED
-        heapq.heappush(self.lane_queue, (cls, -prio, self._seq, u))
-        if self.lane_wake:
-            ev = self.lane_wake.pop()
-            if not ev.triggered:
-                ev.succeed()
+        self.lanes.submit(u, cls, prio)
+
+    def _on_transfer_start(self, u: Unit, cls: int, lane: int) -> None:
+        st = self.stats
+        refetched = self.last_evict_iter.get(u.key)
+        if refetched is not None and self.cur_iter.index - refetched <= 1:
+            st.refetch_bytes += u.nbytes
+        if cls == DEMAND_CLASS:
+            st.demand_bytes += u.nbytes
+        else:
+            st.prefetch_bytes += u.nbytes
+            st.prefetch_units += 1
+            self._layer_prefetch_bytes += u.nbytes
+
+    def _on_transfer_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
+        u.state = RESIDENT
+        self.stats.pcie_busy_s += dur
+        key = u.key
+        if self.record_timeline:
+            label = f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else "")
+            self.timeline.append((f"PCIe H2D {lane}", label, start, dur,
+                                  {"demand": cls == DEMAND_CLASS, "bytes": u.nbytes}))
+        if self._has_on_loaded:
+            self.policy.on_loaded(self.view, key, cls == DEMAND_CLASS)
 
     # ------------------------------------------------------------------------------------------
     # prefetch / demand
@@ -487,7 +505,7 @@ class Engine:
             raise ValueError(f"no expert {expert} in layer {layer}")
         nbytes = self.part_bytes(layer, part)
         pool = self.pool_of(layer)
-        u = Unit(key, nbytes, pool, False, self.cur_iter.index, self.env.event())
+        u = Unit(key, nbytes, pool, False, self.cur_iter.index)
         if self.waiting and any(w.pool == pool for w in self.waiting):
             return False  # demand loads waiting for room in this pool come first
         if into_buffer:
@@ -504,23 +522,21 @@ class Engine:
         self._enqueue(u, PREFETCH_CLASS, priority)
         return True
 
+    def _drop_queued(self, keep: Callable[[Unit], bool]) -> int:
+        """Cancel queued prefetches for which ``keep`` is False; never a demand load, never a
+        unit of a pinned expert."""
+        pinned = self.pinned
+        dropped = self.lanes.cancel(
+            lambda u, cls: cls != PREFETCH_CLASS or (u.key[0], u.key[1]) in pinned or keep(u))
+        for u in dropped:
+            u.state = ABSENT
+            self._remove_unit(u)
+            self._release(u)
+        return len(dropped)
+
     def cancel_queued(self, layer: int | None) -> int:
-        n = 0
-        keep = []
-        for entry in self.lane_queue:
-            u = entry[3]
-            if (entry[0] == PREFETCH_CLASS and u.state == QUEUED and (layer is None or u.key[0] == layer)
-                    and (u.key[0], u.key[1]) not in self.pinned):
-                u.state = ABSENT
-                self._remove_unit(u)
-                self._release(u)
-                n += 1
-            else:
-                keep.append(entry)
-        if n:
-            heapq.heapify(keep)
-            self.lane_queue = keep
-        return n
+        """Cancel queued prefetches of ``layer`` (all layers if None)."""
+        return self._drop_queued(lambda u: layer is not None and u.key[0] != layer)
 
     def _try_waiting(self) -> tuple[list[Unit], float]:
         """Give room to waiting demand units, in order. Returns the units that got room (to be
@@ -553,22 +569,9 @@ class Engine:
         return delay
 
     def cancel_queued_pool(self, pool: int) -> int:
-        n = 0
-        keep = []
-        for entry in self.lane_queue:
-            u = entry[3]
-            if (entry[0] == PREFETCH_CLASS and u.state == QUEUED and u.pool == pool and not u.in_buffer
-                    and (u.key[0], u.key[1]) not in self.pinned):
-                u.state = ABSENT
-                self._remove_unit(u)
-                self._release(u)
-                n += 1
-            else:
-                keep.append(entry)
-        if n:
-            heapq.heapify(keep)
-            self.lane_queue = keep
-        return n
+        """Cancel queued prefetches holding room in ``pool`` (not in the buffer), so that a
+        waiting demand load can take it."""
+        return self._drop_queued(lambda u: u.pool != pool or u.in_buffer)
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         if self.global_pool:
@@ -592,41 +595,6 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------
     # processes
-    def _lane(self, lane_id: int) -> Any:
-        env = self.env
-        cost = self.cost
-        while True:
-            if not self.lane_queue:
-                ev = env.event()
-                self.lane_wake.append(ev)
-                yield ev
-                continue
-            cls, _, _, u = heapq.heappop(self.lane_queue)
-            if u.state != QUEUED:
-                continue
-            u.state = INFLIGHT
-            dur = cost.transfer_s(u.nbytes)
-            u.start = env.now
-            key = u.key
-            refetched = self.last_evict_iter.get(key)
-            if refetched is not None and self.cur_iter.index - refetched <= 1:
-                self.stats.refetch_bytes += u.nbytes
-            if cls == DEMAND_CLASS:
-                self.stats.demand_bytes += u.nbytes
-            else:
-                self.stats.prefetch_bytes += u.nbytes
-                self.stats.prefetch_units += 1
-                self._layer_prefetch_bytes += u.nbytes
-            yield env.timeout(dur)
-            u.end = env.now
-            self.stats.pcie_busy_s += dur
-            u.state = RESIDENT
-            if self.record_timeline:
-                self.timeline.append((f"PCIe H2D {lane_id}", f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else ""),
-                                      u.start, dur, {"demand": cls == DEMAND_CLASS, "bytes": u.nbytes}))
-            u.event.succeed()
-            self.policy.on_loaded(self.view, key, cls == DEMAND_CLASS)
-
     def _initial_fill(self) -> None:
         if self.initial == "empty":
             return
@@ -648,7 +616,7 @@ class Engine:
                     cap_share = self.capacity[pool] if not self.global_pool else self.capacity[0] // L * (layer + 1)
                     if self.used[pool] + nbytes > min(self.capacity[pool], cap_share):
                         break
-                    u = Unit(key, nbytes, pool, True, -1, self.env.event())
+                    u = Unit(key, nbytes, pool, True, -1)
                     u.state = RESIDENT
                     u.used = True
                     self.used[pool] += nbytes
@@ -746,7 +714,7 @@ class Engine:
                         u = units.get(key)
                         if u is None:
                             n_abs += 1
-                            u = Unit(key, self.part_bytes(layer, p), pool, True, it.index, env.event())
+                            u = Unit(key, self.part_bytes(layer, p), pool, True, it.index)
                             self._add_unit(u)
                             miss_units.append(u)
                         elif u.state == RESIDENT:
@@ -820,7 +788,7 @@ class Engine:
                         continue
                     # nothing ready: wait for a transfer, or for room
                     ts = env.now
-                    evs = [x[2].event for x in remaining if x[2].state in (QUEUED, INFLIGHT)]
+                    evs = [self._landing(x[2]) for x in remaining if x[2].state in (QUEUED, INFLIGHT)]
                     if evs:
                         yield evs[0] if len(evs) == 1 else env.any_of(evs)
                     elif self.waiting:
@@ -924,8 +892,6 @@ class Engine:
                 f"the expert budget holds {per:.2f} experts per {'pool' if self.global_pool else 'layer'}; "
                 "at least one expert is needed (raise cache.rate or cache.buffer_experts)")
         self._initial_fill()
-        for lane in range(self.cost.hardware.copy_engines):
-            self.env.process(self._lane(lane))
         gpu = self.env.process(self._gpu())
         self.env.run(until=gpu)
         return self.stats

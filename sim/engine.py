@@ -686,7 +686,7 @@ class Engine:
                 # executed experts in access order and their token counts
                 flat = plan_m.reshape(-1)
                 if n_tok == 1:
-                    exps = [int(x) for x in flat if x >= 0]
+                    exps = [x for x in flat.tolist() if x >= 0]
                     counts = [1] * len(exps)
                 else:
                     valid = flat[flat >= 0]
@@ -696,7 +696,7 @@ class Engine:
                     counts = [int(x) for x in cnt[order]]
                 fr = self.fractions[layer]
                 nparts = len(fr)
-                pool = self.pool_of(layer)
+                pool = 0 if self.global_pool else layer
                 status: list[int] = []
                 need: list[tuple[int, float, Unit]] = []  # (expert index, compute seconds, unit)
                 miss_units: list[Unit] = []

@@ -72,7 +72,7 @@ def test_same_scenario_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[
     scen = small_scenario(tmp_path, policy="random")
     for out in ("a", "b"):
         assert run_cli(["run", str(scen), "--out", str(tmp_path / out)], capsys)[0] == 0
-    for name in ("metrics.json", "config.yaml", "timeline.json"):
+    for name in ("metrics.json", "config.yaml", "timeline.json", "steps.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 

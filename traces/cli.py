@@ -14,8 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.errors import MoesimError
+from traces.record import record
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+# `record` needs the optional torch extra; the command imports it only when it runs
+app.command("record", help="Record a moe-trace file from a Hugging Face MoE model (extra: tracer).")(record)
 
 
 def _console() -> Console:

@@ -364,6 +364,10 @@ def _embedding_cols(batch: pa.RecordBatch, row0: int, path: Any) -> dict[str, np
     mat = np.asarray(vals.flatten().to_numpy(zero_copy_only=False), dtype=np.float16)
     mat = mat.reshape(len(vals), int(lengths[0]) if lengths.size else 0)
     rows = np.flatnonzero(~np.asarray(emb.is_null())) + row0
+    layer = np.asarray(batch.column("layer").to_numpy(zero_copy_only=False))[rows - row0]
+    if (layer != 0).any():
+        raise TraceError(path, "embedding on a row whose layer is not 0",
+                         row=int(rows[_first_bad_row(layer != 0)]), column="embedding")
     bad = ~np.isfinite(mat).all(axis=1)
     if bad.any():
         raise TraceError(path, "non-finite value", row=int(rows[_first_bad_row(bad)]), column="embedding")
@@ -586,7 +590,10 @@ def write_trace(
     if validate:
         cursor = _Cursor()
         for batch in table.to_batches(max_chunksize=DEFAULT_BATCH_ROWS):
+            row0 = cursor.row
             validate_batch(batch, meta, cursor, path)
+            if "embedding" in batch.schema.names:
+                _embedding_cols(batch, row0, path)
         _check_complete(cursor, meta, path)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

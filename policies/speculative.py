@@ -37,8 +37,43 @@ def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     return sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+class PrefetchingLRU(LRU):
+    """An LRU cache that prefetches sets of experts for a coming layer without undermining
+    itself: experts of the set that are already present count as used now (they become most
+    recent), and no prefetch of the set may evict another member of the set (a prefetch that
+    would have to is dropped)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._protect: frozenset[UnitKey] = frozenset()
+
+    def prefetch_set(self, view: EngineView, layer: int, experts: list[tuple[int, float]]) -> int:
+        """Prefetch ``(expert, score)`` pairs for ``layer`` in the given order (higher score
+        first in the lane); returns how many transfers were issued."""
+        keys = [(layer, e, 0) for e, _ in experts]
+        for key in keys:
+            if view.is_present(*key):
+                self._touch(key)
+        self._protect = frozenset(keys)
+        issued = 0
+        try:
+            for key, (_, score) in zip(keys, experts, strict=True):
+                if not view.is_present(*key) and view.prefetch(*key, priority=score):
+                    self._touch(key)
+                    issued += 1
+        finally:
+            self._protect = frozenset()
+        return issued
+
+    def choose_victim(self, view: EngineView, pool: int, candidates: list[UnitKey],
+                      need_bytes: int) -> UnitKey | None:
+        if self._protect:
+            candidates = [k for k in candidates if k not in self._protect]
+        return super().choose_victim(view, pool, candidates, need_bytes)
+
+
 @register
-class MixtralOffloading(LRU):
+class MixtralOffloading(PrefetchingLRU):
     """LRU expert cache per layer plus speculative prefetch of the next layer's experts
     (Eliseev & Mazur, 2023): when layer ``l`` is routed, the router of ``l + 1`` applied to the
     hidden state of ``l`` (the trace's ``lookahead_logits``) guesses the next experts, which
@@ -101,13 +136,11 @@ class MixtralOffloading(LRU):
             target = 0
         else:
             return
-        for e, score in self._guess(view, layer):
-            if view.prefetch(target, e, priority=score):
-                self._touch((target, e, 0))
+        self.prefetch_set(view, target, self._guess(view, layer))
 
 
 @register
-class OraclePrefetch(LRU):
+class OraclePrefetch(PrefetchingLRU):
     """LRU cache plus a perfect next-layer prefetcher: after layer ``l`` is routed it loads
     exactly the experts the recorded routing uses at ``l + 1`` (and at layer 0 of the next
     iteration). Reads the future: the bound for next-layer prefetchers."""
@@ -131,12 +164,6 @@ class OraclePrefetch(LRU):
         L = view.num_layers
         it = view.iteration_index
         nxt_it, target = (it, layer + 1) if layer + 1 < L else (it + 1, 0)
-        routing = fut.routing(nxt_it, target)
-        seen: set[int] = set()
-        for rank, e in enumerate(routing.reshape(-1).tolist()):
-            if e in seen:
-                continue
-            seen.add(e)
-            key: UnitKey = (target, int(e), 0)
-            if view.prefetch(*key, priority=float(len(seen) and -rank)):
-                self._touch(key)
+        routing = fut.routing(nxt_it, target).reshape(-1).tolist()
+        order = list(dict.fromkeys(int(e) for e in routing))   # access order, first occurrence
+        self.prefetch_set(view, target, [(e, float(-rank)) for rank, e in enumerate(order)])

@@ -80,6 +80,14 @@ class LRU(DemandCache):
     def _score(self, key: UnitKey) -> tuple[float, ...]:
         return (self._last.get(key, 0),)
 
+    def choose_victim(self, view: EngineView, pool: int, candidates: list[UnitKey],
+                      need_bytes: int) -> UnitKey | None:
+        # the hottest call of every LRU-based policy: skip the tuple of ``_score``
+        if not candidates:
+            return None
+        last = self._last
+        return min(candidates, key=lambda k: last.get(k, 0))
+
 
 @register
 class LFU(DemandCache):

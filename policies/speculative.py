@@ -3,6 +3,7 @@ router's lookahead) and ``oracle-prefetch`` (perfect knowledge of the next layer
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,10 +24,9 @@ def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     by the best score any token gives them (descending, then expert id)."""
     scores = np.asarray(scores, dtype=np.float32)
     k = min(k, scores.shape[1])
-    if scores.shape[0] == 1:  # the common batch-1 case, without the dict
-        row = scores[0]
-        top = np.argsort(-row, kind="stable")[:k]
-        return sorted(((int(e), float(row[e])) for e in top), key=lambda kv: (-kv[1], kv[0]))
+    if scores.shape[0] == 1:  # the common batch-1 case: plain Python beats numpy on one row
+        row = scores[0].tolist()
+        return [(e, row[e]) for e in heapq.nlargest(k, range(len(row)), key=row.__getitem__)]
     best: dict[int, float] = {}
     idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     for t in range(scores.shape[0]):

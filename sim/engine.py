@@ -341,7 +341,7 @@ class Engine:
         self.space_event = self.env.event()
         self.last_evict_iter: dict[UnitKey, int] = {}
         self.stats = RunStats()
-        self.steps: list[StepRecord] = []
+        self._steps: list[tuple[Any, ...]] = []   # StepRecord fields, as tuples on the hot path
         self._layer_evictions = 0
         self._layer_prefetch_bytes = 0
         self.cur_layer = -1
@@ -395,6 +395,11 @@ class Engine:
         if u.event is None:
             u.event = self.env.event()
         return u.event
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        """Per (iteration, layer) records, in order."""
+        return [StepRecord(*t) for t in self._steps]
 
     def _add_unit(self, u: Unit) -> None:
         self.units[u.key] = u
@@ -494,6 +499,8 @@ class Engine:
                                   {"demand": cls == DEMAND_CLASS, "bytes": u.nbytes}))
         if self._has_on_loaded:
             self.policy.on_loaded(self.view, key, cls == DEMAND_CLASS)
+        if self.waiting and not self.space_event.triggered:
+            self.space_event.succeed()   # the landed unit may now be evicted for a waiting demand load
 
     # ------------------------------------------------------------------------------------------
     # prefetch / demand
@@ -700,6 +707,7 @@ class Engine:
                 status: list[int] = []
                 need: list[tuple[int, float, Unit]] = []  # (expert index, compute seconds, unit)
                 miss_units: list[Unit] = []
+                hits = late = part = miss = miss_bytes = 0
                 for e in exps:
                     pinned.add((layer, e))
                 for i, e in enumerate(exps):
@@ -717,6 +725,7 @@ class Engine:
                             u = Unit(key, self.part_bytes(layer, p), pool, True, it.index)
                             self._add_unit(u)
                             miss_units.append(u)
+                            miss_bytes += u.nbytes
                         elif u.state == RESIDENT:
                             n_res += 1
                         if not u.used:
@@ -729,27 +738,28 @@ class Engine:
                         need.append((i, t_exp * fr[p], u))
                     if n_res == nparts:
                         status.append(HIT)
+                        hits += 1
                     elif n_abs == 0:
                         status.append(LATE)
+                        late += 1
                     elif n_res:
                         status.append(PARTIAL)
+                        part += 1
                     else:
                         status.append(MISS)
+                        miss += 1
                     if fetched:
                         st.fetch_needed += 1
                         if covered:
                             st.fetch_covered += 1
-                hits = status.count(HIT)
-                late = status.count(LATE)
-                part = status.count(PARTIAL)
-                miss = status.count(MISS)
                 st.hits += hits
                 st.late += late
                 st.partial += part
                 st.misses += miss
                 # 4. demand loads for absent parts, ahead of queued prefetches
-                self.waiting.extend(miss_units)
                 stall = 0.0
+                if miss_units:
+                    self.waiting.extend(miss_units)
                 if self.waiting:
                     stall += yield from self._issue_demand()
                 if has_after:
@@ -762,9 +772,9 @@ class Engine:
                     if ready:
                         if self.waiting:
                             ready = ready[:1]   # memory is tight: free pins one expert at a time
-                        dt = sum(x[1] for x in ready)
+                        dt = sum([x[1] for x in ready])
                         tc = env.now
-                        yield env.timeout(dt)
+                        yield timeout(dt)
                         st.gpu_busy_s += dt
                         if timeline is not None:
                             timeline.append(("GPU", f"L{layer} experts", tc, dt,
@@ -804,10 +814,11 @@ class Engine:
                 for e in exps:
                     pinned.discard((layer, e))
                 st.stall_s += stall
-                self._settle_buffer(layer)
-                self.steps.append(StepRecord(it.index, layer, t0, t_route, env.now, len(exps), hits, late,
-                                             part, miss, stall, sum(u.nbytes for u in miss_units),
-                                             self._layer_prefetch_bytes, self._layer_evictions))
+                if self.buffer_used:
+                    self._settle_buffer(layer)
+                self._steps.append((it.index, layer, t0, t_route, env.now, len(exps), hits, late,
+                                    part, miss, stall, miss_bytes, self._layer_prefetch_bytes,
+                                    self._layer_evictions))
             head = cost.head_s(n_tok)
             if head > 0:
                 yield env.timeout(head)

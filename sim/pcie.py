@@ -13,6 +13,7 @@ it is the engine's hottest path.
 from __future__ import annotations
 
 import heapq
+from functools import partial
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -80,12 +81,15 @@ class CopyLanes:
             start = self.env.now
             self.on_start(u, cls, lane)
             ev = self.env.timeout(dur)
-            ev.callbacks.append(lambda _ev, u=u, cls=cls, lane=lane, start=start, dur=dur:
-                                self._land(u, cls, lane, start, dur))
+            assert ev.callbacks is not None
+            ev.callbacks.append(partial(self._on_timeout, u, cls, lane, start, dur))
             if u.event is None:
                 u.event = ev   # whoever waits for the unit from now on waits for this timeout
             return
         self.idle.append(lane)
+
+    def _on_timeout(self, u: Any, cls: int, lane: int, start: float, dur: float, _ev: simpy.Event) -> None:
+        self._land(u, cls, lane, start, dur)
 
     def _land(self, u: Any, cls: int, lane: int, start: float, dur: float) -> None:
         self.busy_s += dur

@@ -8,15 +8,19 @@ import importlib
 import inspect
 from typing import Any, TypeVar
 
-from sim.errors import MoesimError
-
 from policies.base import Policy
+from sim.errors import MoesimError
 
 _REGISTRY: dict[str, type[Policy]] = {}
 _MODULES = (
     "policies.caching",
     "policies.belady",
     "policies.speculative",
+    "policies.lcp",
+    "policies.moepic",
+    "policies.adapmoe",
+    "policies.moe_infinity",
+    "policies.pregated",
 )
 _loaded = False
 

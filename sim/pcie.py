@@ -13,8 +13,8 @@ it is the engine's hottest path.
 from __future__ import annotations
 
 import heapq
-from functools import partial
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, Protocol
 
 import simpy

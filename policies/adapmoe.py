@@ -1,0 +1,144 @@
+"""AdapMoE as MoEpic's evaluation describes it (Zhong et al., ICCAD 2024; MoEpic section 4.1):
+Mixtral-offloading's LRU cache and speculative next-layer prefetch, plus per-layer cache
+sizes chosen by dynamic programming.
+
+The paper's text is not in ``../shared/papers``; this is our reading. The dynamic programme
+minimises the expected number of expert loads per token that neither the cache nor the
+prefetch covers,
+
+    min_{c_1..c_L} sum_i K * (1 - H_i(c_i)) * (1 - a_i)      s.t.  sum_i c_i <= B,  1 <= c_i <= N
+
+with ``H_i(c)`` the LRU hit rate of layer ``i`` at ``c`` cached experts (from LRU stack
+distances, exact for every ``c`` in one pass) and ``a_i`` the share of layer ``i``'s
+activations that its speculative prefetch guessed, both measured online. It re-runs every
+``realloc_tokens`` tokens and the new sizes apply at the next idle point.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from policies.base import Outcome
+from policies.registry import register
+from policies.speculative import MixtralOffloading
+from sim.engine import RESIDENT
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.engine import EngineView, SimContext
+
+
+def allocate_cache_sizes(costs: np.ndarray, budget: int, *, minimum: int = 1) -> np.ndarray:
+    """Dynamic programme: ``costs[i, c]`` is layer ``i``'s cost with ``c`` cached experts
+    (``c = 0..N``); returns the sizes ``c_i >= minimum`` with ``sum c_i <= budget`` minimising
+    the total cost (ties: the smaller sizes at the earlier layers). ``budget`` in experts."""
+    L, width = costs.shape
+    N = width - 1
+    budget = max(budget, L * minimum)
+    inf = np.inf
+    best = np.zeros(budget + 1)                         # best[b]: min cost of layers < i using <= b
+    choice = np.zeros((L, budget + 1), dtype=np.int64)
+    for i in range(L):
+        nxt = np.full(budget + 1, inf)
+        arg = np.zeros(budget + 1, dtype=np.int64)
+        for c in range(minimum, min(N, budget) + 1):
+            cand = np.full(budget + 1, inf)
+            cand[c:] = best[: budget + 1 - c] + costs[i, c]
+            better = cand < nxt - 1e-15
+            nxt[better] = cand[better]
+            arg[better] = c
+        best, choice[i] = nxt, arg
+    sizes = np.zeros(L, dtype=np.int64)
+    b = int(np.argmin(best))
+    for i in range(L - 1, -1, -1):
+        sizes[i] = choice[i, b]
+        b -= int(sizes[i])
+    return sizes
+
+
+@register
+class AdapMoE(MixtralOffloading):
+    """LRU + speculative prefetch (as ``mixtral-offloading``, with the cross-token prediction
+    of layer 0 that AdapMoE introduced) + per-layer cache sizes by dynamic programming,
+    re-planned every ``realloc_tokens`` tokens from online LRU hit curves and prefetch
+    accuracies."""
+
+    name = "adapmoe"
+    summary = "AdapMoE: LRU + speculative prefetch + per-layer cache sizes by dynamic programming"
+
+    def __init__(self, *, prefetch_experts: int | None = None, predictor: str = "auto",
+                 cross_token: bool = True, realloc_tokens: int = 512) -> None:
+        super().__init__(prefetch_experts=prefetch_experts, predictor=predictor, cross_token=cross_token)
+        if realloc_tokens < 1:
+            raise ValueError(f"realloc_tokens must be >= 1, got {realloc_tokens}")
+        self.realloc_tokens = realloc_tokens
+        self.sizes: list[np.ndarray] = []      # every allocation installed, in order
+
+    def setup(self, ctx: SimContext) -> None:
+        super().setup(ctx)
+        L, E = ctx.num_layers, ctx.num_experts
+        self._L, self._K = L, ctx.top_k
+        self._eb = ctx.expert_bytes
+        self._budget_experts = ctx.total_budget // ctx.expert_bytes
+        self._stack: list[list[int]] = [[] for _ in range(L)]
+        self._dist = np.zeros((L, E + 1), dtype=np.int64)      # LRU stack distances (E = cold)
+        self._guessed = np.zeros(L, dtype=np.int64)
+        self._activated = np.zeros(L, dtype=np.int64)
+        self._guess_for: dict[int, tuple[int, set[int]]] = {}
+        self._tokens = 0
+        self._next = self.realloc_tokens
+        self.sizes = []
+
+    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
+        it = view.iteration_index
+        stack = self._stack[layer]
+        E = self._E
+        guess = self._guess_for.get(layer)
+        hit_guess = guess[1] if guess is not None and guess[0] == it else set()
+        for e in outcome.experts:
+            if e in stack:
+                d = stack.index(e)
+                stack.pop(d)
+            else:
+                d = E
+            stack.insert(0, e)
+            self._dist[layer, d] += 1
+            self._activated[layer] += 1
+            self._guessed[layer] += e in hit_guess
+        if self._k:
+            L = view.num_layers
+            target, t_it = (layer + 1, it) if layer + 1 < L else (0, it + 1)
+            self._guess_for[target] = (t_it, {e for e, _ in self._guess(view, layer)})
+        super().after_layer(view, layer, outcome)
+        if layer == view.num_layers - 1:
+            self._tokens += outcome.plan.shape[0]
+
+    def cache_sizes(self) -> np.ndarray:
+        """The dynamic programme on the statistics so far (experts per layer)."""
+        L, E, K = self._L, self._E, self._K
+        acts = np.maximum(1, self._dist.sum(axis=1))
+        hit = np.concatenate([np.zeros((L, 1)), np.cumsum(self._dist[:, :E], axis=1) / acts[:, None]], axis=1)
+        acc = self._guessed / np.maximum(1, self._activated)
+        costs = K * (1.0 - hit) * (1.0 - acc)[:, None]
+        return allocate_cache_sizes(costs, int(self._budget_experts), minimum=1)
+
+    def on_iteration_end(self, view: EngineView) -> None:
+        L = self._L
+        if self._tokens < self._next or self._budget_experts < L:
+            return
+        view.cancel_prefetches()
+        if any(view.state(*k) != RESIDENT for layer in range(L) for k in view.units_of_layer(layer)):
+            return   # a transfer is in flight: not idle yet
+        sizes = self.cache_sizes()
+        caps = [int(c) * self._eb for c in sizes]
+        for layer in range(L):
+            pool = view.pool_of(layer)
+            while view.used(pool) > caps[layer]:
+                cands = [k for k in view.resident_units(pool) if not view.in_buffer(*k)]
+                if not cands or not view.evict(*min(cands, key=self._score)):
+                    break
+        view.set_layer_budgets(caps)
+        self.sizes.append(sizes)
+        while self._next <= self._tokens:
+            self._next += self.realloc_tokens

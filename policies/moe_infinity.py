@@ -1,0 +1,116 @@
+"""MoE-Infinity as MoEpic's evaluation describes it (Xue et al., 2024; MoEpic sections 2.2,
+4.1 and 5): an LFU expert cache and activation-aware prefetching from request-level expert
+activation matrices.
+
+The paper's text is not in ``../shared/papers``; this is our reading of its mechanism:
+
+* Each request in flight keeps an Expert Activation Matrix (EAM), ``[L, E]`` counts of the
+  tokens of that request routed to each expert so far.
+* Finished requests' EAMs go into a collection (EAMC) of ``eamc_capacity`` matrices, oldest
+  out first. A request is finished when its batch is done.
+* After layer ``l`` is routed, each request of the iteration finds the EAM of the collection
+  most similar to its own (cosine similarity over all layers) and reads off the activation
+  distribution of layers ``l + 1 .. l + prefetch_distance``; with an empty collection, or no
+  stored matrix sharing an expert with it, the request's own EAM stands in. The ``prefetch_experts`` most likely experts of each of those
+  layers are prefetched, priority = probability / layer distance, into the layer's cache.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from policies.base import Outcome
+from policies.caching import LFU
+from policies.registry import register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.engine import EngineView, SimContext
+
+
+@register
+class MoEInfinity(LFU):
+    """LFU cache plus request-level activation-matrix prefetch (see the module docstring)."""
+
+    name = "moe-infinity"
+    summary = "MoE-Infinity: LFU + activation-matrix (EAM) matching prefetch"
+
+    def __init__(self, *, eamc_capacity: int = 64, prefetch_experts: int | None = None,
+                 prefetch_distance: int = 1) -> None:
+        super().__init__()
+        if eamc_capacity < 1:
+            raise ValueError(f"eamc_capacity must be >= 1, got {eamc_capacity}")
+        if prefetch_experts is not None and prefetch_experts < 0:
+            raise ValueError("prefetch_experts must be >= 0")
+        if prefetch_distance < 1:
+            raise ValueError(f"prefetch_distance must be >= 1, got {prefetch_distance}")
+        self.eamc_capacity = eamc_capacity
+        self.prefetch_experts = prefetch_experts
+        self.prefetch_distance = prefetch_distance
+
+    def setup(self, ctx: SimContext) -> None:
+        super().setup(ctx)
+        self._L, self._E = ctx.num_layers, ctx.num_experts
+        self._k = ctx.top_k if self.prefetch_experts is None else self.prefetch_experts
+        self._eams: dict[int, np.ndarray] = {}
+        self._eamc = np.zeros((0, self._L * self._E))         # rows: unit-norm flattened EAMs
+        self._eamc_raw = np.zeros((0, self._L, self._E))
+        self._batch = -1
+
+    def _archive(self) -> None:
+        done = [m for m in self._eams.values() if m.sum() > 0]
+        self._eams = {}
+        if not done:
+            return
+        raw = np.concatenate([self._eamc_raw, np.stack(done)])[-self.eamc_capacity:]
+        flat = raw.reshape(raw.shape[0], -1)
+        self._eamc_raw = raw
+        self._eamc = flat / np.linalg.norm(flat, axis=1, keepdims=True)
+
+    def on_iteration_start(self, view: EngineView) -> None:
+        batch = view.iteration.batch
+        if batch != self._batch:
+            self._archive()
+            self._batch = batch
+
+    def _distribution(self, eam: np.ndarray, layers: list[int]) -> np.ndarray:
+        """Predicted activation probabilities ``[len(layers), E]`` for one request."""
+        src = eam
+        if self._eamc.shape[0]:
+            norm = np.linalg.norm(eam)
+            if norm > 0:
+                sim = self._eamc @ (eam.reshape(-1) / norm)
+                best = int(np.argmax(sim))
+                if sim[best] > 0:   # no stored request shares an expert: keep the request's own
+                    src = self._eamc_raw[best]
+        rows = src[layers]
+        tot = rows.sum(axis=1, keepdims=True)
+        return np.divide(rows, tot, out=np.zeros_like(rows, dtype=np.float64), where=tot > 0)
+
+    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
+        super().after_layer(view, layer, outcome)
+        reqs = view.iteration.request_ids
+        plan = outcome.plan
+        for t in range(plan.shape[0]):
+            r = int(reqs[t])
+            eam = self._eams.get(r)
+            if eam is None:
+                eam = self._eams[r] = np.zeros((self._L, self._E))
+            row = plan[t]
+            eam[layer, row[row >= 0]] += 1.0
+        layers = list(range(layer + 1, min(self._L, layer + 1 + self.prefetch_distance)))
+        if not layers or self._k == 0:
+            return
+        prob = np.zeros((len(layers), self._E))
+        for r in dict.fromkeys(int(x) for x in reqs):
+            np.maximum(prob, self._distribution(self._eams[r], layers), out=prob)
+        for j, target in enumerate(layers):
+            p = prob[j]
+            order = np.argsort(-p, kind="stable")[: self._k]
+            for e in order:
+                if p[e] <= 0:
+                    break
+                key = (target, int(e), 0)
+                if view.prefetch(*key, priority=float(p[e]) / (target - layer)):
+                    self._touch(key)

@@ -1,0 +1,757 @@
+"""MoEpic: expert split, LCP cache, speculative prefetch and the cache configurator
+(Yan, Liu, Xu, Huang: "Accelerating Mixture-of-Expert Inference with Adaptive Expert Split
+Mechanism"; equation and line numbers below are the paper's).
+
+Mechanism (section 3), per layer ``i``:
+
+* Every expert is split vertically into a *top* segment, a fraction ``theta_i`` of its bytes
+  (part 0), and a *bottom* segment (part 1). The layer's VRAM budget ``V_i`` holds the top
+  segments of ``C_i = V_i / theta_i`` experts, chosen and replaced by LCP (Eq. 4,
+  :mod:`policies.lcp`). ``theta = 1`` is a whole-expert cache, ``theta = 0`` no cache.
+* While layer ``i - 1`` computes, the router of layer ``i`` applied to layer ``i - 1``'s hidden
+  state (Eq. 3, the trace's ``lookahead_logits``; for layer 0 the previous token's last layer)
+  ranks the experts of layer ``i``; they are prefetched one by one in descending predicted
+  score into the transfer buffer (``cache.buffer_experts``, ``K`` experts in the paper): only the
+  bottom when the top is cached, else the whole expert. When layer ``i`` is routed the queued
+  prefetches stop; missing segments load on demand while resident segments compute (the
+  engine's partial compute).
+* A segment staged in the buffer is dropped after use, except the top segment of an activated
+  expert, which replaces the least-priority cached top (LCP replacement on a miss).
+* Every ``tau`` tokens, at the next idle point, :class:`CacheConfigurator` (Algorithm 1) sets
+  new ``V_i`` and ``theta_i`` from the recorded statistics (:class:`SplitStats`) and the cost
+  model; the cache is then rebuilt: each layer keeps the top segments of its ``C_i``
+  highest-priority experts, evicting the rest (everything, if its split changed), and the
+  missing ones re-load as background prefetches.
+
+Ablations (section 4.4) are parameters: ``speculative=False`` prefetches in random order
+(w/o SP), ``cache_policy="random"`` replaces at random (w/o LCP), ``configurator=False``
+keeps uniform budgets and ``theta`` (w/o CCA). The degenerate cases of section 2.3 are
+registered as ``moepic-cache-only`` (``theta`` 1, no prefetch) and ``moepic-prefetch-only``
+(``theta`` 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from policies.base import Outcome, Policy, Routing, UnitKey
+from policies.lcp import CachePriority
+from policies.registry import register
+from sim.engine import ABSENT, RESIDENT
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.engine import EngineView, SimContext
+
+CACHE_POLICIES = ("lcp", "random")
+
+
+# ------------------------------------------------------------------------------------------------
+# Statistics and the cache configurator: pure numpy, no engine.
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latency inputs of Algorithm 1, in seconds: ``t_att`` (T_comp^att, the non-MoE part of a
+    layer), ``t_moe`` (T_comp^moe, the ``top_k`` routed experts of a layer; T_comp^exp =
+    ``t_moe / top_k``), ``t_head`` (T_comp^head), ``t_load`` (T_load^exp, one whole expert
+    from host memory)."""
+
+    t_att: float
+    t_moe: float
+    t_head: float
+    t_load: float
+    top_k: int
+
+    @property
+    def t_exp(self) -> float:
+        return self.t_moe / self.top_k
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """The three recorded probabilities of one layer with ``N`` experts (section 3.4.2):
+
+    * ``hit[C]`` = H_i(C), the cache hit rate with a cache of size ``C`` (``C = 0..N``);
+    * ``pred[y - 1]`` = P_i(y), activations of the expert with the y-th highest predicted
+      score per token (``y = 1..N``);
+    * ``pred_hit[y - 1, C]`` = PH_i(y, C), how often the y-th predicted expert is in the cache
+      of size ``C``, per token.
+    """
+
+    hit: np.ndarray
+    pred: np.ndarray
+    pred_hit: np.ndarray
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.pred.shape[0])
+
+
+class SplitStats:
+    """Records H_i(C), P_i(y) and PH_i(y, C) (Algorithm 1, line 7) for all cache sizes at once.
+
+    The cache of size ``C`` is the ``C`` experts of highest cache priority at the time of the
+    token (what LCP keeps, and what the configurator installs), so an activated expert of
+    priority rank ``r`` (0-based) hits every cache with ``C > r``: a histogram of ranks gives
+    the whole curve, as stack distances do for LRU.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int) -> None:
+        L, N = num_layers, num_experts
+        self.num_experts = N
+        self.rank_hist = np.zeros((L, N), dtype=np.int64)      # activations at cache rank r
+        self.activations = np.zeros(L, dtype=np.int64)         # q * K
+        self.pred_act = np.zeros((L, N), dtype=np.int64)       # activations of the y-th predicted
+        self.pred_rank = np.zeros((L, N, N), dtype=np.int64)   # y-th predicted had cache rank r
+        self.pred_tokens = np.zeros(L, dtype=np.int64)         # tokens with a prediction
+
+    def record(self, layer: int, experts: np.ndarray, cache_order: np.ndarray,
+               pred_order: np.ndarray | None) -> None:
+        """One iteration at ``layer``: ``experts`` ``[n, k]`` activated (-1 = none),
+        ``cache_order`` the experts by descending cache priority before these tokens,
+        ``pred_order`` ``[n, N]`` each token's experts by descending predicted score (or None)."""
+        N = self.num_experts
+        rank = np.empty(N, dtype=np.int64)
+        rank[cache_order] = np.arange(N)
+        ex = np.asarray(experts)
+        valid = ex[ex >= 0]
+        if ex.shape[0] == 1:          # one token: its experts are distinct
+            self.rank_hist[layer, rank[valid]] += 1
+        else:
+            np.add.at(self.rank_hist[layer], rank[valid], 1)
+        self.activations[layer] += valid.size
+        if pred_order is None:
+            return
+        ar = np.arange(N)
+        pos = np.empty(N, dtype=np.int64)
+        for t in range(ex.shape[0]):
+            order = pred_order[t]
+            pos[order] = ar
+            row = ex[t]
+            self.pred_act[layer, pos[row[row >= 0]]] += 1
+            self.pred_rank[layer, ar, rank[order]] += 1
+        self.pred_tokens[layer] += ex.shape[0]
+
+    def layer(self, layer: int) -> LayerStats:
+        """The probabilities of ``layer`` so far (zeros before any token)."""
+        N = self.num_experts
+        acts = max(1, int(self.activations[layer]))
+        hit = np.concatenate([[0.0], np.cumsum(self.rank_hist[layer]) / acts])
+        q = max(1, int(self.pred_tokens[layer]))
+        pred = self.pred_act[layer] / q
+        pred_hit = np.concatenate([np.zeros((N, 1)), np.cumsum(self.pred_rank[layer], axis=1) / q], axis=1)
+        return LayerStats(hit=hit, pred=pred, pred_hit=pred_hit)
+
+
+@dataclass(frozen=True)
+class LayerSplit:
+    """The solution of Eq. 11 for one layer: ``loaded`` (m_i, expected activated experts in
+    VRAM when the routing is known), ``cache_size`` C_i* and ``theta`` (V_i / C_i*)."""
+
+    loaded: float
+    cache_size: int
+    theta: float
+
+
+def solve_layer(stats: LayerStats, budget: float, window: float, timing: Timing) -> LayerSplit:
+    """Eq. 11: the cache size ``C`` in ``[ceil(V), N]`` (so that ``theta = V / C`` is in
+    (0, 1]) maximising
+
+        m(C) = K * H(C) * theta + sum_{y <= Y} [1 - PH(y, C) * theta] * P(y)        (Eqs. 10, 11)
+
+    where ``Y`` is the number of prefetches, in predicted order, whose times
+    ``[1 - PH(y, C) * theta] * T_load`` (Eq. 9) fit in ``window``. ``m`` is capped at ``K``;
+    ties go to the smallest ``C`` (largest top segment). A budget of 0 caches nothing and
+    prefetches whole experts. ``budget`` is in experts."""
+    N, K = stats.num_experts, timing.top_k
+    P = stats.pred
+    if budget <= 0:
+        cum = np.cumsum(np.full(N, timing.t_load))
+        Y = int((cum <= window * (1 + 1e-12)).sum())
+        return LayerSplit(loaded=min(float(K), float(P[:Y].sum())), cache_size=0, theta=0.0)
+    c_lo = min(N, max(1, math.ceil(budget - 1e-9)))
+    C = np.arange(c_lo, N + 1)
+    theta = np.minimum(1.0, budget / C)
+    frac = 1.0 - stats.pred_hit[:, C] * theta[None, :]                 # [N, nC]: share to fetch
+    cum = np.cumsum(frac * timing.t_load, axis=0)                      # Eq. 9, summed over y
+    Y = (cum <= window * (1 + 1e-12)).sum(axis=0)                      # prefetches that fit
+    cum_a = np.vstack([np.zeros((1, C.size)), np.cumsum(frac * P[:, None], axis=0)])   # Eq. 10
+    m = K * stats.hit[C] * theta + cum_a[Y, np.arange(C.size)]
+    m = np.minimum(m, float(K))
+    j = int(np.argmax(m))
+    return LayerSplit(loaded=float(m[j]), cache_size=int(C[j]), theta=float(theta[j]))
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """ExpertSplit of a budget vector: per layer the exposed loading latency 𝒯^i (Eq. 6,
+    seconds), the prefetch window T_wind^i (Eq. 7) it was solved with, and the split."""
+
+    exposed: np.ndarray
+    window: np.ndarray
+    splits: list[LayerSplit]
+
+    @property
+    def theta(self) -> np.ndarray:
+        return np.array([s.theta for s in self.splits])
+
+    @property
+    def cache_size(self) -> np.ndarray:
+        return np.array([s.cache_size for s in self.splits], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """VramAllocation's answer: budgets ``V_i`` (experts), their split, and the number of
+    budget moves made."""
+
+    budgets: np.ndarray
+    split: SplitResult
+    moves: int
+
+    @property
+    def theta(self) -> np.ndarray:
+        return self.split.theta
+
+    @property
+    def cache_size(self) -> np.ndarray:
+        return self.split.cache_size
+
+    @property
+    def total_exposed(self) -> float:
+        return float(self.split.exposed.sum())
+
+
+@dataclass
+class CacheConfigurator:
+    """Algorithm 1 of the paper, on recorded statistics and latency metrics; no engine.
+
+    ``total`` is V_e, the expert budget in experts; ``zeta`` the allocation granularity (a move
+    shifts ``zeta * total`` experts of budget); budgets stay in ``(min_budget, num_experts]``
+    (``min_budget`` 0: strictly positive, as Eq. 8 asks).
+    """
+
+    timing: Timing
+    total: float
+    zeta: float = 0.01
+    min_budget: float = 0.0
+    max_moves: int = 100_000
+    moves_log: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    def expert_split(self, stats: Sequence[LayerStats], budgets: Sequence[float] | np.ndarray) -> SplitResult:
+        """Function ExpertSplit (lines 29-35): solve Eq. 11 layer by layer, the window of
+        each layer following from the previous one by Eqs. 5-7, with ``m_i`` standing for
+        ``alpha_i + beta_i * theta_i`` and ``K - m_i`` for ``beta_i (1 - theta_i) + gamma_i``."""
+        tm = self.timing
+        K = tm.top_k
+        window = tm.t_head + tm.t_att                       # T_wind^1 (line 30)
+        exposed = np.zeros(len(stats))
+        windows = np.zeros(len(stats))
+        splits: list[LayerSplit] = []
+        for i, (st, v) in enumerate(zip(stats, budgets, strict=True)):
+            windows[i] = window
+            sp = solve_layer(st, float(v), window, tm)
+            splits.append(sp)
+            hide = sp.loaded * tm.t_exp                      # Eq. 5
+            miss = (K - sp.loaded) * tm.t_load               # T_miss^i
+            exposed[i] = max(0.0, miss - hide)               # Eq. 6
+            window = (tm.t_moe - min(hide, miss)) + tm.t_att  # Eq. 7
+        return SplitResult(exposed=exposed, window=windows, splits=splits)
+
+    def _feasible(self, v: np.ndarray, n_experts: int) -> np.ndarray:
+        return (v > max(self.min_budget - 1e-9, 1e-9)) & (v <= n_experts + 1e-9)
+
+    def allocate(self, stats: Sequence[LayerStats], budgets: Sequence[float] | np.ndarray) -> Allocation:
+        """Function VramAllocation (lines 13-26): move ``zeta * total`` experts of budget from
+        the layer whose reduction costs least (𝒯_3 - 𝒯_1) to the one whose increase profits
+        most (𝒯_1 - 𝒯_2), both estimated with ExpertSplit of all budgets shifted at once,
+        while the total exposed latency strictly falls; the move that does not is rolled back."""
+        V = np.asarray(budgets, dtype=np.float64).copy()
+        n_exp = stats[0].num_experts
+        step = self.zeta * self.total
+        self.moves_log.clear()
+        r1 = self.expert_split(stats, V)
+        moves = 0
+        while moves < self.max_moves:
+            up, down = V + step, V - step
+            r2 = self.expert_split(stats, np.minimum(up, n_exp))
+            r3 = self.expert_split(stats, np.maximum(down, 0.0))
+            profit = np.where(self._feasible(up, n_exp), r1.exposed - r2.exposed, -np.inf)
+            cost = np.where(self._feasible(down, n_exp), r3.exposed - r1.exposed, np.inf)
+            i1 = int(np.argmax(profit))                      # line 19
+            cost[i1] = np.inf
+            i2 = int(np.argmin(cost))                        # line 20
+            if not np.isfinite(profit[i1]) or not np.isfinite(cost[i2]):
+                break
+            V2 = V.copy()
+            V2[i1] += step                                   # line 21
+            V2[i2] -= step
+            r4 = self.expert_split(stats, V2)                # line 22
+            if float((r4.exposed - r1.exposed).sum()) >= 0:  # line 23: roll back and stop
+                break
+            V, r1 = V2, r4
+            moves += 1
+            self.moves_log.append((i1, i2))
+        return Allocation(budgets=V, split=r1, moves=moves)
+
+
+# ------------------------------------------------------------------------------------------------
+# The policy
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+def split_fractions(theta: float) -> tuple[float, ...]:
+    """Part fractions of an expert with top share ``theta``: two segments inside (0, 1), one
+    whole part at the ends."""
+    return (float(theta), 1.0 - float(theta)) if 0.0 < theta < 1.0 else (1.0,)
+
+
+@register
+class MoEpic(Policy):
+    """MoEpic (see the module docstring): top segments (share ``theta``, initially 0.5) cached
+    under LCP (``rho`` 0.25, ``omega`` 128 tokens), bottoms prefetched for the next layer in
+    descending predicted score into the transfer buffer, and the cache configurator
+    (Algorithm 1, allocation granularity ``zeta`` 0.01) every ``tau`` (5000) tokens.
+
+    ``speculative`` False: prefetch in random order (the paper's "w/o SP"). ``prefetch``
+    False: no prefetch (cache only). ``cache_policy`` "random": random replacement and a
+    random cache at reconfiguration ("w/o LCP"). ``configurator`` False: uniform budgets and a
+    fixed ``theta`` ("w/o CCA").
+    """
+
+    name = "moepic"
+    summary = "expert split: LCP-cached top segments, speculative bottom prefetch, cache configurator"
+
+    def __init__(self, *, theta: float = 0.5, rho: float = 0.25, omega: float = 128.0,
+                 tau: int = 5000, zeta: float = 0.01, speculative: bool = True,
+                 prefetch: bool = True, cache_policy: str = "lcp",
+                 configurator: bool = True) -> None:
+        if not 0.0 <= theta <= 1.0:
+            raise ValueError(f"theta must be in [0, 1], got {theta}")
+        if not 0.0 < rho <= 1.0:
+            raise ValueError(f"rho must be in (0, 1], got {rho}")
+        if omega <= 0:
+            raise ValueError(f"omega must be > 0, got {omega}")
+        if tau < 1:
+            raise ValueError(f"tau must be >= 1, got {tau}")
+        if not 0.0 < zeta < 1.0:
+            raise ValueError(f"zeta must be in (0, 1), got {zeta}")
+        if cache_policy not in CACHE_POLICIES:
+            raise ValueError(f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {cache_policy!r}")
+        self.theta = theta
+        self.rho = rho
+        self.omega = omega
+        self.tau = tau
+        self.zeta = zeta
+        self.speculative = speculative
+        self.prefetch = prefetch
+        self.cache_policy = cache_policy
+        self.configurator = configurator
+        self.applied: list[Allocation] = []     # every configuration installed, in order
+        self._fractions: list[tuple[float, ...]] = []
+
+    # -- setup ----------------------------------------------------------------------------------
+    def setup(self, ctx: SimContext) -> None:
+        L, E, K = ctx.num_layers, ctx.num_experts, ctx.top_k
+        self._L, self._E, self._K = L, E, K
+        self._eb = ctx.expert_bytes
+        self._theta = [float(self.theta)] * L
+        self._fractions = [split_fractions(self.theta)] * L
+        self._budget = [c / self._eb for c in ctx.pool_capacity]   # V_i in experts (uniform)
+        self._total = ctx.total_budget / self._eb                   # V_e
+        self._total_bytes = ctx.total_budget
+        self._min_budget = 0.0 if ctx.buffer_bytes >= self._eb else 2.0
+        self._has_lookahead = ctx.has_lookahead
+        self._prio = CachePriority(L, E, rho=self.rho, omega=self.omega)
+        self._stats = SplitStats(L, E) if self.configurator else None
+        cost = ctx.cost
+        self._timing = Timing(t_att=cost.layer_s(1), t_moe=K * cost.expert_s(1), t_head=cost.head_s(1),
+                              t_load=cost.transfer_s(self._eb), top_k=K)
+        self._rng = ctx.rng
+        self._tokens = 0
+        self._next_config = self.tau
+        self._config_due = False
+        self._spec: dict[UnitKey, int] = {}          # speculative prefetch -> iteration it is for
+        self._reload: set[UnitKey] = set()           # top segments re-loading after a reconfiguration
+        self._reload_todo: list[UnitKey] = []
+        # layer -> [iteration, experts in predicted order, their scores, next position]
+        self._queue: dict[int, list] = {}
+        self._pred: dict[int, tuple[int, np.ndarray]] = {}   # layer -> (iteration, [n, E] predicted order)
+        self._routed = (-1, -1)                      # (iteration, layer) routed last
+        self._needed: set[int] = set()
+        self._admitting: UnitKey | None = None       # the unit admit() let in, while it moves
+        self._ran: list[list[int]] = [[] for _ in range(L)]   # experts each layer ran last
+        self.applied = []
+
+    def part_fractions(self, layer: int) -> tuple[float, ...]:
+        """(theta_i, 1 - theta_i): part 0 is the top segment, part 1 the bottom."""
+        return self._fractions[layer] if self._fractions else (1.0,)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _cacheable(self, key: UnitKey) -> bool:
+        """Top segments (or whole experts when ``theta_i`` is 1) stay in the cache; bottom
+        segments (or whole experts when ``theta_i`` is 0) only pass through."""
+        layer = key[0]
+        if len(self._fractions[layer]) == 2:
+            return key[2] == 0
+        return self._theta[layer] >= 1.0
+
+    def _victim(self, candidates: list[UnitKey]) -> UnitKey:
+        """Bottoms left in the pool go first; then LCP's least priority, or a random top."""
+        transient = [k for k in candidates if not self._cacheable(k)]
+        if transient:
+            return self._prio.victim(transient)
+        if self.cache_policy == "random":
+            return candidates[int(self._rng.integers(len(candidates)))]
+        return self._prio.victim(candidates)
+
+    def _cache_order(self, layer: int) -> np.ndarray:
+        if self.cache_policy == "random":
+            return self._rng.permutation(self._E)
+        return self._prio.ranking(layer)
+
+    def _sweep(self, view: EngineView, layer: int) -> None:
+        """Bottom segments that a demand load put in free pool room leave once their layer ran
+        (only the experts the layer just ran can have one there)."""
+        nparts = len(self._fractions[layer])
+        part = 1 if nparts == 2 else 0
+        if nparts == 1 and self._theta[layer] >= 1.0:
+            return
+        for e in self._ran[layer]:
+            if view.state(layer, e, part) == RESIDENT and not view.in_buffer(layer, e, part):
+                view.evict(layer, e, part)
+
+    def _forget_absent(self, view: EngineView, layer: int | None) -> list[UnitKey]:
+        """Drop the bookkeeping of prefetches the engine cancelled; returns the cancelled reloads."""
+        for key in [k for k in self._spec if (layer is None or k[0] == layer) and view.state(*k) == ABSENT]:
+            del self._spec[key]
+        lost = [k for k in self._reload if (layer is None or k[0] == layer) and view.state(*k) == ABSENT]
+        for key in lost:
+            self._reload.discard(key)
+        return lost
+
+    # -- speculative prefetch (section 3.2) -----------------------------------------------------
+    def _predict(self, view: EngineView, target: int, target_iter: int, logits: np.ndarray | None) -> None:
+        """Rank the experts of layer ``target`` (of iteration ``target_iter``) by predicted
+        score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens."""
+        E = self._E
+        if not self.speculative:           # w/o SP: random order
+            order = self._rng.permutation(E)
+            scores = 1.0 - np.arange(E) / E
+            per_token = order[None, :]
+        elif logits is not None:
+            lg = np.asarray(logits, dtype=np.float32)
+            if lg.shape[0] == 0:
+                return
+            if lg.shape[0] == 1:
+                per_token = np.argsort(-lg, axis=1, kind="stable")
+                order = per_token[0]
+                z = np.exp(lg[0] - lg[0].max())
+                best = z / z.sum()
+            else:
+                per_token = np.argsort(-lg, axis=1, kind="stable")
+                best = _softmax_rows(lg.copy()).max(axis=0)
+                order = np.argsort(-best, kind="stable")
+            scores = best[order]
+        elif not self._has_lookahead:      # no lookahead in the trace: guess from history
+            order = self._prio.ranking(target)
+            scores = 1.0 - np.arange(E) / E
+            per_token = order[None, :]
+        else:                              # the first token has nothing to predict from
+            return
+        self._queue[target] = [target_iter, order.tolist(), scores.tolist(), 0]
+        self._pred[target] = (target_iter, per_token)
+
+    def _fill(self, view: EngineView, layer: int) -> None:
+        """Issue the guesses for ``layer`` in order while the transfer buffer has room for the
+        next one: its bottom if the top is cached, else the whole expert."""
+        entry = self._queue.get(layer)
+        if entry is None:
+            return
+        target_iter, order, scores, pos = entry
+        it = view.iteration_index
+        if target_iter < it or (target_iter == it and self._routed == (it, layer)):
+            del self._queue[layer]
+            return
+        nparts = len(self._fractions[layer])
+        sizes = [view.part_bytes(layer, p) for p in range(nparts)]
+        free = view.buffer_free()
+        while pos < len(order):
+            e = order[pos]
+            parts = [p for p in range(nparts) if view.state(layer, e, p) == ABSENT]
+            if parts:
+                need = sum(sizes[p] for p in parts)
+                if need > free:
+                    break
+                issued = 0
+                for p in parts:
+                    if not view.prefetch(layer, e, p, priority=scores[pos], into_buffer=True):
+                        break
+                    self._spec[(layer, e, p)] = target_iter
+                    issued += 1
+                if issued < len(parts):
+                    break
+                free -= need
+            pos += 1
+        entry[3] = pos
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def warm(self, view: EngineView, units: list[UnitKey]) -> None:
+        for key in units:
+            if not self._cacheable(key):
+                view.evict(*key)
+
+    def on_iteration_start(self, view: EngineView) -> None:
+        it = view.iteration_index
+        if self._reload_todo:
+            for key in self._reload_todo:
+                layer = key[0]
+                if (view.state(*key) == ABSENT
+                        and view.free(view.pool_of(layer)) >= view.part_bytes(layer, key[2])
+                        and view.prefetch(*key, priority=-(1.0 + layer))):
+                    self._reload.add(key)
+            self._reload_todo = []
+        entry = self._queue.get(0)
+        if entry is None or entry[0] != it:
+            self._predict(view, 0, it, view.previous_lookahead_logits())
+        if self.prefetch:
+            self._fill(view, 0)
+
+    def before_layer(self, view: EngineView, layer: int) -> None:
+        if layer > 0:
+            self._sweep(view, layer - 1)
+        if self.prefetch:
+            self._fill(view, layer)
+
+    def plan(self, view: EngineView, layer: int, routing: Routing) -> np.ndarray | None:
+        it = view.iteration_index
+        ex = routing.experts
+        needed = set(int(e) for e in ex[ex >= 0].reshape(-1).tolist())
+        self._routed = (it, layer)
+        self._needed = needed
+        self._admitting = None
+        # the routing is known: prefetching for this layer stops (section 3.2)
+        self._queue.pop(layer, None)
+        cancelled = view.cancel_prefetches(layer)
+        for key in (self._forget_absent(view, layer) if cancelled else []):
+            # a re-load, not a guess: keep it going
+            if (key[1] not in needed and view.free(view.pool_of(layer)) >= view.part_bytes(layer, key[2])
+                    and view.prefetch(*key, priority=-(1.0 + layer))):
+                self._reload.add(key)
+        # wrong guesses already in the buffer make room for the demand loads
+        for key in [k for k, t in self._spec.items() if k[0] == layer and t <= it]:
+            if key[1] not in needed and view.state(*key) == RESIDENT:
+                view.evict(*key)
+        if routing.n_tokens > 1 and len(self._fractions[layer]) == 2:
+            self._whole_misses_when_tight(view, layer, needed)
+        return None
+
+    def _whole_misses_when_tight(self, view: EngineView, layer: int, needed: set[int]) -> None:
+        """A many-token iteration whose missing segments cannot all get room at once: drop the
+        cached tops of experts whose bottoms are missing, so that each expert is wholly present
+        or wholly absent and the engine can stream them one by one (a half-present pinned
+        expert would hold room that its other half needs)."""
+        pool = view.pool_of(layer)
+        absent = 0
+        half: list[UnitKey] = []
+        for e in needed:
+            top, bottom = view.state(layer, e, 0), view.state(layer, e, 1)
+            absent += (top == ABSENT) * view.part_bytes(layer, 0) + (bottom == ABSENT) * view.part_bytes(layer, 1)
+            if top == RESIDENT and bottom == ABSENT and not view.in_buffer(layer, e, 0):
+                half.append((layer, e, 0))
+        spare = sum(view.part_bytes(k[0], k[2]) for k in view.resident_units(pool)
+                    if k[1] not in needed and not view.in_buffer(*k))
+        if absent > view.free(pool) + view.buffer_free() + spare:
+            for key in half:
+                view.evict(*key)
+
+    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
+        it = view.iteration_index
+        plan = outcome.plan
+        if self._stats is not None:
+            entry = self._pred.get(layer)
+            pred = None
+            if entry is not None and entry[0] == it:
+                order = entry[1]
+                n = plan.shape[0]
+                if order.shape[0] == n:
+                    pred = order
+                elif order.shape[0] == 1 or n == 1:
+                    pred = np.broadcast_to(order[-1], (n, order.shape[1]))
+            self._stats.record(layer, plan, self._cache_order(layer), pred)
+        self._prio.observe(layer, plan)
+        self._ran[layer] = outcome.experts
+        last = layer == self._L - 1
+        if last:
+            self._tokens += plan.shape[0]
+            if self.configurator and self._tokens >= self._next_config:
+                self._config_due = True
+        if not (self.prefetch or self._stats is not None):
+            return
+        if not last:
+            self._predict(view, layer + 1, it, view.lookahead_logits(layer))
+            if self.prefetch:
+                self._fill(view, layer + 1)
+        elif not self._config_due:
+            # layer 0 of the next token, from this token's last layer (as AdapMoE does)
+            self._predict(view, 0, it + 1, view.lookahead_logits(layer))
+            if self.prefetch:
+                self._fill(view, 0)
+
+    def on_loaded(self, view: EngineView, unit: UnitKey, demand: bool) -> None:
+        target_iter = self._spec.get(unit)
+        if demand or target_iter is None:
+            return
+        it = view.iteration_index
+        r_it, r_layer = self._routed
+        passed = target_iter < it or (target_iter == it and r_it == it and unit[0] <= r_layer)
+        if passed and not view.pinned(unit[0], unit[1]):
+            view.evict(*unit)   # a guess that landed after its layer was routed, and was wrong
+
+    def admit(self, view: EngineView, unit: UnitKey) -> bool:
+        """A segment staged in the buffer has been used: the top of an activated expert
+        replaces the least-priority cached top (LCP replacement, section 3.3; the victims come
+        from ``choose_victim`` while the unit still sits in the buffer); bottoms and unused
+        guesses are dropped."""
+        if not self._cacheable(unit):
+            return False
+        layer, e, _ = unit
+        if self._routed != (view.iteration_index, layer) or e not in self._needed:
+            return False
+        self._admitting = unit
+        return True
+
+    def choose_victim(self, view: EngineView, pool: int, candidates: list[UnitKey],
+                      need_bytes: int) -> UnitKey | None:
+        """Room for an admitted top segment: evict by the replacement rule. Room for a demand
+        load: stage it in the transfer buffer when that has room (the cache is updated when it
+        is admitted), else evict by the replacement rule."""
+        if not candidates:
+            return None
+        adm = self._admitting
+        if adm is not None and view.in_buffer(*adm):
+            return self._victim(candidates)
+        layer = candidates[0][0]
+        largest = max(view.part_bytes(layer, p) for p in range(len(self._fractions[layer])))
+        if view.buffer_free() >= largest:
+            return None
+        return self._victim(candidates)
+
+    def on_evict(self, view: EngineView, unit: UnitKey) -> None:
+        self._spec.pop(unit, None)
+        self._reload.discard(unit)
+
+    def on_iteration_end(self, view: EngineView) -> None:
+        self._sweep(view, self._L - 1)
+        if self._config_due:
+            self._reconfigure(view)
+
+    # -- cache configuration (Algorithm 1, lines 8-10) --------------------------------------------
+    def configuration(self) -> Allocation:
+        """Run the configurator on the statistics so far from the current budgets (no change)."""
+        assert self._stats is not None
+        stats = [self._stats.layer(i) for i in range(self._L)]
+        conf = CacheConfigurator(timing=self._timing, total=self._total, zeta=self.zeta,
+                                 min_budget=self._min_budget)
+        return conf.allocate(stats, self._budget)
+
+    def _reconfigure(self, view: EngineView) -> None:
+        view.cancel_prefetches()
+        self._forget_absent(view, None)
+        self._queue.clear()
+        for key in list(self._spec):
+            if view.state(*key) == RESIDENT:
+                view.evict(*key)
+        L = self._L
+        if any(view.state(*k) != RESIDENT for layer in range(L) for k in view.units_of_layer(layer)):
+            return   # a transfer is still in flight: the device is not idle, try again later
+        alloc = self.configuration()
+        eb = self._eb
+        caps: list[int] = []
+        new_fr: list[tuple[float, ...]] = []
+        new_theta: list[float] = []
+        for i in range(L):
+            v, c = float(alloc.budgets[i]), int(alloc.cache_size[i])
+            theta = float(alloc.theta[i])
+            fr: tuple[float, ...]
+            if c == 0:
+                theta, fr, cap = 0.0, (1.0,), 0
+            elif theta >= 1.0 - 1e-12:
+                theta, fr, cap = 1.0, (1.0,), c * eb
+            else:
+                top = int(v * eb) // c
+                theta = top / eb
+                fr, cap = split_fractions(theta), c * top
+            caps.append(cap)
+            new_fr.append(fr)
+            new_theta.append(theta)
+        total = self._total_bytes
+        if sum(caps) > total:   # float rounding of the budget moves; never more than a few bytes
+            j = int(np.argmax(caps))
+            caps[j] -= sum(caps) - total
+        for i in range(L):
+            c = int(alloc.cache_size[i])
+            if self.cache_policy == "random":   # w/o LCP: keep cached tops at random, fill at random
+                cached = sorted(k[1] for k in view.resident_units(view.pool_of(i)) if k[2] == 0)
+                rest = [int(e) for e in self._rng.permutation(self._E) if int(e) not in cached]
+                keep = set(([int(e) for e in self._rng.permutation(cached)] + rest)[:c])
+            else:
+                keep = set(int(e) for e in self._prio.ranking(i)[:c])
+            changed = new_fr[i] != self._fractions[i]
+            for key in view.units_of_layer(i):
+                if changed or key[1] not in keep or not self._cacheable(key):
+                    view.evict(*key)
+            self._fractions[i] = new_fr[i]
+            self._theta[i] = new_theta[i]
+            self._budget[i] = float(alloc.budgets[i])
+            self._reload_todo.extend((i, e, 0) for e in sorted(keep) if view.state(i, e, 0) == ABSENT)
+        view.set_layer_budgets(caps)
+        self._config_due = False
+        while self._next_config <= self._tokens:
+            self._next_config += self.tau
+        self.applied.append(alloc)
+
+
+@register
+class MoEpicCacheOnly(MoEpic):
+    """MoEpic's "Cache Only" degenerate case (section 2.3): whole experts (``theta`` 1) under
+    LCP with uniform budgets, no prefetch."""
+
+    name = "moepic-cache-only"
+    summary = "MoEpic degenerate case: theta 1, LCP whole-expert cache, no prefetch"
+
+    def __init__(self, *, theta: float = 1.0, rho: float = 0.25, omega: float = 128.0,
+                 tau: int = 5000, zeta: float = 0.01, speculative: bool = True,
+                 prefetch: bool = False, cache_policy: str = "lcp",
+                 configurator: bool = False) -> None:
+        super().__init__(theta=theta, rho=rho, omega=omega, tau=tau, zeta=zeta,
+                         speculative=speculative, prefetch=prefetch, cache_policy=cache_policy,
+                         configurator=configurator)
+
+
+@register
+class MoEpicPrefetchOnly(MoEpic):
+    """MoEpic's "Prefetch Only" degenerate case (section 2.3): ``theta`` 0, nothing cached,
+    whole experts prefetched speculatively into the transfer buffer."""
+
+    name = "moepic-prefetch-only"
+    summary = "MoEpic degenerate case: theta 0, no cache, speculative whole-expert prefetch"
+
+    def __init__(self, *, theta: float = 0.0, rho: float = 0.25, omega: float = 128.0,
+                 tau: int = 5000, zeta: float = 0.01, speculative: bool = True,
+                 prefetch: bool = True, cache_policy: str = "lcp",
+                 configurator: bool = False) -> None:
+        super().__init__(theta=theta, rho=rho, omega=omega, tau=tau, zeta=zeta,
+                         speculative=speculative, prefetch=prefetch, cache_policy=cache_policy,
+                         configurator=configurator)

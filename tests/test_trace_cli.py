@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sim.cli import main
+from tests.util import assert_same_trace
 from traces.format import read_meta, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def test_import_flame_reproduces_sample(tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "flame.parquet"
     code, text, _ = run(capsys, "trace", "import", "--from", "flame", str(FLAME_CSV), "-o", str(out))
     assert code == 0 and "16,384 rows" in text
-    assert out.read_bytes() == SAMPLE.read_bytes()
+    assert_same_trace(read_trace(out), read_trace(SAMPLE))
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -99,3 +99,13 @@ def run_engine(trace: Trace, policy: Any, model: ModelSpec, hw: HardwareSpec, *,
 def step_us(engine: Engine) -> list[float]:
     """Duration of every (iteration, layer) step in microseconds, rounded to 1e-6 us."""
     return [round((s.t_end - s.t_start) * 1e6, 6) for s in engine.steps]
+
+
+def assert_same_trace(a: Trace, b: Trace) -> None:
+    """Two traces hold the same metadata and the same values in every column."""
+    assert a.meta == b.meta
+    for name, col in a.columns().items():
+        other = b.columns().get(name)
+        assert other is not None, name
+        np.testing.assert_array_equal(col, other, err_msg=name)
+    assert set(a.columns()) == set(b.columns())

@@ -109,13 +109,9 @@ class LCP(Policy):
     summary = "evict the expert of least cache priority mu*rho^(nu/omega) (MoEpic's LCP)"
 
     def __init__(self, *, rho: float = 0.25, omega: float = 128.0) -> None:
-        if not 0.0 < rho <= 1.0:
-            raise ValueError(f"rho must be in (0, 1], got {rho}")
-        if omega <= 0:
-            raise ValueError(f"omega must be > 0, got {omega}")
+        self._prio = CachePriority(1, 1, rho=rho, omega=omega)   # checks rho and omega
         self.rho = rho
         self.omega = omega
-        self._prio = CachePriority(1, 1, rho=rho, omega=omega)
 
     def setup(self, ctx: SimContext) -> None:
         self._prio = CachePriority(ctx.num_layers, ctx.num_experts, rho=self.rho, omega=self.omega)

@@ -96,13 +96,20 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
-import pyarrow as pa
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sim.errors import MoesimError
-from traces.format import DECODE, OPTIONAL_COLUMNS, PREFILL, ModelInfo, TraceMeta, write_trace
+from traces.format import (
+    DECODE,
+    OPTIONAL_COLUMNS,
+    PREFILL,
+    ModelInfo,
+    TraceMeta,
+    embedding_list_array,
+    write_trace,
+)
 
 TRACER_VERSION = 1
 ALL_OPTIONAL = frozenset(OPTIONAL_COLUMNS)
@@ -1048,16 +1055,7 @@ def build_columns(records: Sequence[RequestRecord], columns: Iterable[str] = ALL
         out["token_id"] = np.concatenate([np.repeat(r.token_id, L) for r in records]).astype(np.int32)
     if "embedding" in cols and records[0].iteration_embedding is not None:
         per_token = np.concatenate([r.iteration_embedding[r.token_iteration] for r in records])  # type: ignore[index]
-        D = per_token.shape[1]
-        has = np.zeros(rows, dtype=bool)
-        has[::L] = True
-        offsets = np.zeros(rows + 1, dtype=np.int32)
-        offsets[1:] = np.cumsum(np.where(has, D, 0))
-        out["embedding"] = pa.ListArray.from_arrays(
-            pa.array(offsets, type=pa.int32()),
-            pa.array(per_token.reshape(-1).astype(np.float16), type=pa.float16()),
-            mask=pa.array(~has),
-        )
+        out["embedding"] = embedding_list_array(per_token, np.arange(0, rows, L), rows)  # layer-0 rows
     return out
 
 

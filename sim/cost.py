@@ -31,11 +31,6 @@ class CostModel:
         hw = self.hardware
         return hw.pcie_latency_us * US + nbytes / (hw.pcie_gbps * 1e9)
 
-    def d2h_s(self, nbytes: float) -> float:
-        hw = self.hardware
-        bw = hw.d2h_gbps if hw.d2h_gbps is not None else hw.pcie_gbps
-        return hw.pcie_latency_us * US + nbytes / (bw * 1e9)
-
     def _roofline(self, nbytes: float, flops: float) -> float:
         hw = self.hardware
         return max(nbytes / (hw.hbm_gbps * 1e9), flops / (hw.peak_tflops * 1e12)) + hw.kernel_us * US

@@ -35,7 +35,6 @@ from sim.workload import Future, Iteration, Workload
 
 # unit states
 WAITING, QUEUED, INFLIGHT, RESIDENT = 1, 2, 3, 4
-STATE_NAMES = {WAITING: "waiting", QUEUED: "queued", INFLIGHT: "in-flight", RESIDENT: "resident"}
 ABSENT = 0
 
 
@@ -47,10 +46,9 @@ class CausalityError(RuntimeError):
 class Unit:
     """An expert (or a segment of one) that is waiting for room, queued, in flight or resident."""
 
-    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "issue_iter",
-                 "in_buffer")
+    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer")
 
-    def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool, issue_iter: int) -> None:
+    def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool) -> None:
         self.key = key
         self.nbytes = nbytes
         self.pool = pool
@@ -58,7 +56,6 @@ class Unit:
         self.event: simpy.Event | None = None   # made when someone waits for the transfer
         self.demand = demand
         self.used = False
-        self.issue_iter = issue_iter
         self.in_buffer = False
 
 
@@ -512,7 +509,7 @@ class Engine:
             raise ValueError(f"no expert {expert} in layer {layer}")
         nbytes = self.part_bytes(layer, part)
         pool = self.pool_of(layer)
-        u = Unit(key, nbytes, pool, False, self.cur_iter.index)
+        u = Unit(key, nbytes, pool, False)
         if self.waiting and any(w.pool == pool for w in self.waiting):
             return False  # demand loads waiting for room in this pool come first
         if into_buffer:
@@ -623,7 +620,7 @@ class Engine:
                     cap_share = self.capacity[pool] if not self.global_pool else self.capacity[0] // L * (layer + 1)
                     if self.used[pool] + nbytes > min(self.capacity[pool], cap_share):
                         break
-                    u = Unit(key, nbytes, pool, True, -1)
+                    u = Unit(key, nbytes, pool, True)
                     u.state = RESIDENT
                     u.used = True
                     self.used[pool] += nbytes
@@ -722,7 +719,7 @@ class Engine:
                         u = units.get(key)
                         if u is None:
                             n_abs += 1
-                            u = Unit(key, self.part_bytes(layer, p), pool, True, it.index)
+                            u = Unit(key, self.part_bytes(layer, p), pool, True)
                             self._add_unit(u)
                             miss_units.append(u)
                             miss_bytes += u.nbytes

@@ -837,7 +837,8 @@ class Engine:
             u = self.waiting[0]
             raise MoesimError(
                 f"the expert budget is too small: layer {layer} needs {u.nbytes} bytes for expert "
-                f"{u.key[1]} but its pool holds {self.capacity[u.pool]} bytes, all pinned; raise "
+                f"{u.key[1]} but its pool holds {self.capacity[u.pool]} bytes and policy "
+                f"{self.policy.name!r} can evict none of them (pinned or refused); raise "
                 "cache.rate or cache.buffer_experts")
 
     def _settle(self, u: Unit) -> None:
@@ -901,7 +902,14 @@ class Engine:
                 "at least one expert is needed (raise cache.rate or cache.buffer_experts)")
         self._initial_fill()
         gpu = self.env.process(self._gpu())
-        self.env.run(until=gpu)
+        try:
+            self.env.run(until=gpu)
+        except RuntimeError as exc:
+            if "No scheduled events left" not in str(exc):
+                raise
+            it, layer = self.cur_iter.index, self.cur_layer
+            raise MoesimError(f"the simulation stalled at iteration {it}, layer {layer}: the GPU waits "
+                              f"for an event that nothing will trigger (policy {self.policy.name!r})") from None
         return self.stats
 
     def _frequencies(self) -> np.ndarray:

@@ -155,3 +155,34 @@ def test_budget_below_one_expert_is_a_clear_error() -> None:
     tr = make_trace([[[0]]], num_experts=2)
     with pytest.raises(MoesimError, match="at least one expert"):
         run_engine(tr, LRU(), tiny_model(1, 2, 1), tiny_hw(), budget_experts=0.5)
+
+
+def test_a_demand_load_waits_for_an_in_flight_prefetch_to_land_and_evicts_it() -> None:
+    class PrefetchOther(LRU):
+        name = "test-prefetch-other"
+
+        def before_layer(self, view, layer):  # type: ignore[no-untyped-def]
+            if view.iteration_index == 0:
+                view.prefetch(0, 1)   # takes the only slot; in flight 0-1000
+
+    tr = make_trace([[[0]]], num_experts=2)
+    eng, m = run_engine(tr, PrefetchOther(), tiny_model(1, 2, 1), tiny_hw(), budget_experts=1)
+    # expert 0 is routed at 100 but its pool's only unit is in flight: it waits until the
+    # prefetch lands at 1000, evicts it, loads 1000-2000 and computes until 2050
+    assert step_us(eng) == [2050]
+    assert round(eng.steps[0].stall_s * 1e6, 6) == 1900   # routed at 100, loaded at 2000
+    assert m["wasted_prefetch_gb"] == pytest.approx(MB / 1e9)
+
+
+def test_a_policy_that_refuses_every_victim_gets_a_clear_error() -> None:
+    from sim.errors import MoesimError
+
+    class Refuse(LRU):
+        name = "test-refuse"
+
+        def choose_victim(self, view, pool, candidates, need_bytes):  # type: ignore[no-untyped-def]
+            return None
+
+    tr = make_trace([[[0]], [[1]]], num_experts=2)
+    with pytest.raises(MoesimError, match="can evict none of them"):
+        run_engine(tr, Refuse(), tiny_model(1, 2, 1), tiny_hw(), budget_experts=1)

@@ -271,7 +271,7 @@ class EngineView:
 
     def evict(self, layer: int, expert: int, part: int = 0) -> bool:
         """Drop a resident, unpinned unit. Returns False if it is not such a unit."""
-        return self._e.evict_key((layer, expert, part), critical=False)
+        return self._e.evict_key((layer, expert, part))
 
     def cancel_prefetches(self, layer: int | None = None) -> int:
         """Cancel queued (not yet started) prefetches, of ``layer`` or all; returns how many."""
@@ -427,18 +427,24 @@ class Engine:
         return [k for k, u in self.pool_units[pool].items()
                 if u.state == RESIDENT and not u.in_buffer and (k[0], k[1]) not in pinned]
 
-    def evict_key(self, key: UnitKey, critical: bool) -> bool:
+    def _drop(self, u: Unit) -> None:
+        """``u`` leaves VRAM: free its room, account a prefetch that was never used, remember
+        when (for refetch accounting) and tell the policy."""
+        self._remove_unit(u)
+        self._release(u)
+        if not u.used and not u.demand:
+            self.stats.wasted_prefetch_bytes += u.nbytes
+        self.last_evict_iter[u.key] = self.cur_iter.index
+        self.policy.on_evict(self.view, u.key)
+
+    def evict_key(self, key: UnitKey) -> bool:
+        """Evict a resident, unpinned unit; False if ``key`` is not one."""
         u = self.units.get(key)
         if u is None or u.state != RESIDENT or (key[0], key[1]) in self.pinned:
             return False
-        self._remove_unit(u)
-        self._release(u)
         self.stats.evictions += 1
         self._layer_evictions += 1
-        if not u.used and not u.demand:
-            self.stats.wasted_prefetch_bytes += u.nbytes
-        self.last_evict_iter[key] = self.cur_iter.index
-        self.policy.on_evict(self.view, key)
+        self._drop(u)
         return True
 
     def _make_room(self, pool: int, nbytes: int) -> tuple[bool, int]:
@@ -452,7 +458,7 @@ class Engine:
             victim = self.policy.choose_victim(self.view, pool, cands, nbytes - (cap[pool] - used[pool]))
             if victim is None:
                 break
-            if victim not in self.units or not self.evict_key(victim, critical=True):
+            if not self.evict_key(victim):
                 raise MoesimError(f"policy {self.policy.name!r} chose victim {victim}, which is not an unpinned resident")
             n += 1
         return cap[pool] - used[pool] >= nbytes, n
@@ -850,12 +856,7 @@ class Engine:
             self.used[u.pool] += u.nbytes
             u.in_buffer = False
         else:
-            self._remove_unit(u)
-            self._release(u)
-            if not u.used and not u.demand:
-                self.stats.wasted_prefetch_bytes += u.nbytes
-            self.last_evict_iter[key] = self.cur_iter.index
-            self.policy.on_evict(self.view, key)
+            self._drop(u)
 
     def _settle_buffer(self, layer: int) -> None:
         """After ``layer`` computed, settle its resident units still in the transfer buffer."""

@@ -8,8 +8,9 @@ Semantics (DESIGN.md section 5), per iteration and MoE layer ``l``:
 4. each planned expert part is resident (hit), issued (late: queued or in flight) or absent
    (demand load, queued ahead of every prefetch; a transfer in flight is never cancelled);
    ``policy.after_layer`` runs now, so its prefetches for later layers overlap the compute;
-5. expert parts compute on the GPU stream as they become resident, ready ones first; an expert
-   stays pinned until all its parts of this layer have computed.
+5. expert parts compute on the GPU stream as they become resident, ready ones first; each part
+   of a planned expert stays pinned until it has computed in this layer (so a computed top
+   segment can make room for its own bottom when memory is tight).
 
 VRAM: a unit (an expert, or a segment of one) holds its bytes from the moment its transfer is
 issued until it is evicted, in the pool of its layer (or the one global pool), or in the
@@ -234,7 +235,9 @@ class EngineView:
         return [k for k in self._e.units if k[0] == layer]
 
     def pinned(self, layer: int, expert: int) -> bool:
-        return (layer, expert) in self._e.pinned
+        """Some part of the expert is pinned: planned for the current layer, not yet computed."""
+        pins = self._e.pinned
+        return any((layer, expert, p) in pins for p in range(len(self._e.fractions[layer])))
 
     def pool_of(self, layer: int) -> int:
         return self._e.pool_of(layer)
@@ -330,7 +333,7 @@ class Engine:
         self.fractions: list[tuple[float, ...]] = [(1.0,)] * self.L
 
         self.units: dict[UnitKey, Unit] = {}
-        self.pinned: set[tuple[int, int]] = set()
+        self.pinned: set[UnitKey] = set()   # units planned for the current layer, not yet computed
         self.waiting: list[Unit] = []              # demand units waiting for room, in order
         self.lanes = CopyLanes(self.env, cost.hardware.copy_engines, cost.transfer_s,
                                self._on_transfer_start, self._on_transfer_land,
@@ -425,7 +428,7 @@ class Engine:
     def _candidates(self, pool: int) -> list[UnitKey]:
         pinned = self.pinned
         return [k for k, u in self.pool_units[pool].items()
-                if u.state == RESIDENT and not u.in_buffer and (k[0], k[1]) not in pinned]
+                if u.state == RESIDENT and not u.in_buffer and k not in pinned]
 
     def _drop(self, u: Unit) -> None:
         """``u`` leaves VRAM: free its room, account a prefetch that was never used, remember
@@ -440,7 +443,7 @@ class Engine:
     def evict_key(self, key: UnitKey) -> bool:
         """Evict a resident, unpinned unit; False if ``key`` is not one."""
         u = self.units.get(key)
-        if u is None or u.state != RESIDENT or (key[0], key[1]) in self.pinned:
+        if u is None or u.state != RESIDENT or key in self.pinned:
             return False
         self.stats.evictions += 1
         self._layer_evictions += 1
@@ -534,10 +537,10 @@ class Engine:
 
     def _drop_queued(self, keep: Callable[[Unit], bool]) -> int:
         """Cancel queued prefetches for which ``keep`` is False; never a demand load, never a
-        unit of a pinned expert."""
+        pinned unit."""
         pinned = self.pinned
         dropped = self.lanes.cancel(
-            lambda u, cls: cls != PREFETCH_CLASS or (u.key[0], u.key[1]) in pinned or keep(u))
+            lambda u, cls: cls != PREFETCH_CLASS or u.key in pinned or keep(u))
         for u in dropped:
             u.state = ABSENT
             self._remove_unit(u)
@@ -712,7 +715,8 @@ class Engine:
                 miss_units: list[Unit] = []
                 hits = late = part = miss = miss_bytes = 0
                 for e in exps:
-                    pinned.add((layer, e))
+                    for p in range(nparts):
+                        pinned.add((layer, e, p))
                 for i, e in enumerate(exps):
                     c = counts[i]
                     t_exp = exp_cost.get(c)
@@ -769,7 +773,6 @@ class Engine:
                     policy.after_layer(view, layer, Outcome(layer, routing, plan_m, exps, status))
                 # 5. compute parts as they become resident, ready ones first
                 remaining = need
-                left_parts = [nparts] * len(exps)
                 while remaining:
                     ready = [x for x in remaining if x[2].state == RESIDENT]
                     if ready:
@@ -788,14 +791,10 @@ class Engine:
                             done = set(id(x) for x in ready)
                             remaining = [x for x in remaining if id(x) not in done]
                         for x in ready:
-                            left_parts[x[0]] -= 1
-                            if left_parts[x[0]] == 0:
-                                pinned.discard((layer, exps[x[0]]))
-                                if self.buffer_used:   # free the staging room at once
-                                    for p in range(nparts):
-                                        bu = units.get((layer, exps[x[0]], p))
-                                        if bu is not None and bu.in_buffer and bu.state == RESIDENT:
-                                            self._settle(bu)
+                            bu = x[2]
+                            pinned.discard(bu.key)
+                            if bu.in_buffer:   # free the staging room at once
+                                self._settle(bu)
                         if self.waiting:
                             stall += yield from self._issue_demand()
                         continue
@@ -814,8 +813,7 @@ class Engine:
                     else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
                         raise AssertionError("expert part neither present nor waiting")
                     stall += env.now - ts
-                for e in exps:
-                    pinned.discard((layer, e))
+                pinned.clear()
                 st.stall_s += stall
                 if self.buffer_used:
                     self._settle_buffer(layer)

@@ -17,7 +17,8 @@ hooks in this order (DESIGN.md section 5)::
 Between hooks, the engine calls ``choose_victim(view, pool, candidates, need_bytes)`` whenever a
 transfer needs room, ``on_loaded(view, unit, demand)`` when a transfer lands, ``admit(view,
 unit)`` when a unit in the transfer buffer has been used by its layer, and ``on_evict(view,
-unit)`` for every unit that leaves VRAM (whoever asked for it).
+unit)`` for every unit that leaves VRAM (whoever asked for it), and ``on_cancel(view, unit)``
+for every prefetch withdrawn before its transfer started.
 
 What a policy sees goes through ``view`` (:class:`sim.engine.EngineView`), which refuses reads
 of the future (a later layer's routing, a later iteration). Only classes with ``oracle = True``
@@ -152,6 +153,11 @@ class Policy:
 
     def on_evict(self, view: EngineView, unit: UnitKey) -> None:
         """``unit`` left VRAM."""
+
+    def on_cancel(self, view: EngineView, unit: UnitKey) -> None:
+        """A prefetch of ``unit`` was withdrawn before its transfer started (by the policy, by
+        the engine to make room for a demand load, or because its layer was routed while it
+        still waited for room); it holds no room any more and was never resident."""
 
     def on_loaded(self, view: EngineView, unit: UnitKey, demand: bool) -> None:
         """The transfer of ``unit`` completed (``demand`` tells demand load from prefetch)."""

@@ -58,6 +58,8 @@ class DemandCache(Policy):
         self._last.pop(unit, None)
         self._count.pop(unit, None)
 
+    on_cancel = on_evict   # a prefetch touched at issue time and withdrawn leaves no entry behind
+
     def _score(self, key: UnitKey) -> tuple[float, ...]:
         """Smallest score is evicted first."""
         raise NotImplementedError

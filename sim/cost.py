@@ -31,6 +31,12 @@ class CostModel:
         hw = self.hardware
         return hw.pcie_latency_us * US + nbytes / (hw.pcie_gbps * 1e9)
 
+    def d2h_transfer_s(self, nbytes: float) -> float:
+        """Device-to-host copy of ``nbytes`` (a swap-out): the same fixed latency, bytes over
+        ``d2h_gbps`` (the host-to-device figure when the hardware gives none: PCIe is symmetric)."""
+        hw = self.hardware
+        return hw.pcie_latency_us * US + nbytes / ((hw.d2h_gbps or hw.pcie_gbps) * 1e9)
+
     def _roofline(self, nbytes: float, flops: float) -> float:
         hw = self.hardware
         return max(nbytes / (hw.hbm_gbps * 1e9), flops / (hw.peak_tflops * 1e12)) + hw.kernel_us * US

@@ -17,6 +17,13 @@ issued until it is evicted, in the pool of its layer (or the one global pool), o
 shared transfer buffer (``cache.buffer_experts``) when its pool has no room. Victims come from
 the policy among unpinned residents; a demand load that finds no room waits (a stall), after
 the engine has cancelled queued prefetches of that pool. The budget is never exceeded.
+
+Eviction drops the copy by default (weights are read-only and the host keeps them). With
+``swap_out`` (``cache.swap_out``) an evicted unit is copied back to the host over the D2H lane
+(``hardware.d2h_gbps``) and its room is free only when that copy lands: a demand load that had
+to evict waits for the swap-out as well, which is the evict-then-fetch coupling of ActiveEvict;
+a prefetch whose room is still draining waits for it (state ``WAITING``) and becomes a demand
+load if its layer is routed first.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from sim.workload import Future, Iteration, Workload
 # unit states
 WAITING, QUEUED, INFLIGHT, RESIDENT = 1, 2, 3, 4
 ABSENT = 0
+SWAP_QUEUED, SWAPPING = 5, 6   # an evicted unit being copied back to the host (swap_out); not in ``units``
 
 
 
@@ -120,6 +128,8 @@ class RunStats:
     stall_s: float = 0.0
     gpu_busy_s: float = 0.0
     pcie_busy_s: float = 0.0
+    d2h_bytes: int = 0          # copied back to the host (swap_out)
+    d2h_busy_s: float = 0.0
     vram_peak_bytes: int = 0
     substitutions: int = 0
     dropped: int = 0
@@ -299,6 +309,7 @@ class Engine:
         budget_bytes: int,
         buffer_bytes: int = 0,
         initial: str = "empty",
+        swap_out: bool = False,
         seed: int = 0,
         record_timeline: bool = False,
         progress: Callable[[int, int], None] | None = None,
@@ -338,6 +349,13 @@ class Engine:
         self.lanes = CopyLanes(self.env, cost.hardware.copy_engines, cost.transfer_s,
                                self._on_transfer_start, self._on_transfer_land,
                                queued=QUEUED, inflight=INFLIGHT)
+        # swap_out: one D2H lane; bytes of evicted units still being copied back, per pool and buffer
+        self.d2h = (CopyLanes(self.env, 1, cost.d2h_transfer_s, lambda u, c, lane: None,
+                              self._on_swap_land, queued=SWAP_QUEUED, inflight=SWAPPING)
+                    if swap_out else None)
+        self.draining = [0] * len(self.capacity)
+        self.buffer_draining = 0
+        self.waiting_prefetch: list[tuple[Unit, float]] = []   # (unit, priority) waiting for draining room
         self.space_event = self.env.event()
         self.last_evict_iter: dict[UnitKey, int] = {}
         self.stats = RunStats()
@@ -431,10 +449,18 @@ class Engine:
                 if u.state == RESIDENT and not u.in_buffer and k not in pinned]
 
     def _drop(self, u: Unit) -> None:
-        """``u`` leaves VRAM: free its room, account a prefetch that was never used, remember
-        when (for refetch accounting) and tell the policy."""
+        """``u`` leaves VRAM: free its room (at once, or when its swap-out lands), account a
+        prefetch that was never used, remember when (for refetch accounting) and tell the policy."""
         self._remove_unit(u)
-        self._release(u)
+        if self.d2h is None:
+            self._release(u)
+        else:
+            if u.in_buffer:
+                self.buffer_draining += u.nbytes
+            else:
+                self.draining[u.pool] += u.nbytes
+            u.event = None
+            self.d2h.submit(u, DEMAND_CLASS)
         if not u.used and not u.demand:
             self.stats.wasted_prefetch_bytes += u.nbytes
         self.last_evict_iter[u.key] = self.cur_iter.index
@@ -451,10 +477,11 @@ class Engine:
         return True
 
     def _make_room(self, pool: int, nbytes: int) -> tuple[bool, int]:
-        """Evict policy-chosen victims until ``nbytes`` fit in ``pool``; returns (fits, evictions)."""
+        """Evict policy-chosen victims until ``nbytes`` fit in ``pool``, counting room still
+        draining to the host as coming; returns (fits now, evictions)."""
         n = 0
-        cap, used = self.capacity, self.used
-        while cap[pool] - used[pool] < nbytes:
+        cap, used, draining = self.capacity, self.used, self.draining
+        while cap[pool] - used[pool] + draining[pool] < nbytes:
             cands = self._candidates(pool)
             if not cands:
                 break
@@ -495,6 +522,44 @@ class Engine:
             st.prefetch_units += 1
             self._layer_prefetch_bytes += u.nbytes
 
+    def _on_swap_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
+        """An evicted unit's copy-back landed on the host: its room is free now."""
+        if u.in_buffer:
+            self.buffer_draining -= u.nbytes
+        else:
+            self.draining[u.pool] -= u.nbytes
+        u.state = ABSENT
+        st = self.stats
+        st.d2h_bytes += u.nbytes
+        st.d2h_busy_s += dur
+        if self.record_timeline:
+            key = u.key
+            label = f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else "")
+            self.timeline.append(("PCIe D2H", label, start, dur, {"bytes": u.nbytes}))
+        self._release(u)
+        if self.waiting_prefetch:
+            self._grant_prefetches()
+
+    def _grant_prefetches(self) -> None:
+        """Queue the prefetches that waited for draining room, in order, where room is free
+        now; demand loads waiting for the same pool come first."""
+        left: list[tuple[Unit, float]] = []
+        demand_pools = {w.pool for w in self.waiting}
+        for u, prio in self.waiting_prefetch:
+            if self.units.get(u.key) is not u:
+                continue   # cancelled meanwhile
+            if u.pool not in demand_pools and self.capacity[u.pool] - self.used[u.pool] >= u.nbytes:
+                self.used[u.pool] += u.nbytes
+            elif u.pool not in demand_pools and self.buffer_capacity - self.buffer_used >= u.nbytes:
+                u.in_buffer = True
+                self.buffer_used += u.nbytes
+            else:
+                left.append((u, prio))
+                continue
+            self._note_peak()
+            self._enqueue(u, PREFETCH_CLASS, prio)
+        self.waiting_prefetch = left
+
     def _on_transfer_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
         u.state = RESIDENT
         self.stats.pcie_busy_s += dur
@@ -530,7 +595,12 @@ class Engine:
         else:
             ok, _ = self._allocate(u, allow_buffer=True)
             if not ok:
-                return False
+                if self.capacity[pool] - self.used[pool] + self.draining[pool] < nbytes:
+                    return False
+                # its room is being copied back to the host (swap_out): wait for it
+                self._add_unit(u)
+                self.waiting_prefetch.append((u, priority))
+                return True
         self._add_unit(u)
         self._enqueue(u, PREFETCH_CLASS, priority)
         return True
@@ -545,7 +615,29 @@ class Engine:
             u.state = ABSENT
             self._remove_unit(u)
             self._release(u)
+        if self.waiting_prefetch:   # they hold no room yet
+            left = []
+            for u, prio in self.waiting_prefetch:
+                if self.units.get(u.key) is not u:
+                    continue
+                if u.key in pinned or keep(u):
+                    left.append((u, prio))
+                else:
+                    u.state = ABSENT
+                    self._remove_unit(u)
+                    dropped.append(u)
+            self.waiting_prefetch = left
+        for u in dropped:
+            self.policy.on_cancel(self.view, u.key)
         return len(dropped)
+
+    def _demand_instead(self, u: Unit) -> None:
+        """A prefetch still waiting for draining room when its layer is routed: withdraw it
+        (it holds no room); the caller loads the unit on demand."""
+        self.waiting_prefetch = [x for x in self.waiting_prefetch if x[0] is not u]
+        u.state = ABSENT
+        self._remove_unit(u)
+        self.policy.on_cancel(self.view, u.key)
 
     def cancel_queued(self, layer: int | None) -> int:
         """Cancel queued prefetches of ``layer`` (all layers if None)."""
@@ -727,6 +819,9 @@ class Engine:
                     for p in range(nparts):
                         key = (layer, e, p)
                         u = units.get(key)
+                        if u is not None and u.state == WAITING and not u.demand:
+                            self._demand_instead(u)
+                            u = None
                         if u is None:
                             n_abs += 1
                             u = Unit(key, self.part_bytes(layer, p), pool, True)
@@ -836,7 +931,8 @@ class Engine:
                 self.progress(it.index + 1, n_iters)
 
     def _check_deadlock(self, layer: int) -> None:
-        busy = any(u.state in (QUEUED, INFLIGHT) for u in self.units.values())
+        busy = (any(u.state in (QUEUED, INFLIGHT) for u in self.units.values())
+                or any(self.draining) or self.buffer_draining > 0)
         if not busy:
             u = self.waiting[0]
             raise MoesimError(

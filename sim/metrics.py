@@ -67,6 +67,8 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "stall_ms": st.stall_s * 1e3,
         "stall_ms_per_token": st.stall_s * 1e3 / outputs if outputs else 0.0,
         "pcie_busy_ms": st.pcie_busy_s * 1e3,
+        "d2h_gb": st.d2h_bytes / 1e9,
+        "d2h_busy_ms": st.d2h_busy_s * 1e3,
         "h2d_gb": fetched / 1e9,
         "h2d_gb_per_token": fetched / 1e9 / tokens if tokens else 0.0,
         "demand_gb": st.demand_bytes / 1e9,

@@ -99,7 +99,8 @@ def summary_table(result: RunResult) -> Table:
     t.add_row("accesses", f"hit {m['hit_rate']:.2%}  late {m['late_rate']:.2%}  partial {m['partial_rate']:.2%}  miss {m['miss_rate']:.2%}  ({m['accesses']})")
     t.add_row("stall", f"{m['stall_ms']:.1f} ms ({m['stall_ms_per_token']:.3f} ms/token); GPU busy {m['gpu_busy_fraction']:.1%}")
     t.add_row("PCIe", f"{m['h2d_gb']:.3f} GB H2D ({m['h2d_gb_per_token'] * 1e3:.2f} MB/token), busy {m['pcie_busy_ms']:.1f} ms; "
-              f"wasted prefetch {m['wasted_prefetch_gb']:.3f} GB, refetch {m['refetch_gb']:.3f} GB")
+              f"wasted prefetch {m['wasted_prefetch_gb']:.3f} GB, refetch {m['refetch_gb']:.3f} GB"
+              + (f"; swap-out {m['d2h_gb']:.3f} GB D2H, busy {m['d2h_busy_ms']:.1f} ms" if m.get("d2h_gb") else ""))
     if m.get("fetch_precision") is not None:
         t.add_row("prefetch", f"precision {_fmt(m['fetch_precision'])}  recall {_fmt(m['prefetch_recall'])}")
     if "routing_mass_kept" in m:

@@ -88,7 +88,7 @@ def run_loaded(
     wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
                         requests=scen.workload.requests)
     engine = Engine(wl, policy, CostModel(model, hw), budget_bytes=budget, buffer_bytes=buffer,
-                    initial=scen.cache.initial, seed=scen.seed, record_timeline=timeline, progress=progress)
+                    initial=scen.cache.initial, swap_out=scen.cache.swap_out, seed=scen.seed, record_timeline=timeline, progress=progress)
     try:
         engine.run()
     except ValueError as exc:  # a policy or budget rule refused the run

@@ -22,6 +22,7 @@ case = st.fixed_dictionaries({
     "buffer": st.integers(0, 2),
     "copy_engines": st.integers(1, 2),
     "policy": st.sampled_from(policy_names()),
+    "swap_out": st.booleans(),
 })
 
 
@@ -41,7 +42,8 @@ def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ig
     hw = tiny_hw(copy_engines=c["copy_engines"])
     budget = max(c["budget"], c["layers"])  # at least one expert per layer
     eng, m = run_engine(tr, make_policy(c["policy"]), model, hw, budget_experts=budget,
-                        buffer_experts=c["buffer"], batch_size=c["batch"], phases=("prefill", "decode"))
+                        buffer_experts=c["buffer"], batch_size=c["batch"], phases=("prefill", "decode"),
+                        swap_out=c.get("swap_out", False))
     # VRAM never exceeds budget + buffer (the peak is taken at every allocation)
     assert eng.stats.vram_peak_bytes <= (budget + c["buffer"]) * model.expert_bytes
     # one access per (iteration, layer, distinct expert executed)

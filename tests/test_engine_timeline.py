@@ -186,3 +186,97 @@ def test_a_policy_that_refuses_every_victim_gets_a_clear_error() -> None:
     tr = make_trace([[[0]], [[1]]], num_experts=2)
     with pytest.raises(MoesimError, match="can evict none of them"):
         run_engine(tr, Refuse(), tiny_model(1, 2, 1), tiny_hw(), budget_experts=1)
+
+
+# -- swap-out over the D2H lane (cache.swap_out): 3 MB copies back in 2000 us at 1.5 GB/s ------
+
+def test_swap_out_puts_the_copy_back_on_the_critical_path_of_a_demand_miss() -> None:
+    tr = make_trace([[[0]], [[1]]], num_experts=2)
+    model, hw = tiny_model(1, 2, 1), tiny_hw(d2h_gbps=1.5)
+    eng, m = run_engine(tr, LRU(), model, hw, budget_experts=1, swap_out=True, timeline=True)
+    # it1: attention 100, evict expert 0 -> D2H 2000, then H2D 1000, compute 50
+    assert step_us(eng) == [1150, 100 + 2000 + 1000 + 50]
+    assert m["d2h_gb"] == pytest.approx(MB / 1e9) and m["d2h_busy_ms"] == pytest.approx(2.0)
+    d2h = [(round(s * 1e6, 6), round(d * 1e6, 6)) for track, _, s, d, _ in eng.timeline if track == "PCIe D2H"]
+    assert d2h == [(1250, 2000)]
+    # without swap_out the same run only drops the copy
+    eng, m = run_engine(tr, LRU(), model, hw, budget_experts=1)
+    assert step_us(eng) == [1150, 1150] and m["d2h_gb"] == 0
+
+
+class PreEvict(LRU):
+    """Evicts every unpinned resident of the coming layer before its attention (the shape of
+    ActiveEvict's pre-eviction, without its scoring)."""
+
+    name = "test-pre-evict"
+
+    def before_layer(self, view, layer):  # type: ignore[no-untyped-def]
+        for key in view.resident_units(view.pool_of(layer)):
+            view.evict(*key)
+
+
+def test_pre_eviction_hides_the_swap_out_behind_attention() -> None:
+    tr = make_trace([[[0]], [[1]]], num_experts=2)
+    model, hw = tiny_model(1, 2, 1), tiny_hw(d2h_gbps=1.5, layer_us=2500)
+    eng, _ = run_engine(tr, LRU(), model, hw, budget_experts=1, swap_out=True)
+    assert step_us(eng) == [3550, 2500 + 2000 + 1000 + 50]
+    eng, _ = run_engine(tr, PreEvict(), model, hw, budget_experts=1, swap_out=True)
+    assert step_us(eng) == [3550, 2500 + 1000 + 50]   # the D2H ran during attention
+
+
+class PrefetchNext(LRU):
+    """At the end of iteration 0, prefetch expert 1 of layer 0 (its pool is full of expert 0)."""
+
+    name = "test-prefetch-next"
+
+    def on_iteration_end(self, view):  # type: ignore[no-untyped-def]
+        if view.iteration_index == 0:
+            assert view.prefetch(0, 1)   # accepted: it waits for expert 0's swap-out
+
+
+@pytest.mark.parametrize(("layer_us", "steps", "status"), [
+    # D2H 4550-6550, prefetch 6550-7550, routed at 8050: a hit
+    (3500, [4550, 3500 + 50], "hit"),
+    # D2H 3550-5550, prefetch 5550-6550, routed at 6050: late by 500
+    (2500, [3550, 2500 + 500 + 50], "late"),
+    # D2H 2050-4050; routed at 3050 while still waiting: withdrawn and loaded on demand 4050-5050
+    (1000, [2050, 1000 + 1000 + 1000 + 50], "miss"),
+])
+def test_a_prefetch_waits_for_the_room_its_swap_out_frees(layer_us: float, steps: list[float], status: str) -> None:
+    tr = make_trace([[[0]], [[1]]], num_experts=2)
+    model, hw = tiny_model(1, 2, 1), tiny_hw(d2h_gbps=1.5, layer_us=layer_us)
+    eng, m = run_engine(tr, PrefetchNext(), model, hw, budget_experts=1, swap_out=True)
+    assert step_us(eng) == steps
+    last = eng.steps[-1]
+    assert (last.hits, last.late, last.misses) == {"hit": (1, 0, 0), "late": (0, 1, 0), "miss": (0, 0, 1)}[status]
+    assert m["prefetch_gb"] == pytest.approx(0 if status == "miss" else MB / 1e9)
+    assert m["expert_vram_peak_gib"] * 2**30 == pytest.approx(MB)
+
+
+def test_a_cancelled_prefetch_is_reported_and_leaves_no_cache_bookkeeping() -> None:
+    from policies.caching import FIFO
+
+    class PrefetchTwoCancelOne(FIFO):
+        name = "test-prefetch-cancel"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.cancelled: list[tuple[int, int, int]] = []
+
+        def before_layer(self, view, layer):  # type: ignore[no-untyped-def]
+            if view.iteration_index == 0:
+                for e in (2, 3):   # 2 starts at once on the one lane, 3 queues behind it
+                    assert view.prefetch(0, e)
+                    self._touch((0, e, 0))
+                assert view.cancel_prefetches() == 1
+
+        def on_cancel(self, view, unit):  # type: ignore[no-untyped-def]
+            self.cancelled.append(unit)
+            super().on_cancel(view, unit)
+
+    pol = PrefetchTwoCancelOne()
+    tr = make_trace([[[0]], [[1]]], num_experts=4)
+    eng, m = run_engine(tr, pol, tiny_model(1, 4, 1), tiny_hw(), budget_experts=4)
+    assert pol.cancelled == [(0, 3, 0)]
+    assert (0, 3, 0) not in pol._inserted and (0, 2, 0) in pol._inserted
+    assert m["prefetch_gb"] == pytest.approx(MB / 1e9)   # only expert 2 was transferred

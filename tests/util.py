@@ -30,9 +30,9 @@ def tiny_model(layers: int, experts: int, top_k: int) -> ModelSpec:
 
 def tiny_hw(*, pcie_gbps: float = 3.0, latency_us: float = 0.0, layer_us: float = 100.0,
             expert_us: float = 50.0, copy_engines: int = 1, evict_us: float = 0.0,
-            per_token_us: float = 0.0) -> HardwareSpec:
+            per_token_us: float = 0.0, d2h_gbps: float | None = None) -> HardwareSpec:
     """Hardware with calibrated costs: at 3 GB/s a 3 MB expert takes exactly 1000 us to load."""
-    return get_hardware({"name": "tiny-gpu", "vram_gib": 1, "pcie_gbps": pcie_gbps,
+    return get_hardware({"name": "tiny-gpu", "vram_gib": 1, "pcie_gbps": pcie_gbps, "d2h_gbps": d2h_gbps,
                          "pcie_latency_us": latency_us, "peak_tflops": 100, "hbm_gbps": 1000,
                          "copy_engines": copy_engines, "evict_us": evict_us,
                          "costs": {"layer_us": layer_us, "expert_us": expert_us,
@@ -87,11 +87,11 @@ def random_trace(seed: int, *, layers: int = 3, experts: int = 8, top_k: int = 2
 def run_engine(trace: Trace, policy: Any, model: ModelSpec, hw: HardwareSpec, *,
                budget_experts: float, buffer_experts: float = 0, batch_size: int = 1,
                phases: tuple[str, ...] = ("decode",), seed: int = 0, initial: str = "empty",
-               timeline: bool = False) -> tuple[Engine, dict[str, Any]]:
+               timeline: bool = False, swap_out: bool = False) -> tuple[Engine, dict[str, Any]]:
     wl = build_workload(trace, batch_size=batch_size, phases=phases)
     eng = Engine(wl, policy, CostModel(model, hw), budget_bytes=int(budget_experts * model.expert_bytes),
                  buffer_bytes=int(buffer_experts * model.expert_bytes), seed=seed, initial=initial,
-                 record_timeline=timeline)
+                 swap_out=swap_out, record_timeline=timeline)
     eng.run()
     return eng, compute_metrics(eng)
 

@@ -91,7 +91,7 @@ class HardwareSpec(BaseModel):
     pcie_gbps: PositiveFloat = Field(description="effective host-to-device bandwidth in GB/s (1 GB = 1e9 bytes)")
     pcie_latency_us: float = Field(10.0, ge=0, description="fixed cost of one host-to-device transfer")
     copy_engines: PositiveInt = Field(1, description="concurrent host-to-device transfers")
-    d2h_gbps: PositiveFloat | None = Field(None, description="device-to-host bandwidth in GB/s (spec-sheet figure; no policy copies experts back to the host yet)")
+    d2h_gbps: PositiveFloat | None = Field(None, description="device-to-host bandwidth in GB/s, used when cache.swap_out copies evicted experts back (default: pcie_gbps)")
     peak_tflops: PositiveFloat = Field(description="dense bf16 tensor throughput in TFLOP/s")
     hbm_gbps: PositiveFloat = Field(description="GPU memory bandwidth in GB/s")
     kernel_us: float = Field(5.0, ge=0, description="fixed launch/synchronisation overhead of one expert or layer kernel group")

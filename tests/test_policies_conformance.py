@@ -48,22 +48,31 @@ def test_builds_with_defaults_and_lists_its_params(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("batch,budget,buffer", [(1, 12, 0), (2, 6, 2), (3, 9, 0)])
-def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: int) -> None:
+@pytest.mark.parametrize("swap_out", [False, True])
+def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: int, swap_out: bool) -> None:
     tr = random_trace(1, layers=3, experts=8, top_k=2, requests=3)
     model, hw = tiny_model(3, 8, 2), tiny_hw()
     eng, m = run_engine(tr, make_policy(name), model, hw, budget_experts=budget, buffer_experts=buffer,
-                        batch_size=batch, phases=("prefill", "decode"))
+                        batch_size=batch, phases=("prefill", "decode"), swap_out=swap_out)
     assert eng.stats.vram_peak_bytes <= (budget + buffer) * model.expert_bytes
     assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"] > 0
     assert all(used >= 0 for used in eng.used)
+    assert all(d >= 0 for d in eng.draining) and eng.buffer_draining >= 0
+    if swap_out:   # only what was loaded can be copied back (the last copies may still be in flight)
+        assert m["d2h_gb"] <= m["h2d_gb"] + 1e-12
+        assert m["d2h_gb"] > 0 or m["evictions"] == 0
+    else:
+        assert m["d2h_gb"] == 0
     assert 0.0 <= m["gpu_busy_fraction"] <= 1.0 + 1e-9
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_same_seed_same_output(name: str) -> None:
+@pytest.mark.parametrize("swap_out", [False, True])
+def test_same_seed_same_output(name: str, swap_out: bool) -> None:
     tr = random_trace(2, requests=2)
     model, hw = tiny_model(3, 8, 2), tiny_hw()
-    runs = [run_engine(tr, make_policy(name), model, hw, budget_experts=9, seed=7, initial="random")
+    runs = [run_engine(tr, make_policy(name), model, hw, budget_experts=9, seed=7, initial="random",
+                       swap_out=swap_out)
             for _ in range(2)]
     assert runs[0][1] == runs[1][1]
     assert _steps(runs[0][0]) == _steps(runs[1][0])

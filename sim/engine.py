@@ -354,6 +354,7 @@ class Engine:
                               self._on_swap_land, queued=SWAP_QUEUED, inflight=SWAPPING)
                     if swap_out else None)
         self.draining = [0] * len(self.capacity)
+        self.claimed = [0] * len(self.capacity)   # ... of which waiting prefetches count on
         self.buffer_draining = 0
         self.waiting_prefetch: list[tuple[Unit, float]] = []   # (unit, priority) waiting for draining room
         self.space_event = self.env.event()
@@ -480,8 +481,8 @@ class Engine:
         """Evict policy-chosen victims until ``nbytes`` fit in ``pool``, counting room still
         draining to the host as coming; returns (fits now, evictions)."""
         n = 0
-        cap, used, draining = self.capacity, self.used, self.draining
-        while cap[pool] - used[pool] + draining[pool] < nbytes:
+        cap, used, draining, claimed = self.capacity, self.used, self.draining, self.claimed
+        while cap[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
             cands = self._candidates(pool)
             if not cands:
                 break
@@ -546,8 +547,6 @@ class Engine:
         left: list[tuple[Unit, float]] = []
         demand_pools = {w.pool for w in self.waiting}
         for u, prio in self.waiting_prefetch:
-            if self.units.get(u.key) is not u:
-                continue   # cancelled meanwhile
             if u.pool not in demand_pools and self.capacity[u.pool] - self.used[u.pool] >= u.nbytes:
                 self.used[u.pool] += u.nbytes
             elif u.pool not in demand_pools and self.buffer_capacity - self.buffer_used >= u.nbytes:
@@ -556,6 +555,7 @@ class Engine:
             else:
                 left.append((u, prio))
                 continue
+            self.claimed[u.pool] -= u.nbytes
             self._note_peak()
             self._enqueue(u, PREFETCH_CLASS, prio)
         self.waiting_prefetch = left
@@ -595,9 +595,10 @@ class Engine:
         else:
             ok, _ = self._allocate(u, allow_buffer=True)
             if not ok:
-                if self.capacity[pool] - self.used[pool] + self.draining[pool] < nbytes:
+                if self.capacity[pool] - self.used[pool] + self.draining[pool] - self.claimed[pool] < nbytes:
                     return False
-                # its room is being copied back to the host (swap_out): wait for it
+                # its room is being copied back to the host (swap_out): claim it and wait
+                self.claimed[pool] += nbytes
                 self._add_unit(u)
                 self.waiting_prefetch.append((u, priority))
                 return True
@@ -618,13 +619,12 @@ class Engine:
         if self.waiting_prefetch:   # they hold no room yet
             left = []
             for u, prio in self.waiting_prefetch:
-                if self.units.get(u.key) is not u:
-                    continue
                 if u.key in pinned or keep(u):
                     left.append((u, prio))
                 else:
                     u.state = ABSENT
                     self._remove_unit(u)
+                    self.claimed[u.pool] -= u.nbytes
                     dropped.append(u)
             self.waiting_prefetch = left
         for u in dropped:
@@ -637,6 +637,7 @@ class Engine:
         self.waiting_prefetch = [x for x in self.waiting_prefetch if x[0] is not u]
         u.state = ABSENT
         self._remove_unit(u)
+        self.claimed[u.pool] -= u.nbytes
         self.policy.on_cancel(self.view, u.key)
 
     def cancel_queued(self, layer: int | None) -> int:

@@ -65,6 +65,11 @@ def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ig
         if whole and s.partial == 0:
             assert s.demand_bytes == loads * model.expert_bytes
     assert m["demand_gb"] * 1e9 == pytest.approx(sum(s.demand_bytes for s in eng.steps), abs=1)
+    # prefetches waiting for draining room claim exactly their bytes
+    claims = [0] * len(eng.claimed)
+    for u, _ in eng.waiting_prefetch:
+        claims[u.pool] += u.nbytes
+    assert eng.claimed == claims and all(d >= 0 for d in eng.draining)
     # swap-out copies back only what was loaded, and only when asked to
     assert m["d2h_gb"] <= m["h2d_gb"] + 1e-12 if c["swap_out"] else m["d2h_gb"] == 0
 

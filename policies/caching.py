@@ -53,12 +53,16 @@ class DemandCache(Policy):
             for p in range(nparts):
                 self._touch((layer, e, p))
 
-    def on_evict(self, view: EngineView, unit: UnitKey) -> None:
+    def _forget(self, unit: UnitKey) -> None:
         self._inserted.pop(unit, None)
         self._last.pop(unit, None)
         self._count.pop(unit, None)
 
-    on_cancel = on_evict   # a prefetch touched at issue time and withdrawn leaves no entry behind
+    def on_evict(self, view: EngineView, unit: UnitKey) -> None:
+        self._forget(unit)
+
+    def on_cancel(self, view: EngineView, unit: UnitKey) -> None:
+        self._forget(unit)   # a prefetch touched at issue time and withdrawn leaves no entry behind
 
     def _score(self, key: UnitKey) -> tuple[float, ...]:
         """Smallest score is evicted first."""

@@ -481,8 +481,8 @@ class Engine:
         """Evict policy-chosen victims until ``nbytes`` fit in ``pool``, counting room still
         draining to the host as coming; returns (fits now, evictions)."""
         n = 0
-        cap, used, draining, claimed = self.capacity, self.used, self.draining, self.claimed
-        while cap[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
+        cap, used = self.capacity, self.used
+        while self._room_to_come(pool) < nbytes:
             cands = self._candidates(pool)
             if not cands:
                 break
@@ -494,19 +494,29 @@ class Engine:
             n += 1
         return cap[pool] - used[pool] >= nbytes, n
 
-    def _allocate(self, u: Unit, allow_buffer: bool) -> tuple[bool, int]:
-        fits, n = self._make_room(u.pool, u.nbytes)
-        if fits:
+    def _room_to_come(self, pool: int) -> int:
+        """Bytes of ``pool`` free now or draining to the host, less what waiting prefetches claim."""
+        return self.capacity[pool] - self.used[pool] + self.draining[pool] - self.claimed[pool]
+
+    def _take_room(self, u: Unit, allow_buffer: bool) -> bool:
+        """Give ``u`` room that is free now, without evicting: in its pool, else (with
+        ``allow_buffer``) in the transfer buffer. False if neither has it."""
+        if self.capacity[u.pool] - self.used[u.pool] >= u.nbytes:
             self.used[u.pool] += u.nbytes
         elif allow_buffer and self.buffer_capacity - self.buffer_used >= u.nbytes:
             u.in_buffer = True
             self.buffer_used += u.nbytes
         else:
-            return False, n
+            return False
         if self.used[u.pool] > self.capacity[u.pool] or self.buffer_used > self.buffer_capacity:
             raise AssertionError("VRAM budget exceeded")  # invariant; never expected
         self._note_peak()
-        return True, n
+        return True
+
+    def _allocate(self, u: Unit, allow_buffer: bool) -> tuple[bool, int]:
+        """Evict for ``u`` as needed, then give it room; returns (got room, evictions)."""
+        n = self._make_room(u.pool, u.nbytes)[1]
+        return self._take_room(u, allow_buffer), n
 
     def _enqueue(self, u: Unit, cls: int, prio: float) -> None:
         self.lanes.submit(u, cls, prio)
@@ -523,6 +533,10 @@ class Engine:
             st.prefetch_units += 1
             self._layer_prefetch_bytes += u.nbytes
 
+    def _label(self, key: UnitKey) -> str:
+        """A transfer's name on the timeline: ``L3 E5``, or ``L3 E5.1`` for a segment."""
+        return f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else "")
+
     def _on_swap_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
         """An evicted unit's copy-back landed on the host: its room is free now."""
         if u.in_buffer:
@@ -534,9 +548,7 @@ class Engine:
         st.d2h_bytes += u.nbytes
         st.d2h_busy_s += dur
         if self.record_timeline:
-            key = u.key
-            label = f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else "")
-            self.timeline.append(("PCIe D2H", label, start, dur, {"bytes": u.nbytes}))
+            self.timeline.append(("PCIe D2H", self._label(u.key), start, dur, {"bytes": u.nbytes}))
         self._release(u)
         if self.waiting_prefetch:
             self._grant_prefetches()
@@ -547,16 +559,10 @@ class Engine:
         left: list[tuple[Unit, float]] = []
         demand_pools = {w.pool for w in self.waiting}
         for u, prio in self.waiting_prefetch:
-            if u.pool not in demand_pools and self.capacity[u.pool] - self.used[u.pool] >= u.nbytes:
-                self.used[u.pool] += u.nbytes
-            elif u.pool not in demand_pools and self.buffer_capacity - self.buffer_used >= u.nbytes:
-                u.in_buffer = True
-                self.buffer_used += u.nbytes
-            else:
+            if u.pool in demand_pools or not self._take_room(u, allow_buffer=True):
                 left.append((u, prio))
                 continue
             self.claimed[u.pool] -= u.nbytes
-            self._note_peak()
             self._enqueue(u, PREFETCH_CLASS, prio)
         self.waiting_prefetch = left
 
@@ -565,8 +571,7 @@ class Engine:
         self.stats.pcie_busy_s += dur
         key = u.key
         if self.record_timeline:
-            label = f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else "")
-            self.timeline.append((f"PCIe H2D {lane}", label, start, dur,
+            self.timeline.append((f"PCIe H2D {lane}", self._label(key), start, dur,
                                   {"demand": cls == DEMAND_CLASS, "bytes": u.nbytes}))
         if self._has_on_loaded:
             self.policy.on_loaded(self.view, key, cls == DEMAND_CLASS)
@@ -595,7 +600,7 @@ class Engine:
         else:
             ok, _ = self._allocate(u, allow_buffer=True)
             if not ok:
-                if self.capacity[pool] - self.used[pool] + self.draining[pool] - self.claimed[pool] < nbytes:
+                if self._room_to_come(pool) < nbytes:
                     return False
                 # its room is being copied back to the host (swap_out): claim it and wait
                 self.claimed[pool] += nbytes
@@ -622,22 +627,25 @@ class Engine:
                 if u.key in pinned or keep(u):
                     left.append((u, prio))
                 else:
-                    u.state = ABSENT
-                    self._remove_unit(u)
-                    self.claimed[u.pool] -= u.nbytes
+                    self._withdraw(u)
                     dropped.append(u)
             self.waiting_prefetch = left
         for u in dropped:
             self.policy.on_cancel(self.view, u.key)
         return len(dropped)
 
-    def _demand_instead(self, u: Unit) -> None:
-        """A prefetch still waiting for draining room when its layer is routed: withdraw it
-        (it holds no room); the caller loads the unit on demand."""
-        self.waiting_prefetch = [x for x in self.waiting_prefetch if x[0] is not u]
+    def _withdraw(self, u: Unit) -> None:
+        """Forget a prefetch waiting for draining room (it holds no room, only its claim); the
+        caller takes it off ``waiting_prefetch`` and tells the policy."""
         u.state = ABSENT
         self._remove_unit(u)
         self.claimed[u.pool] -= u.nbytes
+
+    def _demand_instead(self, u: Unit) -> None:
+        """A prefetch still waiting for draining room when its layer is routed: withdraw it;
+        the caller loads the unit on demand."""
+        self.waiting_prefetch = [x for x in self.waiting_prefetch if x[0] is not u]
+        self._withdraw(u)
         self.policy.on_cancel(self.view, u.key)
 
     def cancel_queued(self, layer: int | None) -> int:

@@ -280,3 +280,23 @@ def test_a_cancelled_prefetch_is_reported_and_leaves_no_cache_bookkeeping() -> N
     assert pol.cancelled == [(0, 3, 0)]
     assert (0, 3, 0) not in pol._inserted and (0, 2, 0) in pol._inserted
     assert m["prefetch_gb"] == pytest.approx(MB / 1e9)   # only expert 2 was transferred
+
+
+def test_prefetches_waiting_on_swap_outs_each_claim_their_own_room() -> None:
+    class PrefetchTwo(LRU):
+        name = "test-prefetch-two"
+
+        def on_iteration_end(self, view):  # type: ignore[no-untyped-def]
+            if view.iteration_index == 0:
+                assert view.prefetch(0, 2) and view.prefetch(0, 3)
+
+    tr = make_trace([[[0, 1]], [[2, 3]]], num_experts=4)
+    model, hw = tiny_model(1, 4, 2), tiny_hw(d2h_gbps=1.5, layer_us=10_000)
+    eng, m = run_engine(tr, PrefetchTwo(), model, hw, budget_experts=2, swap_out=True)
+    # it0: attention 10000, loads 10000-11000 and 11000-12000, compute to 12050. At its end the
+    # first prefetch evicts expert 0 (D2H 12050-14050); the second cannot count on that room,
+    # which the first claimed, so it evicts expert 1 (D2H 14050-16050). They load 14050-15050
+    # and 16050-17050, long before it1 is routed at 22050: two hits.
+    assert step_us(eng) == [12050, 10000 + 50 + 50]
+    assert (eng.steps[1].hits, eng.steps[1].misses) == (2, 0)
+    assert m["evictions"] == 2 and m["prefetch_gb"] == pytest.approx(2 * MB / 1e9)

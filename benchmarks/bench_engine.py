@@ -14,14 +14,14 @@ import io
 import pstats
 import time
 
-from policies.registry import make_policy
-from sim.catalog import get_hardware, get_model
-from sim.cost import CostModel
-from sim.engine import Engine
-from sim.metrics import compute_metrics
-from sim.workload import build_workload
-from traces.format import trace_from_columns
-from traces.synthetic import SynthParams, generate
+from moesim.policies.registry import make_policy
+from moesim.sim.catalog import get_hardware, get_model
+from moesim.sim.cost import CostModel
+from moesim.sim.engine import Engine
+from moesim.sim.metrics import compute_metrics
+from moesim.sim.workload import build_workload
+from moesim.traces.format import trace_from_columns
+from moesim.traces.synthetic import SynthParams, generate
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
 
-    from traces import tracer
+    from moesim.traces import tracer
 
     if args.threads:
         torch.set_num_threads(args.threads)

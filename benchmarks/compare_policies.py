@@ -10,8 +10,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from sim.runner import load_trace, run_loaded
-from sim.scenario import load_scenario
+from moesim.sim.runner import load_trace, run_loaded
+from moesim.sim.scenario import load_scenario
 
 BASELINES = ["no-cache", "random", "fifo", "lru", "lfu", "static", "mixtral-offloading",
              "belady", "oracle-prefetch"]

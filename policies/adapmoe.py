@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import Outcome
-from policies.registry import register
-from policies.speculative import MixtralOffloading
-from sim.engine import RESIDENT
+from moesim.policies.base import Outcome
+from moesim.policies.registry import register
+from moesim.policies.speculative import MixtralOffloading
+from moesim.sim.engine import RESIDENT
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
+    from moesim.sim.engine import EngineView, SimContext
 
 
 def allocate_cache_sizes(costs: np.ndarray, budget: int, *, minimum: int = 1) -> np.ndarray:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
+    from moesim.sim.engine import EngineView, SimContext
 
 UnitKey = tuple[int, int, int]
 """(layer, expert, part). ``part`` 0 is the whole expert unless the policy splits experts

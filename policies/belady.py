@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from policies.base import Policy, UnitKey
-from policies.registry import register
+from moesim.policies.base import Policy, UnitKey
+from moesim.policies.registry import register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
-    from sim.workload import Future
+    from moesim.sim.engine import EngineView, SimContext
+    from moesim.sim.workload import Future
 
 
 @register

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import Outcome, Policy, UnitKey
-from policies.registry import register
+from moesim.policies.base import Outcome, Policy, UnitKey
+from moesim.policies.registry import register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
+    from moesim.sim.engine import EngineView, SimContext
 
 
 class CachePriority:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import Outcome
-from policies.caching import LFU
-from policies.registry import register
+from moesim.policies.base import Outcome
+from moesim.policies.caching import LFU
+from moesim.policies.registry import register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
+    from moesim.sim.engine import EngineView, SimContext
 
 
 @register

@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import Outcome, Policy, Routing, UnitKey
-from policies.lcp import CachePriority
-from policies.registry import register
-from sim.engine import ABSENT, RESIDENT
+from moesim.policies.base import Outcome, Policy, Routing, UnitKey
+from moesim.policies.lcp import CachePriority
+from moesim.policies.registry import register
+from moesim.sim.engine import ABSENT, RESIDENT
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
+    from moesim.sim.engine import EngineView, SimContext
 
 CACHE_POLICIES = ("lcp", "random")
 

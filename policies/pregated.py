@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import Outcome, Policy, Routing, UnitKey
-from policies.registry import register
-from policies.speculative import top_experts
+from moesim.policies.base import Outcome, Policy, Routing, UnitKey
+from moesim.policies.registry import register
+from moesim.policies.speculative import top_experts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
+    from moesim.sim.engine import EngineView, SimContext
 
 
 @register

@@ -8,19 +8,19 @@ import importlib
 import inspect
 from typing import Any, TypeVar
 
-from policies.base import Policy
-from sim.errors import MoesimError
+from moesim.policies.base import Policy
+from moesim.sim.errors import MoesimError
 
 _REGISTRY: dict[str, type[Policy]] = {}
 _MODULES = (
-    "policies.caching",
-    "policies.belady",
-    "policies.speculative",
-    "policies.lcp",
-    "policies.moepic",
-    "policies.adapmoe",
-    "policies.moe_infinity",
-    "policies.pregated",
+    "moesim.policies.caching",
+    "moesim.policies.belady",
+    "moesim.policies.speculative",
+    "moesim.policies.lcp",
+    "moesim.policies.moepic",
+    "moesim.policies.adapmoe",
+    "moesim.policies.moe_infinity",
+    "moesim.policies.pregated",
 )
 _loaded = False
 

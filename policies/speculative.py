@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import Outcome, UnitKey
-from policies.caching import LRU
-from policies.registry import register
+from moesim.policies.base import Outcome, UnitKey
+from moesim.policies.caching import LRU
+from moesim.policies.registry import register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import EngineView, SimContext
-    from sim.workload import Future
+    from moesim.sim.engine import EngineView, SimContext
+    from moesim.sim.workload import Future
 
 PREDICTORS = ("auto", "lookahead", "previous-token")
 

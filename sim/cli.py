@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sim.errors import MoesimError
-from traces.cli import app as trace_app
+from moesim.sim.errors import MoesimError
+from moesim.traces.cli import app as trace_app
 
 app = typer.Typer(
     name="simctl",
@@ -39,9 +39,9 @@ def run(
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
 ) -> None:
     """Run one scenario and print its summary."""
-    from sim.outputs import print_summary, write_outputs
-    from sim.runner import run_loaded
-    from sim.scenario import load_scenario
+    from moesim.sim.outputs import print_summary, write_outputs
+    from moesim.sim.runner import run_loaded
+    from moesim.sim.scenario import load_scenario
 
     loaded = load_scenario(scenario, set_ or [])
     err = Console(stderr=True)
@@ -84,7 +84,7 @@ def run(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files."""
-    from sim.scenario import scenario_schema
+    from moesim.sim.scenario import scenario_schema
 
     print(json.dumps(scenario_schema(), indent=2))
 
@@ -92,7 +92,7 @@ def schema() -> None:
 @app.command()
 def policies() -> None:
     """List the registered policies and their parameters."""
-    from policies.registry import policy_class, policy_names, policy_params
+    from moesim.policies.registry import policy_class, policy_names, policy_params
 
     t = Table("policy", "kind", "parameters (defaults)", "what it does")
     for name in policy_names():
@@ -106,7 +106,7 @@ def policies() -> None:
 @app.command()
 def models() -> None:
     """List the model catalog."""
-    from sim.catalog import get_model, model_names
+    from moesim.sim.catalog import get_model, model_names
 
     t = Table("model", "MoE layers", "experts", "top-k", "shared", "expert MB", "routed GB", "non-expert GB")
     for name in model_names():
@@ -119,7 +119,7 @@ def models() -> None:
 @app.command()
 def hardware() -> None:
     """List the hardware catalog."""
-    from sim.catalog import get_hardware, hardware_names
+    from moesim.sim.catalog import get_hardware, hardware_names
 
     t = Table("hardware", "VRAM GiB", "PCIe GB/s", "copy engines", "TFLOP/s", "HBM GB/s", "calibrated")
     for name in hardware_names():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.catalog import HardwareSpec, ModelSpec
+from moesim.sim.catalog import HardwareSpec, ModelSpec
 
 US = 1e-6
 

@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 import simpy
 
-from policies.base import HIT, LATE, MISS, PARTIAL, Outcome, Policy, Routing, UnitKey
-from sim.cost import CostModel
-from sim.errors import MoesimError
-from sim.pcie import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
-from sim.workload import Future, Iteration, Workload
+from moesim.policies.base import HIT, LATE, MISS, PARTIAL, Outcome, Policy, Routing, UnitKey
+from moesim.sim.cost import CostModel
+from moesim.sim.errors import MoesimError
+from moesim.sim.pcie import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
+from moesim.sim.workload import Future, Iteration, Workload
 
 # unit states
 WAITING, QUEUED, INFLIGHT, RESIDENT = 1, 2, 3, 4

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.catalog import GIB
+from moesim.sim.catalog import GIB
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import Engine
+    from moesim.sim.engine import Engine
 
 
 def _dist(values: list[float], scale: float) -> dict[str, float | None]:

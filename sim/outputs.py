@@ -16,8 +16,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from sim.engine import Engine, StepRecord
-from sim.runner import RunResult
+from moesim.sim.engine import Engine, StepRecord
+from moesim.sim.runner import RunResult
 
 
 def steps_table(engine: Engine) -> pa.Table:

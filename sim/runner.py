@@ -8,14 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies.registry import make_policy
-from sim.catalog import GIB, HardwareSpec, ModelSpec
-from sim.cost import CostModel
-from sim.engine import Engine
-from sim.metrics import compute_metrics
-from sim.scenario import LoadedScenario, ScenarioError
-from sim.workload import build_workload
-from traces.format import Trace, read_trace, trace_from_columns
+from moesim.policies.registry import make_policy
+from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec
+from moesim.sim.cost import CostModel
+from moesim.sim.engine import Engine
+from moesim.sim.metrics import compute_metrics
+from moesim.sim.scenario import LoadedScenario, ScenarioError
+from moesim.sim.workload import build_workload
+from moesim.traces.format import Trace, read_trace, trace_from_columns
 
 
 @dataclass
@@ -35,7 +35,7 @@ def load_trace(loaded: LoadedScenario) -> Trace:
     path = loaded.trace_path()
     if path is not None:
         return read_trace(path)
-    from traces.synthetic import SynthParams, generate  # generator only when asked for
+    from moesim.traces.synthetic import SynthParams, generate  # generator only when asked for
 
     spec = loaded.scenario.trace
     assert isinstance(spec, dict)

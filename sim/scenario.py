@@ -15,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from sim.catalog import GIB, CatalogError, HardwareSpec, ModelSpec, get_hardware, get_model
-from sim.errors import MoesimError
+from moesim.sim.catalog import GIB, CatalogError, HardwareSpec, ModelSpec, get_hardware, get_model
+from moesim.sim.errors import MoesimError
 
 
 class ScenarioError(MoesimError, ValueError):

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.errors import MoesimError
-from traces.format import DECODE, PHASES, PREFILL, Trace
+from moesim.sim.errors import MoesimError
+from moesim.traces.format import DECODE, PHASES, PREFILL, Trace
 
 
 @dataclass

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from sim.cli import main
+from moesim.sim.cli import main
+from moesim.traces.format import read_trace
 from tests.util import ROOT
-from traces.format import read_trace
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
 

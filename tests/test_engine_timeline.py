@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.base import Policy
-from policies.caching import LRU
-from policies.registry import make_policy
+from moesim.policies.base import Policy
+from moesim.policies.caching import LRU
+from moesim.policies.registry import make_policy
 from tests.util import make_trace, run_engine, step_us, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert
@@ -150,7 +150,7 @@ def test_transfer_buffer_lets_a_full_cache_load_before_evicting() -> None:
 
 
 def test_budget_below_one_expert_is_a_clear_error() -> None:
-    from sim.errors import MoesimError
+    from moesim.sim.errors import MoesimError
 
     tr = make_trace([[[0]]], num_experts=2)
     with pytest.raises(MoesimError, match="at least one expert"):
@@ -175,7 +175,7 @@ def test_a_demand_load_waits_for_an_in_flight_prefetch_to_land_and_evicts_it() -
 
 
 def test_a_policy_that_refuses_every_victim_gets_a_clear_error() -> None:
-    from sim.errors import MoesimError
+    from moesim.sim.errors import MoesimError
 
     class Refuse(LRU):
         name = "test-refuse"
@@ -254,7 +254,7 @@ def test_a_prefetch_waits_for_the_room_its_swap_out_frees(layer_us: float, steps
 
 
 def test_a_cancelled_prefetch_is_reported_and_leaves_no_cache_bookkeeping() -> None:
-    from policies.caching import FIFO
+    from moesim.policies.caching import FIFO
 
     class PrefetchTwoCancelOne(FIFO):
         name = "test-prefetch-cancel"

@@ -11,11 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.catalog import CatalogError
-from sim.errors import MoesimError
-from tests.util import assert_same_trace
-from traces.format import DECODE, PREFILL, read_trace
-from traces.importers import (
+from moesim.sim.catalog import CatalogError
+from moesim.sim.errors import MoesimError
+from moesim.traces.format import DECODE, PREFILL, read_trace
+from moesim.traces.importers import (
     SourceError,
     import_csv,
     import_flame,
@@ -25,6 +24,7 @@ from traces.importers import (
     model_info,
     parse_request_lengths,
 )
+from tests.util import assert_same_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "traces"

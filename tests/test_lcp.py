@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.lcp import LCP, CachePriority
-from policies.registry import make_policy
+from moesim.policies.lcp import LCP, CachePriority
+from moesim.policies.registry import make_policy
 from tests.util import make_trace, random_trace, run_engine, tiny_hw, tiny_model
 
 

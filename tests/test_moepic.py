@@ -13,9 +13,9 @@ import itertools
 import numpy as np
 import pytest
 
-from policies.adapmoe import allocate_cache_sizes
-from policies.base import HIT, LATE, MISS, PARTIAL
-from policies.moepic import (
+from moesim.policies.adapmoe import allocate_cache_sizes
+from moesim.policies.base import HIT, LATE, MISS, PARTIAL
+from moesim.policies.moepic import (
     CacheConfigurator,
     LayerStats,
     MoEpic,
@@ -24,7 +24,7 @@ from policies.moepic import (
     solve_layer,
     split_fractions,
 )
-from policies.registry import make_policy
+from moesim.policies.registry import make_policy
 from tests.util import make_trace, random_trace, run_engine, step_us, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert

@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from policies.registry import make_policy, policy_class, policy_names
+from moesim.policies.registry import make_policy, policy_class, policy_names
+from moesim.traces.format import Trace
 from tests.util import make_trace, random_trace, run_engine, tiny_hw, tiny_model
-from traces.format import Trace
 
 NAMES = policy_names()
 

@@ -12,9 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.format import DECODE, PREFILL, read_trace, write_trace
-from traces.stats import trace_stats
-from traces.synthetic import PRESETS, SynthError, SynthParams, generate, parse_params, synthesize
+from moesim.traces.format import DECODE, PREFILL, read_trace, write_trace
+from moesim.traces.stats import trace_stats
+from moesim.traces.synthetic import (
+    PRESETS,
+    SynthError,
+    SynthParams,
+    generate,
+    parse_params,
+    synthesize,
+)
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

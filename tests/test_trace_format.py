@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sim.cli import main
-from traces.format import (
+from moesim.sim.cli import main
+from moesim.traces.format import (
     META_KEY,
     ModelInfo,
     TraceError,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces.format import ModelInfo, TraceMeta, write_trace
-from traces.stats import (
+from moesim.traces.format import ModelInfo, TraceMeta, write_trace
+from moesim.traces.stats import (
     LruStackDistances,
     default_cache_sizes,
     lru_hit_rates,

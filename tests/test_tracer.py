@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.errors import MoesimError
-from traces.format import read_trace
+from moesim.sim.errors import MoesimError
+from moesim.traces.format import read_trace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -59,7 +59,7 @@ def _torch() -> Any:
 def tr() -> Any:
     """The tracer module (skips without torch/transformers)."""
     _torch()
-    from traces import tracer
+    from moesim.traces import tracer
     return tracer
 
 
@@ -87,7 +87,7 @@ def _build(model_type: str, dtype: str = "float32") -> Any:
 @cache
 def _generation(model_type: str) -> Any:
     """One generation trace of PROMPT (shared by several tests; the model is not changed)."""
-    from traces import tracer
+    from moesim.traces import tracer
 
     return tracer.trace_model(_build(model_type), [tracer.Prompt(PROMPT)], name=model_type,
                               max_new_tokens=NEW, stop_at_eos=False)
@@ -489,11 +489,11 @@ def _invoke(args: list[str]) -> tuple[int, str]:
     import typer
     from typer.testing import CliRunner
 
-    from traces.cli import app as trace_app
-    from traces.record import record
+    from moesim.traces.cli import app as trace_app
+    from moesim.traces.record import record
 
     if "record" in _command_names(trace_app):
-        from sim.cli import main
+        from moesim.sim.cli import main
 
         return main(["trace", "record", *args]), ""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -550,10 +550,10 @@ def test_cli_record_errors_are_one_line(tr: Any, tmp_path: Path, capsys: Any) ->
 
 
 def test_record_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from traces.record import record
+    from moesim.traces.record import record
 
     monkeypatch.setitem(sys.modules, "torch", None)  # makes "import torch" fail
-    monkeypatch.delitem(sys.modules, "traces.tracer", raising=False)
+    monkeypatch.delitem(sys.modules, "moesim.traces.tracer", raising=False)
     with pytest.raises(MoesimError, match=r"needs torch and transformers \(torch is not installed\): "
                                           r"pip install 'moesim\[tracer\]'"):
         record(model="x", prompts=tmp_path / "p.txt", out=tmp_path / "o.parquet")
@@ -561,7 +561,7 @@ def test_record_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.tracer
 def test_recorded_trace_replays_through_simctl_run(tr: Any, tmp_path: Path, capsys: Any) -> None:
-    from sim.cli import app, main
+    from moesim.sim.cli import app, main
 
     if "run" not in _command_names(app):
         pytest.skip("simctl run is not there yet")

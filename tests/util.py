@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from sim.catalog import HardwareSpec, ModelSpec, get_hardware, get_model
-from sim.cost import CostModel
-from sim.engine import Engine
-from sim.metrics import compute_metrics
-from sim.workload import build_workload
-from traces.format import DECODE, PREFILL, ModelInfo, Trace, TraceMeta, trace_from_columns
+from moesim.sim.catalog import HardwareSpec, ModelSpec, get_hardware, get_model
+from moesim.sim.cost import CostModel
+from moesim.sim.engine import Engine
+from moesim.sim.metrics import compute_metrics
+from moesim.sim.workload import build_workload
+from moesim.traces.format import DECODE, PREFILL, ModelInfo, Trace, TraceMeta, trace_from_columns
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from sim.errors import MoesimError
-from traces.record import record
+from moesim.sim.errors import MoesimError
+from moesim.traces.record import record
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 # `record` needs the optional torch extra; the command imports it only when it runs
@@ -61,7 +61,7 @@ def import_cmd(
         help="vllm: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
 ) -> None:
     """Convert a router log into a moe-trace v1 file."""
-    from traces.importers import (
+    from moesim.traces.importers import (
         FLAME_MODEL,
         FORMATS,
         import_trace,
@@ -97,7 +97,7 @@ def synth_cmd(
         "--set", help="any generator parameter, KEY=VALUE (repeatable; see `simctl trace synth-params`)")] = None,
 ) -> None:
     """Generate a synthetic trace from the latent-state router model."""
-    from traces.synthetic import parse_params, synthesize
+    from moesim.traces.synthetic import parse_params, synthesize
 
     data: dict[str, Any] = {}
     if preset is not None:
@@ -118,7 +118,7 @@ def synth_cmd(
 @app.command("synth-params")
 def synth_params_cmd() -> None:
     """List the generator parameters with their defaults and help, and the presets."""
-    from traces.synthetic import PRESETS, SynthParams
+    from moesim.traces.synthetic import PRESETS, SynthParams
 
     table = Table(title="simctl trace synth --set KEY=VALUE")
     for col in ("parameter", "default", "meaning"):
@@ -137,7 +137,7 @@ def inspect_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
 ) -> None:
     """Validate a trace and show its metadata, counts and first rows."""
-    from traces.stats import trace_summary
+    from moesim.traces.stats import trace_summary
 
     info = trace_summary(file, head=rows)
     if as_json:
@@ -190,7 +190,7 @@ def stats_cmd(
         help="LRU cache sizes in experts per layer, comma-separated (default: k and E/4, E/2, 3E/4)")] = None,
 ) -> None:
     """Routing statistics per layer: popularity, reuse, next-layer prediction, co-activation, LRU."""
-    from traces.stats import trace_stats
+    from moesim.traces.stats import trace_stats
 
     sizes: list[int] | None = None
     if cache_sizes:

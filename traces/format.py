@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sim.errors import MoesimError
+from moesim.sim.errors import MoesimError
 
 TRACE_VERSION = 1
 META_KEY = b"moe_trace"

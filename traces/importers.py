@@ -37,9 +37,17 @@ from typing import Any
 
 import numpy as np
 
-from sim.catalog import CatalogError, get_model, model_names
-from sim.errors import MoesimError
-from traces.format import DECODE, PHASES, PREFILL, ModelInfo, TraceError, TraceMeta, write_trace
+from moesim.sim.catalog import CatalogError, get_model, model_names
+from moesim.sim.errors import MoesimError
+from moesim.traces.format import (
+    DECODE,
+    PHASES,
+    PREFILL,
+    ModelInfo,
+    TraceError,
+    TraceMeta,
+    write_trace,
+)
 
 FORMATS = ("flame", "csv", "jsonl", "vllm")
 

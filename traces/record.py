@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from sim.errors import MoesimError
+from moesim.sim.errors import MoesimError
 
 _COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
 
@@ -91,7 +91,7 @@ def record(
     from rich.console import Console
     from rich.progress import Progress
 
-    from traces import tracer
+    from moesim.traces import tracer
 
     transformers.utils.logging.set_verbosity_error()
     t0 = time.perf_counter()

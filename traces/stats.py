@@ -37,7 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from traces.format import DEFAULT_BATCH_ROWS, PHASES, TraceError, TraceMeta, iter_batches, read_meta
+from moesim.traces.format import (
+    DEFAULT_BATCH_ROWS,
+    PHASES,
+    TraceError,
+    TraceMeta,
+    iter_batches,
+    read_meta,
+)
 
 # --------------------------------------------------------------------------------------------
 # LRU stack distances (Mattson et al., 1970)

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sim.catalog import CatalogError, model_names
-from sim.errors import MoesimError
-from traces.format import DECODE, PREFILL, ModelInfo, TraceMeta
-from traces.importers import model_info, save_trace
+from moesim.sim.catalog import CatalogError, model_names
+from moesim.sim.errors import MoesimError
+from moesim.traces.format import DECODE, PREFILL, ModelInfo, TraceMeta
+from moesim.traces.importers import model_info, save_trace
 
 GENERATOR_VERSION = 1
 

@@ -100,8 +100,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.errors import MoesimError
-from traces.format import (
+from moesim.sim.errors import MoesimError
+from moesim.traces.format import (
     DECODE,
     OPTIONAL_COLUMNS,
     PREFILL,

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from sim.errors import MoesimError
+from moesim.sim.errors import MoesimError
 
 GIB = 1024**3
 

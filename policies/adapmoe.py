@@ -16,17 +16,13 @@ activations that its speculative prefetch guessed, both measured online. It re-r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from moesim.policies.base import Outcome
+from moesim.policies.base import RESIDENT, Context, Outcome, View
+from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.prefetchers import NextLayerPrefetcher
 from moesim.policies.registry import register
 from moesim.policies.speculative import MixtralOffloading
-from moesim.sim.engine import RESIDENT
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import EngineView, SimContext
 
 
 def allocate_cache_sizes(costs: np.ndarray, budget: int, *, minimum: int = 1) -> np.ndarray:
@@ -66,6 +62,7 @@ class AdapMoE(MixtralOffloading):
 
     name = "adapmoe"
     summary = "AdapMoE: LRU + speculative prefetch + per-layer cache sizes by dynamic programming"
+    paper = "Zhong et al., AdapMoE (ICCAD 2024), as MoEpic's evaluation describes it"
 
     def __init__(self, *, prefetch_experts: int | None = None, predictor: str = "auto",
                  cross_token: bool = True, realloc_tokens: int = 512) -> None:
@@ -75,9 +72,12 @@ class AdapMoE(MixtralOffloading):
         self.realloc_tokens = realloc_tokens
         self.sizes: list[np.ndarray] = []      # every allocation installed, in order
 
-    def setup(self, ctx: SimContext) -> None:
+    def setup(self, ctx: Context) -> None:
+        """Set up the parts and empty statistics."""
         super().setup(ctx)
         L, E = ctx.num_layers, ctx.num_experts
+        self._E = E
+        self._k = ctx.top_k if self.prefetch_experts is None else self.prefetch_experts
         self._L, self._K = L, ctx.top_k
         self._eb = ctx.expert_bytes
         self._budget_experts = ctx.total_budget // ctx.expert_bytes
@@ -90,7 +90,8 @@ class AdapMoE(MixtralOffloading):
         self._next = self.realloc_tokens
         self.sizes = []
 
-    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Record stack distances and prefetch hits, then prefetch (the parts)."""
         it = view.iteration_index
         stack = self._stack[layer]
         E = self._E
@@ -109,7 +110,9 @@ class AdapMoE(MixtralOffloading):
         if self._k:
             L = view.num_layers
             target, t_it = (layer + 1, it) if layer + 1 < L else (0, it + 1)
-            self._guess_for[target] = (t_it, {e for e, _ in self._guess(view, layer)})
+            pref = self.prefetcher
+            assert isinstance(pref, NextLayerPrefetcher)
+            self._guess_for[target] = (t_it, {e for e, _ in pref.predictor.predict(view, layer, self._k)})
         super().after_layer(view, layer, outcome)
         if layer == view.num_layers - 1:
             self._tokens += outcome.plan.shape[0]
@@ -123,7 +126,9 @@ class AdapMoE(MixtralOffloading):
         costs = K * (1.0 - hit) * (1.0 - acc)[:, None]
         return allocate_cache_sizes(costs, int(self._budget_experts), minimum=1)
 
-    def on_iteration_end(self, view: EngineView) -> None:
+    def on_iteration_end(self, view: View) -> None:
+        """Every ``realloc_tokens`` tokens, at an idle point, install the programme's sizes."""
+        super().on_iteration_end(view)
         L = self._L
         if self._tokens < self._next or self._budget_experts < L:
             return
@@ -136,7 +141,9 @@ class AdapMoE(MixtralOffloading):
             pool = view.pool_of(layer)
             while view.used(pool) > caps[layer]:
                 cands = [k for k in view.resident_units(pool) if not view.in_buffer(*k)]
-                if not cands or not view.evict(*min(cands, key=self._score)):
+                cache = self.cache
+                assert isinstance(cache, LRUCache)
+                if not cands or not view.evict(*min(cands, key=cache.last_used)):
                     break
         view.set_layer_budgets(caps)
         self.sizes.append(sizes)

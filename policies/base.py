@@ -1,43 +1,81 @@
-"""The policy interface: hooks the engine calls, and what a policy may see and do.
+"""The policy contract: the hooks the engine calls, in which order, and what a policy may see and do.
 
-A policy is a small class whose parameters are its ``__init__`` keywords. The engine calls its
-hooks in this order (DESIGN.md section 5)::
+This module is the one authoritative statement of the contract (docs/contract.md explains it
+at more length; an exact-order test proves it). It imports nothing from the engine: the engine
+imports this module, never the other way round.
 
-    policy.setup(ctx)                                  # once, before time 0
-    for each iteration (a decode step of the batch, or one request's prefill):
+Hook order
+----------
+For a run, the engine calls::
+
+    policy.setup(ctx)                                  # once, before time 0 (ctx.profile: offline data)
+    policy.warm(view, units)                           # units placed by cache.initial (maybe none)
+    for each iteration (one decode step of the batch, or one request's prefill):
         policy.on_iteration_start(view)
         for layer l in 0..L-1:
-            policy.before_layer(view, l)               # may evict / prefetch / cancel queued prefetches
-            <non-MoE compute of layer l on the GPU stream>
-            plan = policy.plan(view, l, routing)       # routing of l is known now; None = run as routed
-            <hits compute, misses load on demand (victims from policy.choose_victim)>
-            policy.after_layer(view, l, outcome)       # prefetch for l+1.., update state
-        policy.on_iteration_end(view)                  # an idle point: budgets may change here
+            <synchronous prefetch: the GPU waits for every prefetch issued so far, if pcie.sync_prefetch>
+            policy.before_layer(view, l)               # may evict, prefetch, cancel queued prefetches
+            <non-MoE compute of l on the GPU stream, plus the runtime's per-layer overhead>
+            plan = policy.on_routed(view, l, routing)  # routing of l is known; returns a Plan or None
+            <policy.decision_us and view.spend_cpu(...) charged on the GPU stream>
+            <each planned expert is a hit, late (in flight) or a miss; misses load on demand>
+            policy.on_access(view, l, outcome)         # cache-state update: the accesses, in order
+            policy.after_layer(view, l, outcome)       # prefetch for l+1..l+d while the experts compute
+            <experts compute on the GPU (and CPU) as they become ready>
+            policy.on_layer_end(view, l)               # l's experts computed; its pins are released
+        policy.on_iteration_end(view)                  # an idle point: budgets and splits may change
 
-Between hooks, the engine calls ``choose_victim(view, pool, candidates, need_bytes)`` whenever a
-transfer needs room, ``on_loaded(view, unit, demand)`` when a transfer lands, ``admit(view,
-unit)`` when a unit in the transfer buffer has been used by its layer, and ``on_evict(view,
-unit)`` for every unit that leaves VRAM (whoever asked for it), and ``on_cancel(view, unit)``
-for every prefetch withdrawn before its transfer started.
+Between hooks, whenever they happen:
 
-What a policy sees goes through ``view`` (:class:`sim.engine.EngineView`), which refuses reads
-of the future (a later layer's routing, a later iteration). Only classes with ``oracle = True``
-receive the annotation of future accesses in ``ctx.future``; they are labelled as bounds.
+* ``choose_victim(view, request)`` when a transfer needs room: ``request`` says why (demand load,
+  prefetch, admission from the transfer buffer); the answer is a victim key, or
+  ``request.decline`` (:data:`Decline.WAIT` for a demand load, :data:`Decline.GIVE_UP` for a
+  prefetch or an admission);
+* ``on_loaded(view, unit, demand)`` when a host-to-device transfer lands;
+* ``admit(view, unit)`` when a unit staged in the transfer buffer has been used by its layer;
+* ``on_evict(view, unit)`` for every unit that leaves VRAM, whoever asked for it;
+* ``on_cancel(view, unit)`` for every prefetch withdrawn before its transfer started.
+
+What a policy sees goes through ``view`` (:class:`View`), which refuses reads of the future with
+:class:`CausalityError`. Only classes with ``oracle = True`` receive ``ctx.future``, the
+recorded routing of later steps; they are labelled as bounds in every output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+import enum
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import EngineView, SimContext
-
 UnitKey = tuple[int, int, int]
-"""(layer, expert, part). ``part`` 0 is the whole expert unless the policy splits experts
-into segments (MoEpic: part 0 = top segment, part 1 = bottom segment)."""
+"""(layer, expert, part). ``part`` 0 is the whole expert unless the policy splits experts into
+segments (MoEpic: part 0 = top segment, part 1 = bottom segment)."""
+
+# Residency of a unit, as :meth:`View.state` reports it.
+ABSENT, WAITING, QUEUED, INFLIGHT, RESIDENT = 0, 1, 2, 3, 4
+"""``ABSENT``: not in VRAM; ``WAITING``: issued, waiting for room still being copied back to the
+host; ``QUEUED``: holds its room, its transfer has not started; ``INFLIGHT``: being copied;
+``RESIDENT``: in VRAM."""
+
+# Status of one access, as :class:`Outcome` reports it.
+HIT, LATE, PARTIAL, MISS = 0, 1, 2, 3
+STATUS_NAMES = ("hit", "late", "partial", "miss")
+
+# Trace columns a policy may need beside ``experts`` (see :meth:`Policy.required_columns`).
+OPTIONAL_COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
+
+
+class CausalityError(RuntimeError):
+    """A policy asked for information a real system would not have at that instant."""
+
+
+class PolicySetupError(ValueError):
+    """A policy cannot run on this trace or budget (a column it needs is missing, a parameter
+    does not fit the model). The runner reports it as one line naming the policy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +83,8 @@ class Routing:
     """What the router of one layer decided for the tokens of the current iteration.
 
     ``experts`` is ``[n_tokens, top_k]`` (highest probability first); ``weights`` the router
-    probabilities of those experts, or ``None`` when the trace has none.
+    probabilities of those experts (softmax over all E, not renormalised), or ``None`` when the
+    trace has none.
     """
 
     layer: int
@@ -54,17 +93,42 @@ class Routing:
 
     @property
     def n_tokens(self) -> int:
+        """Tokens in the iteration."""
         return int(self.experts.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What runs at one layer, per token slot: ``experts`` ``[n_tokens, k]`` (-1 = dropped; an id
+    other than the routed one = substituted). ``on_cpu`` (same shape, optional) marks slots
+    computed on the CPU instead of loading the expert (Fiddler, llama.cpp ``--n-cpu-moe``).
+    ``weights`` (optional) are the combination weights the slots run with, for the quality
+    harness; the simulator's timing does not depend on them. ``k`` may be smaller than the
+    routing's top-k (dynamic top-k) or larger (a policy that runs more experts)."""
+
+    experts: np.ndarray
+    on_cpu: np.ndarray | None = None
+    weights: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        ex = np.asarray(self.experts)
+        if ex.ndim != 2:
+            raise ValueError(f"a plan is [n_tokens, k]; got shape {ex.shape}")
+        if self.on_cpu is not None and np.shape(self.on_cpu) != ex.shape:
+            raise ValueError(f"plan.on_cpu has shape {np.shape(self.on_cpu)}, experts {ex.shape}")
+        if self.weights is not None and np.shape(self.weights) != ex.shape:
+            raise ValueError(f"plan.weights has shape {np.shape(self.weights)}, experts {ex.shape}")
 
 
 @dataclass(slots=True)
 class Outcome:
-    """What happened at one layer, given to ``after_layer``.
+    """What happened at one layer, given to ``on_access``, ``after_layer``.
 
-    ``experts`` lists the executed experts in access order (tokens in order, each token's
-    experts highest probability first, first occurrence); ``status`` holds for each one of
-    ``HIT``, ``LATE``, ``PARTIAL`` or ``MISS`` as seen when the routing became known.
-    ``plan`` is the ``[n_tokens, k]`` matrix of experts that ran (-1 = dropped).
+    ``experts`` lists the experts that run on the GPU in access order (tokens in order, each
+    token's experts highest probability first, first occurrence); ``status`` holds for each one
+    ``HIT``, ``LATE``, ``PARTIAL`` or ``MISS``, as seen when the routing became known.
+    ``cpu_experts`` lists those computed on the CPU (no transfer). ``plan`` is the ``[n_tokens,
+    k]`` matrix of experts that ran (-1 = dropped), ``routing`` what the router chose.
     """
 
     layer: int
@@ -72,92 +136,433 @@ class Outcome:
     plan: np.ndarray
     experts: list[int]
     status: list[int]
+    cpu_experts: list[int]
 
 
-HIT, LATE, PARTIAL, MISS = 0, 1, 2, 3
-STATUS_NAMES = ("hit", "late", "partial", "miss")
+class Reason(enum.Enum):
+    """Why a transfer needs room (see :class:`EvictionRequest`)."""
+
+    DEMAND = "demand"        # a planned expert is absent: the layer waits for it
+    PREFETCH = "prefetch"    # the policy asked for a prefetch
+    ADMIT = "admit"          # a unit staged in the transfer buffer moves into its pool
+
+
+class Decline(enum.Enum):
+    """A policy's answer when it names no victim.
+
+    ``WAIT`` (demand loads only): evict nothing now; the load takes room in the transfer buffer
+    if it has some, else waits until room frees (a stall the metrics show). ``GIVE_UP``
+    (prefetches and admissions only): the prefetch is not issued, the staged unit is dropped."""
+
+    WAIT = "wait"
+    GIVE_UP = "give-up"
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionRequest:
+    """A transfer needs room in ``pool``: ``unit`` (``need_bytes`` more than are free or coming)
+    for ``reason``. ``candidates`` are the pool's resident, unpinned units outside the buffer."""
+
+    reason: Reason
+    unit: UnitKey
+    pool: int
+    need_bytes: int
+    candidates: Sequence[UnitKey]
+
+    @property
+    def decline(self) -> Decline:
+        """The answer that names no victim, for this request's reason."""
+        return Decline.WAIT if self.reason is Reason.DEMAND else Decline.GIVE_UP
+
+
+VictimChoice = tuple[int, int, int] | Decline
+"""A victim's key, or a :class:`Decline`."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Offline data handed to ``setup``: routing recorded for other requests (the scenario's
+    ``profile:`` split, never measured). Arrays are per token (``N`` tokens, ``L`` layers):
+    ``experts`` ``[N, L, k]``, ``weights`` ``[N, L, k]``, ``logits`` ``[N, L, E]``,
+    ``lookahead_logits`` ``[N, L, E]`` (each ``None`` when the trace lacks it), ``request_id``
+    and ``phase`` ``[N]`` (0 prefill, 1 decode), ``iteration`` ``[N]`` (tokens of one forward
+    pass share it), ``embedding`` ``[I, h]`` per iteration (or ``None``). ``source`` says where
+    it came from (for outputs)."""
+
+    experts: np.ndarray
+    weights: np.ndarray | None
+    logits: np.ndarray | None
+    lookahead_logits: np.ndarray | None
+    request_id: np.ndarray
+    phase: np.ndarray
+    iteration: np.ndarray
+    embedding: np.ndarray | None
+    source: str
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the profile."""
+        return int(self.experts.shape[0])
+
+    def frequency(self, num_experts: int) -> np.ndarray:
+        """``[L, E]`` activation counts (how often each expert was routed to)."""
+        L, E = self.experts.shape[1], num_experts
+        out = np.zeros((L, E), dtype=np.int64)
+        for layer in range(L):
+            out[layer] = np.bincount(self.experts[:, layer, :].reshape(-1).astype(np.int64), minlength=E)
+        return out
+
+
+class FutureRouting(Protocol):
+    """The oracle annotation (only for ``oracle`` policies): recorded routing of later steps."""
+
+    def step_key(self, iteration: int, layer: int) -> float:
+        """The key just after every access of step (iteration, layer)."""
+        ...
+
+    def next_use(self, layer: int, expert: int, after: float) -> float:
+        """The first access key of (layer, expert) strictly after ``after`` (inf if none)."""
+        ...
+
+    def routing(self, iteration: int, layer: int) -> np.ndarray:
+        """The recorded ``[n_tokens, top_k]`` routing of a (future) iteration and layer."""
+        ...
+
+
+class Costs(Protocol):
+    """Durations in seconds from the run's cost model (for policies that plan with them)."""
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Host-to-device copy of ``nbytes``."""
+        ...
+
+    def layer_s(self, n_tokens: int) -> float:
+        """Non-MoE part of one layer for an iteration of ``n_tokens`` tokens."""
+        ...
+
+    def expert_s(self, n_tokens: int) -> float:
+        """One routed expert applied to ``n_tokens`` tokens on the GPU."""
+        ...
+
+    def head_s(self, n_tokens: int) -> float:
+        """Once per iteration after the last layer."""
+        ...
+
+
+@dataclass
+class Context:
+    """Static facts of a run, handed to ``setup``."""
+
+    model: Any                     # the model's catalog spec (name, shapes, bytes)
+    hardware: Any                  # the hardware's catalog spec
+    cost: Costs
+    num_layers: int
+    num_experts: int
+    top_k: int
+    expert_bytes: int
+    pool_capacity: list[int]       # bytes per pool (one per layer, or one global)
+    buffer_bytes: int              # the transfer buffer (cache.buffer_experts)
+    total_budget: int              # sum of pool capacities
+    rng: np.random.Generator       # the policy's own stream, from the scenario's seed
+    columns: frozenset[str]        # optional trace columns present (see OPTIONAL_COLUMNS)
+    profile: Profile | None = None              # offline split (scenario ``profile:``)
+    replayed_frequency: np.ndarray | None = None  # [L, E] counts of the replayed requests
+    future: FutureRouting | None = None         # oracle policies only
+    frequency_reads: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        """Say something the run's summary and metrics.json must show (a fallback taken, a
+        mechanism that cannot act)."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def offline_frequency(self) -> np.ndarray:
+        """``[L, E]`` expert popularity known before the run: from the profile split, or,
+        without one, from the replayed requests themselves (an optimistic profile: the run's
+        outputs then carry a warning)."""
+        self.frequency_reads += 1
+        if self.profile is not None:
+            return self.profile.frequency(self.num_experts)
+        assert self.replayed_frequency is not None
+        return self.replayed_frequency
+
+    @property
+    def has_lookahead(self) -> bool:
+        """The trace has ``lookahead_logits``."""
+        return "lookahead_logits" in self.columns
+
+    @property
+    def has_logits(self) -> bool:
+        """The trace has the full router ``logits``."""
+        return "logits" in self.columns
+
+    @property
+    def has_weights(self) -> bool:
+        """The trace has router ``weights``."""
+        return "weights" in self.columns
+
+    @property
+    def has_embedding(self) -> bool:
+        """The trace has iteration ``embedding``s."""
+        return "embedding" in self.columns
+
+
+class IterationInfo(Protocol):
+    """The iteration being replayed."""
+
+    index: int
+    phase: int              # 0 prefill, 1 decode
+    request_ids: np.ndarray  # per token
+    batch: int
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the iteration."""
+        ...
+
+    @property
+    def phase_name(self) -> str:
+        """``prefill`` or ``decode``."""
+        ...
+
+
+class View(Protocol):
+    """What a policy may see and do, only about the present and the past. Reads of a layer's
+    routing, logits or lookahead before that layer is routed raise :class:`CausalityError`."""
+
+    # -- time and position
+    @property
+    def now(self) -> float:
+        """Simulated time in seconds."""
+        ...
+
+    @property
+    def iteration(self) -> IterationInfo:
+        """The current iteration."""
+        ...
+
+    @property
+    def iteration_index(self) -> int:
+        """Index of the current iteration."""
+        ...
+
+    @property
+    def layer(self) -> int:
+        """The layer being processed (-1 before layer 0, L after the last)."""
+        ...
+
+    @property
+    def num_layers(self) -> int:
+        """MoE layers of the model."""
+        ...
+
+    # -- present and past routing
+    def routing(self, layer: int) -> Routing:
+        """Routing of ``layer`` in the current iteration, once it is known."""
+        ...
+
+    def logits(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, E]`` router logits of ``layer``, once it is routed (None without them)."""
+        ...
+
+    def lookahead_logits(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
+        router input of ``layer``, once ``layer`` is routed (None without them)."""
+        ...
+
+    def previous_lookahead_logits(self) -> np.ndarray | None:
+        """The last layer's lookahead of the previous iteration (a cross-token prediction of
+        layer 0), or None."""
+        ...
+
+    def previous_routing(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, k]`` routing of ``layer`` in the previous iteration, or None."""
+        ...
+
+    def embedding(self) -> np.ndarray | None:
+        """Embedding of the current iteration (its first token's row), or None."""
+        ...
+
+    def embeddings(self) -> np.ndarray | None:
+        """``[n_requests, h]`` embedding of each request's part of the iteration (in the order
+        of ``dict.fromkeys(iteration.request_ids)``), or None."""
+        ...
+
+    # -- residency
+    def state(self, layer: int, expert: int, part: int = 0) -> int:
+        """``ABSENT``, ``WAITING``, ``QUEUED``, ``INFLIGHT`` or ``RESIDENT``."""
+        ...
+
+    def is_resident(self, layer: int, expert: int) -> bool:
+        """Every part of the expert is resident."""
+        ...
+
+    def is_present(self, layer: int, expert: int, part: int = 0) -> bool:
+        """The unit is resident or issued."""
+        ...
+
+    def resident_units(self, pool: int | None = None) -> list[UnitKey]:
+        """Resident units (of ``pool``, or all)."""
+        ...
+
+    def units_of_layer(self, layer: int) -> list[UnitKey]:
+        """Units of ``layer`` resident or issued (not those draining to the host)."""
+        ...
+
+    def pinned(self, layer: int, expert: int) -> bool:
+        """Some part of the expert is planned for the current layer and not yet computed."""
+        ...
+
+    def pool_of(self, layer: int) -> int:
+        """The pool that holds ``layer``'s units."""
+        ...
+
+    def capacity(self, pool: int) -> int:
+        """Bytes of ``pool``."""
+        ...
+
+    def used(self, pool: int) -> int:
+        """Bytes of ``pool`` held (resident, issued or draining)."""
+        ...
+
+    def free(self, pool: int) -> int:
+        """Bytes of ``pool`` free now."""
+        ...
+
+    def draining(self, pool: int) -> int:
+        """Bytes of ``pool`` being copied back to the host (``cache.swap_out``)."""
+        ...
+
+    def part_bytes(self, layer: int, part: int = 0) -> int:
+        """Bytes of one part of an expert of ``layer``."""
+        ...
+
+    def buffer_free(self) -> int:
+        """Free bytes in the transfer buffer."""
+        ...
+
+    def in_buffer(self, layer: int, expert: int, part: int = 0) -> bool:
+        """The unit holds room in the transfer buffer rather than in its pool."""
+        ...
+
+    # -- actions
+    def prefetch(self, layer: int, expert: int, part: int = 0, priority: float = 0.0,
+                 into_buffer: bool = False) -> bool:
+        """Issue a prefetch; False (doing nothing) when it is present or gets no room."""
+        ...
+
+    def reprioritize(self, layer: int, expert: int, part: int = 0, priority: float = 0.0) -> bool:
+        """Change the priority of a queued prefetch (``pcie.order: priority`` only)."""
+        ...
+
+    def evict(self, layer: int, expert: int, part: int = 0) -> bool:
+        """Drop a resident, unpinned unit; False if it is not one."""
+        ...
+
+    def cancel_prefetches(self, layer: int | None = None) -> int:
+        """Withdraw queued prefetches (of ``layer``, or all); how many. None under fifo order."""
+        ...
+
+    def set_layer_budgets(self, budgets: list[int]) -> None:
+        """Re-split the budget among layers (bytes), at an idle point, usage fitting."""
+        ...
+
+    def spend_cpu(self, seconds: float) -> None:
+        """Charge policy computation on the critical path (the GPU stream waits for it)."""
+        ...
 
 
 class Policy:
-    """Base class of every policy. Subclasses set ``name`` and override hooks they need.
+    """Base class of every policy: override the hooks you need (all are no-ops by default).
 
-    Class attributes:
-      * ``name``: registry key.
-      * ``oracle``: reads the future (only through ``ctx.future``); reported as a bound.
-      * ``lossy``: may change which experts run (substitution, dropping, commit).
-      * ``scope``: ``"layer"`` (the budget is split into one pool per layer, the default) or
-        ``"global"`` (one pool for all layers). A policy may also set per-layer budgets of its
-        own with ``view.set_layer_budgets`` at an idle point.
+    Parameters are the ``__init__`` keywords, stored as attributes of the same name
+    (scikit-learn style: :meth:`get_params` reads them back). Class attributes:
+
+    * ``name``: registry key; ``summary``: one line for ``simctl policies``;
+    * ``paper``: the source of the mechanism (for ``simctl policies NAME``);
+    * ``oracle``: reads the future (only through ``ctx.future``); reported as a bound;
+    * ``lossy``: may run other experts than the routed ones (its plans are checked);
+    * ``scope``: ``"layer"`` (one pool per layer, the default) or ``"global"`` (one pool);
+    * ``decision_us``: CPU time of each routing decision, charged on the critical path at
+      ``on_routed`` (0 by default).
     """
 
     name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
     oracle: ClassVar[bool] = False
     lossy: ClassVar[bool] = False
     scope: ClassVar[str] = "layer"
-    summary: ClassVar[str] = ""
+    decision_us: float = 0.0
 
-    # -- parameters -------------------------------------------------------------------------
+    # -- parameters and needs -----------------------------------------------------------------
     def get_params(self) -> dict[str, Any]:
-        """The ``__init__`` keywords and their current values (scikit-learn style)."""
-        import inspect
-
+        """The ``__init__`` keywords and their current values."""
         sig = inspect.signature(type(self).__init__)
-        return {
-            p.name: getattr(self, p.name)
-            for p in sig.parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
-        }
+        return {p.name: getattr(self, p.name) for p in sig.parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
-    # -- hooks ------------------------------------------------------------------------------
-    def setup(self, ctx: SimContext) -> None:
-        """Called once before the simulation starts, with the static context."""
+    def required_columns(self) -> frozenset[str]:
+        """Optional trace columns this policy cannot run without (checked at set-up: a trace
+        without them is refused with one line). Default: none."""
+        return frozenset()
+
+    def read_columns(self) -> frozenset[str]:
+        """Optional trace columns this policy reads when present (the replay loads only these
+        and ``experts``). Default: its required columns."""
+        return self.required_columns()
+
+    # -- hooks (see the module docstring for the order) ----------------------------------------
+    def setup(self, ctx: Context) -> None:
+        """Once before time 0."""
 
     def part_fractions(self, layer: int) -> tuple[float, ...]:
-        """How this policy splits an expert of ``layer`` into parts (fractions of its bytes,
-        summing to 1). Default: one part, the whole expert."""
+        """How an expert of ``layer`` splits into parts (fractions of its bytes, summing to 1).
+        Asked at set-up and after each ``on_iteration_end``. Default: one part."""
         return (1.0,)
 
-    def warm(self, view: EngineView, units: list[UnitKey]) -> None:
+    def warm(self, view: View, units: list[UnitKey]) -> None:
         """The engine placed ``units`` in VRAM before time 0 (``cache.initial``)."""
 
-    def on_iteration_start(self, view: EngineView) -> None:
-        """A new iteration begins (its tokens, phase and embedding are in ``view.iteration``)."""
+    def on_iteration_start(self, view: View) -> None:
+        """A new iteration begins."""
 
-    def before_layer(self, view: EngineView, layer: int) -> None:
-        """Before the non-MoE compute of ``layer``; routing of ``layer`` is not known yet."""
+    def before_layer(self, view: View, layer: int) -> None:
+        """Before the non-MoE compute of ``layer``; its routing is not known yet."""
 
-    def plan(self, view: EngineView, layer: int, routing: Routing) -> np.ndarray | None:
-        """Which experts run: a ``[n_tokens, k]`` int matrix (-1 = dropped), or ``None`` to run
-        the routing as recorded. Lossless policies keep the default."""
+    def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
+        """The routing of ``layer`` is known: say what runs (None = as routed, on the GPU)."""
         return None
 
-    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
-        """After the experts of ``layer`` were planned and their loads issued."""
+    def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
+        """The layer's accesses are known (demand loads issued): update cache state."""
 
-    def on_iteration_end(self, view: EngineView) -> None:
-        """The iteration finished; an idle point."""
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        """While the layer's experts compute: prefetch for later layers."""
 
-    def choose_victim(
-        self, view: EngineView, pool: int, candidates: list[UnitKey], need_bytes: int
-    ) -> UnitKey | None:
-        """Pick one of ``candidates`` (unpinned residents of ``pool``) to evict so that a
-        transfer needing ``need_bytes`` can start, or ``None`` to refuse (the transfer then
-        waits, or a prefetch is dropped). Default: the first candidate."""
-        return candidates[0] if candidates else None
+    def on_layer_end(self, view: View, layer: int) -> None:
+        """The layer's experts have computed; their pins are released."""
 
-    def admit(self, view: EngineView, unit: UnitKey) -> bool:
-        """A unit that landed in the transfer buffer (``cache.buffer_experts``) was used by its
-        layer: keep it, moving it into its pool (victims from ``choose_victim``), or drop it
-        (False). Default: keep it when room can be made."""
+    def on_iteration_end(self, view: View) -> None:
+        """The iteration finished: an idle point."""
+
+    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+        """Room is needed (see :class:`EvictionRequest`): a victim among ``request.candidates``,
+        or ``request.decline``. Default: the first candidate."""
+        return request.candidates[0] if request.candidates else request.decline
+
+    def admit(self, view: View, unit: UnitKey) -> bool:
+        """A unit staged in the transfer buffer was used: keep it (move into its pool, victims
+        from ``choose_victim`` with reason ``ADMIT``) or drop it (False). Default: keep."""
         return True
 
-    def on_evict(self, view: EngineView, unit: UnitKey) -> None:
+    def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
+        """A host-to-device transfer of ``unit`` landed."""
+
+    def on_evict(self, view: View, unit: UnitKey) -> None:
         """``unit`` left VRAM."""
 
-    def on_cancel(self, view: EngineView, unit: UnitKey) -> None:
-        """A prefetch of ``unit`` was withdrawn before its transfer started (by the policy, by
-        the engine to make room for a demand load, or because its layer was routed while it
-        still waited for room); it holds no room any more and was never resident."""
-
-    def on_loaded(self, view: EngineView, unit: UnitKey, demand: bool) -> None:
-        """The transfer of ``unit`` completed (``demand`` tells demand load from prefetch)."""
+    def on_cancel(self, view: View, unit: UnitKey) -> None:
+        """A prefetch of ``unit`` was withdrawn before its transfer started (it held room, but
+        was never resident)."""

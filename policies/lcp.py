@@ -1,124 +1,24 @@
-"""LCP, Least Cache Priority: MoEpic's cache manager (Yan et al., "Accelerating
-Mixture-of-Expert Inference with Adaptive Expert Split Mechanism", section 3.3, Eq. 4).
-
-Every expert ``E_ij`` of layer ``i`` carries two indicators, updated with every token:
-
-* ``mu_ij``, its activation frequency: the accumulated count of tokens that activated it
-  (over the whole run; it is not forgotten when the expert leaves the cache);
-* ``nu_ij``, its activation interval: how many consecutive tokens, up to now, have not
-  activated it.
-
-Its cache priority is (Eq. 4)::
-
-    P_ij = mu_ij * rho ** (nu_ij / omega)
-
-with the observation window ``omega`` (128) and the balance ``rho`` in (0, 1) (0.25). On a
-miss the expert of least priority is evicted. ``mu`` alone is LFU over the history and the
-decay in ``nu`` brings in recency (LRU); ``rho = 1`` is history LFU.
-
-:class:`CachePriority` is the bookkeeping, shared with ``moepic``; :class:`LCP` is the demand
-cache registered as ``lcp``, comparable with ``lru``, ``lfu`` and ``random``.
-"""
+"""``lcp``: MoEpic's Least Cache Priority as a demand cache, comparable with ``lru``, ``lfu`` and
+``random`` (the bookkeeping is :mod:`moesim.policies.lcp_priority`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
-
-from moesim.policies.base import Outcome, Policy, UnitKey
+from moesim.policies.compose import Composed
+from moesim.policies.parts.caches import LCPCache
 from moesim.policies.registry import register
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import EngineView, SimContext
-
-
-class CachePriority:
-    """LCP indicators of every (layer, expert); no engine dependency.
-
-    Time is counted in tokens per layer: ``clock[i]`` tokens have passed layer ``i``. An
-    iteration of ``n`` tokens (a prefill) is observed as ``n`` consecutive tokens, in order.
-    """
-
-    def __init__(self, num_layers: int, num_experts: int, *, rho: float = 0.25,
-                 omega: float = 128.0) -> None:
-        if not 0.0 < rho <= 1.0:
-            raise ValueError(f"rho must be in (0, 1], got {rho}")
-        if omega <= 0:
-            raise ValueError(f"omega must be > 0, got {omega}")
-        self.rho = rho
-        self.omega = omega
-        self.mu = np.zeros((num_layers, num_experts), dtype=np.float64)
-        self.last = np.full((num_layers, num_experts), -1, dtype=np.int64)   # token of last activation
-        self.clock = np.zeros(num_layers, dtype=np.int64)
-        # rho ** (1 / omega) once: priority = mu * decay ** nu
-        self._log_decay = float(np.log(rho)) / omega
-
-    def observe(self, layer: int, experts: np.ndarray) -> None:
-        """Tokens ``experts`` (``[n_tokens, k]``, -1 = nothing) passed ``layer``, in order."""
-        ex = np.asarray(experts)
-        n = ex.shape[0]
-        base = int(self.clock[layer])
-        if n == 1:
-            row = ex[0]
-            row = row[row >= 0]
-            self.mu[layer, row] += 1.0
-            self.last[layer, row] = base
-        else:
-            tok = np.broadcast_to(np.arange(n)[:, None], ex.shape).reshape(-1)
-            flat = ex.reshape(-1)
-            ok = flat >= 0
-            np.add.at(self.mu[layer], flat[ok], 1.0)
-            np.maximum.at(self.last[layer], flat[ok], base + tok[ok])
-        self.clock[layer] = base + n
-
-    def interval(self, layer: int) -> np.ndarray:
-        """``nu`` of every expert of ``layer``: tokens since its last activation (the clock,
-        for one never activated)."""
-        return self.clock[layer] - 1 - self.last[layer]
-
-    def priorities(self, layer: int) -> np.ndarray:
-        """``P_ij = mu_ij * rho ** (nu_ij / omega)`` of every expert of ``layer`` (Eq. 4)."""
-        return self.mu[layer] * np.exp(self._log_decay * self.interval(layer))
-
-    def ranking(self, layer: int) -> np.ndarray:
-        """Experts of ``layer`` from highest to lowest priority (ties: more recent activation,
-        then lower id). The first ``C`` are the cache of size ``C`` that LCP converges to."""
-        prio = self.priorities(layer)
-        ids = np.arange(prio.shape[0])
-        return np.lexsort((ids, -self.last[layer], -prio))
-
-    def victim(self, candidates: list[UnitKey]) -> UnitKey:
-        """The candidate of least priority (ties: least recent activation, then lower id)."""
-        layer = candidates[0][0]
-        if all(k[0] == layer for k in candidates):
-            prio = self.priorities(layer)
-            last = self.last[layer]
-            return min(candidates, key=lambda k: (prio[k[1]], last[k[1]], k[1], k[2]))
-        pr = {lay: self.priorities(lay) for lay in {k[0] for k in candidates}}
-        return min(candidates, key=lambda k: (pr[k[0]][k[1]], self.last[k[0], k[1]], k[0], k[1], k[2]))
 
 
 @register
-class LCP(Policy):
+class LCP(Composed):
     """Demand cache that evicts the expert of least cache priority ``mu * rho^(nu/omega)``
-    (MoEpic, Eq. 4), with ``rho`` 0.25 and ``omega`` 128 tokens as in the paper. Whole
-    experts; nothing is prefetched. Priorities count every token, resident or not."""
+    (MoEpic, Eq. 4), with ``rho`` 0.25 and ``omega`` 128 tokens as in the paper. Whole experts;
+    nothing is prefetched. Priorities count every token, resident or not."""
 
     name = "lcp"
     summary = "evict the expert of least cache priority mu*rho^(nu/omega) (MoEpic's LCP)"
+    paper = "MoEpic (Yan et al.), section 3.3, Eq. 4"
 
     def __init__(self, *, rho: float = 0.25, omega: float = 128.0) -> None:
-        self._prio = CachePriority(1, 1, rho=rho, omega=omega)   # checks rho and omega
         self.rho = rho
         self.omega = omega
-
-    def setup(self, ctx: SimContext) -> None:
-        self._prio = CachePriority(ctx.num_layers, ctx.num_experts, rho=self.rho, omega=self.omega)
-
-    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
-        self._prio.observe(layer, outcome.plan)
-
-    def choose_victim(self, view: EngineView, pool: int, candidates: list[UnitKey],
-                      need_bytes: int) -> UnitKey | None:
-        return self._prio.victim(candidates) if candidates else None
+        self.assemble(cache=LCPCache(rho=rho, omega=omega))

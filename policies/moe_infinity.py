@@ -17,28 +17,35 @@ The paper's text is not in ``../shared/papers``; this is our reading of its mech
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from moesim.policies.base import Outcome
-from moesim.policies.caching import LFU
+from moesim.policies.base import Context, Outcome, View
+from moesim.policies.compose import Composed
+from moesim.policies.parts.caches import LFUCache
+from moesim.policies.parts.prefetchers import Prefetcher
 from moesim.policies.registry import register
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import EngineView, SimContext
 
 
 @register
-class MoEInfinity(LFU):
+class MoEInfinity(Composed):
     """LFU cache plus request-level activation-matrix prefetch (see the module docstring)."""
 
     name = "moe-infinity"
     summary = "MoE-Infinity: LFU + activation-matrix (EAM) matching prefetch"
+    paper = "Xue et al., MoE-Infinity (2024), as MoEpic's evaluation describes it"
 
     def __init__(self, *, eamc_capacity: int = 64, prefetch_experts: int | None = None,
                  prefetch_distance: int = 1) -> None:
-        super().__init__()
+        self.eamc_capacity = eamc_capacity
+        self.prefetch_experts = prefetch_experts
+        self.prefetch_distance = prefetch_distance
+        self.assemble(cache=LFUCache(), prefetcher=EAMPrefetcher(eamc_capacity, prefetch_experts, prefetch_distance))
+
+
+class EAMPrefetcher(Prefetcher):
+    """Prefetch from the stored expert activation matrix most similar to each request's own."""
+
+    def __init__(self, eamc_capacity: int, prefetch_experts: int | None, prefetch_distance: int) -> None:
         if eamc_capacity < 1:
             raise ValueError(f"eamc_capacity must be >= 1, got {eamc_capacity}")
         if prefetch_experts is not None and prefetch_experts < 0:
@@ -49,14 +56,24 @@ class MoEInfinity(LFU):
         self.prefetch_experts = prefetch_experts
         self.prefetch_distance = prefetch_distance
 
-    def setup(self, ctx: SimContext) -> None:
-        super().setup(ctx)
+    def setup(self, ctx: Context) -> None:
+        """Empty matrices; the collection starts from the profile split when one is given
+        (MoE-Infinity prepares its collection before serving)."""
         self._L, self._E = ctx.num_layers, ctx.num_experts
         self._k = ctx.top_k if self.prefetch_experts is None else self.prefetch_experts
         self._eams: dict[int, np.ndarray] = {}
         self._eamc = np.zeros((0, self._L * self._E))         # rows: unit-norm flattened EAMs
         self._eamc_raw = np.zeros((0, self._L, self._E))
         self._batch = -1
+        if ctx.profile is not None:
+            prof = ctx.profile
+            for r in dict.fromkeys(prof.request_id.tolist()):
+                sel = prof.experts[prof.request_id == r]          # [tokens, L, k]
+                eam = np.zeros((self._L, self._E))
+                for layer in range(self._L):
+                    np.add.at(eam[layer], sel[:, layer, :].reshape(-1), 1.0)
+                self._eams[int(r)] = eam
+            self._archive()
 
     def _archive(self) -> None:
         done = [m for m in self._eams.values() if m.sum() > 0]
@@ -68,7 +85,8 @@ class MoEInfinity(LFU):
         self._eamc_raw = raw
         self._eamc = flat / np.linalg.norm(flat, axis=1, keepdims=True)
 
-    def on_iteration_start(self, view: EngineView) -> None:
+    def on_iteration_start(self, view: View) -> None:
+        """A new batch archives the finished requests' matrices."""
         batch = view.iteration.batch
         if batch != self._batch:
             self._archive()
@@ -88,8 +106,8 @@ class MoEInfinity(LFU):
         tot = rows.sum(axis=1, keepdims=True)
         return np.divide(rows, tot, out=np.zeros_like(rows, dtype=np.float64), where=tot > 0)
 
-    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
-        super().after_layer(view, layer, outcome)
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Update each request's matrix; prefetch the likeliest experts of the next layers."""
         reqs = view.iteration.request_ids
         plan = outcome.plan
         for t in range(plan.shape[0]):
@@ -112,5 +130,5 @@ class MoEInfinity(LFU):
                 if p[e] <= 0:
                     break
                 key = (target, int(e), 0)
-                if view.prefetch(*key, priority=float(p[e]) / (target - layer)):
-                    self._touch(key)
+                if view.prefetch(*key, priority=float(p[e]) / (target - layer)) and self.cache is not None:
+                    self.cache.refresh(key)

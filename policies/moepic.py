@@ -35,17 +35,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from moesim.policies.base import Outcome, Policy, Routing, UnitKey
-from moesim.policies.lcp import CachePriority
+from moesim.policies.base import (
+    ABSENT,
+    RESIDENT,
+    Context,
+    EvictionRequest,
+    Outcome,
+    Plan,
+    Policy,
+    Routing,
+    UnitKey,
+    VictimChoice,
+    View,
+)
+from moesim.policies.lcp_priority import CachePriority
+from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.registry import register
-from moesim.sim.engine import ABSENT, RESIDENT
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import EngineView, SimContext
 
 CACHE_POLICIES = ("lcp", "random")
 
@@ -304,13 +311,6 @@ class CacheConfigurator:
 # The policy
 
 
-def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    z = x - x.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
-    return z
-
-
 def split_fractions(theta: float) -> tuple[float, ...]:
     """Part fractions of an expert with top share ``theta``: two segments inside (0, 1), one
     whole part at the ends."""
@@ -362,7 +362,7 @@ class MoEpic(Policy):
         self._fractions: list[tuple[float, ...]] = []
 
     # -- setup ----------------------------------------------------------------------------------
-    def setup(self, ctx: SimContext) -> None:
+    def setup(self, ctx: Context) -> None:
         L, E, K = ctx.num_layers, ctx.num_experts, ctx.top_k
         self._L, self._E, self._K = L, E, K
         self._eb = ctx.expert_bytes
@@ -421,7 +421,7 @@ class MoEpic(Policy):
             return self._rng.permutation(self._E)
         return self._prio.ranking(layer)
 
-    def _sweep(self, view: EngineView, layer: int) -> None:
+    def _sweep(self, view: View, layer: int) -> None:
         """Bottom segments that a demand load put in free pool room leave once their layer ran
         (only the experts the layer just ran can have one there)."""
         nparts = len(self._fractions[layer])
@@ -432,7 +432,7 @@ class MoEpic(Policy):
             if view.state(layer, e, part) == RESIDENT and not view.in_buffer(layer, e, part):
                 view.evict(layer, e, part)
 
-    def _forget_absent(self, view: EngineView, layer: int | None) -> list[UnitKey]:
+    def _forget_absent(self, view: View, layer: int | None) -> list[UnitKey]:
         """Drop the bookkeeping of prefetches the engine cancelled; returns the cancelled reloads."""
         for key in [k for k in self._spec if (layer is None or k[0] == layer) and view.state(*k) == ABSENT]:
             del self._spec[key]
@@ -442,7 +442,7 @@ class MoEpic(Policy):
         return lost
 
     # -- speculative prefetch (section 3.2) -----------------------------------------------------
-    def _predict(self, view: EngineView, target: int, target_iter: int, logits: np.ndarray | None) -> None:
+    def _predict(self, view: View, target: int, target_iter: int, logits: np.ndarray | None) -> None:
         """Rank the experts of layer ``target`` (of iteration ``target_iter``) by predicted
         score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens."""
         E = self._E
@@ -461,7 +461,7 @@ class MoEpic(Policy):
                 best = z / z.sum()
             else:
                 per_token = np.argsort(-lg, axis=1, kind="stable")
-                best = _softmax_rows(lg.copy()).max(axis=0)
+                best = softmax_rows(lg).max(axis=0)
                 order = np.argsort(-best, kind="stable")
             scores = best[order]
         elif not self._has_lookahead:      # no lookahead in the trace: guess from history
@@ -473,7 +473,7 @@ class MoEpic(Policy):
         self._queue[target] = [target_iter, order.tolist(), scores.tolist(), 0]
         self._pred[target] = (target_iter, per_token)
 
-    def _fill(self, view: EngineView, layer: int) -> None:
+    def _fill(self, view: View, layer: int) -> None:
         """Issue the guesses for ``layer`` in order while the transfer buffer has room for the
         next one: its bottom if the top is cached, else the whole expert."""
         entry = self._queue.get(layer)
@@ -507,12 +507,12 @@ class MoEpic(Policy):
         entry[3] = pos
 
     # -- hooks ----------------------------------------------------------------------------------
-    def warm(self, view: EngineView, units: list[UnitKey]) -> None:
+    def warm(self, view: View, units: list[UnitKey]) -> None:
         for key in units:
             if not self._cacheable(key):
                 view.evict(*key)
 
-    def on_iteration_start(self, view: EngineView) -> None:
+    def on_iteration_start(self, view: View) -> None:
         it = view.iteration_index
         if self._reload_todo:
             for key in self._reload_todo:
@@ -528,13 +528,13 @@ class MoEpic(Policy):
         if self.prefetch:
             self._fill(view, 0)
 
-    def before_layer(self, view: EngineView, layer: int) -> None:
+    def before_layer(self, view: View, layer: int) -> None:
         if layer > 0:
             self._sweep(view, layer - 1)
         if self.prefetch:
             self._fill(view, layer)
 
-    def plan(self, view: EngineView, layer: int, routing: Routing) -> np.ndarray | None:
+    def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         it = view.iteration_index
         ex = routing.experts
         needed = set(int(e) for e in ex[ex >= 0].reshape(-1).tolist())
@@ -557,7 +557,7 @@ class MoEpic(Policy):
             self._whole_misses_when_tight(view, layer, needed)
         return None
 
-    def _whole_misses_when_tight(self, view: EngineView, layer: int, needed: set[int]) -> None:
+    def _whole_misses_when_tight(self, view: View, layer: int, needed: set[int]) -> None:
         """A many-token iteration whose missing segments cannot all get room at once: drop the
         cached tops of experts whose bottoms are missing, so that each expert is wholly present
         or wholly absent and the engine can stream them one by one (a half-present pinned
@@ -576,7 +576,7 @@ class MoEpic(Policy):
             for key in half:
                 view.evict(*key)
 
-    def after_layer(self, view: EngineView, layer: int, outcome: Outcome) -> None:
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         it = view.iteration_index
         plan = outcome.plan
         if self._stats is not None:
@@ -609,7 +609,7 @@ class MoEpic(Policy):
             if self.prefetch:
                 self._fill(view, 0)
 
-    def on_loaded(self, view: EngineView, unit: UnitKey, demand: bool) -> None:
+    def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
         target_iter = self._spec.get(unit)
         if demand or target_iter is None:
             return
@@ -619,7 +619,7 @@ class MoEpic(Policy):
         if passed and not view.pinned(unit[0], unit[1]):
             view.evict(*unit)   # a guess that landed after its layer was routed, and was wrong
 
-    def admit(self, view: EngineView, unit: UnitKey) -> bool:
+    def admit(self, view: View, unit: UnitKey) -> bool:
         """A segment staged in the buffer has been used: the top of an activated expert
         replaces the least-priority cached top (LCP replacement, section 3.3; the victims come
         from ``choose_victim`` while the unit still sits in the buffer); bottoms and unused
@@ -632,27 +632,27 @@ class MoEpic(Policy):
         self._admitting = unit
         return True
 
-    def choose_victim(self, view: EngineView, pool: int, candidates: list[UnitKey],
-                      need_bytes: int) -> UnitKey | None:
+    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """Room for an admitted top segment: evict by the replacement rule. Room for a demand
         load: stage it in the transfer buffer when that has room (the cache is updated when it
         is admitted), else evict by the replacement rule."""
+        candidates = list(request.candidates)
         if not candidates:
-            return None
+            return request.decline
         adm = self._admitting
         if adm is not None and view.in_buffer(*adm):
             return self._victim(candidates)
         layer = candidates[0][0]
         largest = max(view.part_bytes(layer, p) for p in range(len(self._fractions[layer])))
         if view.buffer_free() >= largest:
-            return None
+            return request.decline
         return self._victim(candidates)
 
-    def on_evict(self, view: EngineView, unit: UnitKey) -> None:
+    def on_evict(self, view: View, unit: UnitKey) -> None:
         self._spec.pop(unit, None)
         self._reload.discard(unit)
 
-    def on_iteration_end(self, view: EngineView) -> None:
+    def on_iteration_end(self, view: View) -> None:
         self._sweep(view, self._L - 1)
         if self._config_due:
             self._reconfigure(view)
@@ -666,7 +666,7 @@ class MoEpic(Policy):
                                  min_budget=self._min_budget)
         return conf.allocate(stats, self._budget)
 
-    def _reconfigure(self, view: EngineView) -> None:
+    def _reconfigure(self, view: View) -> None:
         view.cancel_prefetches()
         self._forget_absent(view, None)
         self._queue.clear()

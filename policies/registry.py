@@ -21,6 +21,7 @@ _MODULES = (
     "moesim.policies.adapmoe",
     "moesim.policies.moe_infinity",
     "moesim.policies.pregated",
+    "moesim.policies.random_substitute",
 )
 _loaded = False
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -35,7 +36,7 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a key: --set cache.rate=0.25 (repeatable)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="write config.yaml, metrics.json, steps.parquet, timeline.json here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print metrics.json to stdout instead of the summary")] = False,
-    timeline: Annotated[bool, typer.Option(help="record the GPU/PCIe timeline (with --out)")] = True,
+    timeline: Annotated[bool, typer.Option("--timeline", help="also write timeline.json, the GPU/CPU/PCIe activity as a Chrome trace (with --out)")] = False,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
 ) -> None:
     """Run one scenario and print its summary."""
@@ -67,9 +68,9 @@ def run(
                     last[0] = now
                     bar.update(task, completed=done, total=total)
 
-            result = run_loaded(loaded, timeline=want_timeline, progress=tick)
+            result = run_loaded(loaded, timeline=want_timeline, steps=out is not None, progress=tick)
     else:
-        result = run_loaded(loaded, timeline=want_timeline)
+        result = run_loaded(loaded, timeline=want_timeline, steps=out is not None)
     if out is not None:
         write_outputs(result, out, timeline=want_timeline)
     if json_out:
@@ -161,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             msg = " ".join(str(exc.format_message()).split())
             print(f"simctl: error: {msg}", file=sys.stderr)
             return int(exc.exit_code)
-        raise
+        # anything else is a bug in moesim (or in a policy's code), never bad input: keep the
+        # traceback so that it can be fixed
+        traceback.print_exc()
+        print(f"simctl: internal error ({type(exc).__name__}): this is a bug; please report it with "
+              "the traceback above", file=sys.stderr)
+        return 1
     return int(rv) if isinstance(rv, int) else 0
 
 

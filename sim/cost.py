@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moesim.sim.catalog import HardwareSpec, ModelSpec
+from moesim.sim.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 
 US = 1e-6
+NO_RUNTIME = RuntimeSpec(name="none")
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """Durations in seconds for one model on one GPU."""
+    """Durations in seconds for one model on one GPU, its host CPU and its inference runtime."""
 
     model: ModelSpec
     hardware: HardwareSpec
+    runtime: RuntimeSpec = NO_RUNTIME
 
     @property
     def expert_bytes(self) -> int:
@@ -62,6 +64,28 @@ class CostModel:
             return (costs.expert_us + costs.expert_us_per_token * (n_tokens - 1)) * US
         m = self.model
         return self._roofline(m.expert_bytes, 2.0 * m.expert_params * n_tokens)
+
+    def cpu_expert_s(self, n_tokens: int) -> float:
+        """One routed expert applied to ``n_tokens`` tokens on the host CPU: a roofline over host
+        memory bandwidth (weights read once) and throughput, plus a fixed call cost, unless the
+        hardware's ``cpu.expert_us`` gives a measured figure."""
+        if n_tokens <= 0:
+            return 0.0
+        cpu = self.hardware.cpu
+        if cpu.expert_us is not None:
+            return (cpu.expert_us + cpu.expert_us_per_token * (n_tokens - 1)) * US
+        m = self.model
+        return max(m.expert_bytes / (cpu.mem_gbps * 1e9),
+                   2.0 * m.expert_params * n_tokens / (cpu.tflops * 1e12)) + cpu.call_us * US
+
+    def overhead_layer_s(self) -> float:
+        """The runtime's framework overhead per MoE layer of a forward pass."""
+        return self.runtime.layer_us * US
+
+    def overhead_iteration_s(self, n_tokens: int) -> float:
+        """The runtime's framework overhead per forward pass of ``n_tokens`` tokens."""
+        rt = self.runtime
+        return (rt.iteration_us + rt.token_us * n_tokens) * US
 
     def head_s(self, n_tokens: int) -> float:
         """Once per iteration after the last layer (LM head, sampling). The roofline folds the

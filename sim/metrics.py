@@ -25,10 +25,11 @@ def _dist(values: list[float], scale: float) -> dict[str, float | None]:
 
 
 def compute_metrics(engine: Engine) -> dict[str, Any]:
-    """All reported metrics of a finished :class:`~sim.engine.Engine` run, as plain data."""
+    """All reported metrics of a finished :class:`~moesim.sim.engine.Engine` run, as plain data."""
     st = engine.stats
     wl = engine.workload
     model = engine.cost.model
+    policy = engine.policy
     sim_time = float(engine.env.now)
     ttft: list[float] = []
     tpot: list[float] = []
@@ -44,9 +45,11 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
     def rate(x: int) -> float:
         return x / accesses if accesses else 0.0
 
+    per_out = 1.0 / outputs if outputs else 0.0
+    per_tok = 1.0 / tokens if tokens else 0.0
     out: dict[str, Any] = {
-        "policy": engine.policy.name,
-        "bound": bool(engine.policy.oracle),
+        "policy": policy.name,
+        "bound": bool(policy.oracle),
         "iterations": len(wl.iterations),
         "tokens": tokens,
         "output_tokens": outputs,
@@ -65,12 +68,18 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "partial_rate": rate(st.partial),
         "miss_rate": rate(st.misses),
         "stall_ms": st.stall_s * 1e3,
-        "stall_ms_per_token": st.stall_s * 1e3 / outputs if outputs else 0.0,
+        "stall_ms_per_token": st.stall_s * 1e3 * per_out,
+        "blocking_io_ms": st.stall_s * 1e3,
+        "blocking_io_ms_per_token": st.stall_s * 1e3 * per_out,
+        "sync_prefetch_stall_ms": st.sync_stall_s * 1e3,
         "pcie_busy_ms": st.pcie_busy_s * 1e3,
         "d2h_gb": st.d2h_bytes / 1e9,
+        "d2h_gb_per_token": st.d2h_bytes / 1e9 * per_tok,
         "d2h_busy_ms": st.d2h_busy_s * 1e3,
+        "io_busy_ms": (st.pcie_busy_s + st.d2h_busy_s) * 1e3,
+        "io_busy_ms_per_token": (st.pcie_busy_s + st.d2h_busy_s) * 1e3 * per_out,
         "h2d_gb": fetched / 1e9,
-        "h2d_gb_per_token": fetched / 1e9 / tokens if tokens else 0.0,
+        "h2d_gb_per_token": fetched / 1e9 * per_tok,
         "demand_gb": st.demand_bytes / 1e9,
         "prefetch_gb": st.prefetch_bytes / 1e9,
         "wasted_prefetch_gb": st.wasted_prefetch_bytes / 1e9,
@@ -78,17 +87,26 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "fetch_precision": st.prefetch_used / st.prefetch_units if st.prefetch_units else None,
         "prefetch_recall": st.fetch_covered / st.fetch_needed if st.fetch_needed else None,
         "evictions": st.evictions,
+        "cpu_expert_runs": st.cpu_accesses,
+        "cpu_busy_ms": st.cpu_busy_s * 1e3,
+        "cpu_wait_ms": st.cpu_wait_s * 1e3,
+        "runtime_overhead_ms": st.overhead_s * 1e3,
+        "policy_cpu_ms": st.policy_cpu_s * 1e3,
         "expert_vram_peak_gib": st.vram_peak_bytes / GIB,
         "vram_peak_gib": (st.vram_peak_bytes + model.non_expert_bytes) / GIB,
         "expert_budget_gib": sum(engine.ctx.pool_capacity) / GIB,
         "gpu_busy_fraction": st.gpu_busy_s / sim_time if sim_time > 0 else 0.0,
+        "warnings": list(engine.warnings),
     }
-    if engine.policy.lossy or st.token_layers:
-        n_tok = max(1, outputs)
+    if policy.lossy:
+        tl = st.token_layers
         out.update({
-            "substitutions_per_token": st.substitutions / n_tok,
-            "dropped_per_token": st.dropped / n_tok,
-            "routing_mass_kept": st.mass_kept_sum / st.token_layers if st.token_layers else 1.0,
+            "substitutions_per_token": st.substitutions * per_out,
+            "dropped_per_token": st.dropped * per_out,
+            "routing_mass_kept": st.mass_kept_sum / tl if tl else 1.0,
+            "top1_agreement": st.top1_kept / tl if tl else 1.0,
+            "effective_top_k": st.slots_run / tl if tl else float(engine.K),
+            "lossy_token_layers": st.lossy_layers / tl if tl else 0.0,
             "note": "lossy policy: later routing is replayed as recorded; the quality effect is not simulated",
         })
     return out

@@ -6,42 +6,38 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.engine import Engine, StepRecord
+from moesim.sim.records import STEP_FIELDS
 from moesim.sim.runner import RunResult
 
 
-def steps_table(engine: Engine) -> pa.Table:
-    """Per (iteration, layer): times in microseconds, access counts, bytes moved."""
-    names = [f.name for f in fields(StepRecord)]
-    cols: dict[str, list[Any]] = {n: [] for n in names}
-    for s in engine.steps:
-        for n, v in asdict(s).items():
-            cols[n].append(v)
+def steps_table(result: RunResult) -> pa.Table:
+    """Per (iteration, layer): times and stalls in microseconds, access counts, bytes moved."""
     out: dict[str, Any] = {}
-    for n in names:
-        if n in ("t_start", "t_route", "t_end", "stall_s"):
-            key = "stall_us" if n == "stall_s" else f"{n}_us"
-            out[key] = pa.array([v * 1e6 for v in cols[n]], type=pa.float64())
+    for name, _ in STEP_FIELDS:
+        col = result.steps[name]
+        if name in ("t_start", "t_route", "t_end", "stall_s"):
+            key = "stall_us" if name == "stall_s" else f"{name}_us"
+            out[key] = pa.array(np.asarray(col, dtype=np.float64) * 1e6, type=pa.float64())
         else:
-            out[n] = pa.array(cols[n], type=pa.int64())
+            out[name] = pa.array(np.asarray(col, dtype=np.int64), type=pa.int64())
     return pa.table(out)
 
 
-def chrome_trace(engine: Engine, name: str) -> dict[str, Any]:
-    """The recorded GPU and PCIe activity as a Chrome trace (opens in Perfetto)."""
+def chrome_trace(result: RunResult, name: str) -> dict[str, Any]:
+    """The recorded GPU, CPU and copy-lane activity as a Chrome trace (opens in Perfetto)."""
     tracks: dict[str, int] = {}
     events: list[dict[str, Any]] = []
-    for track, label, start, dur, args in engine.timeline:
+    for track, label, start, dur, args in result.timeline:
         tid = tracks.setdefault(track, len(tracks) + 1)
         events.append({"name": label, "ph": "X", "pid": 1, "tid": tid, "ts": start * 1e6,
                        "dur": dur * 1e6, "args": args})
@@ -63,9 +59,9 @@ def write_outputs(result: RunResult, out_dir: str | Path, *, timeline: bool = Tr
     try:
         (tmp / "config.yaml").write_text(yaml.safe_dump(result.config, sort_keys=False))
         (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2, sort_keys=True) + "\n")
-        pq.write_table(steps_table(result.engine), tmp / "steps.parquet", compression="zstd")
+        pq.write_table(steps_table(result), tmp / "steps.parquet", compression="zstd")
         if timeline:
-            (tmp / "timeline.json").write_text(json.dumps(chrome_trace(result.engine, str(result.metrics.get("scenario")))))
+            (tmp / "timeline.json").write_text(json.dumps(chrome_trace(result, str(result.metrics.get("scenario")))))
         out.mkdir(exist_ok=True)
         for f in tmp.iterdir():
             f.replace(out / f.name)
@@ -105,8 +101,15 @@ def summary_table(result: RunResult) -> Table:
         t.add_row("prefetch", f"precision {_fmt(m['fetch_precision'])}  recall {_fmt(m['prefetch_recall'])}")
     if "routing_mass_kept" in m:
         t.add_row("lossy", f"{m['substitutions_per_token']:.2f} substitutions/token, {m['dropped_per_token']:.2f} dropped/token, "
-                  f"routing mass kept {m['routing_mass_kept']:.3f} (later routing replayed as recorded)")
+                  f"routing mass kept {m['routing_mass_kept']:.3f}, top-1 agreement {m['top1_agreement']:.3f}, "
+                  f"effective top-k {m['effective_top_k']:.2f} (later routing replayed as recorded)")
+    if m.get("cpu_expert_runs"):
+        t.add_row("CPU experts", f"{m['cpu_expert_runs']} runs, busy {m['cpu_busy_ms']:.1f} ms, GPU waited {m['cpu_wait_ms']:.1f} ms")
+    if m.get("runtime_overhead_ms") or m.get("policy_cpu_ms"):
+        t.add_row("overhead", f"runtime {m['runtime_overhead_ms']:.1f} ms, policy decisions {m['policy_cpu_ms']:.1f} ms")
     t.add_row("VRAM peak", f"{m['vram_peak_gib']:.2f} GiB (experts {m['expert_vram_peak_gib']:.2f} GiB)")
+    for w in m.get("warnings", []):
+        t.add_row("[yellow]warning[/yellow]", w)
     return t
 
 

@@ -1,18 +1,28 @@
-"""Run a scenario end to end: resolve the trace, model, hardware, budget and policy, build the
-workload, run the engine and compute the metrics. Used by ``simctl run``, sweeps, notebooks
-and tests alike."""
+"""Run a scenario end to end: resolve the trace, model, hardware, runtime, budget and policy,
+build the profile split and the workload, run the engine and compute the metrics. Used by
+``simctl run``, sweeps, notebooks and tests alike.
+
+A :class:`RunResult` is plain data (dicts, numpy arrays, lists, pydantic specs): it pickles,
+so a sweep worker can send it back. User errors (bad scenario, a policy that cannot run on this
+trace) are :class:`~moesim.sim.errors.MoesimError`; anything else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from moesim.policies.base import PolicySetupError, Profile
 from moesim.policies.registry import make_policy
 from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec
 from moesim.sim.cost import CostModel
 from moesim.sim.engine import Engine
 from moesim.sim.metrics import compute_metrics
+from moesim.sim.profile import profile_from_trace, trace_requests
+from moesim.sim.records import TimelineEvent
 from moesim.sim.scenario import LoadedScenario, ScenarioError
 from moesim.sim.workload import build_workload
 from moesim.traces.format import Trace, read_trace, trace_from_columns
@@ -20,14 +30,15 @@ from moesim.traces.format import Trace, read_trace, trace_from_columns
 
 @dataclass
 class RunResult:
-    """Everything a run produced: the resolved config, the metrics and the engine (for its
-    per-step records and timeline)."""
+    """Everything a run produced: the resolved config, the metrics, the per-step records (one
+    numpy array per field), the timeline (when recorded) and the resolved specs."""
 
     config: dict[str, Any]
     metrics: dict[str, Any]
-    engine: Engine
+    steps: dict[str, np.ndarray]
     model: ModelSpec
     hardware: HardwareSpec
+    timeline: list[TimelineEvent] = field(default_factory=list)
 
 
 def load_trace(loaded: LoadedScenario) -> Trace:
@@ -54,6 +65,7 @@ def load_trace(loaded: LoadedScenario) -> Trace:
 
 
 def check_shapes(trace: Trace, model: ModelSpec, source: str) -> None:
+    """The model spec must have the trace's shape."""
     tm = trace.model
     if (tm.num_layers, tm.num_experts, tm.top_k) != (model.num_layers, model.num_experts, model.top_k):
         raise ScenarioError(
@@ -61,12 +73,42 @@ def check_shapes(trace: Trace, model: ModelSpec, source: str) -> None:
             f"top-{model.top_k}, but the trace ({tm.name}) has {tm.num_layers} x {tm.num_experts}, top-{tm.top_k}")
 
 
+def split_profile(loaded: LoadedScenario, trace: Trace) -> tuple[Profile | None, list[int]]:
+    """The profile split and the requests left for the workload (all of them without one)."""
+    scen = loaded.scenario
+    source = loaded.source or "scenario"
+    present = trace_requests(trace)
+    prof = scen.profile
+    if prof is None:
+        return None, present
+    path = loaded.profile_path()
+    if path is not None:
+        ptrace = read_trace(path)
+        tm, pm = trace.model, ptrace.model
+        if (tm.num_layers, tm.num_experts, tm.top_k) != (pm.num_layers, pm.num_experts, pm.top_k):
+            raise ScenarioError(f"{source}: profile.trace: {path} has {pm.num_layers} x {pm.num_experts}, "
+                                f"top-{pm.top_k}; the trace has {tm.num_layers} x {tm.num_experts}, top-{tm.top_k}")
+        preqs = trace_requests(ptrace)
+        if prof.requests is not None:
+            preqs = preqs[:prof.requests]
+        return profile_from_trace(ptrace, preqs, f"{path} ({len(preqs)} requests)"), present
+    assert prof.requests is not None
+    if prof.requests >= len(present):
+        raise ScenarioError(f"{source}: profile.requests: {prof.requests} of the trace's {len(present)} "
+                            "requests leaves none to replay")
+    preqs = present[:prof.requests]
+    return (profile_from_trace(trace, preqs, f"the trace's first {prof.requests} requests"),
+            present[prof.requests:])
+
+
 def run_loaded(
     loaded: LoadedScenario,
     *,
     timeline: bool = False,
+    steps: bool = True,
     progress: Callable[[int, int], None] | None = None,
     trace: Trace | None = None,
+    check_invariants: bool = False,
 ) -> RunResult:
     """Run a validated scenario. ``trace`` may be passed in to reuse an already loaded one."""
     scen = loaded.scenario
@@ -74,6 +116,7 @@ def run_loaded(
     tr = trace if trace is not None else load_trace(loaded)
     model = loaded.model_spec(tr.model.name)
     hw = loaded.hardware_spec()
+    runtime = loaded.runtime_spec()
     check_shapes(tr, model, source)
     budget = scen.cache.budget_bytes(model)
     buffer = int(round(scen.cache.buffer_experts * model.expert_bytes))
@@ -85,28 +128,45 @@ def run_loaded(
             f"{hw.name}; lower the budget or override hardware.vram_gib")
     pspec = scen.policy_spec
     policy = make_policy(pspec.name, pspec.params)
+    profile, remaining = split_profile(loaded, tr)
+    req_spec = scen.workload.requests
+    if scen.profile is not None and scen.profile.trace is None:
+        if isinstance(req_spec, list):
+            overlap = sorted(set(req_spec) - set(remaining))
+            if overlap:
+                raise ScenarioError(f"{source}: workload.requests: request {overlap[0]} belongs to the profile split")
+            requests: Any = req_spec
+        else:
+            requests = remaining if req_spec == "all" else remaining[:req_spec]
+    else:
+        requests = req_spec
     wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
-                        requests=scen.workload.requests)
-    engine = Engine(wl, policy, CostModel(model, hw), budget_bytes=budget, buffer_bytes=buffer,
-                    initial=scen.cache.initial, swap_out=scen.cache.swap_out, seed=scen.seed, record_timeline=timeline, progress=progress)
+                        requests=requests)
+    engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
+                    initial=scen.cache.initial, swap_out=scen.cache.swap_out,
+                    pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,
+                    profile=profile, record_steps=steps, record_timeline=timeline,
+                    check_invariants=check_invariants, progress=progress)
     try:
         engine.run()
-    except ValueError as exc:  # a policy or budget rule refused the run
-        if isinstance(exc, ScenarioError):
-            raise
+    except PolicySetupError as exc:
         raise ScenarioError(f"{source}: policy {pspec.name!r}: {exc}") from None
     metrics = compute_metrics(engine)
     config = loaded.resolved()
+    config_hash = loaded.config_hash()
     config["resolved"] = {
         "model": model.model_dump(mode="json"),
         "hardware": hw.model_dump(mode="json", exclude_none=True),
+        "runtime": runtime.model_dump(mode="json"),
         "policy": {"name": policy.name, "params": policy.get_params(), "bound": policy.oracle},
         "expert_bytes": model.expert_bytes,
         "budget_bytes": budget,
         "buffer_bytes": buffer,
         "budget_experts_per_layer": budget / model.expert_bytes / model.num_layers,
-        "config_hash": loaded.config_hash(),
+        "profile": None if profile is None else profile.source,
+        "config_hash": config_hash,
     }
     metrics["scenario"] = scen.name
-    metrics["config_hash"] = loaded.config_hash()
-    return RunResult(config=config, metrics=metrics, engine=engine, model=model, hardware=hw)
+    metrics["config_hash"] = config_hash
+    return RunResult(config=config, metrics=metrics, steps=engine.steps.columns() if steps else {},
+                     model=model, hardware=hw, timeline=engine.timeline)

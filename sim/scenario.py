@@ -15,7 +15,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from moesim.sim.catalog import GIB, CatalogError, HardwareSpec, ModelSpec, get_hardware, get_model
+from moesim.sim.catalog import (
+    GIB,
+    CatalogError,
+    HardwareSpec,
+    ModelSpec,
+    RuntimeSpec,
+    get_hardware,
+    get_model,
+    get_runtime,
+)
 from moesim.sim.errors import MoesimError
 
 
@@ -56,7 +65,39 @@ class CacheSpec(BaseModel):
         return int(self.gib * GIB)
 
 
+class PcieSpec(BaseModel):
+    """Copy-queue discipline of the host-to-device lanes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order: Literal["priority", "fifo"] = Field(
+        "priority", description="priority: demand loads jump queued prefetches, which may be withdrawn; "
+        "fifo: one copy stream, issued copies are never reordered or withdrawn (CUDA stream order)")
+    sync_prefetch: bool = Field(
+        False, description="the GPU waits for every prefetch issued so far before each layer "
+        "(the synchronous prediction-and-prefetch of some baselines)")
+
+
+class ProfileSpec(BaseModel):
+    """The profiling split: requests given to policies at set-up for offline statistics and never
+    measured. ``requests: N`` alone takes the first N requests of the scenario's trace (and the
+    workload replays the others); with ``trace``, the first N (or all) requests of that file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: PositiveInt | None = Field(None, description="how many requests (from the start) form the profile")
+    trace: str | None = Field(None, description="another trace file (relative to the scenario file)")
+
+    @model_validator(mode="after")
+    def _something(self) -> ProfileSpec:
+        if self.requests is None and self.trace is None:
+            raise ValueError("give requests: N (the first N requests of the trace) or trace: FILE")
+        return self
+
+
 class PolicySpec(BaseModel):
+    """A policy by registry name, with its keyword parameters."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="registered policy name (see `simctl policies`)")
@@ -71,6 +112,8 @@ def _decode_only() -> list[Phase]:
 
 
 class WorkloadSpec(BaseModel):
+    """Which part of the trace replays, and how it is batched."""
+
     model_config = ConfigDict(extra="forbid")
 
     batch_size: PositiveInt = Field(1, description="requests decoded together")
@@ -91,6 +134,10 @@ class Scenario(BaseModel):
     hardware: str | dict[str, Any] = Field(description="catalog name, {base: NAME, ...overrides} or a full spec")
     cache: CacheSpec = Field(description="expert budget")
     policy: str | PolicySpec = Field(description="policy name or {name, params}")
+    pcie: PcieSpec = Field(default_factory=PcieSpec, description="copy-queue discipline")  # type: ignore[arg-type]
+    runtime: str | dict[str, Any] = Field("none", description="framework overhead profile: catalog name "
+                                          "(none, hf-eager, vllm-like, llama-cpp-like) or {base: NAME, ...}")
+    profile: ProfileSpec | None = Field(None, description="profiling split handed to policies at set-up, never measured")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")  # type: ignore[arg-type]
     seed: int = Field(0, ge=0, description="seed of every random choice of the run")
 
@@ -122,8 +169,37 @@ class LoadedScenario(BaseModel):
         return self.scenario.model_dump(mode="json", exclude_none=True)
 
     def config_hash(self) -> str:
-        blob = json.dumps(self.resolved(), sort_keys=True).encode()
+        """A key of the run: the resolved scenario plus the content of its trace files (not their
+        paths), so a renamed file keeps its key and an edited one gets a new one."""
+        data = self.resolved()
+        files: dict[str, str] = {}
+        trace = self.trace_path()
+        if trace is not None:
+            files["trace"] = file_digest(trace)
+            del data["trace"]
+        prof = self.profile_path()
+        if prof is not None:
+            files["profile"] = file_digest(prof)
+            del data["profile"]["trace"]
+        blob = json.dumps({"scenario": data, "files": files}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
+
+    def profile_path(self) -> Path | None:
+        """The profile split's own trace file, if it names one."""
+        prof = self.scenario.profile
+        if prof is None or prof.trace is None:
+            return None
+        p = Path(prof.trace).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+    def runtime_spec(self) -> RuntimeSpec:
+        """The resolved runtime-overhead profile."""
+        try:
+            return get_runtime(self.scenario.runtime)
+        except CatalogError as exc:
+            raise ScenarioError(f"{self.source or 'scenario'}: runtime: {exc}") from None
+        except ValidationError as exc:
+            raise ScenarioError(_format_validation(exc, self.source, prefix="runtime")) from None
 
     def trace_path(self) -> Path | None:
         t = self.scenario.trace
@@ -148,6 +224,25 @@ class LoadedScenario(BaseModel):
             raise ScenarioError(f"{self.source or 'scenario'}: hardware: {exc}") from None
         except ValidationError as exc:
             raise ScenarioError(_format_validation(exc, self.source, prefix="hardware")) from None
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes (remembered per path, size and modification time)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return "missing"
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
 
 
 def _format_validation(exc: ValidationError, source: str | None, prefix: str = "") -> str:

@@ -81,6 +81,36 @@ class CostsSpec(BaseModel):
     head_us: float = Field(0.0, ge=0, description="LM head and sampling once per iteration")
 
 
+class CpuSpec(BaseModel):
+    """The host CPU, for experts a plan runs on the CPU instead of loading them (Fiddler,
+    llama.cpp ``--n-cpu-moe``). An expert's CPU time is a roofline over the host's memory
+    bandwidth (its weights are read once per call) and vector throughput, plus a fixed cost,
+    unless ``expert_us`` gives a measured figure."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cores: PositiveInt = Field(16, description="cores used for expert computation")
+    mem_gbps: PositiveFloat = Field(80.0, description="effective host memory bandwidth in GB/s")
+    tflops: PositiveFloat = Field(1.5, description="effective dense throughput of the cores in TFLOP/s")
+    call_us: float = Field(20.0, ge=0, description="fixed cost of one expert call on the CPU")
+    expert_us: float | None = Field(None, ge=0, description="measured time of one expert for one token (overrides the roofline)")
+    expert_us_per_token: float = Field(0.0, ge=0, description="with expert_us: extra time per additional token")
+
+
+class RuntimeSpec(BaseModel):
+    """Framework overhead of the inference runtime, on the GPU stream's critical path (kernel
+    launches and Python dispatch that the roofline has not): per MoE layer, per forward pass
+    and per token of a forward pass, in microseconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="runtime profile name")
+    layer_us: float = Field(0.0, ge=0, description="overhead per MoE layer of every forward pass")
+    iteration_us: float = Field(0.0, ge=0, description="overhead per forward pass (scheduling, sampling)")
+    token_us: float = Field(0.0, ge=0, description="overhead per token of a forward pass")
+    source: str = Field("", description="where the numbers come from")
+
+
 class HardwareSpec(BaseModel):
     """A GPU and its host link."""
 
@@ -97,6 +127,7 @@ class HardwareSpec(BaseModel):
     kernel_us: float = Field(5.0, ge=0, description="fixed launch/synchronisation overhead of one expert or layer kernel group")
     evict_us: float = Field(0.0, ge=0, description="cost of an eviction on the critical path (paid inside a demand miss)")
     costs: CostsSpec | None = Field(None, description="calibrated costs overriding the roofline")
+    cpu: CpuSpec = Field(default_factory=CpuSpec, description="the host CPU, for experts run on the CPU")
 
 
 def _load(kind: str) -> dict[str, dict[str, Any]]:
@@ -117,15 +148,22 @@ def _unknown(kind: str, name: str, names: list[str]) -> CatalogError:
 
 
 def model_names() -> list[str]:
+    """Names of the model catalog."""
     return sorted(_raw("models"))
 
 
 def hardware_names() -> list[str]:
+    """Names of the hardware catalog."""
     return sorted(_raw("hardware"))
 
 
+def runtime_names() -> list[str]:
+    """Names of the runtime-overhead catalog."""
+    return sorted(_raw("runtime"))
+
+
 def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
-    raw = _raw("models" if kind == "model" else "hardware")
+    raw = _raw({"model": "models", "hardware": "hardware", "runtime": "runtime"}[kind])
     if isinstance(ref, str):
         if ref not in raw:
             raise _unknown(kind, ref, list(raw))
@@ -136,8 +174,9 @@ def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
         if base not in raw:
             raise _unknown(kind, str(base), list(raw))
         merged = {"name": base, **raw[base]}
-        if isinstance(merged.get("costs"), dict) and isinstance(data.get("costs"), dict):
-            data["costs"] = {**merged["costs"], **data["costs"]}
+        for sub in ("costs", "cpu"):
+            if isinstance(merged.get(sub), dict) and isinstance(data.get(sub), dict):
+                data[sub] = {**merged[sub], **data[sub]}
         merged.update(data)
         data = merged
     return cls(**data)
@@ -152,4 +191,10 @@ def get_model(ref: str | dict[str, Any]) -> ModelSpec:
 def get_hardware(ref: str | dict[str, Any]) -> HardwareSpec:
     """Resolve a hardware reference: a catalog name, ``{base: NAME, ...overrides}`` or a full spec."""
     spec: HardwareSpec = _resolve("hardware", ref, HardwareSpec)
+    return spec
+
+
+def get_runtime(ref: str | dict[str, Any]) -> RuntimeSpec:
+    """Resolve a runtime reference: a catalog name, ``{base: NAME, ...overrides}`` or a full spec."""
+    spec: RuntimeSpec = _resolve("runtime", ref, RuntimeSpec)
     return spec

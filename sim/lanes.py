@@ -1,13 +1,17 @@
-"""Host-to-device copy lanes: a priority queue of transfers served by ``copy_engines`` lanes.
+"""Copy lanes: transfers between host and device memory, served by ``n_lanes`` copy engines.
 
-Demand loads (class 0) go ahead of every prefetch (class 1); among prefetches a higher
-``priority`` goes first, then first come first served. A transfer that has started runs to
-its end: only queued ones can be cancelled.
+Two queue disciplines (``pcie.order`` in a scenario):
 
-The lanes are driven by SimPy callbacks rather than processes: a transfer is one
-``env.timeout`` whose callback lands the unit and starts the next queued transfer. That costs
-one event per transfer where a process would cost three (wake-up, timeout, completion), and
-it is the engine's hottest path.
+* ``priority`` (default): demand loads (class 0) go ahead of every queued prefetch (class 1);
+  among prefetches a higher ``priority`` goes first, then first come first served. Queued
+  transfers can be withdrawn or re-prioritised.
+* ``fifo``: one copy stream, as CUDA stream order gives: transfers start in the order they were
+  issued, whatever their class; an issued copy can be neither reordered nor withdrawn, so a
+  demand load waits behind every prefetch issued before it.
+
+Either way a transfer that has started runs to its end. The lanes are driven by SimPy
+callbacks rather than processes: a transfer is one ``env.timeout`` whose callback lands it and
+starts the next queued one (one event per transfer).
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import simpy
 
 DEMAND_CLASS, PREFETCH_CLASS = 0, 1
+ORDERS = ("priority", "fifo")
 
 
 class Transfer(Protocol):
@@ -32,7 +37,7 @@ class Transfer(Protocol):
 
 
 class CopyLanes:
-    """``n_lanes`` concurrent H2D copy engines over one shared priority queue.
+    """``n_lanes`` concurrent copy engines over one shared queue.
 
     ``duration(nbytes)`` gives a transfer's time; ``on_start(unit, cls, lane)`` and
     ``on_land(unit, cls, lane, start, duration)`` let the engine keep its books. ``queued`` and
@@ -49,36 +54,43 @@ class CopyLanes:
         *,
         queued: int,
         inflight: int,
+        order: Literal["priority", "fifo"] = "priority",
     ) -> None:
         if n_lanes < 1:
             raise ValueError(f"need at least one copy lane, got {n_lanes}")
+        if order not in ORDERS:
+            raise ValueError(f"unknown copy order {order!r} (priority or fifo)")
         self.env = env
         self.duration = duration
         self.on_start = on_start
         self.on_land = on_land
         self.QUEUED, self.INFLIGHT = queued, inflight
+        self.fifo = order == "fifo"
         self.queue: list[tuple[int, float, int, Any]] = []
         self.idle = list(range(n_lanes - 1, -1, -1))   # free lanes, lowest id popped first
         self.busy_s = 0.0
+        self.inflight_count = 0
         self._seq = 0
 
     def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
         """Queue ``unit``; it starts at once if a lane is free."""
         self._seq += 1
         unit.state = self.QUEUED
-        heapq.heappush(self.queue, (cls, -priority, self._seq, unit))
+        entry = (0, 0.0, self._seq, unit) if self.fifo else (cls, -priority, self._seq, unit)
+        heapq.heappush(self.queue, (entry[0], entry[1], entry[2], (unit, cls)))
         if self.idle:
             self._next(self.idle.pop())
 
     def _next(self, lane: int) -> None:
         queue = self.queue
         while queue:
-            cls, _, _, u = heapq.heappop(queue)
-            if u.state != self.QUEUED:   # cancelled meanwhile
+            _, _, _, (u, cls) = heapq.heappop(queue)
+            if u.state != self.QUEUED:   # withdrawn meanwhile
                 continue
             u.state = self.INFLIGHT
             dur = self.duration(u.nbytes)
             start = self.env.now
+            self.inflight_count += 1
             self.on_start(u, cls, lane)
             ev = self.env.timeout(dur)
             assert ev.callbacks is not None
@@ -89,23 +101,29 @@ class CopyLanes:
         self.idle.append(lane)
 
     def _on_timeout(self, u: Any, cls: int, lane: int, start: float, dur: float, _ev: simpy.Event) -> None:
-        self._land(u, cls, lane, start, dur)
-
-    def _land(self, u: Any, cls: int, lane: int, start: float, dur: float) -> None:
         self.busy_s += dur
+        self.inflight_count -= 1
         ev = u.event
         self.on_land(u, cls, lane, start, dur)
         if ev is not None and not ev.triggered:   # a waiter made its own event while it was queued
             ev.succeed()
         self._next(lane)
 
+    @property
+    def can_withdraw(self) -> bool:
+        """Queued transfers may be withdrawn or re-prioritised (not under fifo order)."""
+        return not self.fifo
+
     def cancel(self, keep: Callable[[Any, int], bool]) -> list[Any]:
-        """Remove queued transfers for which ``keep(unit, cls)`` is False; returns them."""
+        """Withdraw queued transfers for which ``keep(unit, cls)`` is False; returns them.
+        Under fifo order nothing is withdrawn."""
+        if self.fifo:
+            return []
         kept: list[tuple[int, float, int, Any]] = []
         dropped: list[Any] = []
         for entry in self.queue:
-            u = entry[3]
-            if u.state == self.QUEUED and not keep(u, entry[0]):
+            u, cls = entry[3]
+            if u.state == self.QUEUED and not keep(u, cls):
                 dropped.append(u)
             else:
                 kept.append(entry)
@@ -114,5 +132,22 @@ class CopyLanes:
             self.queue = kept
         return dropped
 
+    def reprioritize(self, unit: Any, priority: float) -> bool:
+        """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""
+        if self.fifo or unit.state != self.QUEUED:
+            return False
+        for i, (c, _, seq, (u, cls)) in enumerate(self.queue):
+            if u is unit and cls != DEMAND_CLASS:
+                self.queue[i] = (c, -priority, seq, (u, cls))
+                heapq.heapify(self.queue)
+                return True
+        return False
+
     def queued_units(self) -> Iterable[Any]:
-        return (e[3] for e in self.queue if e[3].state == self.QUEUED)
+        """Units still waiting for a lane."""
+        return (e[3][0] for e in self.queue if e[3][0].state == self.QUEUED)
+
+    @property
+    def busy(self) -> bool:
+        """Some transfer is queued or in flight."""
+        return self.inflight_count > 0 or any(True for _ in self.queued_units())

@@ -1,0 +1,137 @@
+"""Composition: a policy assembled from a cache rule, an optional prefetcher and an optional
+planner, none of which knows the others (libCacheSim attaches prefetchers to any cache;
+scikit-learn's Pipeline joins estimators the same way).
+
+A registered policy subclasses :class:`Composed`, takes its parameters as keywords (stored as
+attributes, so ``get_params`` reads them back) and calls :meth:`Composed.assemble`::
+
+    @register
+    class LfuPrefetch(Composed):
+        name = "lfu-prefetch"
+        def __init__(self, *, prefetch_experts: int = 2) -> None:
+            self.prefetch_experts = prefetch_experts
+            self.assemble(cache=LFUCache(),
+                          prefetcher=NextLayerPrefetcher(LookaheadPredictor(), experts=prefetch_experts))
+
+Hooks reach the parts in the order cache, prefetcher, planner; ``on_routed`` is the planner's,
+``choose_victim``, ``admit`` and ``part_fractions`` are the cache's. The prefetcher is handed the
+cache, so that what it issues counts as used and a prefetched set is never its own victim.
+"""
+
+from __future__ import annotations
+
+from moesim.policies.base import (
+    Context,
+    EvictionRequest,
+    Outcome,
+    Plan,
+    Policy,
+    Routing,
+    UnitKey,
+    VictimChoice,
+    View,
+)
+from moesim.policies.parts.caches import CacheRule
+from moesim.policies.parts.planners import Planner
+from moesim.policies.parts.prefetchers import Prefetcher
+
+
+class Composed(Policy):
+    """A policy made of a cache rule, an optional prefetcher and an optional planner."""
+
+    cache: CacheRule
+    prefetcher: Prefetcher | None
+    planner: Planner | None
+
+    def assemble(self, *, cache: CacheRule, prefetcher: Prefetcher | None = None,
+                 planner: Planner | None = None) -> None:
+        """Join the parts (call from ``__init__``)."""
+        self.cache = cache
+        self.prefetcher = prefetcher
+        self.planner = planner
+        if prefetcher is not None:
+            prefetcher.cache = cache
+        self._parts: list[Policy] = [p for p in (cache, prefetcher, planner) if p is not None]
+
+    def parts(self) -> list[Policy]:
+        """The parts, in hook order."""
+        return list(self._parts)
+
+    def required_columns(self) -> frozenset[str]:
+        """Union of the parts' required columns."""
+        return frozenset().union(*(p.required_columns() for p in self._parts))
+
+    def read_columns(self) -> frozenset[str]:
+        """Union of the parts' read columns."""
+        return frozenset().union(*(p.read_columns() for p in self._parts))
+
+    def setup(self, ctx: Context) -> None:
+        """Set up every part."""
+        for p in self._parts:
+            p.setup(ctx)
+
+    def part_fractions(self, layer: int) -> tuple[float, ...]:
+        """The cache rule's split of experts."""
+        return self.cache.part_fractions(layer)
+
+    def warm(self, view: View, units: list[UnitKey]) -> None:
+        """Every part learns of the warm start."""
+        for p in self._parts:
+            p.warm(view, units)
+
+    def on_iteration_start(self, view: View) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.on_iteration_start(view)
+
+    def before_layer(self, view: View, layer: int) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.before_layer(view, layer)
+
+    def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
+        """The planner's plan (as routed without one)."""
+        return None if self.planner is None else self.planner.on_routed(view, layer, routing)
+
+    def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.on_access(view, layer, outcome)
+
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.after_layer(view, layer, outcome)
+
+    def on_layer_end(self, view: View, layer: int) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.on_layer_end(view, layer)
+
+    def on_iteration_end(self, view: View) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.on_iteration_end(view)
+
+    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+        """The cache rule's victim."""
+        return self.cache.choose_victim(view, request)
+
+    def admit(self, view: View, unit: UnitKey) -> bool:
+        """The cache rule's admission."""
+        return self.cache.admit(view, unit)
+
+    def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.on_loaded(view, unit, demand)
+
+    def on_evict(self, view: View, unit: UnitKey) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.on_evict(view, unit)
+
+    def on_cancel(self, view: View, unit: UnitKey) -> None:
+        """Every part, in order."""
+        for p in self._parts:
+            p.on_cancel(view, unit)

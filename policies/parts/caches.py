@@ -1,0 +1,292 @@
+"""Cache rules: which resident expert leaves when room is needed, and what the cache remembers.
+
+Every rule is a :class:`CacheRule`: it answers ``choose_victim`` (never naming a member of the
+set a prefetcher protects at that moment), may ``refresh`` a unit (count it as used now, for a
+prefetcher whose set is already present), and keeps its state through ``on_access``,
+``on_evict`` and ``on_cancel``. Used alone, a rule is a complete demand-caching policy.
+
+Accesses are recorded in ``on_access``, in access order (tokens in order, each token's experts
+highest probability first): the order a sequential cache simulator would see them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesim.policies.base import (
+    Context,
+    EvictionRequest,
+    FutureRouting,
+    Outcome,
+    Policy,
+    UnitKey,
+    VictimChoice,
+    View,
+)
+from moesim.policies.lcp_priority import CachePriority
+
+
+class CacheRule(Policy):
+    """Base of the cache rules: victims among the request's candidates minus ``protected``."""
+
+    def __init__(self) -> None:
+        self.protected: frozenset[UnitKey] = frozenset()
+
+    def refresh(self, key: UnitKey) -> None:
+        """``key`` counts as used now (a prefetcher found it present, or issued it)."""
+
+    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+        """The rule's victim among the candidates that are not protected."""
+        cands = request.candidates
+        if self.protected:
+            cands = [k for k in cands if k not in self.protected]
+        if not cands:
+            return request.decline
+        return self.victim(view, request, cands)
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """Pick among ``candidates`` (not empty). Default: the first."""
+        return candidates[0]
+
+
+class RecencyCache(CacheRule):
+    """Bookkeeping of the recency/frequency rules: a logical clock advanced on every access, the
+    time each unit was inserted and last used, and its in-cache access count (forgotten when it
+    leaves)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._clock = 0
+        self._inserted: dict[UnitKey, int] = {}
+        self._last: dict[UnitKey, int] = {}
+        self._count: dict[UnitKey, int] = {}
+
+    def setup(self, ctx: Context) -> None:
+        """Forget everything."""
+        self._clock = 0
+        self._inserted.clear()
+        self._last.clear()
+        self._count.clear()
+
+    def refresh(self, key: UnitKey) -> None:
+        """Record an access of ``key`` now."""
+        self._clock += 1
+        if key not in self._inserted:
+            self._inserted[key] = self._clock
+            self._count[key] = 0
+        self._last[key] = self._clock
+        self._count[key] += 1
+
+    def warm(self, view: View, units: list[UnitKey]) -> None:
+        """Warm-start units count as accessed, in order."""
+        for key in units:
+            self.refresh(key)
+
+    def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Record the layer's GPU accesses in order."""
+        nparts = len(self.part_fractions(layer))
+        for e in outcome.experts:
+            for p in range(nparts):
+                self.refresh((layer, e, p))
+
+    def last_used(self, key: UnitKey) -> int:
+        """Logical time of ``key``'s last access (0 if none)."""
+        return self._last.get(key, 0)
+
+    def _forget(self, unit: UnitKey) -> None:
+        self._inserted.pop(unit, None)
+        self._last.pop(unit, None)
+        self._count.pop(unit, None)
+
+    def on_evict(self, view: View, unit: UnitKey) -> None:
+        """An evicted unit's counts are forgotten."""
+        self._forget(unit)
+
+    def on_cancel(self, view: View, unit: UnitKey) -> None:
+        """A prefetch refreshed at issue and withdrawn leaves no entry behind."""
+        self._forget(unit)
+
+
+class LRUCache(RecencyCache):
+    """Least recently used."""
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """The candidate used longest ago."""
+        last = self._last
+        return min(candidates, key=lambda k: last.get(k, 0))
+
+
+class LFUCache(RecencyCache):
+    """Least frequently used, counting accesses since insertion; ties to the unit whose count
+    changed least recently (libCacheSim's LFU)."""
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """The candidate of fewest accesses since it came in."""
+        count, last = self._count, self._last
+        return min(candidates, key=lambda k: (count.get(k, 0), last.get(k, 0)))
+
+
+class FIFOCache(RecencyCache):
+    """First in, first out: hits do not refresh the order."""
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """The candidate inserted longest ago."""
+        ins = self._inserted
+        return min(candidates, key=lambda k: ins.get(k, 0))
+
+
+class RandomCache(RecencyCache):
+    """A uniformly random victim (from the run's policy random stream)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rng = np.random.default_rng(0)
+
+    def setup(self, ctx: Context) -> None:
+        """Take the run's random stream."""
+        super().setup(ctx)
+        self._rng = ctx.rng
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """A random candidate."""
+        return candidates[int(self._rng.integers(len(candidates)))]
+
+
+class NoKeepCache(CacheRule):
+    """Keeps nothing: every resident unit is evicted before each layer, so every access loads."""
+
+    def before_layer(self, view: View, layer: int) -> None:
+        """Evict every resident unit."""
+        for key in view.resident_units():
+            view.evict(*key)
+
+
+class StaticCache(CacheRule):
+    """Pins the most popular experts of each layer (offline popularity: the profile split, or the
+    replayed requests when none is given) and never evicts them; other experts load on demand
+    into the room left, ``staging_experts`` (default ``top_k``, 0 when the transfer buffer holds
+    ``top_k``), and are the only victims."""
+
+    def __init__(self, staging_experts: int | None = None) -> None:
+        super().__init__()
+        if staging_experts is not None and staging_experts < 0:
+            raise ValueError("staging_experts must be >= 0")
+        self.staging_experts = staging_experts
+        self.static: set[UnitKey] = set()
+        self._loaded = False
+
+    def setup(self, ctx: Context) -> None:
+        """Choose the static set."""
+        freq = ctx.offline_frequency()
+        staging = self.staging_experts
+        if staging is None:
+            staging = 0 if ctx.buffer_bytes >= ctx.top_k * ctx.expert_bytes else ctx.top_k
+        self.static = set()
+        for layer in range(ctx.num_layers):
+            cap = (ctx.pool_capacity[0] // ctx.num_layers if len(ctx.pool_capacity) == 1
+                   else ctx.pool_capacity[layer])
+            slots = max(0, int(cap // ctx.expert_bytes) - staging)
+            order = np.argsort(-freq[layer], kind="stable")[:slots]
+            self.static.update((layer, int(e), 0) for e in order)
+        self._loaded = False
+
+    def warm(self, view: View, units: list[UnitKey]) -> None:
+        """A warm start that placed non-static experts: drop them so the static set can load."""
+        for key in units:
+            if key not in self.static:
+                view.evict(*key)
+
+    def on_iteration_start(self, view: View) -> None:
+        """Load the static set once, behind every demand load."""
+        if self._loaded:
+            return
+        self._loaded = True
+        for key in sorted(self.static):
+            view.prefetch(*key, priority=-1.0)
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """The first candidate outside the static set, else none."""
+        for key in candidates:
+            if key not in self.static:
+                return key
+        return request.decline
+
+
+class BeladyCache(CacheRule):
+    """Belady's MIN: evict the unit whose next use lies farthest in the future (ties: the lowest
+    key). Reads the recorded routing of later steps through ``ctx.future``: an oracle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._future: FutureRouting | None = None
+
+    def setup(self, ctx: Context) -> None:
+        """Take the oracle annotation."""
+        if ctx.future is None:
+            raise RuntimeError("the Belady rule needs the oracle annotation (an oracle policy)")
+        self._future = ctx.future
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """The candidate used farthest in the future."""
+        fut = self._future
+        assert fut is not None
+        now = fut.step_key(view.iteration_index, max(view.layer, 0))
+        return max(candidates, key=lambda k: (fut.next_use(k[0], k[1], now), -k[0], -k[1], -k[2]))
+
+
+class LCPCache(CacheRule):
+    """MoEpic's Least Cache Priority: evict the expert of least ``mu * rho^(nu / omega)`` (Eq. 4);
+    priorities count every token's routing, resident or not."""
+
+    def __init__(self, rho: float = 0.25, omega: float = 128.0) -> None:
+        super().__init__()
+        self.prio = CachePriority(1, 1, rho=rho, omega=omega)   # checks rho and omega
+        self.rho = rho
+        self.omega = omega
+
+    def setup(self, ctx: Context) -> None:
+        """Fresh indicators for the model's shape."""
+        self.prio = CachePriority(ctx.num_layers, ctx.num_experts, rho=self.rho, omega=self.omega)
+
+    def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Every token that passed the layer updates the indicators."""
+        self.prio.observe(layer, outcome.plan)
+
+    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+               ) -> VictimChoice:
+        """The candidate of least priority."""
+        return self.prio.victim(list(candidates))
+
+
+class DropAfterUseCache(CacheRule):
+    """Keeps nothing past its use: a layer's units leave before the next layer starts (and the
+    last layer's at the end of the iteration); staged units are never admitted."""
+
+    def warm(self, view: View, units: list[UnitKey]) -> None:
+        """Drop a warm start."""
+        for key in units:
+            view.evict(*key)
+
+    def _clear(self, view: View, layer: int) -> None:
+        for key in view.units_of_layer(layer):
+            view.evict(*key)   # only resident, unpinned units go; transfers in flight stay
+
+    def before_layer(self, view: View, layer: int) -> None:
+        """Drop the previous layer's units."""
+        if layer > 0:
+            self._clear(view, layer - 1)
+
+    def on_iteration_end(self, view: View) -> None:
+        """Drop the last layer's units."""
+        self._clear(view, view.num_layers - 1)
+
+    def admit(self, view: View, unit: UnitKey) -> bool:
+        """Never keep a staged unit."""
+        return False

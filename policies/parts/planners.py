@@ -1,0 +1,58 @@
+"""Planners: what runs once a layer's routing is known (``on_routed``). A lossless policy has
+none (everything runs as routed); lossy ones substitute, drop or commit experts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesim.policies.base import ABSENT, Context, Plan, Policy, Routing, View
+
+
+class Planner(Policy):
+    """Base of the planners: ``on_routed`` returns a :class:`~moesim.policies.base.Plan`."""
+
+
+class RandomSubstitutePlanner(Planner):
+    """Each routed expert that is absent (would be a demand load) is replaced by a random
+    resident expert of the same layer that the token does not already use, up to
+    ``max_per_token`` replacements per token (None: no cap); with no resident candidate it loads
+    on demand. The random baseline of the substitution papers (BuddyMoE's random buddy)."""
+
+    def __init__(self, max_per_token: int | None = None) -> None:
+        if max_per_token is not None and max_per_token < 0:
+            raise ValueError("max_per_token must be >= 0")
+        self.max_per_token = max_per_token
+        self._rng = np.random.default_rng(0)
+
+    def setup(self, ctx: Context) -> None:
+        """Take the run's random stream."""
+        self._rng = ctx.rng
+
+    def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
+        """Substitute absent experts by random resident ones."""
+        ex = routing.experts
+        resident = sorted({k[1] for k in view.resident_units(view.pool_of(layer))
+                           if k[0] == layer and view.is_resident(layer, k[1])})
+        if not resident:
+            return None
+        plan = ex.copy()
+        changed = False
+        cap = ex.shape[1] if self.max_per_token is None else self.max_per_token
+        for t in range(ex.shape[0]):
+            used = set(int(x) for x in ex[t])
+            n = 0
+            for r in range(ex.shape[1]):
+                if n >= cap:
+                    break
+                e = int(ex[t, r])
+                if view.state(layer, e) != ABSENT:
+                    continue
+                cands = [b for b in resident if b not in used]
+                if not cands:
+                    break
+                b = cands[int(self._rng.integers(len(cands)))]
+                plan[t, r] = b
+                used.add(b)
+                n += 1
+                changed = True
+        return Plan(plan) if changed else None

@@ -1,0 +1,79 @@
+"""Prefetchers: a predictor and an issue rule. They issue ``view.prefetch`` and tell the cache
+rule what they did, so that their sets are never undermined by their own evictions."""
+
+from __future__ import annotations
+
+from moesim.policies.base import Context, Outcome, Policy, View
+from moesim.policies.parts.caches import CacheRule
+from moesim.policies.parts.predictors import Predictor
+
+
+class Prefetcher(Policy):
+    """Base of the prefetchers. ``cache`` is set by :meth:`Composed.assemble`."""
+
+    cache: CacheRule | None = None
+
+    def prefetch_set(self, view: View, layer: int, experts: list[tuple[int, float]]) -> int:
+        """Prefetch ``(expert, score)`` pairs for ``layer`` in the given order (higher score first
+        in the lane). Members already present count as used now; no prefetch of the set may evict
+        another member of it (one that would have to is not issued). Returns how many were issued."""
+        cache = self.cache
+        keys = [(layer, e, 0) for e, _ in experts]
+        if cache is not None:
+            for key in keys:
+                if view.is_present(*key):
+                    cache.refresh(key)
+            cache.protected = frozenset(keys)
+        issued = 0
+        try:
+            for key, (_, score) in zip(keys, experts, strict=True):
+                if not view.is_present(*key) and view.prefetch(*key, priority=score):
+                    if cache is not None:
+                        cache.refresh(key)
+                    issued += 1
+        finally:
+            if cache is not None:
+                cache.protected = frozenset()
+        return issued
+
+
+class NextLayerPrefetcher(Prefetcher):
+    """After layer ``l`` is routed, prefetch the predictor's guess for layer ``l + 1``
+    (``experts`` per token, default ``top_k``); after the last layer, for layer 0 of the next
+    iteration when ``cross_token``."""
+
+    def __init__(self, predictor: Predictor, experts: int | None = None, cross_token: bool = False) -> None:
+        if experts is not None and experts < 0:
+            raise ValueError("prefetch_experts must be >= 0")
+        self.predictor = predictor
+        self.experts = experts
+        self.cross_token = cross_token
+        self._k = 0
+
+    def required_columns(self) -> frozenset[str]:
+        """The predictor's."""
+        return self.predictor.required_columns()
+
+    def read_columns(self) -> frozenset[str]:
+        """The predictor's."""
+        return self.predictor.read_columns()
+
+    def setup(self, ctx: Context) -> None:
+        """Resolve ``experts`` and set up the predictor."""
+        self._k = ctx.top_k if self.experts is None else self.experts
+        self.predictor.setup(ctx)
+
+    def target(self, view: View, layer: int) -> int | None:
+        """The layer prefetched after ``layer`` (None: nothing)."""
+        if layer + 1 < view.num_layers:
+            return layer + 1
+        return 0 if self.cross_token else None
+
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Prefetch the guess for the next layer."""
+        if self._k == 0:
+            return
+        target = self.target(view, layer)
+        if target is not None:
+            self.prefetch_set(view, target, self.predictor.predict(view, layer, self._k))
+

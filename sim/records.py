@@ -1,0 +1,110 @@
+"""What a run records: raw counters (:class:`RunStats`), per-step records kept in columns
+(:class:`StepRecords`) and the opt-in timeline of GPU, CPU and copy-lane activity.
+
+Everything here is plain data (numbers, lists, numpy arrays): a finished run pickles, so a
+sweep worker can send it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+STEP_FIELDS: tuple[tuple[str, str], ...] = (
+    ("iteration", "int32"),
+    ("layer", "int16"),
+    ("t_start", "float64"),      # seconds: before_layer
+    ("t_route", "float64"),      # routing known
+    ("t_end", "float64"),        # the layer's experts computed
+    ("n_experts", "int16"),      # distinct experts run on the GPU
+    ("hits", "int16"),
+    ("late", "int16"),
+    ("partial", "int16"),
+    ("misses", "int16"),
+    ("cpu_experts", "int16"),    # distinct experts run on the CPU
+    ("stall_s", "float64"),      # GPU waiting for transfers (blocking I/O)
+    ("demand_bytes", "int64"),
+    ("prefetch_bytes", "int64"),
+    ("evictions", "int32"),
+)
+"""Columns of the per-(iteration, layer) step records and their types."""
+
+_CHUNK = 1 << 15
+
+
+class StepRecords:
+    """Per (iteration, layer) records, appended as tuples on the hot path and packed into
+    numpy columns every few thousand steps (bounded memory, no per-row objects)."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[Any, ...]] = []
+        self._chunks: list[np.ndarray] = []
+        self._dtype = np.dtype(list(STEP_FIELDS))
+
+    def append(self, row: tuple[Any, ...]) -> None:
+        """One step, fields in :data:`STEP_FIELDS` order."""
+        rows = self._rows
+        rows.append(row)
+        if len(rows) >= _CHUNK:
+            self._pack()
+
+    def _pack(self) -> None:
+        if self._rows:
+            self._chunks.append(np.array(self._rows, dtype=self._dtype))
+            self._rows = []
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self._chunks) + len(self._rows)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """All records as one numpy array per field."""
+        self._pack()
+        arr = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=self._dtype)
+        return {name: arr[name] for name, _ in STEP_FIELDS}
+
+
+@dataclass
+class RunStats:
+    """Raw counters of one run; :mod:`moesim.sim.metrics` turns them into reported metrics."""
+
+    hits: int = 0
+    late: int = 0
+    partial: int = 0
+    misses: int = 0
+    cpu_accesses: int = 0          # planned experts computed on the CPU (no transfer)
+    demand_bytes: int = 0
+    prefetch_bytes: int = 0
+    prefetch_units: int = 0
+    prefetch_used: int = 0
+    wasted_prefetch_bytes: int = 0
+    refetch_bytes: int = 0
+    fetch_needed: int = 0          # accesses whose expert was brought in since its previous access
+    fetch_covered: int = 0         # ... of which by a prefetch
+    evictions: int = 0
+    stall_s: float = 0.0           # GPU waiting for transfers or room: blocking I/O
+    sync_stall_s: float = 0.0      # ... of which waiting for synchronous prefetches
+    cpu_wait_s: float = 0.0        # GPU waiting for CPU-computed experts
+    gpu_busy_s: float = 0.0
+    cpu_busy_s: float = 0.0
+    overhead_s: float = 0.0        # runtime overhead (per layer and per token) on the GPU stream
+    policy_cpu_s: float = 0.0      # policy decisions charged on the critical path
+    pcie_busy_s: float = 0.0
+    d2h_bytes: int = 0             # copied back to the host (swap_out)
+    d2h_busy_s: float = 0.0
+    vram_peak_bytes: int = 0
+    substitutions: int = 0         # slots that ran an expert the token was not routed to
+    dropped: int = 0               # routed slots that ran nothing
+    mass_kept_sum: float = 0.0     # sum over token-layers of the routed mass still run
+    top1_kept: int = 0             # token-layers whose top-1 routed expert ran
+    slots_run: int = 0             # slots that ran an expert (effective top-k numerator)
+    token_layers: int = 0
+    lossy_layers: int = 0          # token-layers whose plan differed from the routing
+    token_end: dict[int, list[float]] = field(default_factory=dict)   # request -> output-token times
+    request_start: dict[int, float] = field(default_factory=dict)
+    iteration_end: list[float] = field(default_factory=list)
+
+
+TimelineEvent = tuple[str, str, float, float, dict[str, Any]]
+"""(track, label, start seconds, duration seconds, args) of one activity."""

@@ -1,0 +1,190 @@
+"""Byte accounting of the expert VRAM budget: pools, the transfer buffer, pins, room draining
+back to the host and room claimed by waiting prefetches, with one invariant check.
+
+A :class:`Unit` (an expert, or a segment of one) holds its bytes from the moment its transfer is
+issued until it leaves VRAM: in its pool (one per layer, or one global pool), or in the shared
+transfer buffer (``cache.buffer_experts``). With ``swap_out`` an evicted unit's bytes stay
+counted as *draining* until its copy back to the host lands. A prefetch that waits for draining
+room *claims* it, so that a later allocation does not count on the same bytes.
+
+Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and ``claimed <= draining``;
+the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moesim.policies.base import RESIDENT, WAITING, UnitKey
+
+
+class Unit:
+    """An expert (or a segment of one) that is waiting for room, queued, in flight or resident;
+    also, after eviction with swap-out, one whose bytes drain back to the host."""
+
+    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer")
+
+    def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.pool = pool
+        self.state = WAITING
+        self.event: Any = None      # a SimPy event, made when someone waits for the transfer
+        self.demand = demand        # loaded on demand (else a prefetch)
+        self.used = False           # accessed since it was brought in
+        self.in_buffer = False      # holds room in the transfer buffer, not in its pool
+
+
+class VramError(AssertionError):
+    """The VRAM invariant broke: a bug in the engine, never bad input."""
+
+
+class Vram:
+    """Pools, buffer, units and pins of one run. Room is only ever taken through
+    :meth:`take_room` and given back through :meth:`release` / :meth:`drain`."""
+
+    def __init__(self, capacities: list[int], buffer_bytes: int) -> None:
+        self.capacity = [int(c) for c in capacities]
+        self.used = [0] * len(self.capacity)
+        self.draining = [0] * len(self.capacity)
+        self.claimed = [0] * len(self.capacity)
+        self.buffer_capacity = int(buffer_bytes)
+        self.buffer_used = 0
+        self.buffer_draining = 0
+        self.units: dict[UnitKey, Unit] = {}
+        self.pool_units: list[dict[UnitKey, Unit]] = [{} for _ in self.capacity]
+        self.pinned: set[UnitKey] = set()
+        self.peak = 0
+
+    # -- units -----------------------------------------------------------------------------------
+    def add(self, u: Unit) -> None:
+        """``u`` is present (issued or resident)."""
+        self.units[u.key] = u
+        self.pool_units[u.pool][u.key] = u
+
+    def remove(self, u: Unit) -> None:
+        """``u`` is no longer present (its room is released or drains separately)."""
+        del self.units[u.key]
+        del self.pool_units[u.pool][u.key]
+
+    def candidates(self, pool: int) -> list[UnitKey]:
+        """Resident, unpinned units of ``pool`` outside the buffer: the possible victims."""
+        pinned = self.pinned
+        return [k for k, u in self.pool_units[pool].items()
+                if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+
+    # -- room ------------------------------------------------------------------------------------
+    def free(self, pool: int) -> int:
+        """Bytes of ``pool`` free now."""
+        return self.capacity[pool] - self.used[pool]
+
+    def buffer_free(self) -> int:
+        """Bytes of the transfer buffer free now."""
+        return self.buffer_capacity - self.buffer_used
+
+    def room_to_come(self, pool: int) -> int:
+        """Bytes of ``pool`` free now or draining to the host, less what waiting prefetches claim."""
+        return self.capacity[pool] - self.used[pool] + self.draining[pool] - self.claimed[pool]
+
+    def take_room(self, u: Unit, allow_buffer: bool) -> bool:
+        """Give ``u`` room that is free now: in its pool, else (with ``allow_buffer``) in the
+        transfer buffer. False, changing nothing, if neither has it."""
+        if self.capacity[u.pool] - self.used[u.pool] >= u.nbytes:
+            self.used[u.pool] += u.nbytes
+        elif allow_buffer and self.buffer_capacity - self.buffer_used >= u.nbytes:
+            u.in_buffer = True
+            self.buffer_used += u.nbytes
+        else:
+            return False
+        self._note_peak()
+        return True
+
+    def take_buffer(self, u: Unit) -> bool:
+        """Give ``u`` room in the transfer buffer only. False if it has none."""
+        if self.buffer_capacity - self.buffer_used < u.nbytes:
+            return False
+        u.in_buffer = True
+        self.buffer_used += u.nbytes
+        self._note_peak()
+        return True
+
+    def move_to_pool(self, u: Unit) -> bool:
+        """Move a buffered unit into its pool if that has room now."""
+        if self.capacity[u.pool] - self.used[u.pool] < u.nbytes:
+            return False
+        self.buffer_used -= u.nbytes
+        self.used[u.pool] += u.nbytes
+        u.in_buffer = False
+        return True
+
+    def release(self, u: Unit) -> None:
+        """Free ``u``'s room at once."""
+        if u.in_buffer:
+            self.buffer_used -= u.nbytes
+        else:
+            self.used[u.pool] -= u.nbytes
+
+    def start_drain(self, u: Unit) -> None:
+        """``u`` was evicted with swap-out: its room stays held until :meth:`end_drain`."""
+        if u.in_buffer:
+            self.buffer_draining += u.nbytes
+        else:
+            self.draining[u.pool] += u.nbytes
+
+    def end_drain(self, u: Unit) -> None:
+        """``u``'s copy back to the host landed: its room is free."""
+        if u.in_buffer:
+            self.buffer_draining -= u.nbytes
+        else:
+            self.draining[u.pool] -= u.nbytes
+        self.release(u)
+
+    def claim(self, u: Unit) -> None:
+        """A prefetch waits for draining room of its pool."""
+        self.claimed[u.pool] += u.nbytes
+
+    def unclaim(self, u: Unit) -> None:
+        """The waiting prefetch got its room, or was withdrawn."""
+        self.claimed[u.pool] -= u.nbytes
+
+    def total_used(self) -> int:
+        """Bytes held in all pools and the buffer."""
+        return sum(self.used) + self.buffer_used
+
+    def draining_any(self) -> bool:
+        """Some room is still being copied back to the host."""
+        return any(self.draining) or self.buffer_draining > 0
+
+    def _note_peak(self) -> None:
+        tot = sum(self.used) + self.buffer_used
+        if tot > self.peak:
+            self.peak = tot
+
+    def set_capacities(self, capacities: list[int]) -> None:
+        """New pool sizes (the caller checked that usage fits)."""
+        self.capacity = [int(c) for c in capacities]
+        self.check()
+
+    def check(self) -> None:
+        """The invariant: no pool or buffer over its capacity, claims within draining room, and
+        usage equal to the room held by present units plus what drains. Raises :class:`VramError`."""
+        held = [0] * len(self.capacity)
+        buf = 0
+        for u in self.units.values():
+            if u.state == WAITING:
+                continue   # a waiting prefetch holds a claim, not room
+            if u.in_buffer:
+                buf += u.nbytes
+            else:
+                held[u.pool] += u.nbytes
+        for p, cap in enumerate(self.capacity):
+            if self.used[p] > cap:
+                raise VramError(f"pool {p} holds {self.used[p]} bytes, over its {cap}")
+            if self.claimed[p] > self.draining[p] or self.claimed[p] < 0:
+                raise VramError(f"pool {p} claims {self.claimed[p]} of {self.draining[p]} draining bytes")
+            if held[p] + self.draining[p] != self.used[p]:
+                raise VramError(f"pool {p}: units hold {held[p]} + draining {self.draining[p]} != used {self.used[p]}")
+        if self.buffer_used > self.buffer_capacity:
+            raise VramError(f"buffer holds {self.buffer_used} bytes, over its {self.buffer_capacity}")
+        if buf + self.buffer_draining != self.buffer_used:
+            raise VramError(f"buffer: units hold {buf} + draining {self.buffer_draining} != used {self.buffer_used}")

@@ -137,10 +137,12 @@ def engine_hits(trace: Trace, policy: str, experts_per_layer: int) -> Hits:
         "workload": {"batch_size": 1, "phases": ["decode"], "requests": "all"},
     }
     result = run_loaded(load_scenario_data(data, source="crosscheck", base_dir=ROOT), trace=trace)
-    n_iter = len(result.engine.workload.iterations)
+    cols = result.steps
+    n_iter = int(cols["iteration"].max()) + 1
     steps = [np.zeros(n_iter, dtype=np.int64) for _ in range(m.num_layers)]
-    for s in result.engine.steps:
-        steps[s.layer][s.iteration] = s.hits
+    steps_it, steps_layer, steps_hits = cols["iteration"], cols["layer"], cols["hits"]
+    for it, layer, hits in zip(steps_it.tolist(), steps_layer.tolist(), steps_hits.tolist(), strict=True):
+        steps[layer][it] = hits
     return Hits(int(result.metrics["hits"]), int(result.metrics["accesses"]), steps)
 
 

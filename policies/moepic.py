@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from moesim.policies.base import (

@@ -62,6 +62,11 @@ class PolicyError(MoesimError, ValueError):
     """A policy broke the contract (an invalid plan or victim) or cannot run on this input."""
 
 
+class BudgetError(MoesimError, ValueError):
+    """The expert budget cannot hold what the run needs (less than one expert per pool, or a
+    pool that can evict nothing while a demand load waits)."""
+
+
 class Engine:
     """Replays a :class:`~moesim.sim.workload.Workload` under a policy. Build, then :meth:`run`."""
 
@@ -807,7 +812,7 @@ class Engine:
                 or self.vram.draining_any())
         if not busy:
             u = self.waiting[0]
-            raise PolicyError(
+            raise BudgetError(
                 f"the expert budget is too small: layer {layer} needs {u.nbytes} bytes for expert "
                 f"{u.key[1]} but its pool holds {self.vram.capacity[u.pool]} bytes and policy "
                 f"{self.policy.name!r} can evict none of them (pinned or refused); raise "
@@ -841,7 +846,7 @@ class Engine:
         need = max(self.part_bytes(layer, p) for layer in range(self.L) for p in range(len(self.fractions[layer])))
         if min(self.vram.capacity) + self.vram.buffer_capacity < need:
             per = min(self.vram.capacity) / self.expert_bytes
-            raise PolicySetupError(
+            raise BudgetError(
                 f"the expert budget holds {per:.2f} experts per {'pool' if self.global_pool else 'layer'}; "
                 "at least one expert is needed (raise cache.rate or cache.buffer_experts)")
         placed = self._initial_fill()

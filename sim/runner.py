@@ -19,7 +19,7 @@ from moesim.policies.base import PolicySetupError, Profile
 from moesim.policies.registry import make_policy
 from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec
 from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
+from moesim.sim.engine import BudgetError, Engine
 from moesim.sim.metrics import compute_metrics
 from moesim.sim.profile import profile_from_trace, trace_requests
 from moesim.sim.records import TimelineEvent
@@ -151,6 +151,8 @@ def run_loaded(
         engine.run()
     except PolicySetupError as exc:
         raise ScenarioError(f"{source}: policy {pspec.name!r}: {exc}") from None
+    except BudgetError as exc:
+        raise ScenarioError(f"{source}: cache: {exc}") from None
     metrics = compute_metrics(engine)
     config = loaded.resolved()
     config_hash = loaded.config_hash()

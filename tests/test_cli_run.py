@@ -34,7 +34,7 @@ def small_scenario(tmp_path: Path, **changes: object) -> Path:
 
 def test_run_writes_the_four_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scen = small_scenario(tmp_path)
-    code, out, err = run_cli(["run", str(scen), "--out", str(tmp_path / "o")], capsys)
+    code, out, err = run_cli(["run", str(scen), "--out", str(tmp_path / "o"), "--timeline"], capsys)
     assert code == 0, err
     assert "TPOT ms" in out and "hit" in out
     files = {p.name for p in (tmp_path / "o").iterdir()}
@@ -71,7 +71,7 @@ def test_set_overrides_any_key(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_same_scenario_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scen = small_scenario(tmp_path, policy="random")
     for out in ("a", "b"):
-        assert run_cli(["run", str(scen), "--out", str(tmp_path / out)], capsys)[0] == 0
+        assert run_cli(["run", str(scen), "--out", str(tmp_path / out), "--timeline"], capsys)[0] == 0
     for name in ("metrics.json", "config.yaml", "timeline.json", "steps.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 

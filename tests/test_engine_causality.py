@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from moesim.policies.base import CausalityError
 from moesim.policies.caching import LRU
-from moesim.sim.engine import CausalityError
 from tests.util import random_trace, run_engine, tiny_hw, tiny_model
 
 

@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from moesim.policies.registry import make_policy, policy_names
-from tests.util import random_trace, run_engine, tiny_hw, tiny_model
+from tests.util import random_trace, run_engine, steps, tiny_hw, tiny_model
 
 SETTINGS = settings()   # examples, seed and deadline from the profile (tests/conftest.py)
 
@@ -49,27 +49,29 @@ def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ig
     # one access per (iteration, layer, distinct expert executed)
     expected = sum(len(np.unique(tr.experts[it.rows0 + layer]))
                    for it in eng.workload.iterations for layer in range(c["layers"]))
-    assert m["accesses"] == expected == m["hits"] + m["late"] + m["partial"] + m["misses"]
+    assert m["accesses"] == m["hits"] + m["late"] + m["partial"] + m["misses"]
+    if not eng.policy.lossy:   # a lossy plan may run other experts than the routed ones
+        assert m["accesses"] == expected
     # time only moves forward, and the GPU cannot be busier than the clock
-    for s in eng.steps:
+    for s in steps(eng):
         assert s.t_start <= s.t_route <= s.t_end and s.stall_s >= 0
-    assert all(a.t_end <= b.t_start + 1e-12 for a, b in zip(eng.steps, eng.steps[1:], strict=False))
+    assert all(a.t_end <= b.t_start + 1e-12 for a, b in zip(steps(eng), steps(eng)[1:], strict=False))
     assert eng.stats.gpu_busy_s <= m["sim_time_s"] + 1e-9
     # demand loads are exactly the parts absent when routing was known: misses (nothing
     # resident) and partials (a segment resident) load at least one part, hits and late ones none
     whole = all(fr == (1.0,) for fr in eng.fractions)   # no policy split its experts (at the end)
-    for s in eng.steps:
+    for s in steps(eng):
         loads = s.misses + s.partial
         assert (s.demand_bytes > 0) == (loads > 0)
         assert s.demand_bytes <= loads * model.expert_bytes
         if whole and s.partial == 0:
             assert s.demand_bytes == loads * model.expert_bytes
-    assert m["demand_gb"] * 1e9 == pytest.approx(sum(s.demand_bytes for s in eng.steps), abs=1)
+    assert m["demand_gb"] * 1e9 == pytest.approx(sum(s.demand_bytes for s in steps(eng)), abs=1)
     # prefetches waiting for draining room claim exactly their bytes
-    claims = [0] * len(eng.claimed)
+    claims = [0] * len(eng.vram.claimed)
     for u, _ in eng.waiting_prefetch:
         claims[u.pool] += u.nbytes
-    assert eng.claimed == claims and all(d >= 0 for d in eng.draining)
+    assert eng.vram.claimed == claims and all(d >= 0 for d in eng.vram.draining)
     # swap-out copies back only what was loaded, and only when asked to
     assert m["d2h_gb"] <= m["h2d_gb"] + 1e-12 if c["swap_out"] else m["d2h_gb"] == 0
 

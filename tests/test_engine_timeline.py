@@ -11,7 +11,7 @@ import pytest
 from moesim.policies.base import Policy
 from moesim.policies.caching import LRU
 from moesim.policies.registry import make_policy
-from tests.util import make_trace, run_engine, step_us, tiny_hw, tiny_model
+from tests.util import make_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert
 
@@ -53,7 +53,7 @@ def test_late_prefetch_stalls_for_exactly_the_remainder() -> None:
     # it1 L0: attn 2650-3250, stall 350, compute -3650; prefetch it1 L1 lands 4600
     # it1 L1: attn 3650-4250, stall 350, compute -4650
     assert step_us(eng) == [1650, 1000, 1000, 1000]
-    assert [round(s.stall_s * 1e6, 6) for s in eng.steps] == [1000, 350, 350, 350]
+    assert [round(s.stall_s * 1e6, 6) for s in steps(eng)] == [1000, 350, 350, 350]
     assert m["late"] == 3 and m["misses"] == 1
 
 
@@ -136,9 +136,10 @@ def test_transfer_buffer_lets_a_full_cache_load_before_evicting() -> None:
     class Keep(LRU):
         name = "test-keep"
 
-        def choose_victim(self, view, pool, candidates, need_bytes):  # type: ignore[no-untyped-def]
-            return None if view.layer == 0 and view.iteration_index == 1 else super().choose_victim(
-                view, pool, candidates, need_bytes)
+        def choose_victim(self, view, request):  # type: ignore[no-untyped-def]
+            if view.layer == 0 and view.iteration_index == 1:
+                return request.decline
+            return super().choose_victim(view, request)
 
     tr = make_trace([[[0]], [[1]], [[0]]], num_experts=2)
     model, hw = tiny_model(1, 2, 1), tiny_hw()
@@ -170,7 +171,7 @@ def test_a_demand_load_waits_for_an_in_flight_prefetch_to_land_and_evicts_it() -
     # expert 0 is routed at 100 but its pool's only unit is in flight: it waits until the
     # prefetch lands at 1000, evicts it, loads 1000-2000 and computes until 2050
     assert step_us(eng) == [2050]
-    assert round(eng.steps[0].stall_s * 1e6, 6) == 1900   # routed at 100, loaded at 2000
+    assert round(steps(eng)[0].stall_s * 1e6, 6) == 1900   # routed at 100, loaded at 2000
     assert m["wasted_prefetch_gb"] == pytest.approx(MB / 1e9)
 
 
@@ -180,8 +181,8 @@ def test_a_policy_that_refuses_every_victim_gets_a_clear_error() -> None:
     class Refuse(LRU):
         name = "test-refuse"
 
-        def choose_victim(self, view, pool, candidates, need_bytes):  # type: ignore[no-untyped-def]
-            return None
+        def choose_victim(self, view, request):  # type: ignore[no-untyped-def]
+            return request.decline
 
     tr = make_trace([[[0]], [[1]]], num_experts=2)
     with pytest.raises(MoesimError, match="can evict none of them"):
@@ -234,7 +235,7 @@ class PrefetchNext(LRU):
             assert view.prefetch(0, 1)   # accepted: it waits for expert 0's swap-out
 
 
-@pytest.mark.parametrize(("layer_us", "steps", "status"), [
+@pytest.mark.parametrize(("layer_us", "expected", "status"), [
     # D2H 4550-6550, prefetch 6550-7550, routed at 8050: a hit
     (3500, [4550, 3500 + 50], "hit"),
     # D2H 3550-5550, prefetch 5550-6550, routed at 6050: late by 500
@@ -242,12 +243,12 @@ class PrefetchNext(LRU):
     # D2H 2050-4050; routed at 3050 while still waiting: withdrawn and loaded on demand 4050-5050
     (1000, [2050, 1000 + 1000 + 1000 + 50], "miss"),
 ])
-def test_a_prefetch_waits_for_the_room_its_swap_out_frees(layer_us: float, steps: list[float], status: str) -> None:
+def test_a_prefetch_waits_for_the_room_its_swap_out_frees(layer_us: float, expected: list[float], status: str) -> None:
     tr = make_trace([[[0]], [[1]]], num_experts=2)
     model, hw = tiny_model(1, 2, 1), tiny_hw(d2h_gbps=1.5, layer_us=layer_us)
     eng, m = run_engine(tr, PrefetchNext(), model, hw, budget_experts=1, swap_out=True)
-    assert step_us(eng) == steps
-    last = eng.steps[-1]
+    assert step_us(eng) == expected
+    last = steps(eng)[-1]
     assert (last.hits, last.late, last.misses) == {"hit": (1, 0, 0), "late": (0, 1, 0), "miss": (0, 0, 1)}[status]
     assert m["prefetch_gb"] == pytest.approx(0 if status == "miss" else MB / 1e9)
     assert m["expert_vram_peak_gib"] * 2**30 == pytest.approx(MB)
@@ -267,7 +268,7 @@ def test_a_cancelled_prefetch_is_reported_and_leaves_no_cache_bookkeeping() -> N
             if view.iteration_index == 0:
                 for e in (2, 3):   # 2 starts at once on the one lane, 3 queues behind it
                     assert view.prefetch(0, e)
-                    self._touch((0, e, 0))
+                    self.cache.refresh((0, e, 0))
                 assert view.cancel_prefetches() == 1
 
         def on_cancel(self, view, unit):  # type: ignore[no-untyped-def]
@@ -278,7 +279,7 @@ def test_a_cancelled_prefetch_is_reported_and_leaves_no_cache_bookkeeping() -> N
     tr = make_trace([[[0]], [[1]]], num_experts=4)
     eng, m = run_engine(tr, pol, tiny_model(1, 4, 1), tiny_hw(), budget_experts=4)
     assert pol.cancelled == [(0, 3, 0)]
-    assert (0, 3, 0) not in pol._inserted and (0, 2, 0) in pol._inserted
+    assert pol.cache.last_used((0, 3, 0)) == 0 and pol.cache.last_used((0, 2, 0)) > 0
     assert m["prefetch_gb"] == pytest.approx(MB / 1e9)   # only expert 2 was transferred
 
 
@@ -298,5 +299,5 @@ def test_prefetches_waiting_on_swap_outs_each_claim_their_own_room() -> None:
     # which the first claimed, so it evicts expert 1 (D2H 14050-16050). They load 14050-15050
     # and 16050-17050, long before it1 is routed at 22050: two hits.
     assert step_us(eng) == [12050, 10000 + 50 + 50]
-    assert (eng.steps[1].hits, eng.steps[1].misses) == (2, 0)
+    assert (steps(eng)[1].hits, steps(eng)[1].misses) == (2, 0)
     assert m["evictions"] == 2 and m["prefetch_gb"] == pytest.approx(2 * MB / 1e9)

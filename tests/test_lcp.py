@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.policies.lcp import LCP, CachePriority
+from moesim.policies.lcp import LCP
+from moesim.policies.lcp_priority import CachePriority
 from moesim.policies.registry import make_policy
-from tests.util import make_trace, random_trace, run_engine, tiny_hw, tiny_model
+from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
 
 
 def test_priority_is_mu_times_rho_to_the_nu_over_omega() -> None:
@@ -47,7 +48,7 @@ def _hit_positions(policy: object) -> list[int]:
     tr = make_trace([[[e]] for e in ACCESSES], num_experts=4)
     eng, m = run_engine(tr, policy, tiny_model(1, 4, 1), tiny_hw(), budget_experts=2)
     assert m["accesses"] == len(ACCESSES)
-    return [s.iteration for s in eng.steps if s.hits]
+    return [s.iteration for s in steps(eng) if s.hits]
 
 
 def test_lcp_keeps_the_frequent_expert_then_lets_it_decay() -> None:

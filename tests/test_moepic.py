@@ -25,7 +25,7 @@ from moesim.policies.moepic import (
     split_fractions,
 )
 from moesim.policies.registry import make_policy
-from tests.util import make_trace, random_trace, run_engine, step_us, tiny_hw, tiny_model
+from tests.util import make_trace, random_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert
 HALF = MB // 2
@@ -149,12 +149,12 @@ def test_top_segments_cache_and_compute_while_bottoms_load() -> None:
     #      least-priority top: expert 1 (mu 1) rather than expert 0 (mu 2)
     # it4: expert 0 PARTIAL again
     assert step_us(eng) == [1125, 625, 1125, 1125, 625]
-    assert [(s.hits, s.partial, s.misses) for s in eng.steps] == [
+    assert [(s.hits, s.partial, s.misses) for s in steps(eng)] == [
         (0, 0, 1), (0, 1, 0), (0, 0, 1), (0, 0, 1), (0, 1, 0)]
     assert m["demand_gb"] * 1e9 == pytest.approx(3 * MB + 2 * HALF)
     assert m["prefetch_gb"] == 0
-    assert sorted(eng.units) == [(0, 0, 0), (0, 2, 0)]            # two top segments cached
-    assert eng.used == [MB] and eng.buffer_used == 0
+    assert sorted(eng.vram.units) == [(0, 0, 0), (0, 2, 0)]            # two top segments cached
+    assert eng.vram.used == [MB] and eng.vram.buffer_used == 0
     assert eng.stats.vram_peak_bytes == 2 * MB                    # pool full + one staged expert
     # compute split of the partial hit of it1: the top at routing time, the bottom on arrival
     gpu = [(round(t * 1e6), round(d * 1e6)) for lane, _, t, d, _ in eng.timeline
@@ -182,19 +182,19 @@ def test_prefetch_fetches_only_the_bottom_of_a_cached_expert() -> None:
     # from it1 on the tops of experts 0 and 1 are cached and each layer's bottom (500 us) is
     #     prefetched in the 600 us window: every access hits, 600 + 2 * 25 per layer.
     assert step_us(eng) == [1625, 1000, 650, 650, 650, 650]
-    assert [(s.hits, s.late, s.misses) for s in eng.steps] == [
+    assert [(s.hits, s.late, s.misses) for s in steps(eng)] == [
         (0, 0, 1), (0, 1, 0), (1, 0, 0), (1, 0, 0), (1, 0, 0), (1, 0, 0)]
     assert m["demand_gb"] * 1e9 == pytest.approx(MB)
     # prefetched: expert 1 whole, then bottoms only (four used, one for a token that never comes)
     assert m["prefetch_gb"] * 1e9 == pytest.approx(MB + 5 * HALF)
-    assert sorted(k for k in eng.units if k[2] == 0) == [(0, 0, 0), (1, 1, 0)]
+    assert sorted(k for k in eng.vram.units if k[2] == 0) == [(0, 0, 0), (1, 1, 0)]
 
 
 def test_statuses_of_segmented_accesses() -> None:
     tr = make_trace([[[0]], [[0]]], num_experts=2)
     eng, m = run_engine(tr, MoEpic(prefetch=False, configurator=False), tiny_model(1, 2, 1), tiny_hw(),
                         budget_experts=1, buffer_experts=1)
-    statuses = [(s.hits, s.late, s.partial, s.misses) for s in eng.steps]
+    statuses = [(s.hits, s.late, s.partial, s.misses) for s in steps(eng)]
     assert statuses == [(0, 0, 0, 1), (0, 0, 1, 0)]
     assert m["partial_rate"] == 0.5 and m["hit_rate"] == 0.0
     assert (HIT, LATE, PARTIAL, MISS) == (0, 1, 2, 3)
@@ -212,15 +212,15 @@ def test_reconfiguration_installs_budgets_splits_and_the_top_c_experts() -> None
     assert len(pol.applied) >= 4
     last = pol.applied[-1]
     total = 9 * model.expert_bytes
-    assert sum(eng.capacity) <= total and last.budgets.sum() == pytest.approx(9.0)
+    assert sum(eng.vram.capacity) <= total and last.budgets.sum() == pytest.approx(9.0)
     for layer in range(3):
         theta, c = float(last.theta[layer]), int(last.cache_size[layer])
         fr = eng.fractions[layer]
         assert fr == pol.part_fractions(layer)
         assert fr[0] == pytest.approx(theta, abs=1e-6)
-        tops = [k for k in eng.units if k[0] == layer and k[2] == 0 and not eng.units[k].in_buffer]
+        tops = [k for k in eng.vram.units if k[0] == layer and k[2] == 0 and not eng.vram.units[k].in_buffer]
         assert len(tops) <= c
-        assert eng.used[layer] <= eng.capacity[layer]
+        assert eng.vram.used[layer] <= eng.vram.capacity[layer]
     assert eng.stats.vram_peak_bytes <= total + 2 * model.expert_bytes
     assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"]
 
@@ -253,14 +253,14 @@ def test_degenerate_cases() -> None:
     # prefetch only: nothing stays in the pools; all that is left at the end is the guess for
     # layer 0 of a token that never comes, in the transfer buffer
     eng, m = run_engine(tr, make_policy("moepic-prefetch-only"), model, hw, budget_experts=3, buffer_experts=1)
-    assert sum(eng.used) == 0 and m["prefetch_gb"] > 0
-    assert all(u.in_buffer and k[0] == 0 for k, u in eng.units.items())
+    assert sum(eng.vram.used) == 0 and m["prefetch_gb"] > 0
+    assert all(u.in_buffer and k[0] == 0 for k, u in eng.vram.units.items())
     # cache only = the LCP demand cache: the victim chosen after the load (on admission) is
     # the one LCP chooses before it (one token's update scales every priority alike)
     cache_only, m1 = run_engine(tr, make_policy("moepic-cache-only"), model, hw, budget_experts=6,
                                 buffer_experts=1)
     lcp, m2 = run_engine(tr, make_policy("lcp"), model, hw, budget_experts=6)
-    assert [s.hits for s in cache_only.steps] == [s.hits for s in lcp.steps]
+    assert [s.hits for s in steps(cache_only)] == [s.hits for s in steps(lcp)]
     assert m1["prefetch_gb"] == 0 and m1["hits"] == m2["hits"]
 
 
@@ -291,7 +291,7 @@ def test_adapmoe_reallocates_within_the_budget() -> None:
     pol = make_policy("adapmoe", {"realloc_tokens": 8})
     eng, _ = run_engine(tr, pol, model, tiny_hw(), budget_experts=9, buffer_experts=2)
     assert pol.sizes and all(int(s.sum()) <= 9 for s in pol.sizes)   # type: ignore[attr-defined]
-    assert sum(eng.capacity) <= 9 * model.expert_bytes
+    assert sum(eng.vram.capacity) <= 9 * model.expert_bytes
 
 
 def test_moe_infinity_prefetches_from_the_matching_activation_matrix() -> None:
@@ -301,7 +301,7 @@ def test_moe_infinity_prefetches_from_the_matching_activation_matrix() -> None:
     a, c = [[1], [2], [3]], [[4], [5], [6]]
     tr = make_trace([a, a, c, c, a], num_experts=8, requests=[0, 0, 1, 1, 2])
     eng, m = run_engine(tr, make_policy("moe-infinity"), tiny_model(3, 8, 1), tiny_hw(), budget_experts=3)
-    first_b = [s for s in eng.steps if s.iteration == 4]
+    first_b = [s for s in steps(eng) if s.iteration == 4]
     assert [(s.hits, s.late, s.misses) for s in first_b] == [(0, 0, 1), (0, 1, 0), (0, 1, 0)]
     assert m["prefetch_gb"] * 1e9 == pytest.approx(2 * MB)
 
@@ -312,5 +312,5 @@ def test_pregated_prefetches_the_next_layer_and_keeps_nothing() -> None:
                         budget_experts=4)
     # layer 0 has no pre-gate: a demand load every token; layer 1's expert is prefetched when
     # layer 0 routes, behind layer 0's demand load, and arrives late; nothing stays after use
-    assert [(s.hits, s.late, s.misses) for s in eng.steps] == [(0, 0, 1), (0, 1, 0)] * 3
-    assert not eng.units and m["prefetch_gb"] * 1e9 == pytest.approx(3 * MB)
+    assert [(s.hits, s.late, s.misses) for s in steps(eng)] == [(0, 0, 1), (0, 1, 0)] * 3
+    assert not eng.vram.units and m["prefetch_gb"] * 1e9 == pytest.approx(3 * MB)

@@ -3,20 +3,18 @@ deterministic, and (unless it is an oracle) never reads the future."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from moesim.policies.registry import make_policy, policy_class, policy_names
 from moesim.traces.format import Trace
-from tests.util import make_trace, random_trace, run_engine, tiny_hw, tiny_model
+from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
 
 NAMES = policy_names()
 
 
 def _steps(engine) -> list[tuple]:  # type: ignore[no-untyped-def]
-    return [dataclasses.astuple(s) for s in engine.steps]
+    return [tuple(s) for s in steps(engine)]
 
 
 def _swap_last_tokens(tr: Trace) -> Trace:
@@ -56,8 +54,8 @@ def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: in
                         batch_size=batch, phases=("prefill", "decode"), swap_out=swap_out)
     assert eng.stats.vram_peak_bytes <= (budget + buffer) * model.expert_bytes
     assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"] > 0
-    assert all(used >= 0 for used in eng.used)
-    assert all(d >= 0 for d in eng.draining) and eng.buffer_draining >= 0
+    assert all(used >= 0 for used in eng.vram.used)
+    assert all(d >= 0 for d in eng.vram.draining) and eng.vram.buffer_draining >= 0
     if swap_out:   # only what was loaded can be copied back (the last copies may still be in flight)
         assert m["d2h_gb"] <= m["h2d_gb"] + 1e-12
         assert m["d2h_gb"] > 0 or m["evictions"] == 0

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moesim.sim.catalog import HardwareSpec, ModelSpec, get_hardware, get_model
+from moesim.policies.base import Profile
+from moesim.sim.catalog import HardwareSpec, ModelSpec, RuntimeSpec, get_hardware, get_model
 from moesim.sim.cost import CostModel
 from moesim.sim.engine import Engine
 from moesim.sim.metrics import compute_metrics
+from moesim.sim.records import STEP_FIELDS
 from moesim.sim.workload import build_workload
 from moesim.traces.format import DECODE, PREFILL, ModelInfo, Trace, TraceMeta, trace_from_columns
 
@@ -87,18 +90,33 @@ def random_trace(seed: int, *, layers: int = 3, experts: int = 8, top_k: int = 2
 def run_engine(trace: Trace, policy: Any, model: ModelSpec, hw: HardwareSpec, *,
                budget_experts: float, buffer_experts: float = 0, batch_size: int = 1,
                phases: tuple[str, ...] = ("decode",), seed: int = 0, initial: str = "empty",
-               timeline: bool = False, swap_out: bool = False) -> tuple[Engine, dict[str, Any]]:
+               timeline: bool = False, swap_out: bool = False, pcie_order: str = "priority",
+               sync_prefetch: bool = False, runtime: RuntimeSpec | None = None,
+               profile: Profile | None = None) -> tuple[Engine, dict[str, Any]]:
+    """Run ``policy`` on ``trace`` with the VRAM invariant checked after every step."""
     wl = build_workload(trace, batch_size=batch_size, phases=phases)
-    eng = Engine(wl, policy, CostModel(model, hw), budget_bytes=int(budget_experts * model.expert_bytes),
+    cost = CostModel(model, hw) if runtime is None else CostModel(model, hw, runtime)
+    eng = Engine(wl, policy, cost, budget_bytes=int(budget_experts * model.expert_bytes),
                  buffer_bytes=int(buffer_experts * model.expert_bytes), seed=seed, initial=initial,
-                 swap_out=swap_out, record_timeline=timeline)
+                 swap_out=swap_out, pcie_order=pcie_order, sync_prefetch=sync_prefetch,
+                 profile=profile, record_timeline=timeline, check_invariants=True)
     eng.run()
     return eng, compute_metrics(eng)
 
 
+Step = namedtuple("Step", [name for name, _ in STEP_FIELDS])  # type: ignore[misc]
+
+
+def steps(engine: Engine) -> list[Any]:
+    """The engine's step records as named tuples (seconds), in order."""
+    cols = engine.steps.columns()
+    n = len(cols["iteration"])
+    return [Step(*(cols[name][i].item() for name, _ in STEP_FIELDS)) for i in range(n)]
+
+
 def step_us(engine: Engine) -> list[float]:
     """Duration of every (iteration, layer) step in microseconds, rounded to 1e-6 us."""
-    return [round((s.t_end - s.t_start) * 1e6, 6) for s in engine.steps]
+    return [round((s.t_end - s.t_start) * 1e6, 6) for s in steps(engine)]
 
 
 def assert_same_trace(a: Trace, b: Trace) -> None:

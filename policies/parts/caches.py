@@ -11,6 +11,8 @@ highest probability first): the order a sequential cache simulator would see the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from moesim.policies.base import (
@@ -44,7 +46,7 @@ class CacheRule(Policy):
             return request.decline
         return self.victim(view, request, cands)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """Pick among ``candidates`` (not empty). Default: the first."""
         return candidates[0]
@@ -111,7 +113,7 @@ class RecencyCache(CacheRule):
 class LRUCache(RecencyCache):
     """Least recently used."""
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used longest ago."""
         last = self._last
@@ -122,7 +124,7 @@ class LFUCache(RecencyCache):
     """Least frequently used, counting accesses since insertion; ties to the unit whose count
     changed least recently (libCacheSim's LFU)."""
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of fewest accesses since it came in."""
         count, last = self._count, self._last
@@ -132,7 +134,7 @@ class LFUCache(RecencyCache):
 class FIFOCache(RecencyCache):
     """First in, first out: hits do not refresh the order."""
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate inserted longest ago."""
         ins = self._inserted
@@ -151,7 +153,7 @@ class RandomCache(RecencyCache):
         super().setup(ctx)
         self._rng = ctx.rng
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """A random candidate."""
         return candidates[int(self._rng.integers(len(candidates)))]
@@ -209,7 +211,7 @@ class StaticCache(CacheRule):
         for key in sorted(self.static):
             view.prefetch(*key, priority=-1.0)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The first candidate outside the static set, else none."""
         for key in candidates:
@@ -232,7 +234,7 @@ class BeladyCache(CacheRule):
             raise RuntimeError("the Belady rule needs the oracle annotation (an oracle policy)")
         self._future = ctx.future
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used farthest in the future."""
         fut = self._future
@@ -259,7 +261,7 @@ class LCPCache(CacheRule):
         """Every token that passed the layer updates the indicators."""
         self.prio.observe(layer, outcome.plan)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: list[UnitKey] | tuple[UnitKey, ...]
+    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of least priority."""
         return self.prio.victim(list(candidates))

@@ -127,7 +127,7 @@ class HardwareSpec(BaseModel):
     kernel_us: float = Field(5.0, ge=0, description="fixed launch/synchronisation overhead of one expert or layer kernel group")
     evict_us: float = Field(0.0, ge=0, description="cost of an eviction on the critical path (paid inside a demand miss)")
     costs: CostsSpec | None = Field(None, description="calibrated costs overriding the roofline")
-    cpu: CpuSpec = Field(default_factory=CpuSpec, description="the host CPU, for experts run on the CPU")
+    cpu: CpuSpec = Field(default_factory=lambda: CpuSpec.model_validate({}), description="the host CPU, for experts run on the CPU")
 
 
 def _load(kind: str) -> dict[str, dict[str, Any]]:

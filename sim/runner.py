@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from moesim.policies.base import PolicySetupError, Profile
-from moesim.policies.registry import make_policy
+from moesim.policies.registry import load_plugin, make_policy
 from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec
 from moesim.sim.cost import CostModel
 from moesim.sim.engine import BudgetError, Engine
@@ -127,6 +127,8 @@ def run_loaded(
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
     pspec = scen.policy_spec
+    for plugin in loaded.plugin_paths():
+        load_plugin(plugin)
     policy = make_policy(pspec.name, pspec.params)
     profile, remaining = split_profile(loaded, tr)
     req_spec = scen.workload.requests

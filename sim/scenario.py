@@ -134,6 +134,8 @@ class Scenario(BaseModel):
     hardware: str | dict[str, Any] = Field(description="catalog name, {base: NAME, ...overrides} or a full spec")
     cache: CacheSpec = Field(description="expert budget")
     policy: str | PolicySpec = Field(description="policy name or {name, params}")
+    plugins: list[str] = Field(default_factory=list, description="Python files (relative to the scenario "
+                               "file) that register policies of your own with @register")
     pcie: PcieSpec = Field(default_factory=PcieSpec, description="copy-queue discipline")  # type: ignore[arg-type]
     runtime: str | dict[str, Any] = Field("none", description="framework overhead profile: catalog name "
                                           "(none, hf-eager, vllm-like, llama-cpp-like) or {base: NAME, ...}")
@@ -183,6 +185,14 @@ class LoadedScenario(BaseModel):
             del data["profile"]["trace"]
         blob = json.dumps({"scenario": data, "files": files}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
+
+    def plugin_paths(self) -> list[Path]:
+        """The scenario's plugin files, resolved against its folder."""
+        out = []
+        for item in self.scenario.plugins:
+            p = Path(item).expanduser()
+            out.append(p if p.is_absolute() else self.base_dir / p)
+        return out
 
     def profile_path(self) -> Path | None:
         """The profile split's own trace file, if it names one."""

@@ -140,3 +140,17 @@ def test_every_example_scenario_runs_as_is(path: Path, tmp_path: Path, capsys: p
     assert code == 0, err
     m = json.loads(out)
     assert m["output_tokens"] > 0 and m["sim_time_s"] > 0
+
+
+def test_an_internal_error_keeps_its_traceback_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug (not bad input) is not dressed up as a user error: traceback, exit 1, 'this is a bug'."""
+    from moesim.policies.caching import LRU
+
+    def broken(self, ctx):  # type: ignore[no-untyped-def]
+        raise KeyError("boom")
+
+    monkeypatch.setattr(LRU, "setup", broken)
+    code, _, err = run_cli(["run", str(small_scenario(tmp_path))], capsys)
+    assert code == 1
+    assert "Traceback" in err and "KeyError" in err and "this is a bug" in err

@@ -23,6 +23,8 @@ case = st.fixed_dictionaries({
     "copy_engines": st.integers(1, 2),
     "policy": st.sampled_from(policy_names()),
     "swap_out": st.booleans(),
+    "order": st.sampled_from(["priority", "fifo"]),
+    "sync": st.booleans(),
 })
 
 
@@ -31,9 +33,9 @@ case = st.fixed_dictionaries({
 # found by CI: a one-expert pool, top-2 and split experts (the computed top segment must make
 # room for its bottom); and a miss whose top was in flight loads only its bottom
 @example({"seed": 0, "layers": 1, "experts": 2, "k": 2, "batch": 1, "budget": 1, "buffer": 0,
-          "copy_engines": 1, "policy": "moepic", "swap_out": False})
+          "copy_engines": 1, "policy": "moepic", "swap_out": False, "order": "priority", "sync": False})
 @example({"seed": 0, "layers": 2, "experts": 2, "k": 2, "batch": 1, "budget": 1, "buffer": 2,
-          "copy_engines": 2, "policy": "moepic", "swap_out": False})
+          "copy_engines": 2, "policy": "moepic", "swap_out": False, "order": "priority", "sync": False})
 def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ignore[type-arg]
     k = min(c["k"], c["experts"])
     tr = random_trace(c["seed"], layers=c["layers"], experts=c["experts"], top_k=k, requests=3,
@@ -43,7 +45,7 @@ def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ig
     budget = max(c["budget"], c["layers"])  # at least one expert per layer
     eng, m = run_engine(tr, make_policy(c["policy"]), model, hw, budget_experts=budget,
                         buffer_experts=c["buffer"], batch_size=c["batch"], phases=("prefill", "decode"),
-                        swap_out=c["swap_out"])
+                        swap_out=c["swap_out"], pcie_order=c["order"], sync_prefetch=c["sync"])
     # VRAM never exceeds budget + buffer (the peak is taken at every allocation)
     assert eng.stats.vram_peak_bytes <= (budget + c["buffer"]) * model.expert_bytes
     # one access per (iteration, layer, distinct expert executed)

@@ -44,18 +44,28 @@ def test_builds_with_defaults_and_lists_its_params(name: str) -> None:
     assert set(pol.get_params()) == set(make_policy(name).get_params())
 
 
+# copy-queue disciplines every policy must survive: priority (default), one fifo stream, and
+# synchronous prefetch (the GPU waits for every issued prefetch before each layer)
+QUEUES = [("priority", False), ("fifo", False), ("priority", True), ("fifo", True)]
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("batch,budget,buffer", [(1, 12, 0), (2, 6, 2), (3, 9, 0)])
 @pytest.mark.parametrize("swap_out", [False, True])
-def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: int, swap_out: bool) -> None:
+@pytest.mark.parametrize("order,sync", QUEUES)
+def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: int, swap_out: bool,
+                                  order: str, sync: bool) -> None:
     tr = random_trace(1, layers=3, experts=8, top_k=2, requests=3)
     model, hw = tiny_model(3, 8, 2), tiny_hw()
     eng, m = run_engine(tr, make_policy(name), model, hw, budget_experts=budget, buffer_experts=buffer,
-                        batch_size=batch, phases=("prefill", "decode"), swap_out=swap_out)
+                        batch_size=batch, phases=("prefill", "decode"), swap_out=swap_out,
+                        pcie_order=order, sync_prefetch=sync)
     assert eng.stats.vram_peak_bytes <= (budget + buffer) * model.expert_bytes
     assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"] > 0
     assert all(used >= 0 for used in eng.vram.used)
     assert all(d >= 0 for d in eng.vram.draining) and eng.vram.buffer_draining >= 0
+    if policy_class(name).lossy:
+        assert 0 < m["routing_mass_kept"] <= 1 and m["effective_top_k"] > 0
     if swap_out:   # only what was loaded can be copied back (the last copies may still be in flight)
         assert m["d2h_gb"] <= m["h2d_gb"] + 1e-12
         assert m["d2h_gb"] > 0 or m["evictions"] == 0
@@ -66,24 +76,27 @@ def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: in
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("swap_out", [False, True])
-def test_same_seed_same_output(name: str, swap_out: bool) -> None:
+@pytest.mark.parametrize("order,sync", [("priority", False), ("fifo", True)])
+def test_same_seed_same_output(name: str, swap_out: bool, order: str, sync: bool) -> None:
     tr = random_trace(2, requests=2)
     model, hw = tiny_model(3, 8, 2), tiny_hw()
     runs = [run_engine(tr, make_policy(name), model, hw, budget_experts=9, seed=7, initial="random",
-                       swap_out=swap_out)
+                       swap_out=swap_out, pcie_order=order, sync_prefetch=sync)
             for _ in range(2)]
     assert runs[0][1] == runs[1][1]
     assert _steps(runs[0][0]) == _steps(runs[1][0])
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not policy_class(n).oracle])
-def test_never_reads_the_future(name: str) -> None:
+@pytest.mark.parametrize("order,sync,swap_out", [("priority", False, False), ("fifo", True, True)])
+def test_never_reads_the_future(name: str, order: str, sync: bool, swap_out: bool) -> None:
     tr_a = random_trace(3, requests=2, decode=8)
     tr_b = _swap_last_tokens(tr_a)
     assert not np.array_equal(tr_a.experts, tr_b.experts)
     model, hw = tiny_model(3, 8, 2), tiny_hw()
-    eng_a, _ = run_engine(tr_a, make_policy(name), model, hw, budget_experts=9)
-    eng_b, _ = run_engine(tr_b, make_policy(name), model, hw, budget_experts=9)
+    kw = {"pcie_order": order, "sync_prefetch": sync, "swap_out": swap_out}
+    eng_a, _ = run_engine(tr_a, make_policy(name), model, hw, budget_experts=9, **kw)  # type: ignore[arg-type]
+    eng_b, _ = run_engine(tr_b, make_policy(name), model, hw, budget_experts=9, **kw)  # type: ignore[arg-type]
     n_iters = len(eng_a.workload.iterations)
     # everything up to the first swapped token (the second-to-last iteration) is identical
     prefix = [s for s in _steps(eng_a) if s[0] < n_iters - 2]

@@ -1,0 +1,24 @@
+"""A policy of your own in one file: an LFU cache with next-layer lookahead prefetch.
+
+A scenario lists this file under ``plugins:`` and names the policy; nothing in moesim changes.
+"""
+
+from moesim.policies.compose import Composed
+from moesim.policies.parts.caches import LFUCache
+from moesim.policies.parts.predictors import make_predictor
+from moesim.policies.parts.prefetchers import NextLayerPrefetcher
+from moesim.policies.registry import register
+
+
+@register
+class LfuPrefetch(Composed):
+    """LFU cache + speculative prefetch of the next layer's ``prefetch_experts`` experts."""
+
+    name = "lfu-prefetch"
+    summary = "LFU + next-layer prefetch (plugin example)"
+
+    def __init__(self, *, prefetch_experts: int = 2, predictor: str = "auto") -> None:
+        self.prefetch_experts = prefetch_experts
+        self.predictor = predictor
+        self.assemble(cache=LFUCache(),
+                      prefetcher=NextLayerPrefetcher(make_predictor(predictor), experts=prefetch_experts))

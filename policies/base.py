@@ -514,6 +514,11 @@ class Policy:
         so a policy that does not say reads whatever the trace has."""
         return frozenset(OPTIONAL_COLUMNS)
 
+    def uses_hook(self, name: str) -> bool:
+        """Whether this policy does something in hook ``name`` (the engine skips the calls of
+        hooks nobody uses: they run per layer). Default: the class overrides it."""
+        return getattr(type(self), name) is not getattr(Policy, name)
+
     # -- hooks (see the module docstring for the order) ----------------------------------------
     def setup(self, ctx: Context) -> None:
         """Once before time 0."""

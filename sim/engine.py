@@ -256,12 +256,11 @@ class Engine:
         exp_cost: dict[int, float] = {}
         cpu_cost: dict[int, float] = {}
         # skip calls of hooks a policy does not override (the hot path runs per layer)
-        cls = type(policy)
-        has_before = cls.before_layer is not Policy.before_layer
-        has_routed = cls.on_routed is not Policy.on_routed
-        has_access = cls.on_access is not Policy.on_access
-        has_after = cls.after_layer is not Policy.after_layer
-        has_end = cls.on_layer_end is not Policy.on_layer_end
+        has_before = policy.uses_hook("before_layer")
+        has_routed = policy.uses_hook("on_routed")
+        has_access = policy.uses_hook("on_access")
+        has_after = policy.uses_hook("after_layer")
+        has_end = policy.uses_hook("on_layer_end")
         lossy = policy.lossy
         decision_s = float(policy.decision_us) * 1e-6
         overhead_layer = cost.overhead_layer_s()

@@ -67,7 +67,7 @@ class Transfers:
         self.iteration = 0            # index of the iteration being replayed (refetch accounting)
         self.layer_evictions = 0      # counters of the layer being replayed, for its step record
         self.layer_prefetch_bytes = 0
-        self._has_on_loaded = type(policy).on_loaded is not Policy.on_loaded
+        self._has_on_loaded = policy.uses_hook("on_loaded")
 
     def pool_of(self, layer: int) -> int:
         """The pool of ``layer``'s units."""

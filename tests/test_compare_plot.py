@@ -119,7 +119,7 @@ def test_sweep_figure_labels_units_bounds_and_averages_seeds(sweep_dir: Path) ->
 def test_plot_timeline_of_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     code, _, err = run_cli(["run", str(QUICKSTART), "--set", "workload.requests=1", "--set", "policy=oracle-prefetch",
-                            "--out", str(run), "--no-progress"], capsys)
+                            "--out", str(run), "--timeline", "--no-progress"], capsys)
     assert code == 0, err
     code, out, err = run_cli(["plot", str(run), "--start", "2", "--iterations", "2"], capsys)
     assert code == 0, err

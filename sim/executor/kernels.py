@@ -36,3 +36,12 @@ def swiglu(x: torch.Tensor, flat: torch.Tensor, hidden: int, inter: int, act: An
     gate_up, down = split_weights(flat, hidden, inter)
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(act(gate) * up, down)
+
+
+def apply_expert(out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, tok: torch.Tensor,
+                 slot: torch.Tensor, flat: torch.Tensor, hidden: int, inter: int) -> None:
+    """Add one expert's weighted output for the tokens ``tok`` (their slots ``slot`` in the
+    ``[n, k]`` combination ``weights``) into ``out``: the executor's whole per-expert work,
+    which ``simctl calibrate`` times as the expert cost."""
+    y = swiglu(x[tok], flat, hidden, inter)
+    out.index_add_(0, tok, y * weights[tok, slot, None].to(y.dtype))

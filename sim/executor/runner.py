@@ -45,7 +45,7 @@ from moesim.policies.base import (
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
 from moesim.sim.executor.copier import DEMAND, PREFETCH, make_copier
-from moesim.sim.executor.kernels import swiglu
+from moesim.sim.executor.kernels import apply_expert
 from moesim.sim.executor.model import OffloadModel
 from moesim.sim.executor.plan import access_order as _access_order
 from moesim.sim.executor.plan import combine_weights as _combine_weights
@@ -397,8 +397,7 @@ class Executor:
 
     def _apply(self, out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, tok: torch.Tensor,
                slot: torch.Tensor, flat: torch.Tensor) -> None:
-        y = swiglu(x[tok], flat, self.om.hidden, self.om.inter)
-        out.index_add_(0, tok, y * weights[tok, slot, None].to(y.dtype))
+        apply_expert(out, x, weights, tok, slot, flat, self.om.hidden, self.om.inter)
 
     def _settle(self, u: Unit) -> None:
         if self.policy.admit(self.view, u.key) and self._make_room(u.pool, u.nbytes, Reason.ADMIT, u.key):

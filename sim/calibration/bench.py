@@ -34,9 +34,25 @@ def _cycle(n_bytes: int, numel: int, dtype: torch.dtype, device: Any, pin: bool 
             else torch.empty(numel, dtype=dtype, pin_memory=True).fill_(1.0) for _ in range(count)]
 
 
+def _copy_closures(copier: Any, srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> tuple[Any, Any]:
+    """``(h2d, d2h)``: each call copies the next buffer pair (H2D through the copy engine)."""
+    from moesim.sim.executor.copier import DEMAND
+
+    i = [0]
+
+    def h2d() -> None:
+        k = i[0] = i[0] + 1
+        copier.wait([copier.submit(None, srcs[k % len(srcs)], dsts[k % len(dsts)], DEMAND)])
+
+    def d2h() -> None:
+        k = i[0] = i[0] + 1
+        srcs[k % len(srcs)].copy_(dsts[k % len(dsts)])
+    return h2d, d2h
+
+
 def copy_bench(device: torch.device, sizes: list[int], *, repeat: int = 7) -> list[dict[str, Any]]:
     """Seconds per copy of each size, H2D and D2H (pinned and pageable on a GPU)."""
-    from moesim.sim.executor.copier import DEMAND, make_copier
+    from moesim.sim.executor.copier import make_copier
 
     rows = []
     modes = [("pinned", True), ("pageable", False)] if device.type == "cuda" else [("memcpy", False)]
@@ -47,31 +63,38 @@ def copy_bench(device: torch.device, sizes: list[int], *, repeat: int = 7) -> li
             for label, pin in modes:
                 srcs = _cycle(nbytes, numel, torch.float32, "cpu", pin)
                 dsts = _cycle(nbytes, numel, torch.float32, device)
-                i = [0]
-
-                def h2d() -> None:
-                    k = i[0] = i[0] + 1
-                    job = copier.submit(None, srcs[k % len(srcs)], dsts[k % len(dsts)], DEMAND)
-                    copier.wait([job])
-
-                def d2h() -> None:
-                    k = i[0] = i[0] + 1
-                    srcs[k % len(srcs)].copy_(dsts[k % len(dsts)])
-
+                h2d, d2h = _copy_closures(copier, srcs, dsts)
                 rows.append({"bytes": numel * 4, "host_memory": label,
                              "h2d_s": measure(h2d, device, repeat=repeat),
                              "d2h_s": measure(d2h, device, repeat=repeat)})
-                del srcs, dsts
     finally:
         copier.close()
     return rows
+
+
+def _expert_closure(x: torch.Tensor, experts: list[torch.Tensor], hidden: int, inter: int) -> Any:
+    """A call applying the next expert of ``experts`` to ``x`` as the executor does."""
+    from moesim.sim.executor.kernels import apply_expert
+
+    n = x.shape[0]
+    out = torch.zeros_like(x)
+    w = torch.rand(n, 2, device=x.device)
+    tok = torch.arange(n, device=x.device)
+    slot = torch.zeros(n, dtype=torch.long, device=x.device)
+    i = [0]
+
+    def run() -> None:
+        i[0] += 1
+        with torch.inference_mode():
+            apply_expert(out, x, w, tok, slot, experts[i[0] % len(experts)], hidden, inter)
+    return run
 
 
 def expert_bench(device: torch.device, hidden: int, inter: int, dtype: torch.dtype, tokens: list[int],
                  *, repeat: int = 7) -> list[dict[str, Any]]:
     """Seconds of one expert applied to ``n`` tokens as the executor applies it (gather, SwiGLU,
     weighting, scatter-add), weights cycling over cold experts."""
-    from moesim.sim.executor.kernels import apply_expert, expert_numel
+    from moesim.sim.executor.kernels import expert_numel
 
     numel = expert_numel(hidden, inter)
     esize = torch.empty(0, dtype=dtype).element_size()
@@ -79,18 +102,7 @@ def expert_bench(device: torch.device, hidden: int, inter: int, dtype: torch.dty
                for _ in range(max(2, min(32, COLD_BYTES // (numel * esize))))]
     rows = []
     for n in tokens:
-        x = torch.randn(n, hidden, device=device).to(dtype)
-        out = torch.zeros_like(x)
-        w = torch.rand(n, 2, device=device)
-        tok = torch.arange(n)
-        slot = torch.zeros(n, dtype=torch.long)
-        i = [0]
-
-        def run() -> None:
-            i[0] += 1
-            with torch.inference_mode():
-                apply_expert(out, x, w, tok, slot, experts[i[0] % len(experts)], hidden, inter)
-
+        run = _expert_closure(torch.randn(n, hidden, device=device).to(dtype), experts, hidden, inter)
         rows.append({"tokens": n, "dtype": str(dtype).replace("torch.", ""), "s": measure(run, device, repeat=repeat)})
     return rows
 

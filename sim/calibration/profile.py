@@ -31,7 +31,13 @@ import numpy as np
 import torch
 import yaml
 
-from moesim.sim.calibration.bench import copy_bench, expert_bench, head_bench, layer_bench, roofline_bench
+from moesim.sim.calibration.bench import (
+    copy_bench,
+    expert_bench,
+    head_bench,
+    layer_bench,
+    roofline_bench,
+)
 from moesim.sim.calibration.timing import fit_line
 from moesim.sim.catalog import GIB, ModelSpec, get_hardware, get_runtime
 from moesim.sim.errors import MoesimError
@@ -61,15 +67,15 @@ def _memory_gib(device: torch.device) -> float:
     return 16.0
 
 
-def provenance(device: torch.device, threads: int) -> dict[str, Any]:
+def provenance(device: torch.device, threads: int, command: str | None = None) -> dict[str, Any]:
     """Where the profile comes from: device, versions, date, command."""
     import transformers
 
     prov: dict[str, Any] = {
-        "device": _device_name(device), "device_type": device.type, "torch": torch.__version__,
+        "device": _device_name(device), "device_type": device.type, "torch": str(torch.__version__),
         "transformers": transformers.__version__, "python": platform.python_version(),
         "cuda": torch.version.cuda, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in ["simctl", *sys.argv[1:]]) if sys.argv else "",
+        "command": command or " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]]),
         "host": platform.node(), "torch_threads": threads,
     }
     if device.type == "cuda":
@@ -110,8 +116,10 @@ def _executor_step(om: Any, context: int, tokens: int, seed: int) -> float:
     return float(np.median(run.stats.iteration_s))
 
 
-def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int = 1, seed: int = 0) -> dict[str, Any]:
-    """Measure everything for the prepared model ``om`` on its device; returns the profile."""
+def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int = 1, seed: int = 0,
+              command: str | None = None) -> dict[str, Any]:
+    """Measure everything for the prepared model ``om`` on its device; returns the profile
+    (``command``: what produced it, for the provenance; default: this process's arguments)."""
     device = om.device
     old_threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -146,7 +154,7 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
     iteration_s = max(0.0, stub - L * l0 - head)
     moe_overhead_s = max(0.0, (step - stub) / L - k * e0)
     us = 1e6
-    prov = provenance(device, threads)
+    prov = provenance(device, threads, command)
     where = f"calibration: measured on {prov['device']} ({prov['date']})"
     hw = {
         "name": f"calibrated-{device.type}",

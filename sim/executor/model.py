@@ -51,7 +51,8 @@ class OffloadedMoe(nn.Module):
         """Router logits, then the driver's expert computation."""
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, self.hidden)
-        logits = F.linear(x, self.gate.weight)
+        weight: Any = self.gate.weight
+        logits = F.linear(x, weight)
         assert self.driver is not None, "OffloadedMoe has no driver"
         return self.driver.moe(self.index, x, logits).reshape(shape)
 
@@ -81,7 +82,7 @@ class OffloadModel:
             h.remove()
         self.hooks = []
         for b in self.blocks:
-            dec = b.decoder_layer  # type: ignore[attr-defined]
+            dec: Any = b.decoder_layer
             self.hooks.append(dec.register_forward_pre_hook(
                 lambda mod, args, _i=b.index: driver.before_layer(_i)))
 
@@ -155,7 +156,7 @@ def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[s
     arch, layers, _ = find_moe_layers(model)
     if arch.model_type != "mixtral":
         raise MoesimError(f"{name}: the executor runs Mixtral-architecture models; this is {arch.name}")
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg: Any = model.config
     hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
     E, k = int(cfg.num_local_experts), int(cfg.num_experts_per_tok)
     dtype = next(model.parameters()).dtype
@@ -164,8 +165,8 @@ def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[s
     n = expert_numel(hidden, inter)
     pin = device.type == "cuda"
     for ml in layers:
-        ex = ml.experts
-        gu, dn = ex.gate_up_proj.detach(), ex.down_proj.detach()  # type: ignore[union-attr]
+        ex: Any = ml.experts
+        gu, dn = ex.gate_up_proj.detach(), ex.down_proj.detach()
         flat = torch.empty((E, n), dtype=dtype, device="cpu", pin_memory=pin)
         flat[:, :2 * inter * hidden].copy_(gu.reshape(E, -1))
         flat[:, 2 * inter * hidden:].copy_(dn.reshape(E, -1))
@@ -183,3 +184,32 @@ def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[s
     vocab = int(cfg.vocab_size)
     return OffloadModel(model=model, blocks=blocks, host_experts=host, spec=spec, device=device,
                         dtype=dtype, hidden=hidden, inter=inter, vocab_size=vocab, source=source)
+
+
+def model_argument(arg: str | None, default: ModelSpec | None) -> tuple[str | None, ModelSpec | None]:
+    """``--model``: an existing path (a model directory or config JSON: loaded), a model catalog
+    name or an inline YAML mapping of a model spec (a random Mixtral of that shape); None gives
+    ``default``. Returns ``(path, spec)``, one of them None."""
+    from pathlib import Path
+
+    import yaml
+
+    if arg is None:
+        return None, default
+    if Path(arg).exists():
+        return arg, None
+    if arg.lstrip().startswith("{"):
+        try:
+            data = yaml.safe_load(arg)
+        except yaml.YAMLError:
+            raise MoesimError(f"--model {arg!r}: not a YAML mapping") from None
+        if not isinstance(data, dict):
+            raise MoesimError(f"--model {arg!r}: not a YAML mapping")
+        data.setdefault("name", "inline")
+        try:
+            return None, get_model(data)
+        except MoesimError:
+            raise
+        except ValueError as exc:
+            raise MoesimError(f"--model: {str(exc).splitlines()[0]}") from None
+    return None, get_model(arg)

@@ -30,7 +30,9 @@ class ExpertStore:
         n = int(host[0].shape[1])
         self.numel = n
         self.dtype = host[0].dtype
-        self.slab = torch.empty((max(1, slots), n), dtype=self.dtype, device=device)
+        # touched now (zeroed), as a GPU runtime allocates its cache up front: the first copy
+        # into a slot must not pay the page faults of fresh memory
+        self.slab = torch.zeros((max(1, slots), n), dtype=self.dtype, device=device)
         self.free_slots: list[int] = list(range(max(1, slots)))[::-1]
         self.slot_of: dict[UnitKey, int] = {}
 

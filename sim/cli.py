@@ -7,6 +7,7 @@ line on stderr and exit status 2; never a traceback.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 import traceback
@@ -119,15 +120,104 @@ def models() -> None:
 
 
 @app.command()
-def hardware() -> None:
-    """List the hardware catalog."""
-    from moesim.sim.catalog import get_hardware, hardware_names
+def hardware(
+    name: Annotated[str | None, typer.Argument(help="a catalog entry or a profile YAML file: show where each number comes from")] = None,
+) -> None:
+    """List the hardware catalog, or show one entry's numbers and their sources."""
+    from moesim.sim.catalog import get_hardware, hardware_names, is_spec_file, load_spec_file
 
-    t = Table("hardware", "VRAM GiB", "PCIe GB/s", "copy engines", "TFLOP/s", "HBM GB/s", "calibrated")
-    for name in hardware_names():
-        h = get_hardware(name)
-        t.add_row(name, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", str(h.copy_engines), f"{h.peak_tflops:g}",
-                  f"{h.hbm_gbps:g}", "yes" if h.costs else "no")
+    if name is not None:
+        h = get_hardware(load_spec_file(name, "hardware") if is_spec_file(name) else name)
+        t = Table("field", "value", "source", title=f"{h.name}: {h.source or 'no source stated'}")
+        for field, value in h.model_dump(exclude={"name", "source", "sources"}, exclude_none=True).items():
+            t.add_row(field, str(value), h.source_of(field))
+        _console().print(t)
+        return
+    t = Table("hardware", "VRAM GiB", "PCIe GB/s", "copy engines", "TFLOP/s", "HBM GB/s", "calibrated", "source")
+    for name_ in hardware_names():
+        h = get_hardware(name_)
+        t.add_row(name_, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", str(h.copy_engines), f"{h.peak_tflops:g}",
+                  f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
+    _console().print(t)
+    _console().print("simctl hardware NAME (or a profile .yaml) shows the source of every number")
+
+
+@app.command()
+def calibrate(
+    out: Annotated[Path, typer.Option("--out", "-o", help="profile YAML to write (use it as hardware: and runtime: in a scenario)")],
+    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON, catalog model name, or an inline YAML spec")] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")] = "cpu",
+    quick: Annotated[bool, typer.Option("--quick", help="fewer sizes and repeats (seconds)")] = False,
+    context: Annotated[int, typer.Option("--context", min=1, help="context length of the non-MoE layer fit")] = 32,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch threads on CPU")] = 1,
+) -> None:
+    """Measure copies, expert and layer compute, and framework overhead with torch; write a profile."""
+    from moesim.sim.calibration.profile import calibrate as run_calibration
+    from moesim.sim.calibration.profile import write_profile
+    from moesim.sim.executor.model import load, model_argument
+    from moesim.traces.tracer import resolve_device
+
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        raise MoesimError(f"--out {out}: a profile file must end in .yaml or .yml")
+    ref, spec = model_argument(model, None)
+    if ref is None and spec is None:
+        raise MoesimError("--model: give a model directory, a config JSON, a catalog model or an inline spec")
+    om = load(ref, spec, resolve_device(device))
+    cmd = (f"simctl calibrate --out {out} --device {device} --context {context} --threads {threads}"
+           + (f" --model {shlex.quote(model)}" if model else "") + (" --quick" if quick else ""))
+    prof = run_calibration(om, quick=quick, context=context, threads=threads, command=cmd)
+    write_profile(prof, out)
+    hw, rt = prof["hardware"], prof["runtime"]
+    c = hw["costs"]
+    _console().print(f"{prof['provenance']['device']}: copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.1f} us, "
+                     f"expert {c['expert_us']:.1f} us (+{c['expert_us_per_token']:.1f}/token), layer {c['layer_us']:.1f} us, "
+                     f"head {c['head_us']:.1f} us, overhead {rt['layer_us']:.1f} us/layer + {rt['iteration_us']:.1f} us/iteration")
+    _console().print(f"wrote {out}")
+
+
+@app.command()
+def validate(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a key (repeatable)")] = None,
+    profile: Annotated[Path | None, typer.Option("--profile", help="an existing calibration profile (default: calibrate first)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON (default: a random Mixtral of the scenario's model shape)")] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")] = "cpu",
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder for the profile and validation.json")] = Path("runs/validate"),
+    quick: Annotated[bool, typer.Option("--quick", help="quick calibration")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+) -> None:
+    """Run a scenario in the simulator (calibrated) and on the real executor; print both and the error."""
+    from moesim.sim.calibration.profile import calibrate as run_calibration
+    from moesim.sim.calibration.profile import write_profile
+    from moesim.sim.catalog import load_spec_file
+    from moesim.sim.executor.model import load, model_argument
+    from moesim.sim.runner import load_trace
+    from moesim.sim.scenario import load_scenario
+    from moesim.sim.validate import compare, execute, format_rows, simulate
+    from moesim.traces.tracer import resolve_device
+
+    loaded = load_scenario(scenario, set_ or [])
+    if profile is not None:
+        load_spec_file(profile, "hardware")   # a missing or malformed file is one line, before any work
+    trace = load_trace(loaded)
+    ref, spec = model_argument(model, loaded.model_spec(trace.model.name))
+    om = load(ref, spec, resolve_device(device))
+    if profile is None:
+        cmd = f"simctl validate {scenario} --device {device}" + (" --quick" if quick else "")
+        profile = write_profile(run_calibration(om, quick=quick, command=cmd), out / "profile.yaml")
+    real = execute(loaded, om, profile, trace)
+    sim = simulate(loaded, om.spec, profile, trace)
+    rows = compare(sim, real)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation.json").write_text(json.dumps({"scenario": str(scenario), "profile": str(profile),
+                                                      "rows": rows, "simulated": sim, "measured": real}, indent=2, default=str))
+    if json_out:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table("metric", "simulated", "measured", "error", "", title=f"{loaded.scenario.name}: policy {real['policy']}, "
+              f"profile {profile}, {real['device']} ({real['copy_engine']} copies)")
+    for r in format_rows(rows):
+        t.add_row(*r)
     _console().print(t)
 
 

@@ -24,6 +24,8 @@ from moesim.sim.catalog import (
     get_hardware,
     get_model,
     get_runtime,
+    is_spec_file,
+    load_spec_file,
 )
 from moesim.sim.errors import MoesimError
 
@@ -131,14 +133,17 @@ class Scenario(BaseModel):
     name: str = Field("scenario", description="name shown in outputs")
     trace: str | dict[str, Any] = Field(description="trace file (relative to the scenario file) or {synthetic: {...}}")
     model: str | dict[str, Any] | None = Field(None, description="catalog name, {base: NAME, ...overrides} or a full spec; default: the trace's model")
-    hardware: str | dict[str, Any] = Field(description="catalog name, {base: NAME, ...overrides} or a full spec")
+    hardware: str | dict[str, Any] = Field(description="catalog name, {base: NAME, ...overrides}, a full spec, "
+                                           "or a YAML file (*.yaml, relative to the scenario) such as a "
+                                           "`simctl calibrate` profile")
     cache: CacheSpec = Field(description="expert budget")
     policy: str | PolicySpec = Field(description="policy name or {name, params}")
     plugins: list[str] = Field(default_factory=list, description="Python files (relative to the scenario "
                                "file) that register policies of your own with @register")
     pcie: PcieSpec = Field(default_factory=PcieSpec, description="copy-queue discipline")  # type: ignore[arg-type]
     runtime: str | dict[str, Any] = Field("none", description="framework overhead profile: catalog name "
-                                          "(none, hf-eager, vllm-like, llama-cpp-like) or {base: NAME, ...}")
+                                          "(none, hf-eager, vllm-like, llama-cpp-like), {base: NAME, ...}, or a YAML "
+                                          "file (*.yaml, relative to the scenario) such as a `simctl calibrate` profile")
     profile: ProfileSpec | None = Field(None, description="profiling split handed to policies at set-up, never measured")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")  # type: ignore[arg-type]
     seed: int = Field(0, ge=0, description="seed of every random choice of the run")
@@ -171,8 +176,9 @@ class LoadedScenario(BaseModel):
         return self.scenario.model_dump(mode="json", exclude_none=True)
 
     def config_hash(self) -> str:
-        """A key of the run: the resolved scenario plus the content of its trace files (not their
-        paths), so a renamed file keeps its key and an edited one gets a new one."""
+        """A key of the run: the resolved scenario plus the content of the files it names (trace,
+        profile trace, hardware and runtime profiles, policy plugins), not their paths: a renamed
+        file keeps its key and an edited one gets a new one."""
         data = self.resolved()
         files: dict[str, str] = {}
         trace = self.trace_path()
@@ -183,6 +189,13 @@ class LoadedScenario(BaseModel):
         if prof is not None:
             files["profile"] = file_digest(prof)
             del data["profile"]["trace"]
+        for key in ("hardware", "runtime"):
+            spec = self.spec_file(key)
+            if spec is not None:
+                files[key] = file_digest(spec)
+                del data[key]
+        for i, plugin in enumerate(self.plugin_paths()):   # a policy's code decides its results
+            files[f"plugin{i}"] = file_digest(plugin)
         blob = json.dumps({"scenario": data, "files": files}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -209,6 +222,22 @@ class LoadedScenario(BaseModel):
         except ValidationError as exc:
             raise ScenarioError(_format_validation(exc, self.source, prefix=key)) from None
 
+    def spec_file(self, key: str) -> Path | None:
+        """The file named by ``hardware:`` or ``runtime:`` (a string ending in .yaml/.yml,
+        relative to the scenario), or None for a catalog reference."""
+        ref = getattr(self.scenario, key)
+        return self._file(ref) if is_spec_file(ref) else None
+
+    def _ref(self, key: str) -> str | dict[str, Any]:
+        path = self.spec_file(key)
+        if path is None:
+            ref: str | dict[str, Any] = getattr(self.scenario, key)
+            return ref
+        try:
+            return load_spec_file(path, key)
+        except CatalogError as exc:
+            raise ScenarioError(f"{self.source or 'scenario'}: {key}: {exc}") from None
+
     def trace_path(self) -> Path | None:
         """The trace file, or None for a synthetic trace."""
         t = self.scenario.trace
@@ -221,13 +250,14 @@ class LoadedScenario(BaseModel):
         return spec
 
     def hardware_spec(self) -> HardwareSpec:
-        """The resolved hardware."""
-        spec: HardwareSpec = self._catalog("hardware", get_hardware, self.scenario.hardware)
+        """The resolved hardware (a catalog name, a mapping or a YAML file such as a
+        calibration profile)."""
+        spec: HardwareSpec = self._catalog("hardware", get_hardware, self._ref("hardware"))
         return spec
 
     def runtime_spec(self) -> RuntimeSpec:
-        """The resolved runtime-overhead profile."""
-        spec: RuntimeSpec = self._catalog("runtime", get_runtime, self.scenario.runtime)
+        """The resolved runtime-overhead profile (a catalog name, a mapping or a YAML file)."""
+        spec: RuntimeSpec = self._catalog("runtime", get_runtime, self._ref("runtime"))
         return spec
 
 

@@ -128,6 +128,18 @@ class HardwareSpec(BaseModel):
     evict_us: float = Field(0.0, ge=0, description="cost of an eviction on the critical path (paid inside a demand miss)")
     costs: CostsSpec | None = Field(None, description="calibrated costs overriding the roofline")
     cpu: CpuSpec = Field(default_factory=lambda: CpuSpec.model_validate({}), description="the host CPU, for experts run on the CPU")
+    source: str = Field("", description="where the entry's numbers come from (spec sheet, derivation, calibration file)")
+    sources: dict[str, str] = Field(default_factory=dict, description="per-field provenance: field name -> source, "
+                                    "overriding ``source`` for that field")
+
+    def source_of(self, field_name: str) -> str:
+        """Where the value of ``field_name`` comes from: its own entry in ``sources``, the
+        entry's ``source`` for a field the entry sets, else the field's documented default."""
+        if field_name in self.sources:
+            return self.sources[field_name]
+        if field_name in self.model_fields_set and self.source:
+            return self.source
+        return "default of HardwareSpec (not stated by the entry)"
 
 
 def _load(kind: str) -> dict[str, dict[str, Any]]:
@@ -192,6 +204,40 @@ def get_hardware(ref: str | dict[str, Any]) -> HardwareSpec:
     """Resolve a hardware reference: a catalog name, ``{base: NAME, ...overrides}`` or a full spec."""
     spec: HardwareSpec = _resolve("hardware", ref, HardwareSpec)
     return spec
+
+
+def load_spec_file(path: Any, section: str) -> dict[str, Any]:
+    """Read a hardware or runtime spec from a YAML file (a calibration profile written by
+    ``simctl calibrate``, or a hand-written spec). A file with a top-level ``section`` key
+    (``hardware`` or ``runtime``) gives that mapping; otherwise the whole file is the spec.
+    Bad input is a one-line :class:`CatalogError` naming the file."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise CatalogError(f"{p}: no such {section} profile file")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise CatalogError(f"{p}:{where}: {getattr(exc, 'problem', None) or 'invalid YAML'}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{p}: cannot read ({exc})") from None
+    if not isinstance(data, dict):
+        raise CatalogError(f"{p}: a {section} profile must be a mapping")
+    if section in data:
+        data = data[section]
+        if not isinstance(data, dict):
+            raise CatalogError(f"{p}: {section}: must be a mapping")
+    spec = {str(k): v for k, v in data.items()}
+    spec.setdefault("name", p.stem)
+    return spec
+
+
+def is_spec_file(ref: Any) -> bool:
+    """A catalog reference that names a YAML file (``*.yaml`` / ``*.yml``) rather than an entry."""
+    return isinstance(ref, str) and ref.lower().endswith((".yaml", ".yml"))
 
 
 def get_runtime(ref: str | dict[str, Any]) -> RuntimeSpec:

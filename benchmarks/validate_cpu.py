@@ -1,0 +1,83 @@
+"""Simulator against the real executor on this machine's CPU: policies x cache rates.
+
+Calibrates once (``simctl calibrate`` on the scenario's model shape), then for each policy and
+cache rate runs ``scenarios/validate-cpu.yaml`` on the executor (random-weight Mixtral, copies
+on a copy thread) and in the simulator with the calibrated profile, and prints one markdown
+table: TPOT p50 / mean, TTFT, hit rate and H2D bytes, simulated vs measured, error in %.
+
+    python benchmarks/validate_cpu.py [--policies lru lfu fifo belady] [--rates 0.25 0.5 0.75]
+
+Speed figures, never assertions: the numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the validation table."""
+    import torch
+
+    from moesim.sim.calibration.profile import calibrate, write_profile
+    from moesim.sim.executor.model import load
+    from moesim.sim.runner import load_trace
+    from moesim.sim.scenario import load_scenario
+    from moesim.sim.validate import compare, execute, simulate
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default=str(ROOT / "scenarios/validate-cpu.yaml"))
+    ap.add_argument("--policies", nargs="+", default=["lru", "lfu", "fifo", "belady"])
+    ap.add_argument("--rates", nargs="+", type=float, default=[0.25, 0.5, 0.75])
+    ap.add_argument("--profile", default="runs/validate-cpu/profile.yaml")
+    ap.add_argument("--quick", action="store_true", help="quick calibration")
+    args = ap.parse_args(argv)
+
+    base = load_scenario(args.scenario)
+    trace = load_trace(base)
+    om = load(None, base.model_spec(trace.model.name), torch.device("cpu"))
+    t0 = time.time()
+    prof = calibrate(om, quick=args.quick)
+    path = write_profile(prof, args.profile)
+    hw, rt = prof["hardware"], prof["runtime"]
+    print(f"# Simulator vs executor on CPU\n\ncommand: `python benchmarks/{Path(__file__).name} {' '.join(argv or sys.argv[1:])}`  ")
+    print(f"device: {prof['provenance']['device']}, torch {prof['provenance']['torch']}, "
+          f"{prof['provenance']['torch_threads']} thread(s), {prof['provenance']['date']}  ")
+    print(f"model: random Mixtral {om.spec.num_layers} layers x {om.spec.num_experts} experts, top-{om.spec.top_k}, "
+          f"hidden {om.hidden}, intermediate {om.inter}, {str(om.dtype).replace('torch.', '')} "
+          f"({om.spec.expert_bytes / 1e6:.1f} MB per expert)  ")
+    c = hw["costs"]
+    print(f"calibrated ({time.time() - t0:.0f} s): copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.0f} us; "
+          f"expert {c['expert_us']:.0f} us; layer {c['layer_us']:.0f} us; head {c['head_us']:.0f} us; "
+          f"overhead {rt['layer_us']:.0f} us/layer + {rt['iteration_us']:.0f} us/iteration\n")
+    print("| policy | rate | hit sim | hit real | TPOT p50 sim | real | err | TPOT mean sim | real | err | TTFT sim | real | err | H2D GB sim | real |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    p50_errs = []
+    identical = True
+    for pol in args.policies:
+        for rate in args.rates:
+            loaded = load_scenario(args.scenario, [f"policy={pol}", f"cache.rate={rate}"])
+            real = execute(loaded, om, path, trace)
+            sim = simulate(loaded, om.spec, path, trace)
+            rows = {r["key"]: r for r in compare(sim, real)}
+            h, p50, mean, ttft, gb = (rows[k] for k in ("hit_rate", "tpot_ms.p50", "tpot_ms.mean", "ttft_ms.mean", "h2d_gb"))
+            identical &= h["predicted"] == h["measured"]
+            p50_errs.append(abs(p50["error_pct"]))
+            print(f"| {pol} | {rate:g} | {h['predicted']:.4f} | {h['measured']:.4f} | {p50['predicted']:.2f} | "
+                  f"{p50['measured']:.2f} | {p50['error_pct']:+.1f}% | {mean['predicted']:.2f} | {mean['measured']:.2f} | "
+                  f"{mean['error_pct']:+.1f}% | {ttft['predicted']:.2f} | {ttft['measured']:.2f} | {ttft['error_pct']:+.1f}% | "
+                  f"{gb['predicted']:.3f} | {gb['measured']:.3f} |", flush=True)
+    print(f"\nhit rates identical in every run: {'yes' if identical else 'NO'}  ")
+    print(f"TPOT p50 |error|: median {statistics.median(p50_errs):.1f}%, max {max(p50_errs):.1f}% "
+          f"over {len(p50_errs)} runs (goal: median <= 5%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

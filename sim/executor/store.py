@@ -1,0 +1,77 @@
+"""Expert weights in two places: the host pool (every expert of every MoE layer, pinned on a GPU
+machine so that copies are asynchronous DMA) and the device slots (the expert cache: one slab of
+``slots`` experts, each a flat weight vector, see :mod:`.kernels`).
+
+Which unit lives in which slot is this module's business; how many bytes each pool may hold is
+the VRAM accounting's (:class:`moesim.sim.vram.Vram`, the simulator's own), so the executor
+keeps exactly the simulator's budget rules. With whole experts of one size, a budget of ``B``
+bytes in pools of ``cap_p`` bytes never holds more than ``floor(B / expert_bytes)`` experts, so
+one slab of that many slots (plus the transfer buffer's) always has a free slot when the
+accounting grants room.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moesim.policies.base import UnitKey
+
+
+class StoreError(RuntimeError):
+    """A slot asked for when none is free: the accounting and the slots disagree (a bug)."""
+
+
+class ExpertStore:
+    """Host pool ``host[layer]`` (``[E, n]``) and device slots ``slab`` (``[slots, n]``)."""
+
+    def __init__(self, host: list[torch.Tensor], device: torch.device, slots: int) -> None:
+        self.host = host
+        self.device = device
+        n = int(host[0].shape[1])
+        self.numel = n
+        self.dtype = host[0].dtype
+        # touched now (zeroed), as a GPU runtime allocates its cache up front: the first copy
+        # into a slot must not pay the page faults of fresh memory
+        self.slab = torch.zeros((max(1, slots), n), dtype=self.dtype, device=device)
+        self.free_slots: list[int] = list(range(max(1, slots)))[::-1]
+        self.slot_of: dict[UnitKey, int] = {}
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert."""
+        return self.numel * self.slab.element_size()
+
+    def alloc(self, key: UnitKey) -> torch.Tensor:
+        """A free slot for ``key``; returns the slot's tensor (the copy's destination)."""
+        if key in self.slot_of:
+            return self.slab[self.slot_of[key]]
+        if not self.free_slots:
+            raise StoreError(f"no free device slot for {key} ({self.slab.shape[0]} slots)")
+        s = self.free_slots.pop()
+        self.slot_of[key] = s
+        return self.slab[s]
+
+    def free(self, key: UnitKey) -> None:
+        """Give ``key``'s slot back (its copy must have landed or been withdrawn)."""
+        s = self.slot_of.pop(key, None)
+        if s is not None:
+            self.free_slots.append(s)
+
+    def weights(self, key: UnitKey) -> torch.Tensor:
+        """The device weights of a resident unit."""
+        return self.slab[self.slot_of[key]]
+
+    def source(self, layer: int, expert: int) -> torch.Tensor:
+        """The host copy of an expert (the copy's source)."""
+        return self.host[layer][expert]
+
+
+def host_pool(experts: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Move per-layer ``[E, n]`` expert weights to host memory: pinned when the device is a GPU
+    (so that host-to-device copies are asynchronous), plain CPU tensors otherwise."""
+    pin = device.type == "cuda"
+    out = []
+    for t in experts:
+        h = t.detach().to("cpu")
+        out.append(h.pin_memory() if pin else h.contiguous())
+    return out

@@ -1,0 +1,111 @@
+"""``simctl validate``: one scenario run twice, in the simulator with a calibrated profile and on
+the real executor (:mod:`moesim.sim.executor`), and the metrics side by side with the error.
+
+The simulator's model is the executor's model shape (a random Mixtral of the scenario's model
+shape, or ``--model PATH``); its hardware and runtime are the calibration profile measured on
+the same device just before (or given with ``--profile``). Both replay the same trace, requests
+and budget under fresh instances of the same policy. Hit rates of demand-only policies must be
+identical (the executor is teacher-forced and its hit/miss classification is timing-free); the
+timings differ by what the simulator does not model and by the machine's noise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from moesim.sim.errors import MoesimError
+from moesim.sim.scenario import LoadedScenario, load_scenario_data
+
+METRICS: tuple[tuple[str, str], ...] = (
+    ("TTFT mean (ms)", "ttft_ms.mean"),
+    ("TPOT p50 (ms)", "tpot_ms.p50"),
+    ("TPOT mean (ms)", "tpot_ms.mean"),
+    ("hit rate", "hit_rate"),
+    ("H2D GB", "h2d_gb"),
+)
+
+
+def _get(m: dict[str, Any], path: str) -> float | None:
+    cur: Any = m
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return None if cur is None else float(cur)
+
+
+def error_pct(pred: float | None, meas: float | None) -> float | None:
+    """``(pred - meas) / meas`` in percent (None when either is missing or meas is 0)."""
+    if pred is None or meas is None or meas == 0:
+        return None
+    return (pred - meas) / meas * 100.0
+
+
+def simulate(loaded: LoadedScenario, model_spec: Any, profile: Path, trace: Any) -> dict[str, Any]:
+    """The scenario in the simulator with ``profile`` as hardware and runtime and the
+    executor's model shape."""
+    from moesim.sim.runner import run_loaded
+
+    data = loaded.resolved()
+    data.update(hardware=str(profile.resolve()), runtime=str(profile.resolve()),
+                model=model_spec.model_dump(mode="json"))
+    sim = load_scenario_data(data, source=loaded.source, base_dir=loaded.base_dir)
+    return run_loaded(sim, trace=trace, steps=False).metrics
+
+
+def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy: str = "auto",
+            threads: int = 1) -> dict[str, Any]:
+    """The scenario on the executor: the same requests, budget, initial fill and policy."""
+    from moesim.policies.registry import load_plugin, make_policy
+    from moesim.sim.catalog import get_hardware, get_runtime, load_spec_file
+    from moesim.sim.cost import CostModel
+    from moesim.sim.executor.runner import Executor
+    from moesim.sim.runner import check_shapes, split_profile
+    from moesim.sim.workload import build_workload
+
+    scen = loaded.scenario
+    source = loaded.source or "scenario"
+    if scen.workload.batch_size != 1:
+        raise MoesimError(f"{source}: workload.batch_size: the executor replays batch_size 1 only")
+    if scen.cache.swap_out:
+        raise MoesimError(f"{source}: cache.swap_out: the executor drops evicted experts (no swap-out)")
+    check_shapes(trace, om.spec, source)
+    for plugin in loaded.plugin_paths():
+        load_plugin(plugin)
+    pspec = scen.policy_spec
+    policy = make_policy(pspec.name, pspec.params)
+    prof, remaining = split_profile(loaded, trace)
+    req = scen.workload.requests
+    if scen.profile is not None and scen.profile.trace is None and not isinstance(req, list):
+        req = remaining if req == "all" else remaining[:req]
+    wl = build_workload(trace, batch_size=1, phases=scen.workload.phases, requests=req)
+    cost = CostModel(om.spec, get_hardware(load_spec_file(profile, "hardware")),
+                     get_runtime(load_spec_file(profile, "runtime")))
+    ex = Executor(wl, policy, om, cost, budget_bytes=scen.cache.budget_bytes(om.spec),
+                  buffer_bytes=int(round(scen.cache.buffer_experts * om.spec.expert_bytes)),
+                  initial=scen.cache.initial, pcie_order=scen.pcie.order, seed=scen.seed,
+                  profile=prof, copy=copy, threads=threads)
+    ex.run()
+    return ex.metrics()
+
+
+def compare(sim: dict[str, Any], real: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per metric: predicted, measured, error %."""
+    rows = []
+    for label, path in METRICS:
+        p, m = _get(sim, path), _get(real, path)
+        rows.append({"metric": label, "key": path, "predicted": p, "measured": m, "error_pct": error_pct(p, m)})
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Rows as strings for a table."""
+    out = []
+    for r in rows:
+        p, m, e = r["predicted"], r["measured"], r["error_pct"]
+        digits = 4 if r["key"] in ("hit_rate", "h2d_gb") else 3
+        note = ""
+        if r["key"] == "hit_rate" and p is not None and m is not None:
+            note = "identical" if abs(p - m) < 1e-12 else f"differs by {abs(p - m):.4f}"
+        out.append([r["metric"], "-" if p is None else f"{p:.{digits}f}", "-" if m is None else f"{m:.{digits}f}",
+                    "-" if e is None else f"{e:+.1f}%", note])
+    return out

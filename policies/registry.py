@@ -28,6 +28,8 @@ _MODULES = (
     "moesim.policies.moe_infinity",
     "moesim.policies.pregated",
     "moesim.policies.random_substitute",
+    "moesim.policies.activeevict",
+    "moesim.policies.moe_apex",
 )
 _loaded = False
 

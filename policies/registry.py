@@ -30,6 +30,8 @@ _MODULES = (
     "moesim.policies.random_substitute",
     "moesim.policies.activeevict",
     "moesim.policies.moe_apex",
+    "moesim.policies.fmoe",
+    "moesim.policies.promoe",
 )
 _loaded = False
 

@@ -510,9 +510,15 @@ class Policy:
         return frozenset()
 
     def read_columns(self) -> frozenset[str]:
-        """Optional trace columns this policy reads when present (the replay loads only these
-        and ``experts``). Default: its required columns."""
-        return self.required_columns()
+        """Optional trace columns this policy reads when present: the replay loads only these
+        (and ``experts``, plus ``weights`` for lossy policies' metrics). Default: every column,
+        so a policy that does not say reads whatever the trace has."""
+        return frozenset(OPTIONAL_COLUMNS)
+
+    def uses_hook(self, name: str) -> bool:
+        """Whether this policy does something in hook ``name`` (the engine skips the calls of
+        hooks nobody uses: they run per layer). Default: the class overrides it."""
+        return getattr(type(self), name) is not getattr(Policy, name)
 
     # -- hooks (see the module docstring for the order) ----------------------------------------
     def setup(self, ctx: Context) -> None:

@@ -35,6 +35,9 @@ from moesim.policies.parts.caches import CacheRule
 from moesim.policies.parts.planners import Planner
 from moesim.policies.parts.prefetchers import Prefetcher
 
+_DISPATCHED = ("on_iteration_start", "before_layer", "on_access", "after_layer", "on_layer_end",
+               "on_iteration_end", "on_loaded", "on_evict", "on_cancel")
+
 
 class Composed(Policy):
     """A policy made of a cache rule, an optional prefetcher and an optional planner."""
@@ -52,10 +55,18 @@ class Composed(Policy):
         if prefetcher is not None:
             prefetcher.cache = cache
         self._parts: list[Policy] = [p for p in (cache, prefetcher, planner) if p is not None]
+        self._by_hook = {hook: [getattr(p, hook) for p in self._parts if p.uses_hook(hook)] for hook in _DISPATCHED}
 
     def parts(self) -> list[Policy]:
         """The parts, in hook order."""
         return list(self._parts)
+
+    def uses_hook(self, name: str) -> bool:
+        """A hook is used when a subclass of the composition overrides it, or a part uses it."""
+        own = getattr(type(self), name)
+        if own is not getattr(Composed, name, None) and own is not getattr(Policy, name):
+            return True
+        return any(p.uses_hook(name) for p in self._parts)
 
     def required_columns(self) -> frozenset[str]:
         """Union of the parts' required columns."""
@@ -81,13 +92,13 @@ class Composed(Policy):
 
     def on_iteration_start(self, view: View) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.on_iteration_start(view)
+        for hook in self._by_hook["on_iteration_start"]:
+            hook(view)
 
     def before_layer(self, view: View, layer: int) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.before_layer(view, layer)
+        for hook in self._by_hook["before_layer"]:
+            hook(view, layer)
 
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         """The planner's plan (as routed without one)."""
@@ -95,23 +106,23 @@ class Composed(Policy):
 
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.on_access(view, layer, outcome)
+        for hook in self._by_hook["on_access"]:
+            hook(view, layer, outcome)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.after_layer(view, layer, outcome)
+        for hook in self._by_hook["after_layer"]:
+            hook(view, layer, outcome)
 
     def on_layer_end(self, view: View, layer: int) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.on_layer_end(view, layer)
+        for hook in self._by_hook["on_layer_end"]:
+            hook(view, layer)
 
     def on_iteration_end(self, view: View) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.on_iteration_end(view)
+        for hook in self._by_hook["on_iteration_end"]:
+            hook(view)
 
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """The cache rule's victim."""
@@ -123,15 +134,15 @@ class Composed(Policy):
 
     def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.on_loaded(view, unit, demand)
+        for hook in self._by_hook["on_loaded"]:
+            hook(view, unit, demand)
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.on_evict(view, unit)
+        for hook in self._by_hook["on_evict"]:
+            hook(view, unit)
 
     def on_cancel(self, view: View, unit: UnitKey) -> None:
         """Every part, in order."""
-        for p in self._parts:
-            p.on_cancel(view, unit)
+        for hook in self._by_hook["on_cancel"]:
+            hook(view, unit)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moesim.sim.errors import MoesimError
+from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
 from moesim.traces.cli import app as trace_app
 
 app = typer.Typer(
@@ -128,6 +129,11 @@ def hardware() -> None:
         t.add_row(name, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", str(h.copy_engines), f"{h.peak_tflops:g}",
                   f"{h.hbm_gbps:g}", "yes" if h.costs else "no")
     _console().print(t)
+
+
+app.command(name="sweep")(sweep_cmd)
+app.command(name="compare")(compare_cmd)
+app.command(name="plot")(plot_cmd)
 
 
 def _console() -> Console:

@@ -41,11 +41,12 @@ class RunResult:
     timeline: list[TimelineEvent] = field(default_factory=list)
 
 
-def load_trace(loaded: LoadedScenario) -> Trace:
-    """The scenario's trace: a validated file, or generated from ``{synthetic: {...}}``."""
+def load_trace(loaded: LoadedScenario, columns: frozenset[str] | None = None) -> Trace:
+    """The scenario's trace: a validated file (only ``columns`` of the optional ones, all when
+    None), or generated from ``{synthetic: {...}}``."""
     path = loaded.trace_path()
     if path is not None:
-        return read_trace(path)
+        return read_trace(path, None if columns is None else sorted(columns))
     from moesim.traces.synthetic import SynthParams, generate  # generator only when asked for
 
     spec = loaded.scenario.trace
@@ -60,8 +61,8 @@ def load_trace(loaded: LoadedScenario) -> Trace:
             msg = "unknown key" if e0.get("type") == "extra_forbidden" else e0.get("msg")
             raise ScenarioError(f"{loaded.source or 'scenario'}: trace.synthetic.{loc}: {msg}") from None
         raise ScenarioError(f"{loaded.source or 'scenario'}: trace.synthetic: {exc}") from None
-    columns, meta = generate(params)
-    return trace_from_columns(columns, meta)
+    generated, meta = generate(params)
+    return trace_from_columns(generated, meta)
 
 
 def check_shapes(trace: Trace, model: ModelSpec, source: str) -> None:
@@ -113,7 +114,14 @@ def run_loaded(
     """Run a validated scenario. ``trace`` may be passed in to reuse an already loaded one."""
     scen = loaded.scenario
     source = loaded.source or "scenario"
-    tr = trace if trace is not None else load_trace(loaded)
+    pspec = scen.policy_spec
+    for plugin in loaded.plugin_paths():
+        load_plugin(plugin)
+    policy = make_policy(pspec.name, pspec.params)
+    if trace is None:
+        cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
+        trace = load_trace(loaded, frozenset(cols))
+    tr = trace
     model = loaded.model_spec(tr.model.name)
     hw = loaded.hardware_spec()
     runtime = loaded.runtime_spec()
@@ -126,10 +134,6 @@ def run_loaded(
             f"{source}: cache: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
-    pspec = scen.policy_spec
-    for plugin in loaded.plugin_paths():
-        load_plugin(plugin)
-    policy = make_policy(pspec.name, pspec.params)
     profile, remaining = split_profile(loaded, tr)
     req_spec = scen.workload.requests
     if scen.profile is not None and scen.profile.trace is None:

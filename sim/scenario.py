@@ -188,52 +188,47 @@ class LoadedScenario(BaseModel):
 
     def plugin_paths(self) -> list[Path]:
         """The scenario's plugin files, resolved against its folder."""
-        out = []
-        for item in self.scenario.plugins:
-            p = Path(item).expanduser()
-            out.append(p if p.is_absolute() else self.base_dir / p)
-        return out
+        return [self._file(item) for item in self.scenario.plugins]
 
     def profile_path(self) -> Path | None:
         """The profile split's own trace file, if it names one."""
         prof = self.scenario.profile
-        if prof is None or prof.trace is None:
-            return None
-        p = Path(prof.trace).expanduser()
+        return None if prof is None or prof.trace is None else self._file(prof.trace)
+
+    def _file(self, item: str) -> Path:
+        """A path from the scenario, relative to the scenario file's folder."""
+        p = Path(item).expanduser()
         return p if p.is_absolute() else (self.base_dir / p)
+
+    def _catalog(self, key: str, resolve: Any, ref: Any) -> Any:
+        """Resolve a catalog reference; errors are one line naming the scenario key."""
+        try:
+            return resolve(ref)
+        except CatalogError as exc:
+            raise ScenarioError(f"{self.source or 'scenario'}: {key}: {exc}") from None
+        except ValidationError as exc:
+            raise ScenarioError(_format_validation(exc, self.source, prefix=key)) from None
+
+    def trace_path(self) -> Path | None:
+        """The trace file, or None for a synthetic trace."""
+        t = self.scenario.trace
+        return self._file(t) if isinstance(t, str) else None
+
+    def model_spec(self, trace_model_name: str) -> ModelSpec:
+        """The resolved model (the trace's own model name when the scenario names none)."""
+        ref = self.scenario.model if self.scenario.model is not None else trace_model_name
+        spec: ModelSpec = self._catalog("model", get_model, ref)
+        return spec
+
+    def hardware_spec(self) -> HardwareSpec:
+        """The resolved hardware."""
+        spec: HardwareSpec = self._catalog("hardware", get_hardware, self.scenario.hardware)
+        return spec
 
     def runtime_spec(self) -> RuntimeSpec:
         """The resolved runtime-overhead profile."""
-        try:
-            return get_runtime(self.scenario.runtime)
-        except CatalogError as exc:
-            raise ScenarioError(f"{self.source or 'scenario'}: runtime: {exc}") from None
-        except ValidationError as exc:
-            raise ScenarioError(_format_validation(exc, self.source, prefix="runtime")) from None
-
-    def trace_path(self) -> Path | None:
-        t = self.scenario.trace
-        if isinstance(t, str):
-            p = Path(t).expanduser()
-            return p if p.is_absolute() else (self.base_dir / p)
-        return None
-
-    def model_spec(self, trace_model_name: str) -> ModelSpec:
-        ref = self.scenario.model if self.scenario.model is not None else trace_model_name
-        try:
-            return get_model(ref)
-        except CatalogError as exc:
-            raise ScenarioError(f"{self.source or 'scenario'}: model: {exc}") from None
-        except ValidationError as exc:
-            raise ScenarioError(_format_validation(exc, self.source, prefix="model")) from None
-
-    def hardware_spec(self) -> HardwareSpec:
-        try:
-            return get_hardware(self.scenario.hardware)
-        except CatalogError as exc:
-            raise ScenarioError(f"{self.source or 'scenario'}: hardware: {exc}") from None
-        except ValidationError as exc:
-            raise ScenarioError(_format_validation(exc, self.source, prefix="hardware")) from None
+        spec: RuntimeSpec = self._catalog("runtime", get_runtime, self.scenario.runtime)
+        return spec
 
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}

@@ -237,3 +237,25 @@ def test_the_config_hash_follows_the_trace_content_not_its_path(tmp_path) -> Non
     assert key("a.parquet") == key("b.parquet")
     b.write_bytes(b.read_bytes()[:-1] + b"\0")
     assert key("a.parquet") != key("b.parquet")
+
+
+def test_the_replay_reads_only_the_columns_the_policy_declares(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import moesim.sim.runner as runner
+    from moesim.sim.scenario import load_scenario
+    from tests.util import ROOT
+
+    asked: list[object] = []
+    real = runner.read_trace
+
+    def spy(path, columns=None):  # type: ignore[no-untyped-def]
+        asked.append(columns)
+        return real(path, columns)
+
+    monkeypatch.setattr(runner, "read_trace", spy)
+    for policy, want in [("lru", []), ("mixtral-offloading", ["lookahead_logits"]),
+                         ("random-substitute", ["weights"])]:
+        asked.clear()
+        runner.run_loaded(load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                                        ["workload.requests=1", f"policy={policy}"]))
+        assert asked == [want], policy
+    assert make_policy("moepic").read_columns() >= {"lookahead_logits"}   # undeclared: reads all

@@ -71,7 +71,7 @@ def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ig
     assert m["demand_gb"] * 1e9 == pytest.approx(sum(s.demand_bytes for s in steps(eng)), abs=1)
     # prefetches waiting for draining room claim exactly their bytes
     claims = [0] * len(eng.vram.claimed)
-    for u, _ in eng.waiting_prefetch:
+    for u, _ in eng.transfers.waiting_prefetch:
         claims[u.pool] += u.nbytes
     assert eng.vram.claimed == claims and all(d >= 0 for d in eng.vram.draining)
     # swap-out copies back only what was loaded, and only when asked to

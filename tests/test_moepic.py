@@ -15,14 +15,13 @@ import pytest
 
 from moesim.policies.adapmoe import allocate_cache_sizes
 from moesim.policies.base import HIT, LATE, MISS, PARTIAL
-from moesim.policies.moepic import (
+from moesim.policies.moepic import MoEpic, split_fractions
+from moesim.policies.moepic_config import (
     CacheConfigurator,
     LayerStats,
-    MoEpic,
     SplitStats,
     Timing,
     solve_layer,
-    split_fractions,
 )
 from moesim.policies.registry import make_policy
 from tests.util import make_trace, random_trace, run_engine, step_us, steps, tiny_hw, tiny_model

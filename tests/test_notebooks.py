@@ -1,4 +1,5 @@
-"""Every notebook under notebooks/ executes headless from its own folder."""
+"""Every notebook under notebooks/ executes headless from an unrelated working directory, shows
+its figures inline and writes nothing into the source tree."""
 
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path: Path, tmp_path: Path) -> None:
+def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.setenv("MOESIM_OUTPUTS", str(tmp_path / "outputs"))
+    before = sorted(p.name for p in path.parent.iterdir())
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
+                                     resources={"metadata": {"path": str(cwd)}})
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors, errors[0].get("evalue")
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no inline figure"
+    assert sorted(p.name for p in path.parent.iterdir()) == before  # nothing written next to the notebook
+    assert not list(cwd.iterdir())                                   # nor into the working directory
+    assert list((tmp_path / "outputs").rglob("*.png"))

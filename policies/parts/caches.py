@@ -34,6 +34,10 @@ class CacheRule(Policy):
     def __init__(self) -> None:
         self.protected: frozenset[UnitKey] = frozenset()
 
+    def read_columns(self) -> frozenset[str]:
+        """Cache rules read only the routing (``experts``)."""
+        return self.required_columns()
+
     def refresh(self, key: UnitKey) -> None:
         """``key`` counts as used now (a prefetcher found it present, or issued it)."""
 

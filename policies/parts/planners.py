@@ -11,6 +11,10 @@ from moesim.policies.base import ABSENT, Context, Plan, Policy, Routing, View
 class Planner(Policy):
     """Base of the planners: ``on_routed`` returns a :class:`~moesim.policies.base.Plan`."""
 
+    def read_columns(self) -> frozenset[str]:
+        """A planner reads what it requires unless it says more."""
+        return self.required_columns()
+
 
 class RandomSubstitutePlanner(Planner):
     """Each routed expert that is absent (would be a demand load) is replaced by a random

@@ -13,6 +13,10 @@ class Prefetcher(Policy):
 
     cache: CacheRule | None = None
 
+    def read_columns(self) -> frozenset[str]:
+        """A prefetcher reads what it requires unless it says more."""
+        return self.required_columns()
+
     def prefetch_set(self, view: View, layer: int, experts: list[tuple[int, float]]) -> int:
         """Prefetch ``(expert, score)`` pairs for ``layer`` in the given order (higher score first
         in the lane). Members already present count as used now; no prefetch of the set may evict

@@ -1,0 +1,108 @@
+"""Sweep speed: a 100-point sweep on the bundled FLAME sample with a local pool, and the scaling
+of a Dask LocalCluster from one worker to two. Prints medians of a few runs (the machine may be
+shared: never a timed assertion).
+
+    python benchmarks/bench_sweep.py                       # both parts, 3 runs each
+    python benchmarks/bench_sweep.py --part pool --requests 8 --repeats 1
+
+Goals (issue 13): the 100 points in under 60 s on 2 cores; a 2-worker LocalCluster at >= 0.8
+scaling efficiency (T1 / (2 T2)) against 1 worker on >= 40 points. The points are every
+registered policy x cache rates on the first ``--requests`` sequences of the sample (decode,
+batch 1, RTX 4090); each worker reads the trace once. The Dask timings join an already started
+cluster whose workers have imported moesim, so they measure the sweep, not the cluster start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from moesim.policies.registry import policy_names
+from moesim.sim.sweep import Sweep, SweepSpec, expand
+from moesim.sim.sweep_run import run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+
+
+def make_sweep(points: int, requests: int) -> Sweep:
+    """Every registered policy x enough cache rates for ``points`` points (the first ``points``)."""
+    n_rates = math.ceil(points / len(policy_names()))
+    rates = [round(0.05 + 0.7 * i / max(1, n_rates - 1), 4) for i in range(n_rates)]
+    spec = SweepSpec(name="bench", base=str(QUICKSTART), set={"workload.requests": requests},
+                     grid={"policy": "all", "cache.rate": rates})
+    sw = expand(spec, source="bench", base_dir=ROOT)
+    # interleave policies so both workers get a mix of cheap and expensive points
+    order = sorted(sw.points, key=lambda p: (p.params["cache.rate"], p.params["policy"]))[:points]
+    return Sweep(spec=sw.spec, source=sw.source, base_dir=sw.base_dir, points=order)
+
+
+def timed(sw: Sweep, **kw: object) -> float:
+    """Wall seconds of one sweep into a fresh folder (nothing to resume)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        outcome = run_sweep(sw, Path(tmp) / "out", **kw)  # type: ignore[arg-type]
+        wall = time.perf_counter() - t0
+    if outcome.failed:
+        raise SystemExit(f"{len(outcome.failed)} points failed: {outcome.failed[0]}")
+    return wall
+
+
+def bench_pool(points: int, requests: int, jobs: int, repeats: int) -> None:
+    sw = make_sweep(points, requests)
+    walls = [timed(sw, jobs=jobs) for _ in range(repeats)]
+    med = statistics.median(walls)
+    print(f"local pool: {len(sw.points)} points ({len(policy_names())} policies x cache rates, {requests} requests "
+          f"of the FLAME sample), {jobs} workers: median {med:.1f} s over {repeats} runs "
+          f"({', '.join(f'{w:.1f}' for w in walls)}); {len(sw.points) / med:.2f} points/s; goal < 60 s: "
+          + ("met" if med < 60 else f"missed by {med - 60:.1f} s"))
+    # CPU time is what the other users of a shared machine cannot take away: run the same points
+    # serially in this process and project the wall time on ``jobs`` idle cores
+    cpu0 = time.process_time()
+    timed(sw, jobs=1)
+    cpu = time.process_time() - cpu0
+    print(f"  CPU time of the {len(sw.points)} points run serially: {cpu:.1f} s ({cpu / len(sw.points):.2f} s/point); "
+          f"on {jobs} idle cores about {cpu / jobs:.1f} s plus worker start")
+
+
+def bench_dask(points: int, requests: int, repeats: int) -> None:
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    sw = make_sweep(points, requests)
+    medians = {}
+    for n in (1, 2):
+        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address=None, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+            client.run(lambda: __import__("moesim.sim.sweep_run"))
+            walls = [timed(sw, dask=cluster.scheduler_address) for _ in range(repeats)]
+        medians[n] = statistics.median(walls)
+        print(f"dask LocalCluster, {n} worker(s): {len(sw.points)} points, median {medians[n]:.1f} s "
+              f"({', '.join(f'{w:.1f}' for w in walls)})")
+    eff = medians[1] / (2 * medians[2])
+    print(f"scaling efficiency 1 -> 2 workers: {eff:.2f} (speed-up {medians[1] / medians[2]:.2f}x); goal >= 0.8: "
+          + ("met" if eff >= 0.8 else f"missed by {0.8 - eff:.2f}"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=["pool", "dask", "all"], default="all")
+    ap.add_argument("--points", type=int, default=100, help="points of the pool sweep")
+    ap.add_argument("--dask-points", type=int, default=48, help="points of the Dask sweep")
+    ap.add_argument("--requests", type=int, default=4, help="sequences of the FLAME sample replayed per point")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if args.part in ("pool", "all"):
+        bench_pool(args.points, args.requests, args.jobs, args.repeats)
+    if args.part in ("dask", "all"):
+        bench_dask(args.dask_points, args.requests, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Plans: checking what a policy says should run, and accounting what a lossy plan changed.
+
+A plan is valid when it has one row per token, expert ids in ``-1..E-1``, no expert twice for
+one token, and (for a policy that is not ``lossy``) exactly the routed experts. Per token, the
+lossy accounting counts substitutions (experts that run but were not routed to it), drops
+(routed experts neither run nor replaced), the routed probability mass that still runs, whether
+the top-1 routed expert runs, and how many slots run (the effective top-k).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesim.policies.base import Plan, Routing
+from moesim.sim.records import RunStats
+from moesim.sim.transfers import PolicyError
+
+
+def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, num_experts: int,
+               where: str) -> np.ndarray:
+    """Validate a policy's plan; returns its experts as an int matrix."""
+    ex = np.asarray(plan.experts)
+    if ex.shape[0] != routing.n_tokens:
+        raise PolicyError(f"policy {policy_name!r} planned {ex.shape[0]} tokens at {where}; the iteration has {routing.n_tokens}")
+    if ex.size and (ex.min() < -1 or ex.max() >= num_experts):
+        raise PolicyError(f"policy {policy_name!r} planned an expert outside -1..{num_experts - 1} at {where}")
+    for row in ex:
+        valid = row[row >= 0]
+        if len(np.unique(valid)) != len(valid):
+            raise PolicyError(f"policy {policy_name!r} planned one expert twice for a token at {where}: {row.tolist()}")
+    if not lossy and not np.array_equal(ex, routing.experts):
+        raise PolicyError(f"policy {policy_name!r} is not lossy but planned other experts than the routing at {where}")
+    return ex
+
+
+def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None:
+    """Add one layer's substitutions, drops, mass kept, top-1 agreement and slots run to ``st``
+    (``plan`` None: everything ran as routed)."""
+    orig = routing.experts
+    n, k = orig.shape
+    st.token_layers += n
+    if plan is None:
+        st.mass_kept_sum += n
+        st.top1_kept += n
+        st.slots_run += n * k
+        return
+    w = routing.weights
+    for t in range(n):
+        routed = orig[t].tolist()
+        ran = [x for x in plan[t].tolist() if x >= 0]
+        ran_set = set(ran)
+        subs = sum(1 for x in ran if x not in routed)
+        missing = sum(1 for x in routed if x not in ran_set)
+        st.substitutions += subs
+        st.dropped += max(0, missing - subs)
+        st.slots_run += len(ran)
+        st.top1_kept += routed[0] in ran_set
+        wt = w[t] if w is not None else np.ones(k)
+        tot = float(wt.sum())
+        kept = float(sum(wt[j] for j in range(k) if routed[j] in ran_set))
+        st.mass_kept_sum += kept / tot if tot > 0 else 1.0
+        st.lossy_layers += bool(subs or missing)
+
+
+def access_order(valid: np.ndarray) -> tuple[list[int], list[int]]:
+    """Distinct experts of ``valid`` (flattened, tokens in order) by first occurrence, and how
+    many tokens each serves."""
+    uniq, first, cnt = np.unique(valid, return_index=True, return_counts=True)
+    order = np.argsort(first, kind="stable")
+    return [int(x) for x in uniq[order]], [int(x) for x in cnt[order]]

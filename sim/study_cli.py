@@ -1,0 +1,161 @@
+"""The study commands of ``simctl``: ``sweep``, ``compare`` and ``plot``.
+
+They are registered in :mod:`moesim.sim.cli`; everything heavy (pandas, matplotlib, dask) is
+imported inside the functions so that ``simctl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from moesim.sim.errors import MoesimError
+
+_JOBS = typer.Option("--jobs", "-j", help="local worker processes (default: the CPUs available)")
+_DASK = typer.Option("--dask", help="run on Dask: local:N starts a LocalCluster of N workers; tcp://HOST:PORT joins a scheduler")
+_SET = typer.Option("--set", help="override a key of the base scenario: --set workload.requests=4 (repeatable)")
+
+
+def _show_progress(flag: bool | None) -> bool:
+    return Console(stderr=True).is_terminal if flag is None else flag
+
+
+def _report(outcome: object, out: Path) -> None:
+    from moesim.sim.sweep_run import SweepOutcome
+
+    assert isinstance(outcome, SweepOutcome)
+    err = Console(stderr=True)
+    ok = outcome.total - len(outcome.failed)
+    err.print(f"{outcome.total} points: {outcome.ran} run, {outcome.skipped} already done; {ok} ok, "
+              f"{len(outcome.failed)} failed; {outcome.wall_s:.1f} s")
+    for index, msg in outcome.failed[:10]:
+        err.print(f"  [red]point {index} failed[/red]: {msg}", markup=True, highlight=False)
+    if len(outcome.failed) > 10:
+        err.print(f"  ... and {len(outcome.failed) - 10} more (see the error column)")
+    err.print(f"table: {outcome.table}")
+
+
+def sweep_cmd(
+    sweep_file: Annotated[Path, typer.Argument(help="sweep YAML file (base scenario + grid and/or zip)")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: runs/<sweep name>)")] = None,
+    jobs: Annotated[int | None, _JOBS] = None,
+    dask: Annotated[str | None, _DASK] = None,
+    set_: Annotated[list[str] | None, _SET] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="run failed points again")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="list the points and whether each is done; run nothing")] = False,
+    progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+) -> None:
+    """Run a sweep: every point of the grid, resumable, into one tidy Parquet table."""
+    from moesim.sim.sweep import load_sweep
+    from moesim.sim.sweep_run import PointStore, run_sweep
+
+    sweep = load_sweep(sweep_file, set_ or [])
+    out_dir = out if out is not None else Path("runs") / sweep.spec.name
+    if jobs is not None and jobs < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--jobs")
+    if dry_run:
+        done = PointStore(out_dir).load() if out_dir.is_dir() else {}
+        for p in sweep.points:
+            state = done.get(p.config_hash, {}).get("status", "todo")
+            vals = "  ".join(f"{k}={json.dumps(v)}" for k, v in p.params.items())
+            print(f"{p.index:5d}  {p.config_hash}  {state:5s}  {vals}")
+        print(f"{len(sweep.points)} points, {sum(p.config_hash in done for p in sweep.points)} done, output {out_dir}")
+        return
+    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
+                        progress=_show_progress(progress))
+    _report(outcome, out_dir)
+
+
+def _floats(text: str | None, option: str) -> list[float] | None:
+    if not text:
+        return None
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
+
+
+def compare_cmd(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file: the trace, hardware and workload to compare on")],
+    policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated policies (default: every registered one)")] = None,
+    rates: Annotated[str | None, typer.Option("--rates", "-r", help="comma-separated cache rates, e.g. 0.125,0.25,0.5 (default: the scenario's)")] = None,
+    set_: Annotated[list[str] | None, _SET] = None,
+    metric: Annotated[str, typer.Option("--metric", "-m", help="rank on: tpot, ttft, throughput, hit-rate, bytes")] = "tpot",
+    baseline: Annotated[str | None, typer.Option("--baseline", help="policy of the speed-up column (default: no-cache if compared, else the first)")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table on stdout: markdown or csv")] = "markdown",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: runs/compare-<scenario>)")] = None,
+    jobs: Annotated[int | None, _JOBS] = None,
+    dask: Annotated[str | None, _DASK] = None,
+    figure: Annotated[bool, typer.Option(help="write compare.png and compare.pdf")] = True,
+    progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+) -> None:
+    """Compare policies on one scenario: a ranked table (bounds labelled) and a figure."""
+    from moesim.sim.compare import (
+        METRICS,
+        comparison_figure,
+        comparison_sweep,
+        rank,
+        to_csv,
+        to_markdown,
+    )
+    from moesim.sim.plot import load_table, save
+    from moesim.sim.sweep_run import run_sweep
+
+    if fmt not in ("markdown", "csv"):
+        raise typer.BadParameter("choose markdown or csv", param_hint="--format")
+    if metric not in METRICS:
+        raise typer.BadParameter(f"choose from {', '.join(METRICS)}", param_hint="--metric")
+    names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    sweep = comparison_sweep(scenario, policies=names, rates=_floats(rates, "--rates"), sets=set_ or [])
+    out_dir = out if out is not None else Path("runs") / sweep.spec.name
+    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress))
+    df, _ = load_table(outcome.table)
+    comp = rank(df, metric=metric, baseline=baseline)
+    md, csv = to_markdown(comp), to_csv(comp)
+    (out_dir / "compare.md").write_text(md)
+    (out_dir / "compare.csv").write_text(csv)
+    print(md if fmt == "markdown" else csv, end="")
+    err = Console(stderr=True)
+    written = [out_dir / "compare.md", out_dir / "compare.csv", outcome.table]
+    if figure:
+        written += save(comparison_figure(comp), out_dir, "compare")
+    err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    if outcome.failed:
+        err.print(f"{len(outcome.failed)} points failed (see the table)")
+
+
+def plot_cmd(
+    source: Annotated[Path, typer.Argument(help="a sweep folder or its results.parquet, or a `simctl run --out` folder (timeline)")],
+    kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="tpot, throughput, hit-rate, bytes, speedup (repeatable; default: all)")] = None,
+    x: Annotated[str | None, typer.Option("--x", help="swept key on the x axis (default: cache rate, bandwidth... whichever varies)")] = None,
+    hue: Annotated[str, typer.Option("--hue", help="one line per value of this column")] = "policy",
+    facet: Annotated[str | None, typer.Option("--facet", help="one panel per value of this column")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="speed-up baseline (default: no-cache if present, else the first)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: <sweep>/figures or the run folder)")] = None,
+    fmt: Annotated[list[str] | None, typer.Option("--format", "-f", help="png, pdf, svg (repeatable; default: png and pdf)")] = None,
+    start: Annotated[int, typer.Option(help="timeline: first iteration of the window")] = 0,
+    iterations: Annotated[int, typer.Option(help="timeline: iterations in the window")] = 3,
+) -> None:
+    """Paper-style figures from a sweep table, or the timeline view of one run."""
+    from moesim.sim.plot import FORMATS, KINDS, plot_sweep, plot_timeline
+
+    formats = fmt or list(FORMATS)
+    if source.is_dir() and (source / "steps.parquet").is_file():
+        paths = plot_timeline(source, out, start=start, iterations=iterations, formats=formats)
+    else:
+        if not source.exists():
+            raise MoesimError(f"{source}: no such file or folder")
+        default_out = (source if source.is_dir() else source.parent) / "figures"
+        for k in kind or []:
+            if k not in KINDS:
+                raise typer.BadParameter(f"{k}: choose from {', '.join(KINDS)}", param_hint="--kind")
+        paths = plot_sweep(source, out if out is not None else default_out, kinds=kind or list(KINDS), x=x, hue=hue,
+                           facet=facet, baseline=baseline, formats=formats)
+    for p in paths:
+        print(p)
+    sys.stdout.flush()

@@ -1,0 +1,325 @@
+"""Room, eviction and transfers: how units get VRAM, leave it, and travel over the copy lanes.
+
+:class:`Transfers` owns the waiting lists and both copy lanes of a run and asks the policy for
+victims (:class:`~moesim.policies.base.EvictionRequest`). Demand loads that find no room wait in
+order; a prefetch whose room is still draining to the host (``swap_out``) claims it and waits;
+queued prefetches can be withdrawn (not under fifo order). Every byte moves through
+:class:`~moesim.sim.vram.Vram`, which keeps the budget's invariant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import simpy
+
+from moesim.policies.base import (
+    ABSENT,
+    INFLIGHT,
+    QUEUED,
+    RESIDENT,
+    WAITING,
+    Decline,
+    EvictionRequest,
+    Policy,
+    Reason,
+    UnitKey,
+    View,
+)
+from moesim.sim.cost import CostModel
+from moesim.sim.errors import MoesimError
+from moesim.sim.lanes import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
+from moesim.sim.records import RunStats, TimelineEvent
+from moesim.sim.vram import Unit, Vram
+
+SWAP_QUEUED, SWAPPING = 5, 6   # an evicted unit being copied back to the host (not in vram.units)
+
+
+class PolicyError(MoesimError, ValueError):
+    """A policy broke the contract (an invalid plan or victim) or cannot run on this input."""
+
+
+class Transfers:
+    """The run's room and copy traffic (see the module docstring). ``fractions`` is the engine's
+    list of per-layer part fractions (shared, updated in place)."""
+
+    def __init__(self, env: simpy.Environment, vram: Vram, policy: Policy, view: View, cost: CostModel,
+                 stats: RunStats, timeline: list[TimelineEvent], *, num_layers: int, num_experts: int,
+                 global_pool: bool, fractions: list[tuple[float, ...]], swap_out: bool,
+                 pcie_order: str, record_timeline: bool) -> None:
+        self.env, self.vram, self.policy, self.view, self.cost = env, vram, policy, view, cost
+        self.stats, self.timeline, self.record_timeline = stats, timeline, record_timeline
+        self.L, self.E = num_layers, num_experts
+        self.global_pool = global_pool
+        self.fractions = fractions
+        self.expert_bytes = cost.expert_bytes
+        self.waiting: list[Unit] = []                         # demand units waiting for room, in order
+        self.waiting_prefetch: list[tuple[Unit, float]] = []   # prefetches waiting for draining room
+        self.lanes = CopyLanes(env, cost.hardware.copy_engines, cost.transfer_s,
+                               self._on_transfer_start, self._on_transfer_land,
+                               queued=QUEUED, inflight=INFLIGHT, order=pcie_order)  # type: ignore[arg-type]
+        self.d2h = (CopyLanes(env, 1, cost.d2h_transfer_s, lambda u, c, lane: None,
+                              self._on_swap_land, queued=SWAP_QUEUED, inflight=SWAPPING, order="fifo")
+                    if swap_out else None)
+        self.space_event = env.event()
+        self.last_evict_iter: dict[UnitKey, int] = {}
+        self.iteration = 0            # index of the iteration being replayed (refetch accounting)
+        self.layer_evictions = 0      # counters of the layer being replayed, for its step record
+        self.layer_prefetch_bytes = 0
+        self._has_on_loaded = policy.uses_hook("on_loaded")
+
+    def pool_of(self, layer: int) -> int:
+        """The pool of ``layer``'s units."""
+        return 0 if self.global_pool else layer
+
+    def part_bytes(self, layer: int, part: int) -> int:
+        """Bytes of part ``part`` of an expert of ``layer``."""
+        fr = self.fractions[layer]
+        if not 0 <= part < len(fr):
+            raise ValueError(f"layer {layer} has {len(fr)} part(s); no part {part}")
+        return int(round(fr[part] * self.expert_bytes))
+
+    def landing(self, u: Unit) -> simpy.Event:
+        """The event that fires when ``u``'s transfer lands (made on first demand)."""
+        if u.event is None:
+            u.event = self.env.event()
+        return u.event
+
+    def wake(self) -> None:
+        if not self.space_event.triggered:
+            self.space_event.succeed()
+
+    # ------------------------------------------------------------------------------------------
+    # room and eviction
+    def drop(self, u: Unit) -> None:
+        """``u`` leaves VRAM: free its room (at once, or when its swap-out lands), account a
+        prefetch never used, remember when (refetch accounting), tell the policy."""
+        vram = self.vram
+        vram.remove(u)
+        if self.d2h is None:
+            vram.release(u)
+            self.wake()
+        else:
+            vram.start_drain(u)
+            u.event = None
+            self.d2h.submit(u, DEMAND_CLASS)
+        if not u.used and not u.demand:
+            self.stats.wasted_prefetch_bytes += u.nbytes
+        self.last_evict_iter[u.key] = self.iteration
+        self.policy.on_evict(self.view, u.key)
+
+    def evict_key(self, key: UnitKey) -> bool:
+        """Evict a resident, unpinned unit; False if ``key`` is not one."""
+        u = self.vram.units.get(key)
+        if u is None or u.state != RESIDENT or key in self.vram.pinned:
+            return False
+        self.stats.evictions += 1
+        self.layer_evictions += 1
+        self.drop(u)
+        return True
+
+    def make_room(self, pool: int, nbytes: int, reason: Reason, key: UnitKey) -> tuple[bool, int]:
+        """Evict policy-chosen victims until ``nbytes`` fit in ``pool``, counting room still
+        draining to the host as coming; returns (fits now, evictions)."""
+        n = 0
+        vram = self.vram
+        policy, view = self.policy, self.view
+        while vram.room_to_come(pool) < nbytes:
+            cands = vram.candidates(pool)
+            if not cands:
+                break
+            req = EvictionRequest(reason, key, pool, nbytes - vram.free(pool), cands)
+            victim = policy.choose_victim(view, req)
+            if isinstance(victim, Decline):
+                if victim is not req.decline:
+                    raise PolicyError(f"policy {policy.name!r} answered {victim.value!r} to a "
+                                      f"{reason.value} eviction request; expected a victim or "
+                                      f"{req.decline.value!r}")
+                break
+            if not self.evict_key(victim):
+                raise PolicyError(f"policy {policy.name!r} chose victim {victim}, which is not an unpinned resident")
+            n += 1
+        return vram.free(pool) >= nbytes, n
+
+    def _allocate(self, u: Unit, allow_buffer: bool, reason: Reason) -> tuple[bool, int]:
+        """Evict for ``u`` as needed, then give it room; returns (got room, evictions)."""
+        n = self.make_room(u.pool, u.nbytes, reason, u.key)[1]
+        return self.vram.take_room(u, allow_buffer), n
+
+    # ------------------------------------------------------------------------------------------
+    # transfers
+    def _on_transfer_start(self, u: Unit, cls: int, lane: int) -> None:
+        st = self.stats
+        refetched = self.last_evict_iter.get(u.key)
+        if refetched is not None and self.iteration - refetched <= 1:
+            st.refetch_bytes += u.nbytes
+        if cls == DEMAND_CLASS:
+            st.demand_bytes += u.nbytes
+        else:
+            st.prefetch_bytes += u.nbytes
+            st.prefetch_units += 1
+            self.layer_prefetch_bytes += u.nbytes
+
+    def _label(self, key: UnitKey) -> str:
+        """A transfer's name on the timeline: ``L3 E5``, or ``L3 E5.1`` for a segment."""
+        return f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else "")
+
+    def _on_transfer_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
+        u.state = RESIDENT
+        self.stats.pcie_busy_s += dur
+        if self.record_timeline:
+            self.timeline.append((f"PCIe H2D {lane}", self._label(u.key), start, dur,
+                                  {"demand": cls == DEMAND_CLASS, "bytes": u.nbytes}))
+        if self._has_on_loaded:
+            self.policy.on_loaded(self.view, u.key, cls == DEMAND_CLASS)
+        if self.waiting:
+            self.wake()   # the landed unit may now be evicted for a waiting demand load
+
+    def _on_swap_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
+        """An evicted unit's copy-back landed on the host: its room is free now."""
+        self.vram.end_drain(u)
+        u.state = ABSENT
+        st = self.stats
+        st.d2h_bytes += u.nbytes
+        st.d2h_busy_s += dur
+        if self.record_timeline:
+            self.timeline.append(("PCIe D2H", self._label(u.key), start, dur, {"bytes": u.nbytes}))
+        self.wake()
+        if self.waiting_prefetch:
+            self._grant_prefetches()
+
+    def _grant_prefetches(self) -> None:
+        """Queue the prefetches that waited for draining room, in order, where room is free
+        now; demand loads waiting for the same pool come first."""
+        left: list[tuple[Unit, float]] = []
+        demand_pools = {w.pool for w in self.waiting}
+        for u, prio in self.waiting_prefetch:
+            if u.pool in demand_pools or not self.vram.take_room(u, allow_buffer=True):
+                left.append((u, prio))
+                continue
+            self.vram.unclaim(u)
+            self.lanes.submit(u, PREFETCH_CLASS, prio)
+        self.waiting_prefetch = left
+
+    def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
+        """A policy's prefetch (see :meth:`EngineView.prefetch`)."""
+        vram = self.vram
+        if key in vram.units:
+            return False
+        layer, expert, part = key
+        if not (0 <= layer < self.L and 0 <= expert < self.E):
+            raise PolicyError(f"policy {self.policy.name!r} prefetched expert {expert} of layer "
+                              f"{layer}; the model has {self.L} layers x {self.E} experts")
+        nbytes = self.part_bytes(layer, part)
+        pool = self.pool_of(layer)
+        if self.waiting and any(w.pool == pool for w in self.waiting):
+            return False  # demand loads waiting for room in this pool come first
+        u = Unit(key, nbytes, pool, False)
+        if into_buffer:
+            if not vram.take_buffer(u):
+                return False
+        else:
+            ok, _ = self._allocate(u, True, Reason.PREFETCH)
+            if not ok:
+                if vram.room_to_come(pool) < nbytes:
+                    return False
+                # its room is being copied back to the host (swap_out): claim it and wait
+                vram.claim(u)
+                vram.add(u)
+                self.waiting_prefetch.append((u, priority))
+                return True
+        vram.add(u)
+        self.lanes.submit(u, PREFETCH_CLASS, priority)
+        return True
+
+    def reprioritize(self, key: UnitKey, priority: float) -> bool:
+        """A policy changes a queued prefetch's priority."""
+        u = self.vram.units.get(key)
+        if u is None or u.demand:
+            return False
+        if u.state == WAITING:
+            if not self.lanes.can_withdraw:
+                return False
+            self.waiting_prefetch = [(w, priority if w is u else p) for w, p in self.waiting_prefetch]
+            return True
+        return self.lanes.reprioritize(u, priority)
+
+    def _drop_queued(self, keep: Callable[[Unit], bool]) -> int:
+        """Withdraw queued prefetches for which ``keep`` is False; never a demand load, never a
+        pinned unit (none under fifo order)."""
+        if not self.lanes.can_withdraw:
+            return 0
+        vram = self.vram
+        pinned = vram.pinned
+        dropped = self.lanes.cancel(lambda u, cls: cls != PREFETCH_CLASS or u.key in pinned or keep(u))
+        for u in dropped:
+            u.state = ABSENT
+            vram.remove(u)
+            vram.release(u)
+        if dropped:
+            self.wake()
+        if self.waiting_prefetch:   # they hold no room yet, only a claim
+            left = []
+            for u, prio in self.waiting_prefetch:
+                if u.key in pinned or keep(u):
+                    left.append((u, prio))
+                else:
+                    self._withdraw(u)
+                    dropped.append(u)
+            self.waiting_prefetch = left
+        for u in dropped:
+            self.policy.on_cancel(self.view, u.key)
+        return len(dropped)
+
+    def _withdraw(self, u: Unit) -> None:
+        """Forget a prefetch waiting for draining room (the caller takes it off the list)."""
+        u.state = ABSENT
+        self.vram.remove(u)
+        self.vram.unclaim(u)
+
+    def demand_instead(self, u: Unit) -> None:
+        """A prefetch still waiting for draining room when its layer is routed: withdraw it;
+        the caller loads the unit on demand."""
+        self.waiting_prefetch = [x for x in self.waiting_prefetch if x[0] is not u]
+        self._withdraw(u)
+        self.policy.on_cancel(self.view, u.key)
+
+    def cancel_queued(self, layer: int | None) -> int:
+        """Withdraw queued prefetches of ``layer`` (all layers if None)."""
+        return self._drop_queued(lambda u: layer is not None and u.key[0] != layer)
+
+    def cancel_queued_pool(self, pool: int) -> int:
+        """Withdraw queued prefetches holding room in ``pool`` (not in the buffer), so that a
+        waiting demand load can take it."""
+        return self._drop_queued(lambda u: u.pool != pool or u.in_buffer)
+
+    def _try_waiting(self) -> tuple[list[Unit], float]:
+        """Give room to waiting demand units, in order. Returns the units that got room (to be
+        queued once the eviction delay on the critical path, also returned, has passed)."""
+        delay = 0.0
+        evict_s = self.cost.hardware.evict_us * 1e-6
+        granted: list[Unit] = []
+        while self.waiting:
+            u = self.waiting[0]
+            ok, n = self._allocate(u, True, Reason.DEMAND)
+            if not ok and self.cancel_queued_pool(u.pool):
+                ok, n2 = self._allocate(u, True, Reason.DEMAND)
+                n += n2
+            delay += n * evict_s
+            if not ok:
+                break
+            self.waiting.pop(0)
+            u.state = QUEUED
+            granted.append(u)
+        return granted, delay
+
+    def issue_demand(self) -> Any:
+        """Process fragment: grant room to waiting demand loads, pay the eviction cost on the
+        critical path, then queue the loads. Returns the stall it caused (seconds)."""
+        granted, delay = self._try_waiting()
+        if delay > 0:
+            yield self.env.timeout(delay)
+        for u in granted:
+            self.lanes.submit(u, DEMAND_CLASS, 0.0)
+        return delay

@@ -238,3 +238,17 @@ def test_moe_apex_style_prefetches_more_than_mixtral_offloading() -> None:
     _, m_apex = run_engine(tr, make_policy("moe-apex-style"), tiny_model(3, 8, 2), tiny_hw(), **kw)  # type: ignore[arg-type]
     _, m_mix = run_engine(tr, make_policy("mixtral-offloading"), tiny_model(3, 8, 2), tiny_hw(), **kw)  # type: ignore[arg-type]
     assert m_apex["prefetch_gb"] > m_mix["prefetch_gb"] > 0
+
+
+def test_regret_counts_a_preevicted_expert_its_routing_needed() -> None:
+    tr, model, hw = _spec3()
+    pol = ActiveEvict(tau=0.1)
+    run_engine(tr, pol, model, hw, budget_experts=2, swap_out=True)
+    assert pol.pre_evictor.regret == 0 and pol.pre_evictor.evictions == 3
+    # token 1's lookahead still predicts e3 at layer 1, but layer 1 routes e2: the pre-evicted one
+    look = np.zeros((3, 2, 4), dtype=np.float32)
+    look[0, 0, 2] = look[0, 1, 1] = look[1, 0, 3] = look[1, 1, 0] = look[2, 0, 2] = look[2, 1, 0] = 3.0
+    tr2 = make_trace([[[1], [2]], [[1], [2]], [[0], [2]]], num_experts=4, lookahead=look)
+    pol = ActiveEvict(tau=0.1)
+    run_engine(tr2, pol, model, hw, budget_experts=2, swap_out=True)
+    assert pol.pre_evictor.regret == 1

@@ -14,8 +14,8 @@ iterations are left alone ([rec] A10: the paper is decode-only). It never prefet
 
 The part sits in a composition's prefetcher slot (the slot that acts in ``after_layer`` and
 knows the cache) and issues no prefetch. It counts what it did: ``evictions`` (units it
-evicted), ``fired`` (layers where it evicted) and ``regret`` (pre-evicted experts that a later
-layer needed again before they were loaded back: the paper's premature-eviction redundancy);
+evicted), ``fired`` (layers where it evicted) and ``regret`` (pre-evicted experts that the very
+routing they were evicted for needed: the paper's premature-eviction redundancy);
 a run in which it never evicted says so in its warnings.
 """
 
@@ -113,13 +113,15 @@ class PreEvictor(Prefetcher):
 
     # -- hooks ------------------------------------------------------------------------------------
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
-        """Count executed experts; a pre-evicted expert needed again is a regret."""
+        """Count executed experts; a pre-evicted expert that this routing needs is a regret."""
         plan = outcome.plan
         self.scorer.observe(view.iteration_index, layer, np.unique(plan[plan >= 0]).tolist())
+        if not self._mine:
+            return
         for e, st in zip(outcome.experts, outcome.status, strict=True):
             if st == MISS and (layer, e, 0) in self._mine:
                 self.regret += 1
-                self._mine.discard((layer, e, 0))
+        self._mine = {k for k in self._mine if k[0] != layer}
 
     def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
         """A unit loaded back is no longer a pre-eviction that could be regretted."""

@@ -265,6 +265,7 @@ class Context:
     total_budget: int              # sum of pool capacities
     rng: np.random.Generator       # the policy's own stream, from the scenario's seed
     columns: frozenset[str]        # optional trace columns present (see OPTIONAL_COLUMNS)
+    swap_out: bool = False         # cache.swap_out: an eviction copies the unit back to the host
     profile: Profile | None = None              # offline split (scenario ``profile:``)
     replayed_frequency: np.ndarray | None = None  # [L, E] counts of the replayed requests
     future: FutureRouting | None = None         # oracle policies only

@@ -28,6 +28,10 @@ _MODULES = (
     "moesim.policies.moe_infinity",
     "moesim.policies.pregated",
     "moesim.policies.random_substitute",
+    "moesim.policies.activeevict",
+    "moesim.policies.moe_apex",
+    "moesim.policies.fmoe",
+    "moesim.policies.promoe",
 )
 _loaded = False
 

@@ -126,6 +126,7 @@ class Engine:
             pool_capacity=list(caps), buffer_bytes=self.vram.buffer_capacity,
             total_budget=sum(caps), rng=np.random.default_rng(pol_seed), columns=columns,
             profile=profile, future=workload.future() if policy.oracle else None,
+            swap_out=swap_out,
         )
 
     # ------------------------------------------------------------------------------------------

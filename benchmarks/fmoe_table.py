@@ -1,0 +1,115 @@
+"""fMoE's section 6.2 / Fig. 9 comparison next to the simulator's: TTFT, TPOT and expert hit
+rate of fMoE against DeepSpeed-Inference (lru, on demand), Mixtral-Offloading (synchronous
+next-layer prefetch), ProMoE (promoe-style, approximate) and MoE-Infinity (synchronous,
+d = 3), as ratios baseline / fMoE; then the matcher and cache ablations of Fig. 12.
+
+    python benchmarks/fmoe_table.py                 # ~1-2 min on 2 cores
+    python benchmarks/fmoe_table.py --gib 6 24      # other cache limits (Fig. 11 points)
+
+Setup: scenarios/fmoe/ (Mixtral-8x7B, 6 x RTX 3090 approximated as one device with 6 copy
+engines, synthetic Mixtral routing with logits and embeddings, the store and MoE-Infinity's
+collection pre-filled from the first 7 of 10 requests, the other 3 replayed, prefill and
+decode, batch 1). The paper reports averages over three models and two datasets; moesim runs
+one model. Hit rate = resident when routed; "hit+late" also counts prefetches in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.paper_runs import run_scenario  # noqa: E402
+
+# section 6.2: fMoE's reductions vs each baseline, as ratios baseline / fMoE
+PAPER = {  # (TTFT ratio, TPOT ratio, hit-rate ratio baseline / fMoE)
+    "DeepSpeed": (1 / 0.56, 1 / 0.30, 1 / 2.47), "Mixtral-Offloading": (1 / 0.65, 1 / 0.39, 1 / 1.11),
+    "ProMoE": (1 / 0.67, 1 / 0.45, 1 / 1.34), "MoE-Infinity": (1 / 0.70, 1 / 0.52, 1 / 1.63),
+}
+METHODS: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "DeepSpeed": ("lru", {}, False),
+    "Mixtral-Offloading": ("mixtral-offloading", {}, True),
+    "ProMoE": ("promoe-style", {"stride": 3}, False),
+    "MoE-Infinity": ("moe-infinity", {"prefetch_distance": 3}, True),
+    "fMoE": ("fmoe", {"prefetch_distance": 3, "store_capacity": 1000}, False),
+}
+ABLATIONS = {"Speculate": {"matcher": "speculate"}, "Hit count": {"matcher": "hit-count"},
+             "Map(T)": {"semantic": False, "dynamic_threshold": False},
+             "Map(T+S)": {"dynamic_threshold": False}, "Map(T+S+delta)": {},
+             "cache LRU": {"eviction": "lru"}, "cache LFU": {"eviction": "lfu"}}
+
+
+def scenario(policy: str, params: dict[str, Any], sync: bool, gib: float, requests: int,
+             tokens: int) -> dict[str, Any]:
+    return {"name": f"fmoe-{policy}",
+            "trace": {"synthetic": {"preset": "mixtral-8x7b", "requests": requests, "prompt_len": tokens,
+                                    "decode_len": tokens, "seed": 0}},
+            "profile": {"requests": requests * 7 // 10}, "model": "mixtral-8x7b",
+            "hardware": {"base": "rtx-3090", "vram_gib": 144, "copy_engines": 6},
+            "cache": {"gib": gib}, "pcie": {"sync_prefetch": sync},
+            "policy": {"name": policy, "params": params},
+            "workload": {"batch_size": 1, "phases": ["prefill", "decode"]}, "seed": 0}
+
+
+def measure(data: dict[str, Any]) -> dict[str, Any]:
+    m, pol = run_scenario(data)
+    pf = getattr(pol, "prefetcher", None)
+    return {"ttft": m["ttft_ms"]["mean"], "tpot": m["tpot_ms"]["mean"], "hit": m["hit_rate"],
+            "hitlate": m["hit_rate"] + m["late_rate"], "warn": m["warnings"],
+            "matches": getattr(pf, "matches", None), "issued": getattr(pf, "issued", None)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, nargs="+", default=[12.0], help="expert cache limits (GB)")
+    ap.add_argument("--requests", type=int, default=10, help="requests (70%% profile, 30%% replayed)")
+    ap.add_argument("--tokens", type=int, default=32, help="prompt and decode tokens per request")
+    args = ap.parse_args()
+    for gib in args.gib:
+        print(f"\n== fMoE section 6.2, Mixtral-8x7B, expert cache {gib:g} GiB ==")
+        res = {k: measure(scenario(p, prm, sync, gib, args.requests, args.tokens))
+               for k, (p, prm, sync) in METHODS.items()}
+        f = res["fMoE"]
+        print(f"{'method':19} {'TTFT ms':>9} {'TPOT ms':>9} {'hit':>6} {'hit+late':>9} | "
+              f"{'TTFT x fMoE':>11} {'paper':>6} {'TPOT x':>7} {'paper':>6} {'hit x':>6} {'paper':>6}")
+        for k, r in res.items():
+            row = (f"{k:19} {r['ttft']:9.1f} {r['tpot']:9.1f} {r['hit']:6.3f} {r['hitlate']:9.3f} | ")
+            if k in PAPER:
+                p = PAPER[k]
+                row += (f"{r['ttft'] / f['ttft']:11.2f} {p[0]:6.2f} {r['tpot'] / f['tpot']:7.2f} {p[1]:6.2f} "
+                        f"{r['hit'] / f['hit']:6.2f} {p[2]:6.2f}")
+            print(row)
+        lat_ok = all(res[k]["tpot"] > f["tpot"] and res[k]["ttft"] > f["ttft"] for k in PAPER)
+        pref = ["Mixtral-Offloading", "ProMoE", "MoE-Infinity"]
+        hit_ok = [k for k in pref if res[k]["hit"] >= f["hit"]]
+        print(f"sign of the headline: lower TTFT and TPOT than every baseline: {'yes' if lat_ok else 'NO'}; "
+              f"higher hit rate than the prefetch baselines: "
+              + ("yes" if not hit_ok else f"NO against {', '.join(hit_ok)} "
+                 f"({', '.join(format(res[k]['hit'], '.3f') for k in hit_ok)} vs fMoE {f['hit']:.3f})"))
+        print(f"fMoE: {f['matches']} map matches, {f['issued']} prefetches issued")
+        for w in f["warn"]:
+            print(f"  warning: {w}")
+        print(f"-- Fig. 12 ablations ({gib:g} GiB): paper: Hit count worst, Map(T) < Map(T+S) < "
+              "Map(T+S+delta); LRU < LFU < fMoE --")
+        abl = {}
+        for name, params in ABLATIONS.items():
+            r = abl[name] = measure(scenario("fmoe", {"prefetch_distance": 3, **params}, False, gib,
+                                             args.requests, args.tokens))
+            print(f"{name:16} hit {r['hit']:.3f}  hit+late {r['hitlate']:.3f}  TPOT {r['tpot']:7.1f} ms")
+        if hit_ok:
+            print(f"why the hit-rate sign is not reproduced: on this synthetic trace the next router's "
+                  f"lookahead (layer_correlation 0.95) predicts far better than other requests' maps "
+                  f"(token_locality 0.25 leaves little iteration-level similarity): fMoE's own cache with "
+                  f"the Speculate matcher reaches hit {abl['Speculate']['hit']:.3f} against "
+                  f"{f['hit']:.3f} with maps. Per-layer baselines hold "
+                  f"{gib * 1e9 / 352321536 / 32:.1f} experts per layer, so their prefetches for later "
+                  "layers (ProMoE's strides, MoE-Infinity's d = 3) cannot fit and they tie or trail "
+                  "Mixtral-Offloading; their TTFT suffers from the same serialised one-slot pools.")
+
+
+if __name__ == "__main__":
+    main()

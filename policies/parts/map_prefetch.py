@@ -1,0 +1,235 @@
+"""fMoE's map-guided prefetcher (``../shared/papers/fmoe.txt`` sections 4.2-4.5; spec sheet
+``fmoe.md`` section 1.2), a part that composes with any cache rule.
+
+* Before an iteration (``on_iteration_start``), each request's embedding finds the stored map
+  of most similar semantics (Eq. 4); its layers ``0..d-1`` are prefetched.
+* After layer ``l`` is routed (``after_layer``), each request's probabilities of layers
+  ``0..l`` (mean over its tokens of the softmax of ``view.logits``, [rec] B2) find the stored
+  map of most similar trajectory (Eq. 5); its layer ``l + d`` is prefetched ([rec] B1).
+* How many: experts in descending probability until their mass reaches
+  ``delta = clip(1 - score, 0, 1)`` and at least K (Eqs. 6-8, ``dynamic_threshold``; without
+  it exactly the top-K, the Map(T+S) ablation of Fig. 12a).
+* Order: priority ``p / (t - l_now)`` (section 4.5), re-ranked as the inference advances
+  (``reprioritize``, [rec] G4); queued prefetches of a layer just routed are withdrawn
+  (``cancel_stale``, [rec] B7). A demand miss goes ahead of every queued prefetch (the engine's
+  priority order: "pause all prefetching"); a copy in flight is not preempted.
+* Requests of a batch search separately; their sets are united at the highest priority
+  ([rec] B4). After the iteration each request's map goes into the store (Step 5, redundancy
+  replacement). The store is pre-filled from the profiling split (``ctx.profile``: the paper's
+  70 % history); without one it starts empty and nothing is prefetched until a map is stored
+  ([rec] B9; a warning says so).
+* ``match_us``: CPU time of one match, charged on the critical path (``view.spend_cpu``).
+* The latest matched map of every request is the eviction ``p`` of :class:`MapPriorityCache`
+  (:meth:`p_evict`), and the target layers ``l_now+1..l_now+d`` its protected window.
+
+A trace without ``logits`` gives sparse maps from the top-k ``weights`` (the mass rule then
+cannot go beyond the routed experts), and one without ``embedding`` no semantic matching; both
+are warnings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesim.policies.base import QUEUED, Context, Outcome, UnitKey, View
+from moesim.policies.parts.expert_maps import ExpertMapStore, select_by_mass
+from moesim.policies.parts.predictors import softmax_rows
+from moesim.policies.parts.prefetchers import Prefetcher
+
+
+class ExpertMapPrefetcher(Prefetcher):
+    """Semantic and trajectory matching against an :class:`ExpertMapStore` (module docstring)."""
+
+    def __init__(self, *, prefetch_distance: int = 3, store_capacity: int = 1000, semantic: bool = True,
+                 trajectory: bool = True, dynamic_threshold: bool = True, cancel_stale: bool = True,
+                 reprioritize: bool = True, match_us: float = 50.0) -> None:
+        if prefetch_distance < 1:
+            raise ValueError(f"prefetch_distance must be >= 1, got {prefetch_distance}")
+        if store_capacity < 1:
+            raise ValueError(f"store_capacity must be >= 1, got {store_capacity}")
+        if match_us < 0:
+            raise ValueError(f"match_us must be >= 0, got {match_us}")
+        self.prefetch_distance = prefetch_distance
+        self.store_capacity = store_capacity
+        self.semantic = semantic
+        self.trajectory = trajectory
+        self.dynamic_threshold = dynamic_threshold
+        self.cancel_stale = cancel_stale
+        self.reprioritize = reprioritize
+        self.match_us = match_us
+
+    def read_columns(self) -> frozenset[str]:
+        """Reads logits, embeddings and (as a fallback) weights."""
+        return frozenset({"logits", "embedding", "weights"})
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def setup(self, ctx: Context) -> None:
+        """An empty store, filled from the profile split."""
+        self._L, self._J, self._K = ctx.num_layers, ctx.num_experts, ctx.top_k
+        d = self.prefetch_distance
+        self.store = ExpertMapStore(self.store_capacity, self._L, self._J, min(d, self._L))
+        self._logits = ctx.has_logits
+        self._sem_on = self.semantic and ctx.has_embedding
+        if not ctx.has_logits:
+            ctx.warn("fmoe: the trace has no router logits; expert maps are built from the top-k weights "
+                     "(sparse), so a prefetch set never goes beyond the experts a stored map routed")
+        if self.semantic and not ctx.has_embedding:
+            ctx.warn("fmoe: the trace has no embeddings; semantic matching is off (no prefetch for "
+                     "layers 0..d-1)")
+        self.p_map = np.full((self._L, self._J), 1.0 / self._J)
+        self.matches = 0
+        self.issued = 0
+        prof = ctx.profile
+        if prof is not None:
+            self._prefill(prof.experts, prof.weights, prof.logits, prof.iteration, prof.embedding)
+        if self.store.n == 0:
+            ctx.warn("fmoe: the expert map store starts empty (no profile: split); nothing is "
+                     "prefetched until the first iteration's map is stored")
+        self._ctx = ctx
+        self._want: dict[int, dict[int, float]] = {}
+        self._reqs: list[int] = []
+        self._l_now = -1
+
+    def _probs(self, experts: np.ndarray, weights: np.ndarray | None, logits: np.ndarray | None
+               ) -> np.ndarray:
+        """``[n, J]`` router probabilities of ``n`` token rows (sparse without logits)."""
+        if logits is not None and self._logits:
+            return softmax_rows(logits).astype(np.float64)
+        out = np.zeros((experts.shape[0], self._J))
+        vals = (np.asarray(weights, dtype=np.float64) if weights is not None
+                else np.ones(experts.shape, dtype=np.float64) / experts.shape[1])
+        for t in range(experts.shape[0]):
+            ok = experts[t] >= 0
+            out[t, experts[t][ok]] = vals[t][ok]
+        return out
+
+    def _prefill(self, experts: np.ndarray, weights: np.ndarray | None, logits: np.ndarray | None,
+                 iteration: np.ndarray, embedding: np.ndarray | None) -> None:
+        """Insert one map per (iteration, request) of the profile, in order."""
+        h = embedding.shape[1] if embedding is not None else 1
+        for it in dict.fromkeys(iteration.tolist()):
+            rows = np.nonzero(iteration == it)[0]
+            emap = np.stack([self._probs(experts[rows, lay], None if weights is None else weights[rows, lay],
+                                         None if logits is None else logits[rows, lay]).mean(axis=0)
+                             for lay in range(self._L)])
+            sem = embedding[it] if embedding is not None else np.zeros(h)
+            self.store.insert(sem, emap)
+
+    # -- matching ---------------------------------------------------------------------------------
+    def _charge(self, view: View, n: int) -> None:
+        self.matches += n
+        if self.match_us and n:
+            view.spend_cpu(n * self.match_us * 1e-6)
+
+    def _add(self, target: int, emap_row: np.ndarray, score: float) -> None:
+        delta = float(np.clip(1.0 - score, 0.0, 1.0))
+        want = self._want.setdefault(target, {})
+        for e, p in select_by_mass(emap_row, delta, self._K, self.dynamic_threshold):
+            if p > want.get(e, -1.0):
+                want[e] = p
+
+    def _remember(self, x: int, y: int) -> None:
+        self._p_req[x] = self.store.maps[y]
+        self.p_map = np.max(np.stack(list(self._p_req.values())), axis=0)
+
+    def on_iteration_start(self, view: View) -> None:
+        """Semantic matching for layers ``0..d-1``."""
+        ids = view.iteration.request_ids
+        self._reqs = list(dict.fromkeys(int(r) for r in ids.tolist()))
+        self._rows = {x: np.nonzero(ids == x)[0] for x in self._reqs}
+        n = self.store.n
+        self._traj = {x: np.zeros((self._L, self._J)) for x in self._reqs}
+        self._dots = {x: np.zeros(n) for x in self._reqs}
+        self._tsq = dict.fromkeys(self._reqs, 0.0)
+        self._p_req: dict[int, np.ndarray] = {}
+        self._want = {}
+        self._l_now = -1
+        embs = view.embeddings() if self.semantic else None
+        self._sems = ({x: np.asarray(embs[i], dtype=np.float64) for i, x in enumerate(self._reqs)}
+                      if embs is not None and len(embs) == len(self._reqs) else {})
+        h = None if self.store.sem is None else self.store.sem.shape[1]
+        if not (self._sem_on and n and self._sems) or any(len(v) != h for v in self._sems.values()):
+            return
+        self._charge(view, len(self._reqs))
+        for x in self._reqs:
+            y, s = self.store.semantic(self._sems[x])
+            for t in range(min(self.prefetch_distance, self._L)):
+                self._add(t, self.store.maps[y, t].astype(np.float64), s)
+            self._remember(x, y)
+        self.issue(view, -1)
+
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Record the layer's probabilities; trajectory matching for layer ``layer + d``."""
+        routing = outcome.routing
+        logits = view.logits(layer) if self._logits else None
+        probs = self._probs(routing.experts, routing.weights, logits)
+        n = self.store.n
+        for x in self._reqs:
+            p = probs[self._rows[x]].mean(axis=0)
+            self._traj[x][layer] = p
+            self._tsq[x] += float(p @ p)
+            if n:
+                self._dots[x] += self.store.layer_dots(layer, p)
+        if self.cancel_stale:
+            view.cancel_prefetches(layer)
+        self._want.pop(layer, None)
+        self._l_now = layer
+        target = layer + self.prefetch_distance
+        if self.trajectory and n and target < self._L:
+            self._charge(view, len(self._reqs))
+            for x in self._reqs:
+                y, s = self.store.trajectory(layer, self._dots[x], self._tsq[x])
+                self._add(target, self.store.maps[y, target].astype(np.float64), s)
+                self._remember(x, y)
+        self.issue(view, layer)
+
+    def window(self) -> frozenset[UnitKey]:
+        """Units wanted for layers ``l_now + 1 .. l_now + d`` (protected from eviction)."""
+        lo, hi = self._l_now + 1, self._l_now + self.prefetch_distance
+        return frozenset((t, e, 0) for t, want in self._want.items() if lo <= t <= hi for e in want)
+
+    def p_evict(self, layer: int, expert: int) -> float:
+        """The eviction ``p`` of an expert: the latest matched maps' probability (max over
+        requests; uniform before any match)."""
+        return float(self.p_map[layer, expert])
+
+    def issue(self, view: View, l_now: int) -> None:
+        """Prefetch (or re-rank) every wanted expert of layers ``l_now+1..l_now+d`` at priority
+        ``p / (t - l_now)``, highest first."""
+        todo = sorted(((p / (t - l_now), t, e) for t, want in self._want.items()
+                       if l_now < t <= l_now + self.prefetch_distance for e, p in want.items()),
+                      key=lambda x: (-x[0], x[1], x[2]))
+        if not todo:
+            return
+        cache = self.cache
+        if cache is not None:
+            cache.protected = self.window()
+        try:
+            for pri, t, e in todo:
+                state = view.state(t, e)
+                if state == QUEUED:
+                    if self.reprioritize:
+                        view.reprioritize(t, e, 0, pri)
+                elif not view.is_present(t, e) and view.prefetch(t, e, priority=pri):
+                    self.issued += 1
+                    if cache is not None:
+                        cache.refresh((t, e, 0))
+        finally:
+            if cache is not None:
+                cache.protected = frozenset()
+
+    def on_iteration_end(self, view: View) -> None:
+        """Store each request's map of this iteration (Step 5)."""
+        if not self._reqs or self._l_now != self._L - 1:
+            return
+        h = None if self.store.sem is None else self.store.sem.shape[1]
+        for x in self._reqs:
+            sem = self._sems.get(x)
+            if sem is None or (h is not None and len(sem) != h):
+                sem = np.zeros(1 if h is None else h)
+            self.store.insert(sem, self._traj[x])
+        silent = "fmoe: no map-guided prefetch was issued in this run"
+        if self.issued == 0:
+            self._ctx.warn(silent)
+        elif silent in self._ctx.warnings:
+            self._ctx.warnings.remove(silent)

@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moesim.sim.runner import run_loaded  # noqa: E402
+from moesim.sim.runner import prepare_run  # noqa: E402
 from moesim.sim.scenario import load_scenario_data  # noqa: E402
 from moesim.traces.format import Trace, trace_from_columns  # noqa: E402
 from moesim.traces.synthetic import SynthParams, generate  # noqa: E402
@@ -104,8 +104,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     }
     loaded = load_scenario_data(data, source=job["label"], base_dir=ROOT)
     t0 = time.time()
-    res = run_loaded(loaded, trace=_trace(json.dumps(tspec, sort_keys=True)))
-    eng, m = res.engine, res.metrics
+    prep = prepare_run(loaded, trace=_trace(json.dumps(tspec, sort_keys=True)), steps=False)
+    m = prep.run().metrics
+    eng = prep.engine
     iters = eng.workload.iterations
     ends = np.asarray(eng.stats.iteration_end)
     dur = np.diff(np.concatenate([[0.0], ends]))

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import PolicySetupError, Profile
+from moesim.policies.base import Policy, PolicySetupError, Profile
 from moesim.policies.registry import load_plugin, make_policy
-from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec
+from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
 from moesim.sim.cost import CostModel
 from moesim.sim.engine import BudgetError, Engine
 from moesim.sim.metrics import compute_metrics
@@ -102,7 +102,59 @@ def split_profile(loaded: LoadedScenario, trace: Trace) -> tuple[Profile | None,
             present[prof.requests:])
 
 
-def run_loaded(
+@dataclass
+class PreparedRun:
+    """A scenario resolved into an engine ready to run. :meth:`run` runs it and returns the
+    plain-data :class:`RunResult`; the engine (its policy, workload and counters) stays here for
+    scripts that read more than the metrics."""
+
+    loaded: LoadedScenario
+    engine: Engine
+    model: ModelSpec
+    hardware: HardwareSpec
+    runtime: RuntimeSpec
+    profile: Profile | None
+    budget: int
+    buffer: int
+
+    @property
+    def policy(self) -> Policy:
+        """The policy object of the run."""
+        return self.engine.policy
+
+    def run(self) -> RunResult:
+        """Run the engine; a policy or budget that cannot work here is one line naming it."""
+        source = self.loaded.source or "scenario"
+        engine, policy, model = self.engine, self.engine.policy, self.model
+        try:
+            engine.run()
+        except PolicySetupError as exc:
+            raise ScenarioError(f"{source}: policy {policy.name!r}: {exc}") from None
+        except BudgetError as exc:
+            raise ScenarioError(f"{source}: cache: {exc}") from None
+        metrics = compute_metrics(engine)
+        config = self.loaded.resolved()
+        config_hash = self.loaded.config_hash()
+        config["resolved"] = {
+            "model": model.model_dump(mode="json"),
+            "hardware": self.hardware.model_dump(mode="json", exclude_none=True),
+            "runtime": self.runtime.model_dump(mode="json"),
+            "policy": {"name": policy.name, "params": policy.get_params(), "bound": policy.oracle},
+            "expert_bytes": model.expert_bytes,
+            "budget_bytes": self.budget,
+            "buffer_bytes": self.buffer,
+            "budget_experts_per_layer": self.budget / model.expert_bytes / model.num_layers,
+            "profile": None if self.profile is None else self.profile.source,
+            "config_hash": config_hash,
+        }
+        metrics["scenario"] = self.loaded.scenario.name
+        metrics["config_hash"] = config_hash
+        steps = engine.steps.columns() if engine.record_steps else {}
+        return RunResult(config=config, metrics=metrics, steps=steps, model=model,
+                         hardware=self.hardware, timeline=engine.timeline)
+
+
+def prepare_run(
     loaded: LoadedScenario,
     *,
     timeline: bool = False,
@@ -110,8 +162,9 @@ def run_loaded(
     progress: Callable[[int, int], None] | None = None,
     trace: Trace | None = None,
     check_invariants: bool = False,
-) -> RunResult:
-    """Run a validated scenario. ``trace`` may be passed in to reuse an already loaded one."""
+) -> PreparedRun:
+    """Resolve a validated scenario into an engine (``trace`` may be passed in to reuse an
+    already loaded one)."""
     scen = loaded.scenario
     source = loaded.source or "scenario"
     pspec = scen.policy_spec
@@ -153,28 +206,19 @@ def run_loaded(
                     pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,
                     profile=profile, record_steps=steps, record_timeline=timeline,
                     check_invariants=check_invariants, progress=progress)
-    try:
-        engine.run()
-    except PolicySetupError as exc:
-        raise ScenarioError(f"{source}: policy {pspec.name!r}: {exc}") from None
-    except BudgetError as exc:
-        raise ScenarioError(f"{source}: cache: {exc}") from None
-    metrics = compute_metrics(engine)
-    config = loaded.resolved()
-    config_hash = loaded.config_hash()
-    config["resolved"] = {
-        "model": model.model_dump(mode="json"),
-        "hardware": hw.model_dump(mode="json", exclude_none=True),
-        "runtime": runtime.model_dump(mode="json"),
-        "policy": {"name": policy.name, "params": policy.get_params(), "bound": policy.oracle},
-        "expert_bytes": model.expert_bytes,
-        "budget_bytes": budget,
-        "buffer_bytes": buffer,
-        "budget_experts_per_layer": budget / model.expert_bytes / model.num_layers,
-        "profile": None if profile is None else profile.source,
-        "config_hash": config_hash,
-    }
-    metrics["scenario"] = scen.name
-    metrics["config_hash"] = config_hash
-    return RunResult(config=config, metrics=metrics, steps=engine.steps.columns() if steps else {},
-                     model=model, hardware=hw, timeline=engine.timeline)
+    return PreparedRun(loaded=loaded, engine=engine, model=model, hardware=hw, runtime=runtime,
+                       profile=profile, budget=budget, buffer=buffer)
+
+
+def run_loaded(
+    loaded: LoadedScenario,
+    *,
+    timeline: bool = False,
+    steps: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    trace: Trace | None = None,
+    check_invariants: bool = False,
+) -> RunResult:
+    """Run a validated scenario (see :func:`prepare_run`)."""
+    return prepare_run(loaded, timeline=timeline, steps=steps, progress=progress, trace=trace,
+                       check_invariants=check_invariants).run()

@@ -10,7 +10,7 @@ every VRAM and lane rule.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,11 @@ class EngineView:
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
+
+    @property
+    def _actions(self) -> Any:
+        """Where the actions go: the engine's transfers (the executor overrides this)."""
+        return self._e.transfers
 
     # -- time and position ---------------------------------------------------------------------
     @property
@@ -197,20 +202,20 @@ class EngineView:
         ``priority`` first). It takes room now: from its pool (victims from ``choose_victim``),
         or the transfer buffer when ``into_buffer`` or the pool has none. False, doing nothing,
         when the unit is already present or gets no room."""
-        return self._e.transfers.issue_prefetch((layer, expert, part), priority, into_buffer)
+        return self._actions.issue_prefetch((layer, expert, part), priority, into_buffer)
 
     def reprioritize(self, layer: int, expert: int, part: int = 0, priority: float = 0.0) -> bool:
         """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""
-        return self._e.transfers.reprioritize((layer, expert, part), priority)
+        return self._actions.reprioritize((layer, expert, part), priority)
 
     def evict(self, layer: int, expert: int, part: int = 0) -> bool:
         """Drop a resident, unpinned unit. False if it is not such a unit."""
-        return self._e.transfers.evict_key((layer, expert, part))
+        return self._actions.evict_key((layer, expert, part))
 
     def cancel_prefetches(self, layer: int | None = None) -> int:
         """Withdraw queued (not yet started) prefetches, of ``layer`` or all; how many (always
         0 under ``pcie.order: fifo``, where issued copies cannot be withdrawn)."""
-        return self._e.transfers.cancel_queued(layer)
+        return self._actions.cancel_queued(layer)
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the expert budget among layers (bytes per layer; the sum may not exceed the

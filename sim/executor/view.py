@@ -1,225 +1,33 @@
-"""The executor's implementation of :class:`moesim.policies.base.View`: the same causal reads
-and the same actions as the simulator's view (:mod:`moesim.sim.view`), over the executor's
-state; ``now`` is wall-clock seconds since the run started.
-
-Reads are limited to the present and the past; a read of a layer not yet routed raises
-:class:`~moesim.policies.base.CausalityError`. Actions go to the executor, which keeps the
-simulator's VRAM rules (:class:`moesim.sim.vram.Vram`) and issues real copies.
-"""
+"""The executor's implementation of :class:`moesim.policies.base.View`: the simulator's causal
+view (:class:`moesim.sim.view.EngineView`, the same reads and the same actions) over the
+executor's state, with ``now`` in wall-clock seconds since the run started and the actions
+going to the executor, which keeps the simulator's VRAM rules and issues real copies."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from moesim.policies.base import ABSENT, RESIDENT, CausalityError, Routing, UnitKey
+from moesim.sim.view import EngineView
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.executor.runner import Executor
-    from moesim.sim.workload import Iteration
 
 
-class ExecutorView:
+class ExecutorView(EngineView):
     """What a policy may see and do in a real run (see :class:`moesim.policies.base.View`)."""
 
-    __slots__ = ("_e",)
+    __slots__ = ()
 
     def __init__(self, executor: Executor) -> None:
-        self._e = executor
+        super().__init__(executor)  # type: ignore[arg-type]  # the executor has the engine's fields
 
-    # -- time and position ---------------------------------------------------------------------
+    @property
+    def _actions(self) -> Any:
+        """The executor issues prefetches, evictions and cancellations itself."""
+        return self._e
+
     @property
     def now(self) -> float:
         """Wall-clock seconds since the run started."""
-        return time.perf_counter() - self._e.t_origin
-
-    @property
-    def iteration(self) -> Iteration:
-        """The current iteration."""
-        return self._e.cur_iter
-
-    @property
-    def iteration_index(self) -> int:
-        """Index of the current iteration."""
-        return self._e.cur_iter.index
-
-    @property
-    def layer(self) -> int:
-        """The layer being processed (-1 before layer 0 of the iteration, L after the last)."""
-        return self._e.cur_layer
-
-    @property
-    def num_layers(self) -> int:
-        """MoE layers of the model."""
-        return self._e.L
-
-    # -- present and past routing ---------------------------------------------------------------
-    def _known(self, layer: int, what: str) -> None:
-        e = self._e
-        if layer > e.routed_upto:
-            raise CausalityError(f"{what} of layer {layer} is not known yet (now at layer {e.cur_layer})")
-
-    def routing(self, layer: int) -> Routing:
-        """Routing of ``layer`` in the current iteration, once it is known."""
-        self._known(layer, "routing")
-        e = self._e
-        return e.routing_of(e.cur_iter, layer)
-
-    def logits(self, layer: int) -> np.ndarray | None:
-        """``[n_tokens, E]`` router logits of ``layer``, once it is routed."""
-        self._known(layer, "logits")
-        e = self._e
-        lg = e.trace.logits
-        return None if lg is None else lg[e.rows_of(e.cur_iter, layer)]
-
-    def lookahead_logits(self, layer: int) -> np.ndarray | None:
-        """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
-        router input of ``layer``, once ``layer`` is routed."""
-        self._known(layer, "lookahead")
-        e = self._e
-        la = e.trace.lookahead_logits
-        return None if la is None else la[e.rows_of(e.cur_iter, layer)]
-
-    def previous_lookahead_logits(self) -> np.ndarray | None:
-        """Lookahead of the last layer of the previous iteration: a cross-token prediction of
-        layer 0, known at the start of an iteration (its batch may differ in size)."""
-        e = self._e
-        la = e.trace.lookahead_logits
-        if la is None or e.prev_iter is None:
-            return None
-        return la[e.rows_of(e.prev_iter, e.L - 1)]
-
-    def previous_routing(self, layer: int) -> np.ndarray | None:
-        """``[n_tokens, k]`` routing of ``layer`` in the previous iteration."""
-        e = self._e
-        if e.prev_iter is None:
-            return None
-        return e.trace.experts[e.rows_of(e.prev_iter, layer)]
-
-    def embedding(self) -> np.ndarray | None:
-        """Embedding of the current iteration (its first token's row), if the trace has one."""
-        e = self._e
-        it = e.cur_iter
-        if it.emb_row < 0 or e.trace.embedding is None or e.emb_index is None:
-            return None
-        idx = e.emb_index.get(it.emb_row)
-        return None if idx is None else e.trace.embedding[idx]
-
-    def embeddings(self) -> np.ndarray | None:
-        """``[n_requests, h]``: for each request of the iteration (in first-appearance order) the
-        embedding on its first token's layer-0 row; None if the trace has none there."""
-        e = self._e
-        if e.trace.embedding is None or e.emb_index is None:
-            return None
-        it = e.cur_iter
-        seen: dict[int, int] = {}
-        for row, r in zip(it.rows0.tolist(), it.request_ids.tolist(), strict=True):
-            seen.setdefault(int(r), int(row))
-        idx = [e.emb_index.get(row) for row in seen.values()]
-        if any(i is None for i in idx):
-            return None
-        return e.trace.embedding[np.asarray(idx, dtype=np.int64)]
-
-    # -- residency ------------------------------------------------------------------------------
-    def state(self, layer: int, expert: int, part: int = 0) -> int:
-        """``ABSENT``, ``WAITING``, ``QUEUED``, ``INFLIGHT`` or ``RESIDENT``."""
-        u = self._e.vram.units.get((layer, expert, part))
-        return ABSENT if u is None else u.state
-
-    def is_resident(self, layer: int, expert: int) -> bool:
-        """All parts of the expert are resident."""
-        e = self._e
-        units = e.vram.units
-        for p in range(len(e.fractions[layer])):
-            u = units.get((layer, expert, p))
-            if u is None or u.state != RESIDENT:
-                return False
-        return True
-
-    def is_present(self, layer: int, expert: int, part: int = 0) -> bool:
-        """The unit is resident or issued (waiting, queued, in flight)."""
-        return (layer, expert, part) in self._e.vram.units
-
-    def resident_units(self, pool: int | None = None) -> list[UnitKey]:
-        """Resident units, of ``pool`` or of all pools."""
-        v = self._e.vram
-        src = v.units.items() if pool is None else v.pool_units[pool].items()
-        return [k for k, u in src if u.state == RESIDENT]
-
-    def units_of_layer(self, layer: int) -> list[UnitKey]:
-        """Units of ``layer`` resident or issued."""
-        return [k for k in self._e.vram.units if k[0] == layer]
-
-    def pinned(self, layer: int, expert: int) -> bool:
-        """Some part of the expert is pinned: planned for the current layer, not yet computed."""
-        pins = self._e.vram.pinned
-        return any((layer, expert, p) in pins for p in range(len(self._e.fractions[layer])))
-
-    def pool_of(self, layer: int) -> int:
-        """The pool holding ``layer``'s units."""
-        return self._e.pool_of(layer)
-
-    def capacity(self, pool: int) -> int:
-        """Bytes of ``pool``."""
-        return self._e.vram.capacity[pool]
-
-    def used(self, pool: int) -> int:
-        """Bytes of ``pool`` held (resident, issued or draining)."""
-        return self._e.vram.used[pool]
-
-    def free(self, pool: int) -> int:
-        """Bytes of ``pool`` free now."""
-        return self._e.vram.free(pool)
-
-    def draining(self, pool: int) -> int:
-        """Bytes of ``pool`` still being copied back to the host."""
-        return self._e.vram.draining[pool]
-
-    def part_bytes(self, layer: int, part: int = 0) -> int:
-        """Bytes of one part of an expert of ``layer``."""
-        return self._e.part_bytes(layer, part)
-
-    def buffer_free(self) -> int:
-        """Free bytes in the transfer buffer (``cache.buffer_experts``)."""
-        return self._e.vram.buffer_free()
-
-    def in_buffer(self, layer: int, expert: int, part: int = 0) -> bool:
-        """The unit is present and holds room in the transfer buffer rather than in its pool."""
-        u = self._e.vram.units.get((layer, expert, part))
-        return u is not None and u.in_buffer
-
-    # -- actions --------------------------------------------------------------------------------
-    def prefetch(self, layer: int, expert: int, part: int = 0, priority: float = 0.0,
-                 into_buffer: bool = False) -> bool:
-        """Issue a prefetch (behind every demand load under ``pcie.order: priority``; higher
-        ``priority`` first). It takes room now: from its pool (victims from ``choose_victim``),
-        or the transfer buffer when ``into_buffer`` or the pool has none. False, doing nothing,
-        when the unit is already present or gets no room."""
-        return self._e.issue_prefetch((layer, expert, part), priority, into_buffer)
-
-    def reprioritize(self, layer: int, expert: int, part: int = 0, priority: float = 0.0) -> bool:
-        """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""
-        return self._e.reprioritize((layer, expert, part), priority)
-
-    def evict(self, layer: int, expert: int, part: int = 0) -> bool:
-        """Drop a resident, unpinned unit. False if it is not such a unit."""
-        return self._e.evict_key((layer, expert, part))
-
-    def cancel_prefetches(self, layer: int | None = None) -> int:
-        """Withdraw queued (not yet started) prefetches, of ``layer`` or all; how many (always
-        0 under ``pcie.order: fifo``, where issued copies cannot be withdrawn)."""
-        return self._e.cancel_queued(layer)
-
-    def set_layer_budgets(self, budgets: list[int]) -> None:
-        """Re-split the expert budget among layers (bytes per layer; the sum may not exceed the
-        total), at an idle point and only when each layer's usage fits its new budget."""
-        self._e.set_layer_budgets(budgets)
-
-    def spend_cpu(self, seconds: float) -> None:
-        """Charge ``seconds`` of policy computation on the critical path (the GPU stream waits
-        for it at the next hook boundary)."""
-        if seconds < 0:
-            raise ValueError(f"spend_cpu needs seconds >= 0, got {seconds}")
-        self._e.spent_s += seconds
+        return time.perf_counter() - self._e.t_origin  # type: ignore[attr-defined]

@@ -270,3 +270,23 @@ def test_composes_with_moepic_split_cache() -> None:
     _, m = run_engine(tr, BuddyOn(planner, LCPCache()), model, hw, budget_experts=9)
     assert planner.counts.swaps > 0 and m["substitutions_per_token"] > 0
     assert m["demand_gb"] < base["demand_gb"] and m["sim_time_s"] < base["sim_time_s"]
+
+
+def test_cpu_fallback_runs_the_misses_left_on_the_host() -> None:
+    # nothing is ever loaded: every miss runs on the CPU, one expert after another (300 us each),
+    # so each step is 100 (layer) + 2 x 300 us and no byte crosses PCIe
+    from moesim.sim.catalog import get_hardware
+    hw = get_hardware({**tiny_hw().model_dump(), "name": "tiny-cpu", "cpu": {"expert_us": 300, "call_us": 0}})
+    tokens = [[[0, 1], [0, 1]], [[0, 2], [1, 3]]]
+    tr = make_trace(tokens, num_experts=4, weights=np.asarray([HALF, HALF], dtype=np.float32))
+    planner = BuddySubstitutePlanner(lists=LISTS2, fallback="cpu")
+    eng, m = run_engine(tr, BuddyOn(planner), tiny_model(2, 4, 2), hw, budget_experts=4)
+    assert step_us(eng) == [700, 700, 700, 700]
+    assert m["demand_gb"] == 0 and m["cpu_expert_runs"] == 8 and planner.counts.no_buddy == 8
+    # with 1 resident: 0 -> its buddy 1; 2's only buddy is 1, now used: 2 runs on the CPU
+    pl = BuddySubstitutePlanner(fallback="cpu")
+    pl.buddies, pl.tau_l = [[[1], [0], [1], [0]]], np.zeros(1)
+    plan = pl.on_routed(FakeView({1}, np.zeros((1, 4))), 0,   # type: ignore[arg-type]
+                        Routing(0, np.asarray([[0, 2]]), np.asarray([[0.5, 0.5]])))
+    assert plan is not None and plan.experts.tolist() == [[1, 2]]
+    assert plan.on_cpu is not None and plan.on_cpu.tolist() == [[False, True]]

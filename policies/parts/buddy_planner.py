@@ -14,8 +14,10 @@ starts with the token's own routed experts, missing ones included). Gates, in th
 * rho (section 5.1): at most ``rho`` successful swaps per token and layer, in rank order; the
   misses past the budget load on demand.
 
-A miss with no qualifying buddy loads on demand (``fallback="load"``) or is dropped
-(``fallback="drop"``, the baseline MoE drop policy of section 3.1). With ``eta > 0`` the buddies
+A miss with no qualifying buddy loads on demand (``fallback="load"``), is dropped
+(``fallback="drop"``, the baseline MoE drop policy of section 3.1), or, with ``fallback="cpu"``,
+runs on the host CPU, as do the misses past ``rho`` or behind a gate (llama.cpp's native
+offloading computes host-resident experts on the CPU: spec sheet A4's other reading). With ``eta > 0`` the buddies
 are re-ranked by Eq. (3)'s ``Psi = q[j|i] (1 + eta z^_j)``, ``z^`` the token's router logits
 min-max normalised to [0, 1] (our reading of "normalised"; needs the trace's ``logits``). Eq.
 (3)'s topology term ``kappa * hop(j)`` is always 0 on moesim's single GPU and is left out.
@@ -51,14 +53,14 @@ from moesim.policies.parts.coactivation import (
 from moesim.policies.parts.planners import Planner
 from moesim.policies.parts.tae import calibrate_tau, tae
 
-FALLBACKS = ("load", "drop")
+FALLBACKS = ("load", "drop", "cpu")
 
 
 @dataclass
 class BuddyCounts:
     """What the planner did, summed over the run (token-layers unless said otherwise)."""
 
-    considered: int = 0        # token-layers the planner looked at (decode, or all with prefill)
+    considered: int = 0        # token-layers of layers with a miss that the planner looked at
     with_miss: int = 0         # ... of which had at least one missing routed expert
     tae_blocked: int = 0       # ... kept their routing by the TAE (or margin) gate
     beta_bypassed: int = 0     # layers (iterations x layers) bypassed by the beta gate
@@ -82,7 +84,8 @@ class BuddySubstitutePlanner(Planner):
     * ``coactivation``: ``binary`` counts or ``weighted`` (section 3.3 (i)); ``epsilon``:
       Laplace smoothing of ``M``;
     * ``substitute_late``: also replace experts whose prefetch is in flight (default: wait);
-    * ``fallback``: ``load`` or ``drop`` a miss with no buddy;
+    * ``fallback``: ``load`` or ``drop`` a miss with no buddy, or run every miss left on the
+      ``cpu`` (then also those past ``rho`` or behind a gate);
     * ``apply_to_prefill``: also substitute in prefill iterations (default: decode only);
     * ``lists``: fixed buddy lists ``[layer][expert] -> [buddies]`` instead of a profile.
     """
@@ -214,16 +217,29 @@ class BuddySubstitutePlanner(Planner):
         return state == ABSENT or (self.substitute_late and state != RESIDENT)
 
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
-        """Replace the layer's misses by resident buddies, subject to the gates."""
-        if not self.apply_to_prefill and view.iteration.phase_name != "decode":
-            return None
+        """Replace the layer's misses by resident buddies, subject to the gates; with
+        ``fallback="cpu"`` the misses left run on the host CPU."""
         S = routing.experts
-        n, k = S.shape
-        self.counts.considered += n
         state = {int(e): view.state(layer, int(e)) for e in np.unique(S) if e >= 0}
         missing = {e for e, s in state.items() if self._missing(s)}
         if not missing:
             return None
+        plan = None
+        if self.apply_to_prefill or view.iteration.phase_name == "decode":
+            plan = self._swap(view, layer, routing, state, missing)
+        if self.fallback == "cpu":
+            ran = S if plan is None else plan
+            on_cpu = np.isin(ran, np.fromiter(missing, dtype=np.int64))
+            if on_cpu.any():
+                return Plan(ran.copy(), on_cpu=on_cpu)
+        return None if plan is None else Plan(plan)
+
+    def _swap(self, view: View, layer: int, routing: Routing, state: dict[int, int],
+              missing: set[int]) -> np.ndarray | None:
+        """Algorithm 1 with the gates: the new ``[n, k]`` plan, or None when nothing changed."""
+        S = routing.experts
+        n, k = S.shape
+        self.counts.considered += n
         self.counts.with_miss += sum(1 for t in range(n) if any(int(e) in missing for e in S[t]))
         if self.beta is not None:
             delta = sum(1 for s in state.values() if s != RESIDENT) / len(state)
@@ -274,7 +290,7 @@ class BuddySubstitutePlanner(Planner):
                 n_sub += 1
                 self.counts.swaps += 1
                 changed = True
-        return Plan(plan) if changed else None
+        return plan if changed else None
 
     def _normalised_logits(self, view: View, layer: int) -> np.ndarray | None:
         lg = view.logits(layer)

@@ -4,8 +4,9 @@ same base) and BuddyMoE rows (tau = CFT alpha, |B| = K_max, rho), with the quali
 trace can measure (hit rate, routing mass kept, substitutions per token, effective top-k, top-1
 agreement) and the PCIe traffic of Fig. 8.
 
-    python benchmarks/buddymoe_table.py                  # ~2 min on 2 cores
-    python benchmarks/buddymoe_table.py --rates 0.375    # the headline table only
+    python benchmarks/buddymoe_table.py                  # ~4 min on 2 busy cores
+    python benchmarks/buddymoe_table.py --rates 0.375 --miss load   # the headline table only
+    python benchmarks/buddymoe_table.py --reading tae    # the tables' tau as the TAE threshold
 
 Setup: scenarios/buddymoe/deepseek-a100-buddymoe.yaml (synthetic DeepSeek-V2-Lite routing, the
 first half of the requests as the profiling split, the rest replayed decode-only at batch 1,
@@ -55,16 +56,14 @@ def scenario(rate: float, method: str, tau: float | None, size: int | None, rho:
     the table's tau is BuddyMoE's alpha (spec A1, recommended); ``tae``: it is the TAE gate's
     threshold, with alpha = 1 and the list capped at |B| (the sensitivity reading). ``miss``
     ``load``: a miss is a host-to-device load (spec A4, recommended); ``cpu``: llama.cpp's native
-    offloading, c * E most popular experts per layer pinned on the GPU (``static``, placed before
-    time 0) and every miss computed on the host CPU (Original = buddymoe with rho = 0)."""
+    offloading, c * E most popular experts per layer pinned on the GPU (``static``) and every miss computed on the host CPU (Original = buddymoe with rho = 0)."""
     data = copy.deepcopy(yaml.safe_load(SCENARIO.read_text()))
-    data["cache"] = {"rate": rate}
+    data["cache"]["rate"] = rate
     base = data["policy"]["params"]["base"]
     base_params: dict[str, Any] | None = None
     extra: dict[str, Any] = {}
     if miss == "cpu":
         base, base_params, extra = "static", {"staging_experts": 0}, {"fallback": "cpu"}
-        data["cache"]["initial"] = "popular"
     if method == "Original":
         data["policy"] = base if miss == "load" else {"name": "buddymoe", "params": {
             "base": base, "base_params": base_params, "rho": 0, **extra}}

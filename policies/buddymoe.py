@@ -16,7 +16,10 @@ The paper's tables label the CFT (``alpha``) as "tau" and give ``|B|`` (``k_max`
 (``tau=0``), the spec sheet's recommended reading (A1). Readings taken where the paper is silent
 (spec sheet section 7): ``rho`` counts swaps per token and layer (A2); only ``ABSENT`` experts
 are replaced, in-flight prefetches are awaited (A3, ``substitute_late``); a miss is a host-to-
-device load (A4); decode only (A12, ``apply_to_prefill``).
+device load (A4; ``fallback="cpu"`` takes the other reading, llama.cpp's: the misses left run on the
+host CPU); decode only (A12, ``apply_to_prefill``). The planner's counters (swaps, misses without
+a buddy, token-layers kept by the TAE gate, layers bypassed by beta, misses past rho) are
+``policy.planner.counts``.
 """
 
 from __future__ import annotations

@@ -204,4 +204,8 @@ def test_example_sweeps_run(path: Path, tmp_path: Path) -> None:
     picked = shrunk.points[:: max(1, len(shrunk.points) // 4)][:4]
     sub = Sweep(spec=shrunk.spec, source=shrunk.source, base_dir=shrunk.base_dir, points=picked)
     outcome = run_sweep(sub, tmp_path / "o", jobs=1)
-    assert outcome.ran == len(picked) and not outcome.failed, outcome.failed
+    # ``policy: all`` includes policies that refuse a trace without a column they need (e.g.
+    # moe-apex-style without lookahead_logits on the FLAME sample): that one-line refusal is the
+    # documented outcome, which the sample of points may hit as the registry grows; anything else fails
+    refused = [f for f in outcome.failed if "needs trace column(s)" in f[1]]
+    assert outcome.ran == len(picked) and len(outcome.failed) == len(refused) < len(picked), outcome.failed

@@ -1,0 +1,163 @@
+"""Co-activation profile and buddy lists (BuddyMoE, Wang et al., PPoPP 2026, section 3.2-3.3).
+
+For each MoE layer ``l`` a profile counts, over profiling tokens ``x``:
+
+* ``A[l, i]``: tokens whose top-k set ``S_l(x)`` holds expert ``i`` (activations);
+* ``M[l, i, j]``: tokens whose set holds both ``i`` and ``j != i`` (co-activations, symmetric).
+  The *weighted* variant (section 3.3 (i)) adds ``min(p~(i|x), p~(j|x))`` instead of 1, with
+  ``p~`` the router probabilities renormalised over ``S_l(x)``.
+
+From ``M`` (plus ``epsilon`` off the diagonal, Laplace smoothing, section 3.3 (ii)):
+
+* Eq. (4): ``q[l, j | i] = M[l, i, j] / sum_j' M[l, i, j']``, ``q[l, i | i] = 0``;
+* Eq. (5): ``pi_i`` = peers by ``q`` descending (ties: higher ``A[l, j]``, then lower id), and
+  ``t_i(alpha)`` the shortest prefix whose ``q`` sums to at least ``alpha`` (float tolerance
+  1e-12); when no prefix reaches it, every peer with ``q > 0``;
+* Eq. (6): ``B[l, i] = pi_i(1 .. min(t_i(alpha), K_max))``; an expert never active in the
+  profile (``A[l, i] = 0``) has no buddies.
+
+Everything here is a pure function of counts, so it is unit-tested on hand-made profiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+BuddyLists = list[list[list[int]]]
+"""``lists[layer][expert]``: the expert's buddies, best first (Eq. 6)."""
+
+COACTIVATION_MODES = ("binary", "weighted")
+
+
+def renormalised(weights: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Top-k router probabilities renormalised over the top-k set, sharpened or flattened by
+    ``temperature`` T: ``w**(1/T) / sum(w**(1/T))`` along the last axis (equal to the softmax of
+    ``logits / T`` restricted to the set). A row of zeros stays zero."""
+    w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, None)
+    if temperature != 1.0:
+        w = w ** (1.0 / temperature)
+    s = w.sum(axis=-1, keepdims=True)
+    return np.divide(w, s, out=np.zeros_like(w), where=s > 0)
+
+
+def coactivation_counts(experts: np.ndarray, num_experts: int, weights: np.ndarray | None = None,
+                        mode: str = "binary") -> tuple[np.ndarray, np.ndarray]:
+    """``(A, M)`` of a profile: ``experts`` is ``[T, L, k]`` (ids; negative ids are ignored),
+    ``weights`` the matching router probabilities (needed for ``mode="weighted"``). Returns
+    ``A`` ``[L, E]`` activation counts and ``M`` ``[L, E, E]`` symmetric co-activation counts
+    (binary) or mass (weighted) with a zero diagonal."""
+    if mode not in COACTIVATION_MODES:
+        raise ValueError(f"coactivation must be one of {', '.join(COACTIVATION_MODES)}, got {mode!r}")
+    ex = np.asarray(experts)
+    if ex.ndim != 3:
+        raise ValueError(f"experts must be [tokens, layers, k]; got shape {ex.shape}")
+    if mode == "weighted" and weights is None:
+        raise ValueError("the weighted co-activation needs router weights")
+    T, L, k = ex.shape
+    E = num_experts
+    A = np.zeros((L, E), dtype=np.float64)
+    M = np.zeros((L, E, E), dtype=np.float64)
+    p = renormalised(weights) if (mode == "weighted" and weights is not None) else None
+    for layer in range(L):
+        rows = ex[:, layer, :].astype(np.int64)
+        valid = rows >= 0
+        np.add.at(A[layer], rows[valid], 1.0)
+        for r in range(k):
+            for s in range(r + 1, k):
+                ok = valid[:, r] & valid[:, s] & (rows[:, r] != rows[:, s])
+                i, j = rows[ok, r], rows[ok, s]
+                val = np.ones(len(i)) if p is None else np.minimum(p[ok, layer, r], p[ok, layer, s])
+                np.add.at(M[layer], (i, j), val)
+                np.add.at(M[layer], (j, i), val)
+    return A, M
+
+
+def conditional(M: np.ndarray, epsilon: float = 0.0) -> np.ndarray:
+    """Eq. (4): ``q[l, j | i]`` from ``M`` ``[L, E, E]`` with ``epsilon`` added off the diagonal
+    (the diagonal stays 0, so ``q[l, i | i] = 0``). A row with no mass is all zeros."""
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    E = M.shape[-1]
+    off = 1.0 - np.eye(E)
+    m = (M + epsilon) * off
+    s = m.sum(axis=-1, keepdims=True)
+    return np.divide(m, s, out=np.zeros_like(m), where=s > 0)
+
+
+def _per_layer(value: float | Sequence[float], L: int, name: str) -> list[float]:
+    vals = [float(value)] * L if isinstance(value, (int, float)) else [float(v) for v in value]
+    if len(vals) != L:
+        raise ValueError(f"{name} has {len(vals)} values for {L} layers")
+    return vals
+
+
+def buddy_lists(q: np.ndarray, A: np.ndarray, alpha: float | Sequence[float], k_max: int) -> BuddyLists:
+    """Eqs. (5)-(6): each expert's buddies, best first, covering at least ``alpha`` of its
+    conditional co-activation mass (``alpha`` a float or one per layer, in (0, 1]), at most
+    ``k_max`` of them. Ties in ``q`` go to the more active peer, then the lower id."""
+    L, E = A.shape
+    alphas = _per_layer(alpha, L, "alpha")
+    if any(not 0 < a <= 1 for a in alphas):
+        raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
+    if k_max < 1:
+        raise ValueError(f"k_max must be >= 1, got {k_max}")
+    ids = np.arange(E)
+    out: BuddyLists = []
+    for layer in range(L):
+        lists: list[list[int]] = []
+        for i in range(E):
+            row = q[layer, i]
+            if A[layer, i] <= 0 or row.sum() <= 0:
+                lists.append([])
+                continue
+            order = np.lexsort((ids, -A[layer], -row))     # last key first: q desc, A desc, id asc
+            order = order[(order != i) & (row[order] > 0)]
+            cum = np.cumsum(row[order])
+            reach = np.nonzero(cum >= alphas[layer] - 1e-12)[0]
+            t = int(reach[0]) + 1 if len(reach) else len(order)
+            lists.append([int(j) for j in order[:min(t, k_max)]])
+        out.append(lists)
+    return out
+
+
+@dataclass
+class CoactivationProfile:
+    """The counts of a co-activation profile: ``activations`` ``A`` ``[L, E]`` and
+    ``coactivations`` ``M`` ``[L, E, E]`` (see the module docstring). Built from a profiling
+    split (:meth:`from_routing`) or grown token by token from routing already seen
+    (:meth:`add`, causal)."""
+
+    activations: np.ndarray
+    coactivations: np.ndarray
+    mode: str = "binary"
+
+    @classmethod
+    def empty(cls, num_layers: int, num_experts: int, mode: str = "binary") -> CoactivationProfile:
+        """A profile with no tokens."""
+        if mode not in COACTIVATION_MODES:
+            raise ValueError(f"coactivation must be one of {', '.join(COACTIVATION_MODES)}, got {mode!r}")
+        return cls(np.zeros((num_layers, num_experts)), np.zeros((num_layers, num_experts, num_experts)), mode)
+
+    @classmethod
+    def from_routing(cls, experts: np.ndarray, num_experts: int, weights: np.ndarray | None = None,
+                     mode: str = "binary") -> CoactivationProfile:
+        """The profile of ``experts`` ``[T, L, k]`` (and ``weights``, for ``mode="weighted"``)."""
+        A, M = coactivation_counts(experts, num_experts, weights, mode)
+        return cls(A, M, mode)
+
+    def add(self, layer: int, experts: np.ndarray, weights: np.ndarray | None) -> None:
+        """Count the ``[n, k]`` routing of ``layer`` for ``n`` more tokens."""
+        ex = np.asarray(experts)[:, None, :]
+        w = None if weights is None else np.asarray(weights)[:, None, :]
+        A, M = coactivation_counts(ex, self.activations.shape[1], w, self.mode)
+        self.activations[layer] += A[0]
+        self.coactivations[layer] += M[0]
+
+    def buddies(self, alpha: float | Sequence[float], k_max: int, epsilon: float = 0.0
+                ) -> tuple[BuddyLists, np.ndarray]:
+        """``(B, q)``: the buddy lists (Eqs. 4-6) and the conditional matrix they come from."""
+        q = conditional(self.coactivations, epsilon)
+        return buddy_lists(q, self.activations, alpha, k_max), q

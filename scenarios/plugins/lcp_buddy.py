@@ -1,0 +1,28 @@
+"""A composition of one's own: MoEpic's LCP cache (policies/parts/caches.py, ``LCPCache``) with
+BuddyMoE's substitution planner (policies/parts/buddy_planner.py), in one file and no new
+mechanism. A scenario lists this file under ``plugins:`` and names ``lcp-buddy``."""
+
+from moesim.policies.compose import Composed
+from moesim.policies.parts.buddy_planner import BuddySubstitutePlanner
+from moesim.policies.parts.caches import LCPCache
+from moesim.policies.registry import register
+
+
+@register
+class LcpBuddy(Composed):
+    """LCP eviction (MoEpic Eq. 4: ``rho``, ``omega``) + buddy substitution of the misses
+    (BuddyMoE: CFT ``alpha``, list cap ``k_max``, swaps per token ``swaps_per_token``)."""
+
+    name = "lcp-buddy"
+    summary = "MoEpic's LCP cache + BuddyMoE's buddy substitution (plugin example, lossy)"
+    lossy = True
+
+    def __init__(self, *, rho: float = 0.25, omega: float = 128.0, alpha: float = 0.95, k_max: int = 16,
+                 swaps_per_token: int | None = 3) -> None:
+        self.rho = rho
+        self.omega = omega
+        self.alpha = alpha
+        self.k_max = k_max
+        self.swaps_per_token = swaps_per_token
+        self.assemble(cache=LCPCache(rho=rho, omega=omega),
+                      planner=BuddySubstitutePlanner(alpha=alpha, k_max=k_max, rho=swaps_per_token))

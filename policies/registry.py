@@ -32,6 +32,7 @@ _MODULES = (
     "moesim.policies.moe_apex",
     "moesim.policies.fmoe",
     "moesim.policies.promoe",
+    "moesim.policies.commitmoe",
 )
 _loaded = False
 

@@ -35,7 +35,7 @@ from typing import Any
 from moesim.policies.base import PolicySetupError
 from moesim.policies.compose import Composed
 from moesim.policies.parts.caches import LFUCache
-from moesim.policies.parts.commit import CommitPlanner, CommitPrefetcher, Commitments
+from moesim.policies.parts.commit import Commitments, CommitPlanner, CommitPrefetcher
 from moesim.policies.parts.predictors import LookaheadPredictor, Predictor, TrainedPredictor
 from moesim.policies.registry import register
 

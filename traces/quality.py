@@ -97,7 +97,9 @@ def record_texts(model: nn.Module, texts: Sequence[Sequence[int]], name: str = "
 
 def model_spec(model: nn.Module, trace: Trace) -> Any:
     """The simulator's model spec of ``model``: shapes from its config and the trace."""
-    cfg = model.config
+    cfg: Any = getattr(model, "config", None)
+    if cfg is None:
+        raise MoesimError(f"{type(model).__name__}: a Hugging Face model with a config is needed")
     inter = getattr(cfg, "moe_intermediate_size", None) or getattr(cfg, "intermediate_size", None)
     if not inter:
         raise MoesimError(f"{type(model).__name__}: the config has no (moe_)intermediate_size")

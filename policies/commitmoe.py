@@ -20,6 +20,9 @@ Mixtral 1.20/1.06, Qwen 1.30/1.00, DeepSeek 1.15/1.00; neutral 1.0/1.0 is the de
 
 * ``lookahead``: the next layer's router on the current router input (the trace's
   ``lookahead_logits``), a zero-training stand-in for the paper's trained MLP (spec C1);
+* ``auto`` (default): ``lookahead`` when the trace has ``lookahead_logits``, else
+  ``previous-token`` (the previous token's routing of the target layer), saying so in the run's
+  warnings; ``previous-token`` can also be asked for;
 * ``trained``: a per-layer linear map from the layer's router logits to the next router's
   distribution, fitted by Eq. (4)'s KL loss on the ``profile:`` split only
   (:class:`~moesim.policies.parts.predictors.TrainedPredictor`).
@@ -36,24 +39,28 @@ from moesim.policies.base import PolicySetupError
 from moesim.policies.compose import Composed
 from moesim.policies.parts.caches import LFUCache
 from moesim.policies.parts.commit import Commitments, CommitPlanner, CommitPrefetcher
-from moesim.policies.parts.predictors import LookaheadPredictor, Predictor, TrainedPredictor
+from moesim.policies.parts.predictors import (
+    AutoPredictor,
+    Predictor,
+    TrainedPredictor,
+    make_predictor,
+)
 from moesim.policies.registry import register
 
-COMMIT_PREDICTORS = ("lookahead", "trained")
-"""The Commit Router's sources."""
+COMMIT_PREDICTORS = ("auto", "lookahead", "trained", "previous-token")
+"""The Commit Router's sources (``auto``: lookahead when the trace has it, else previous-token,
+with a warning)."""
 
 
 def commit_predictor(name: str) -> Predictor:
     """The Commit Router named ``name`` (one of :data:`COMMIT_PREDICTORS`)."""
-    if name == "lookahead":
-        return LookaheadPredictor()
-    if name == "trained":
-        return TrainedPredictor()
-    raise PolicySetupError(f"predictor must be one of {', '.join(COMMIT_PREDICTORS)}, got {name!r}")
+    if name not in COMMIT_PREDICTORS:
+        raise PolicySetupError(f"predictor must be one of {', '.join(COMMIT_PREDICTORS)}, got {name!r}")
+    return make_predictor(name)
 
 
 def _predictor_report(name: str, predictor: Predictor) -> dict[str, Any]:
-    out: dict[str, Any] = {"predictor": name}
+    out: dict[str, Any] = {"predictor": predictor.source if isinstance(predictor, AutoPredictor) else name}
     if isinstance(predictor, TrainedPredictor) and predictor.routers:
         fits = predictor.fitted
         out["predictor_fit"] = (f"linear, {len(fits)} layers, rows {min(f['rows'] for f in fits)}-"
@@ -71,7 +78,7 @@ class CommitMoE(Composed):
     paper = "CommitMoE (Li, Sun, Lin, Sun, USTC): commit router, no fallback, OWA"
     lossy = True
 
-    def __init__(self, *, predictor: str = "lookahead", cross_token: bool = True, owa: bool = True,
+    def __init__(self, *, predictor: str = "auto", cross_token: bool = True, owa: bool = True,
                  alpha1: float = 1.0, alpha2: float = 1.0, owa_correct: list[int] | None = None) -> None:
         self.predictor = predictor
         self.cross_token = cross_token
@@ -100,7 +107,7 @@ class PrefetchFallback(Composed):
     summary = "+Prefetch (CommitMoE ablation): LFU + commit-router prefetch, misses load on demand"
     paper = "CommitMoE (Li, Sun, Lin, Sun, USTC), section 5.3 '+Prefetch' baseline"
 
-    def __init__(self, *, predictor: str = "lookahead", cross_token: bool = True,
+    def __init__(self, *, predictor: str = "auto", cross_token: bool = True,
                  cancel_mispredicted: bool = False) -> None:
         self.predictor = predictor
         self.cross_token = cross_token

@@ -175,5 +175,26 @@ def test_trained_predictor_needs_a_profile_split() -> None:
 
 def test_unknown_predictor_is_a_policy_error() -> None:
     from moesim.policies.registry import PolicyError
-    with pytest.raises(PolicyError, match="predictor must be one of lookahead, trained"):
+    with pytest.raises(PolicyError, match="predictor must be one of auto, lookahead, trained, previous-token"):
         make_policy("commitmoe", {"predictor": "oracle"})
+
+
+def test_without_lookahead_auto_commits_the_previous_tokens_routing_and_says_so() -> None:
+    # t0 [0] [1]; t1 [3] [1]; t2 [3] [2]: previous-token predicts layer 1 of t0 from nothing,
+    # then each layer from the token before (layer 0 after the last layer: this token's layer 0)
+    tr = make_trace([[[0], [1]], [[3], [1]], [[3], [2]]], num_experts=4,
+                    weights=np.full((3, 2, 1), 0.5, dtype=np.float32))
+    pol = make_policy("commitmoe")
+    plans = []
+    orig = pol.on_routed
+
+    def spy(view, layer, routing):  # type: ignore[no-untyped-def]
+        plan = orig(view, layer, routing)
+        plans.append(None if plan is None else (plan.experts.tolist(), plan.weights))
+        return plan
+    pol.on_routed = spy  # type: ignore[method-assign]
+    _, m = run_engine(tr, pol, tiny_model(2, 4, 1), tiny_hw(), budget_experts=6)
+    assert m["policy_report"]["predictor"] == "previous-token"
+    assert any("no lookahead_logits" in w for w in m["warnings"])
+    # t1 L0 commits t0's layer 0 ([0], wrong); t1 L1 t0's layer 1 ([1]); t2 L0 t1's layer 0 ([3])
+    assert plans[2:] == [([[0]], None), ([[1]], None), ([[3]], None), ([[1]], None)]

@@ -103,3 +103,26 @@ def test_bad_arguments_are_one_line_errors() -> None:
         evaluate_plans(_model(), TEXTS, "commitmoe", profile_texts=4)
     with pytest.raises(MoesimError, match="at least 2 tokens"):
         evaluate_plans(_model(), [[1]], "commitmoe")
+
+
+def test_simctl_quality_prints_the_figures_and_refuses_bad_input(tmp_path: Any, capsys: Any) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import json
+
+    from moesim.sim.cli import main
+
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps({"model_type": "mixtral", "vocab_size": 128, "hidden_size": 32,
+                               "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "max_position_embeddings": 128,
+                               "num_local_experts": 4, "num_experts_per_tok": 2}))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the quick brown fox\njumps over the lazy dog\n")
+    rc = main(["quality", "--model", str(cfg), "--texts", str(texts), "--cache-rate", "0.5", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["policy"] == "commitmoe" and out["texts"] == 2 and out["kl"] >= 0
+    assert out["sim"]["policy_report"]["predictor"] == "lookahead"
+    rc = main(["quality", "--model", str(cfg), "--texts", str(texts), "--param", "predictor=oracle"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "predictor must be one of" in err

@@ -30,17 +30,18 @@ class Commitments:
     probabilities. A commitment is used once (taken by the planner)."""
 
     def __init__(self) -> None:
-        self._store: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._store: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
 
     def clear(self) -> None:
         """Forget every commitment."""
         self._store.clear()
 
-    def put(self, request: int, layer: int, experts: np.ndarray, probs: np.ndarray) -> None:
-        """Commit ``request``'s next use of ``layer`` to ``experts``."""
+    def put(self, request: int, layer: int, experts: np.ndarray, probs: np.ndarray | None) -> None:
+        """Commit ``request``'s next use of ``layer`` to ``experts`` (``probs`` None: the
+        predictor gives no probabilities)."""
         self._store[(request, layer)] = (experts, probs)
 
-    def take(self, request: int, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
+    def take(self, request: int, layer: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The commitment of (request, layer), removed; None when there is none."""
         return self._store.pop((request, layer), None)
 
@@ -104,16 +105,19 @@ class CommitPrefetcher(Prefetcher):
         k = min(self._k, scores.shape[1])
         if self.commitments is not None and view.iteration.phase == _DECODE:
             reqs = view.iteration.request_ids
+            probabilistic = self.predictor.probabilistic
             for t in range(scores.shape[0]):
                 top = np.argsort(-scores[t], kind="stable")[:k]
-                self.commitments.put(int(reqs[t]), target, top.astype(np.int64), scores[t, top].astype(np.float64))
+                self.commitments.put(int(reqs[t]), target, top.astype(np.int64),
+                                     scores[t, top].astype(np.float64) if probabilistic else None)
         self.prefetch_set(view, target, top_experts(scores, k))
 
 
 class CommitPlanner(Planner):
     """Runs each token's committed experts instead of the routed ones (no fallback); a token
     without a commitment runs as routed. Plan weights are the predictor's probabilities of the
-    committed experts (``G_pred``), or OWA's ``G''`` (Eqs. 5-6) when ``owa`` and the number of
+    committed experts (``G_pred``; none when the predictor has no probabilities, so that the
+    quality harness weighs by the true router's scores, spec sheet C7's alternative), or OWA's ``G''`` (Eqs. 5-6) when ``owa`` and the number of
     correct experts is in ``owa_correct`` (default: the paper's set for the model's top-k) and the
     trace has router ``weights``. Counts the Eq. (3) accuracy of every commitment and the OWA
     triggers for the run's report."""
@@ -148,14 +152,14 @@ class CommitPlanner(Planner):
         plan = routed.astype(np.int64)
         tw = routing.weights
         weights = None if tw is None else tw.astype(np.float64)
-        changed = False
+        changed = unweighted = False
         for t in range(routing.n_tokens):
             got = self.commitments.take(int(reqs[t]), layer)
             if got is None:
                 continue
             experts, probs = got
             k = min(len(experts), plan.shape[1])
-            experts, probs = experts[:k], probs[:k]
+            experts = experts[:k]
             true = [int(e) for e in routed[t]]
             c = len(set(experts.tolist()) & set(true))
             pct = commit_accuracy(c, len(true))
@@ -163,8 +167,10 @@ class CommitPlanner(Planner):
             self.committed += 1
             plan[t, :] = -1
             plan[t, :k] = experts
-            if weights is not None and tw is not None:
-                w = probs
+            if probs is None:
+                unweighted = True      # the quality harness then weighs by the true router
+            elif weights is not None and tw is not None:
+                w = probs[:k]
                 if self.owa and c in self._trigger:
                     w = owa_weights(true, tw[t].tolist(), experts.tolist(), probs.tolist(),
                                     alpha1=self.alpha1, alpha2=self.alpha2)
@@ -174,7 +180,7 @@ class CommitPlanner(Planner):
             changed = True
         if not changed:
             return None
-        return Plan(plan, weights=weights)
+        return Plan(plan, weights=None if unweighted else weights)
 
     def report(self) -> dict[str, Any]:
         """Commitments made, their Eq. (3) accuracy histogram (percent -> count) and OWA triggers."""

@@ -56,7 +56,11 @@ def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 
 class Predictor:
-    """Base of the predictors: :meth:`predict` after ``layer`` is routed, for the next step."""
+    """Base of the predictors: :meth:`predict` after ``layer`` is routed, for the next step.
+    ``probabilistic``: :meth:`token_scores` are probabilities (rows summing to 1), usable as
+    combination weights; otherwise only their order means something."""
+
+    probabilistic = True
 
     def required_columns(self) -> frozenset[str]:
         """Trace columns the predictor cannot work without."""
@@ -105,6 +109,8 @@ class PreviousTokenPredictor(Predictor):
     """The previous iteration's routing of the target layer (after the last layer: this
     iteration's layer 0), ranked by router order."""
 
+    probabilistic = False
+
     def setup(self, ctx: Context) -> None:
         """Remember the model's expert count."""
         self._E = ctx.num_experts
@@ -123,6 +129,8 @@ class PreviousTokenPredictor(Predictor):
 
 class OraclePredictor(Predictor):
     """Exactly the experts the recorded routing uses at the next step (access order): a bound."""
+
+    probabilistic = False
 
     def setup(self, ctx: Context) -> None:
         """Take the oracle annotation."""
@@ -173,6 +181,16 @@ class AutoPredictor(Predictor):
         """The chosen source's per-token scores."""
         return self.inner.token_scores(view, layer)
 
+    @property
+    def probabilistic(self) -> bool:  # type: ignore[override]
+        """Whether the chosen source's scores are probabilities."""
+        return self.inner.probabilistic
+
+    @property
+    def source(self) -> str:
+        """``lookahead`` or ``previous-token``: the source chosen at set-up."""
+        return "lookahead" if isinstance(self.inner, LookaheadPredictor) else "previous-token"
+
 
 class TrainedPredictor(Predictor):
     """CommitMoE's trained Commit Router, fitted in ``setup`` on the profiling split only (never
@@ -185,6 +203,9 @@ class TrainedPredictor(Predictor):
     * cross-token (``l = L-1``): target ``softmax(logits of layer 0)`` of the same request's next
       token, over the profile's pairs whose second token is a decode token.
 
+    The paper's same-token predictor is one linear layer on the router's hidden state and its
+    cross-token one a two-layer MLP (d -> 2d -> E); both are linear maps on router logits here
+    (a trace holds no hidden states; the linear cross-token map is our simplification).
     ``lr``, ``epochs`` and ``patience`` are the Adam step, the epoch cap and the early-stopping
     patience (epochs without a better validation loss). At run time it reads ``view.logits(l)``,
     which is known once ``l`` is routed, so it predicts at the same moment as the lookahead gate.

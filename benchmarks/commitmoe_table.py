@@ -1,7 +1,10 @@
 """CommitMoE's Fig. 5 comparison (section 5.3) next to the simulator's: end-to-end latency and
 decode TPOT of CommitMoE against its "+Prefetch" ablation, MoE-Infinity and on-demand loading
 (vLLM, reading B of the spec sheet), per environment and model; then whether the headline sign
-(CommitMoE faster than +Prefetch and MoE-Infinity) holds, with the numbers.
+(CommitMoE faster than +Prefetch and MoE-Infinity) holds, with the numbers. First two checks:
+Fig. 1's cost of one misprediction (one more serialised load over an on-demand MoE block, from
+the catalog cost model) and Fig. 2's router certainty per prediction-accuracy bin (on the
+synthetic routing, so it checks the generator as much as the paper's observation).
 
     python benchmarks/commitmoe_table.py                    # ~2-3 min on 2 shared cores
     python benchmarks/commitmoe_table.py --only qwen-4090   # one set-up
@@ -79,6 +82,39 @@ def misprediction_cost() -> None:
               f"one more load +{100 * load / block:.1f}%")
 
 
+def certainty_by_accuracy(setup: str) -> None:
+    """Section 3 / Fig. 2: mean router certainty KLD(p || uniform) = log E - H(p) of the true
+    router of layer l+1, per Eq. (3) accuracy bin of the lookahead prediction of l+1 from l
+    (same-token layers; the set-up's trace, every token)."""
+    import numpy as np
+
+    from moesim.policies.parts.owa import commit_accuracy
+    from moesim.sim.runner import load_trace
+    from moesim.sim.scenario import load_scenario_data
+
+    data = scenario(setup, "lru", {}, "priority")
+    tr = load_trace(load_scenario_data(data, source=setup, base_dir=ROOT))
+    L, E, k = tr.model.num_layers, tr.model.num_experts, tr.model.top_k
+    assert tr.logits is not None and tr.lookahead_logits is not None
+    lg = tr.logits.reshape(-1, L, E).astype(np.float64)
+    la = tr.lookahead_logits.reshape(-1, L, E).astype(np.float64)
+    ex = tr.experts.reshape(-1, L, k)
+    p = np.exp(lg[:, 1:] - lg[:, 1:].max(axis=2, keepdims=True))
+    p /= p.sum(axis=2, keepdims=True)
+    kld = np.log(E) + (p * np.log(p + 1e-30)).sum(axis=2)                  # [T, L-1]
+    pred = np.argsort(-la[:, :-1], axis=2, kind="stable")[:, :, :k]
+    correct = (pred[:, :, :, None] == ex[:, 1:, None, :]).any(axis=3).sum(axis=2)
+    bins = {}
+    for c in range(k + 1):
+        sel = correct == c
+        if sel.any():
+            bins[commit_accuracy(c, k)] = (float(kld[sel].mean()), int(sel.sum()))
+    means = [v[0] for _, v in sorted(bins.items())]
+    monotone = all(a <= b for a, b in zip(means, means[1:], strict=False))
+    print(f"{setup:16} " + "  ".join(f"{pct}%: {m:.3f} (n={n})" for pct, (m, n) in sorted(bins.items()))
+          + f"  -> {'monotone' if monotone else 'NOT monotone'}")
+
+
 def prefill_only(setup: str) -> dict[str, tuple[float, float]]:
     """TTFT (ms) and prefetched GB of CommitMoE and of LFU without prefetch, prefill only."""
     out = {}
@@ -99,6 +135,11 @@ def main() -> None:
     if args.trained:
         methods["CommitMoE trained"] = ("commitmoe", {"predictor": "trained"}, "priority")
     misprediction_cost()
+    print("\n== Fig. 2: router certainty KLD(p || U) in nats per prediction-accuracy bin "
+          "(paper: lowest at 0%, rising with accuracy) ==")
+    for setup in dict.fromkeys(s.split("-")[0] + "-4090" for s in args.only):
+        if setup in SETUPS:
+            certainty_by_accuracy(setup)
     verdicts = []
     for setup in args.only:
         res = {k: measure(scenario(setup, p, prm, order)) for k, (p, prm, order) in methods.items()}

@@ -515,6 +515,12 @@ class Policy:
         so a policy that does not say reads whatever the trace has."""
         return frozenset(OPTIONAL_COLUMNS)
 
+    def report(self) -> dict[str, Any]:
+        """What the policy says about its run, as plain data for the outputs (``policy_report``
+        in ``metrics.json`` and a line of the summary): e.g. which predictor ran and how often it
+        was right. Read once after the run. Default: nothing."""
+        return {}
+
     def uses_hook(self, name: str) -> bool:
         """Whether this policy does something in hook ``name`` (the engine skips the calls of
         hooks nobody uses: they run per layer). Default: the class overrides it."""

@@ -20,6 +20,8 @@ cache, so that what it issues counts as used and a prefetched set is never its o
 
 from __future__ import annotations
 
+from typing import Any
+
 from moesim.policies.base import (
     Context,
     EvictionRequest,
@@ -75,6 +77,13 @@ class Composed(Policy):
     def read_columns(self) -> frozenset[str]:
         """Union of the parts' read columns."""
         return frozenset().union(*(p.read_columns() for p in self._parts))
+
+    def report(self) -> dict[str, Any]:
+        """The parts' reports, merged in hook order."""
+        out: dict[str, Any] = {}
+        for p in self._parts:
+            out.update(p.report())
+        return out
 
     def setup(self, ctx: Context) -> None:
         """Set up every part."""

@@ -33,6 +33,7 @@ _MODULES = (
     "moesim.policies.fmoe",
     "moesim.policies.promoe",
     "moesim.policies.buddymoe",
+    "moesim.policies.commitmoe",
 )
 _loaded = False
 

@@ -21,6 +21,7 @@ from rich.table import Table
 from moesim.sim.errors import MoesimError
 from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
 from moesim.traces.cli import app as trace_app
+from moesim.traces.quality_cli import quality
 
 app = typer.Typer(
     name="simctl",
@@ -30,6 +31,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(trace_app, name="trace", help="Record, import, synthesise and inspect moe-trace files.")
+# `quality` needs the optional torch extra; the command imports it only when it runs
+app.command("quality", help="Run a lossy policy's plans on a real model: KL, next-token agreement, perplexity (extra: tracer).")(quality)
 
 
 @app.command()

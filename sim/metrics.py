@@ -98,6 +98,9 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "gpu_busy_fraction": st.gpu_busy_s / sim_time if sim_time > 0 else 0.0,
         "warnings": list(engine.warnings),
     }
+    report = policy.report()
+    if report:
+        out["policy_report"] = report
     if policy.lossy:
         tl = st.token_layers
         out.update({

@@ -44,7 +44,8 @@ def tiny_hw(*, pcie_gbps: float = 3.0, latency_us: float = 0.0, layer_us: float 
 
 def make_trace(experts: list[list[list[int]]] | np.ndarray, *, num_experts: int,
                requests: list[int] | None = None, phases: list[int] | None = None,
-               lookahead: np.ndarray | None = None, weights: np.ndarray | None = None) -> Trace:
+               lookahead: np.ndarray | None = None, weights: np.ndarray | None = None,
+               logits: np.ndarray | None = None) -> Trace:
     """A trace from ``experts[token][layer] = [top-k ids]``; one request unless ``requests``
     gives the request of each token (tokens of a request must be consecutive)."""
     ex = np.asarray(experts, dtype=np.int16)
@@ -62,6 +63,8 @@ def make_trace(experts: list[list[list[int]]] | np.ndarray, *, num_experts: int,
         cols["lookahead_logits"] = lookahead.reshape(T * L, num_experts)
     if weights is not None:
         cols["weights"] = weights.reshape(T * L, k)
+    if logits is not None:
+        cols["logits"] = logits.reshape(T * L, num_experts)
     return trace_from_columns(cols, TraceMeta(ModelInfo("tiny", L, num_experts, k)))
 
 

@@ -30,7 +30,8 @@ and the run says so in its warnings: the paper profiles offline.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -160,6 +161,10 @@ class BuddySubstitutePlanner(Planner):
         return self.required_columns() | {"weights"}
 
     # -- set-up ---------------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """What the planner did over the run (:class:`BuddyCounts`), for ``policy_report``."""
+        return {"buddy": asdict(self.counts)}
+
     def setup(self, ctx: Context) -> None:
         """Build the buddy lists from the profiling split (or fixed ``lists``) and the TAE
         thresholds; without a profile, start an online profile and say so."""

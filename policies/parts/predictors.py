@@ -7,7 +7,13 @@ A predictor answers, after layer ``l`` is routed, which experts the *next* step 
 * :class:`LookaheadPredictor`: the trace's ``lookahead_logits`` (router ``l + 1`` applied to
   layer ``l``'s hidden state, the speculative gate of Mixtral-offloading, Pre-gated MoE, MoEpic);
 * :class:`PreviousTokenPredictor`: the previous iteration's routing of the target layer;
-* :class:`OraclePredictor`: the recorded future (oracle policies only, a bound).
+* :class:`OraclePredictor`: the recorded future (oracle policies only, a bound);
+* :class:`TrainedPredictor`: a per-layer linear map from layer ``l``'s router logits to the next
+  step's router distribution, fitted in ``setup`` on the profiling split only (CommitMoE's
+  trained "Commit Router", Eq. 4, with router logits standing in for the hidden state).
+
+:meth:`Predictor.token_scores` gives each token's own ``[n, E]`` scores (for a planner that
+commits per token); :meth:`Predictor.predict` the union a prefetcher issues.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import heapq
 
 import numpy as np
 
-from moesim.policies.base import Context, PolicySetupError, View
+from moesim.policies.base import Context, PolicySetupError, Profile, View
+from moesim.policies.parts.linear_router import LinearRouter, fit_linear_router
 
-PREDICTORS = ("auto", "lookahead", "previous-token")
+PREDICTORS = ("auto", "lookahead", "previous-token", "trained")
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
@@ -49,7 +56,11 @@ def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 
 class Predictor:
-    """Base of the predictors: :meth:`predict` after ``layer`` is routed, for the next step."""
+    """Base of the predictors: :meth:`predict` after ``layer`` is routed, for the next step.
+    ``probabilistic``: :meth:`token_scores` are probabilities (rows summing to 1), usable as
+    combination weights; otherwise only their order means something."""
+
+    probabilistic = True
 
     def required_columns(self) -> frozenset[str]:
         """Trace columns the predictor cannot work without."""
@@ -63,7 +74,15 @@ class Predictor:
         """Once before the run."""
 
     def predict(self, view: View, layer: int, k: int) -> list[tuple[int, float]]:
-        """The experts of the step after (``layer``, this iteration), best first; ``k`` per token."""
+        """The experts of the step after (``layer``, this iteration), best first; ``k`` per token.
+        Default: the union of each token's ``k`` best :meth:`token_scores`."""
+        scores = self.token_scores(view, layer)
+        return [] if scores is None else top_experts(scores, k)
+
+    def token_scores(self, view: View, layer: int) -> np.ndarray | None:
+        """``[n_tokens, E]`` scores (higher = likelier; probabilities where the source has them)
+        of each token's next step after (``layer``, this iteration), or None when the source
+        has no per-token answer."""
         raise NotImplementedError
 
 
@@ -80,35 +99,48 @@ class LookaheadPredictor(Predictor):
         assert logits is not None
         return top_experts(logits, k)
 
+    def token_scores(self, view: View, layer: int) -> np.ndarray | None:
+        """Softmax of each token's lookahead logits (the next router's probabilities)."""
+        logits = view.lookahead_logits(layer)
+        return None if logits is None else softmax_rows(logits)
+
 
 class PreviousTokenPredictor(Predictor):
     """The previous iteration's routing of the target layer (after the last layer: this
     iteration's layer 0), ranked by router order."""
 
+    probabilistic = False
+
     def setup(self, ctx: Context) -> None:
         """Remember the model's expert count."""
         self._E = ctx.num_experts
 
-    def predict(self, view: View, layer: int, k: int) -> list[tuple[int, float]]:
-        """Experts the previous token used at the target layer."""
+    def token_scores(self, view: View, layer: int) -> np.ndarray | None:
+        """Rank scores (k for the previous token's first expert down to 1; 0 elsewhere)."""
         L = view.num_layers
         prev = view.previous_routing(layer + 1) if layer + 1 < L else view.routing(0).experts
         if prev is None:
-            return []
+            return None
         scores = np.zeros((prev.shape[0], self._E), dtype=np.float32)
         for t in range(prev.shape[0]):
             scores[t, prev[t]] = np.arange(prev.shape[1], 0, -1)
-        return top_experts(scores, k)
+        return scores
 
 
 class OraclePredictor(Predictor):
     """Exactly the experts the recorded routing uses at the next step (access order): a bound."""
+
+    probabilistic = False
 
     def setup(self, ctx: Context) -> None:
         """Take the oracle annotation."""
         if ctx.future is None:
             raise RuntimeError("the oracle predictor needs the oracle annotation (an oracle policy)")
         self._future = ctx.future
+
+    def token_scores(self, view: View, layer: int) -> np.ndarray | None:
+        """None: the oracle answers for the whole step, not per token."""
+        return None
 
     def predict(self, view: View, layer: int, k: int) -> list[tuple[int, float]]:
         """The next step's recorded experts, ``k`` ignored."""
@@ -145,9 +177,102 @@ class AutoPredictor(Predictor):
         """The chosen source's prediction."""
         return self.inner.predict(view, layer, k)
 
+    def token_scores(self, view: View, layer: int) -> np.ndarray | None:
+        """The chosen source's per-token scores."""
+        return self.inner.token_scores(view, layer)
+
+    @property
+    def probabilistic(self) -> bool:  # type: ignore[override]
+        """Whether the chosen source's scores are probabilities."""
+        return self.inner.probabilistic
+
+    @property
+    def source(self) -> str:
+        """``lookahead`` or ``previous-token``: the source chosen at set-up."""
+        return "lookahead" if isinstance(self.inner, LookaheadPredictor) else "previous-token"
+
+
+class TrainedPredictor(Predictor):
+    """CommitMoE's trained Commit Router, fitted in ``setup`` on the profiling split only (never
+    on the replayed requests): one :class:`~moesim.policies.parts.linear_router.LinearRouter` per
+    layer ``l``, mapping layer ``l``'s router logits (the ``logits`` column) to the router
+    distribution of the next step, by the KL loss of Eq. (4).
+
+    * same-token (``l < L-1``): target ``softmax(logits of layer l+1)`` of the same token, over
+      every profile token (prefill and decode);
+    * cross-token (``l = L-1``): target ``softmax(logits of layer 0)`` of the same request's next
+      token, over the profile's pairs whose second token is a decode token.
+
+    The paper's same-token predictor is one linear layer on the router's hidden state and its
+    cross-token one a two-layer MLP (d -> 2d -> E); both are linear maps on router logits here
+    (a trace holds no hidden states; the linear cross-token map is our simplification).
+    ``lr``, ``epochs`` and ``patience`` are the Adam step, the epoch cap and the early-stopping
+    patience (epochs without a better validation loss). At run time it reads ``view.logits(l)``,
+    which is known once ``l`` is routed, so it predicts at the same moment as the lookahead gate.
+    :attr:`fitted` reports each layer's rows and KL (for the run's outputs).
+    """
+
+    def __init__(self, *, lr: float = 0.05, epochs: int = 300, patience: int = 20) -> None:
+        if lr <= 0 or epochs < 1 or patience < 1:
+            raise PolicySetupError("the trained predictor needs lr > 0, epochs >= 1 and patience >= 1")
+        self.lr = lr
+        self.epochs = epochs
+        self.patience = patience
+        self.routers: list[LinearRouter] = []
+
+    def required_columns(self) -> frozenset[str]:
+        """Needs the full router ``logits`` (features and targets)."""
+        return frozenset({"logits"})
+
+    def setup(self, ctx: Context) -> None:
+        """Fit one linear router per layer on ``ctx.profile``."""
+        prof = ctx.profile
+        if prof is None:
+            raise PolicySetupError("predictor 'trained' is fitted on the profiling split: the "
+                                   "scenario needs profile: {requests: N}")
+        if prof.logits is None:
+            raise PolicySetupError("predictor 'trained' needs router logits in the profile split")
+        self.routers = self.fit(prof, lr=self.lr, epochs=self.epochs, patience=self.patience)
+
+    @staticmethod
+    def fit(prof: Profile, *, lr: float, epochs: int, patience: int) -> list[LinearRouter]:
+        """The per-layer routers fitted on ``prof`` (see the class docstring)."""
+        assert prof.logits is not None
+        lg = prof.logits.astype(np.float64)                  # [N, L, E]
+        N, L, _ = lg.shape
+        routers = []
+        for layer in range(L):
+            if layer + 1 < L:
+                x, y = lg[:, layer], lg[:, layer + 1]
+            else:
+                nxt = np.arange(N - 1)
+                pair = (prof.request_id[1:] == prof.request_id[:-1]) & (prof.phase[1:] == 1)  # 1: decode (Profile.phase)
+                x, y = lg[nxt[pair], layer], lg[nxt[pair] + 1, 0]
+            if x.shape[0] < 2:
+                raise PolicySetupError(f"predictor 'trained': the profile split has {x.shape[0]} "
+                                       f"training row(s) for layer {layer}; give it more requests")
+            routers.append(fit_linear_router(x, softmax_rows(y), lr=lr, epochs=epochs, patience=patience))
+        return routers
+
+    @property
+    def fitted(self) -> list[dict[str, float]]:
+        """Per layer: training rows, epochs run, train and validation KL (nats)."""
+        return [{"rows": r.rows, "epochs": r.epochs, "train_kl": round(r.train_kl, 4),
+                 "val_kl": round(r.val_kl, 4)} for r in self.routers]
+
+    def token_scores(self, view: View, layer: int) -> np.ndarray | None:
+        """Predicted next-router probabilities of each token from layer ``layer``'s logits."""
+        logits = view.logits(layer)
+        if logits is None or not self.routers:
+            return None
+        return self.routers[layer].probs(logits)
+
 
 def make_predictor(name: str) -> Predictor:
-    """A predictor by name: ``auto``, ``lookahead`` or ``previous-token``."""
+    """A predictor by name: ``auto``, ``lookahead``, ``previous-token`` or ``trained`` (with
+    :class:`TrainedPredictor`'s defaults)."""
+    if name == "trained":
+        return TrainedPredictor()
     if name == "auto":
         return AutoPredictor()
     if name == "lookahead":

@@ -1,0 +1,189 @@
+"""Commitment: a prefetcher that predicts each token's next experts and prefetches them
+(:class:`CommitPrefetcher`), and a planner that runs exactly those predicted experts instead of
+the routed ones, with no fallback load (:class:`CommitPlanner`; CommitMoE section 4.1).
+
+The two share a :class:`Commitments` store, keyed by (request, layer), so a prediction made after
+layer ``l`` of one request is used at layer ``l + 1`` of that request, and the last layer's
+prediction at layer 0 of the same request's next token (cross-token). Only decode iterations
+commit (CommitMoE optimises decoding; a prefill runs as routed and only prefetches), so a
+request's first decode token routes layer 0 normally. Without a planner the prefetcher alone is
+the "+Prefetch" ablation: the prediction is prefetched, mispredicted experts load on demand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from moesim.policies.base import Context, Outcome, Plan, Routing, View
+from moesim.policies.parts.owa import commit_accuracy, default_trigger, owa_weights
+from moesim.policies.parts.planners import Planner
+from moesim.policies.parts.predictors import Predictor, top_experts
+from moesim.policies.parts.prefetchers import Prefetcher
+
+_DECODE = 1  # IterationInfo.phase of a decode step
+
+
+class Commitments:
+    """Predicted experts per (request, layer): ``[k]`` ids, best first, and their predicted
+    probabilities. A commitment is used once (taken by the planner)."""
+
+    def __init__(self) -> None:
+        self._store: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def clear(self) -> None:
+        """Forget every commitment."""
+        self._store.clear()
+
+    def put(self, request: int, layer: int, experts: np.ndarray, probs: np.ndarray | None) -> None:
+        """Commit ``request``'s next use of ``layer`` to ``experts`` (``probs`` None: the
+        predictor gives no probabilities)."""
+        self._store[(request, layer)] = (experts, probs)
+
+    def take(self, request: int, layer: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The commitment of (request, layer), removed; None when there is none."""
+        return self._store.pop((request, layer), None)
+
+
+class CommitPrefetcher(Prefetcher):
+    """After layer ``l`` is routed: each token's ``k`` likeliest experts of the next step under
+    the predictor go into ``commitments`` (decode iterations only, when a store is given), and
+    their union is prefetched into the target layer, priority = best predicted probability.
+    The target is ``l + 1``, or layer 0 of the next iteration after the last layer when
+    ``cross_token``. ``cancel_mispredicted`` withdraws, once a layer is routed, its queued
+    prefetches that the plan does not use (only under ``pcie.order: priority``; under fifo issued
+    copies cannot be withdrawn)."""
+
+    def __init__(self, predictor: Predictor, *, commitments: Commitments | None = None,
+                 cross_token: bool = True, cancel_mispredicted: bool = False) -> None:
+        self.predictor = predictor
+        self.commitments = commitments
+        self.cross_token = cross_token
+        self.cancel_mispredicted = cancel_mispredicted
+        self._k = 0
+        self.cancelled = 0
+
+    def required_columns(self) -> frozenset[str]:
+        """The predictor's."""
+        return self.predictor.required_columns()
+
+    def read_columns(self) -> frozenset[str]:
+        """The predictor's."""
+        return self.predictor.read_columns()
+
+    def setup(self, ctx: Context) -> None:
+        """Set up the predictor; forget earlier commitments."""
+        self._k = ctx.top_k
+        self.cancelled = 0
+        self.predictor.setup(ctx)
+        if self.commitments is not None:
+            self.commitments.clear()
+
+    def uses_hook(self, name: str) -> bool:
+        """``on_access`` only when cancelling mispredicted prefetches."""
+        if name == "on_access":
+            return self.cancel_mispredicted
+        return super().uses_hook(name)
+
+    def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Withdraw the layer's queued prefetches that nothing planned uses (planned units are
+        pinned by now, and pinned units are never withdrawn)."""
+        self.cancelled += view.cancel_prefetches(layer)
+
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Predict, commit (decode only) and prefetch the next step."""
+        if layer + 1 < view.num_layers:
+            target = layer + 1
+        elif self.cross_token:
+            target = 0
+        else:
+            return
+        scores = self.predictor.token_scores(view, layer)
+        if scores is None:
+            return
+        k = min(self._k, scores.shape[1])
+        if self.commitments is not None and view.iteration.phase == _DECODE:
+            reqs = view.iteration.request_ids
+            probabilistic = self.predictor.probabilistic
+            for t in range(scores.shape[0]):
+                top = np.argsort(-scores[t], kind="stable")[:k]
+                self.commitments.put(int(reqs[t]), target, top.astype(np.int64),
+                                     scores[t, top].astype(np.float64) if probabilistic else None)
+        self.prefetch_set(view, target, top_experts(scores, k))
+
+
+class CommitPlanner(Planner):
+    """Runs each token's committed experts instead of the routed ones (no fallback); a token
+    without a commitment runs as routed. Plan weights are the predictor's probabilities of the
+    committed experts (``G_pred``; none when the predictor has no probabilities, so that the
+    quality harness weighs by the true router's scores, spec sheet C7's alternative), or OWA's ``G''`` (Eqs. 5-6) when ``owa`` and the number of
+    correct experts is in ``owa_correct`` (default: the paper's set for the model's top-k) and the
+    trace has router ``weights``. Counts the Eq. (3) accuracy of every commitment and the OWA
+    triggers for the run's report."""
+
+    def __init__(self, commitments: Commitments, *, owa: bool = True, alpha1: float = 1.0,
+                 alpha2: float = 1.0, owa_correct: frozenset[int] | None = None) -> None:
+        if alpha1 <= 0 or alpha2 <= 0:
+            raise ValueError("alpha1 and alpha2 must be > 0")
+        self.commitments = commitments
+        self.owa = owa
+        self.alpha1 = alpha1
+        self.alpha2 = alpha2
+        self.owa_correct = owa_correct
+        self._trigger: frozenset[int] = frozenset()
+        self.accuracy: dict[int, int] = {}
+        self.owa_triggered = 0
+        self.committed = 0
+
+    def setup(self, ctx: Context) -> None:
+        """Resolve the trigger set; reset the counters."""
+        self._trigger = default_trigger(ctx.top_k) if self.owa_correct is None else frozenset(self.owa_correct)
+        self.accuracy = {}
+        self.owa_triggered = 0
+        self.committed = 0
+
+    def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
+        """The committed experts of every token that has a commitment for ``layer``."""
+        if view.iteration.phase != _DECODE:
+            return None
+        reqs = view.iteration.request_ids
+        routed = routing.experts
+        plan = routed.astype(np.int64)
+        tw = routing.weights
+        weights = None if tw is None else tw.astype(np.float64)
+        changed = unweighted = False
+        for t in range(routing.n_tokens):
+            got = self.commitments.take(int(reqs[t]), layer)
+            if got is None:
+                continue
+            experts, probs = got
+            k = min(len(experts), plan.shape[1])
+            experts = experts[:k]
+            true = [int(e) for e in routed[t]]
+            c = len(set(experts.tolist()) & set(true))
+            pct = commit_accuracy(c, len(true))
+            self.accuracy[pct] = self.accuracy.get(pct, 0) + 1
+            self.committed += 1
+            plan[t, :] = -1
+            plan[t, :k] = experts
+            if probs is None:
+                unweighted = True      # the quality harness then weighs by the true router
+            elif weights is not None and tw is not None:
+                w = probs[:k]
+                if self.owa and c in self._trigger:
+                    w = owa_weights(true, tw[t].tolist(), experts.tolist(), probs.tolist(),
+                                    alpha1=self.alpha1, alpha2=self.alpha2)
+                    self.owa_triggered += 1
+                weights[t, :] = 0.0
+                weights[t, :k] = w
+            changed = True
+        if not changed:
+            return None
+        return Plan(plan, weights=None if unweighted else weights)
+
+    def report(self) -> dict[str, Any]:
+        """Commitments made, their Eq. (3) accuracy histogram (percent -> count) and OWA triggers."""
+        return {"committed_token_layers": self.committed,
+                "commit_accuracy_pct": {str(p): n for p, n in sorted(self.accuracy.items())},
+                "owa_triggered": self.owa_triggered}

@@ -2,7 +2,7 @@
 it (GPU, model, quantisation, batch, system), moesim's tokens/s from the catalogs' defaults,
 the ratio moesim / published and whether the rankings agree.
 
-    python benchmarks/published_figures.py                # ~1 min on 2 cores
+    python benchmarks/published_figures.py                # ~10 s on 2 cores
     python benchmarks/published_figures.py --tokens 64    # longer decode per request
 
 Sources (cited in full in PUBLISHED below; nothing here is fitted to them):

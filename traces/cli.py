@@ -45,22 +45,32 @@ def _parse_sets(items: list[str] | None) -> dict[str, Any]:
 
 @app.command("import")
 def import_cmd(
-    src: Annotated[Path, typer.Argument(help="source file (routing.csv, .csv, .jsonl or .npy)")],
+    src: Annotated[Path, typer.Argument(help="source file (routing.csv, .csv, .jsonl, .npy or .json)")],
     out: Annotated[Path, typer.Option("-o", "--out", help="output moe-trace Parquet file")],
-    fmt: Annotated[str, typer.Option("--from", help="source format: flame, csv, jsonl or vllm")],
+    fmt: Annotated[str, typer.Option(
+        "--from", help="source format: flame, csv, jsonl, vllm, sglang or llamacpp")],
     model: Annotated[str | None, typer.Option(
         "--model", help="catalog model giving the shape (default for flame: flame-moe-290m); "
         "a name outside the catalog needs --num-layers, --num-experts and --top-k")] = None,
     num_layers: Annotated[int | None, typer.Option(help="override the number of MoE layers")] = None,
     num_experts: Annotated[int | None, typer.Option(help="override the routed experts per layer")] = None,
     top_k: Annotated[int | None, typer.Option(help="override the experts selected per token")] = None,
+    column_map: Annotated[str | None, typer.Option(
+        "--map", help="csv/jsonl: FIELD=COLUMN,... to read a field from another column name "
+        "(e.g. experts=topk_ids,weights=topk_weights,token_idx=pos)")] = None,
+    drop_incomplete: Annotated[bool, typer.Option(
+        "--drop-incomplete", help="csv/jsonl: drop tokens that miss layers (and renumber the rest) "
+        "instead of failing")] = False,
+    weights: Annotated[str, typer.Option(
+        "--weights", help="csv/jsonl: what the weights are: auto, softmax (over all experts), "
+        "renormalized (top-k, sum 1) or scores; recorded in the trace metadata")] = "auto",
     sidecar: Annotated[Path | None, typer.Option(
-        help='vllm: JSON {"requests": [{"prompt_tokens": P, "output_tokens": D}, ...]} '
+        help='vllm .npy: JSON {"requests": [{"prompt_tokens": P, "output_tokens": D}, ...]} '
         "(default: SRC with suffix .json)")] = None,
     request_lengths: Annotated[str | None, typer.Option(
-        help="vllm: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
+        help="vllm .npy, llamacpp: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
 ) -> None:
-    """Convert a router log into a moe-trace v1 file."""
+    """Convert a router log into a moe-trace v1 file (see README, "Importing router logs")."""
     from moesim.traces.importers import (
         FLAME_MODEL,
         FORMATS,
@@ -76,13 +86,17 @@ def import_cmd(
         raise MoesimError(f"--model is required with --from {fmt}")
     info = model_info(name, num_layers=num_layers, num_experts=num_experts, top_k=top_k)
     lengths = parse_request_lengths(request_lengths) if request_lengths else None
-    if fmt != "vllm" and (sidecar is not None or lengths is not None):
-        raise MoesimError("--sidecar and --request-lengths apply to --from vllm only")
     t0 = time.perf_counter()
-    path, meta, rows = import_trace(fmt, src, out, model=info, sidecar=sidecar, request_lengths=lengths)
+    path, meta, rows = import_trace(fmt, src, out, model=info, sidecar=sidecar, request_lengths=lengths,
+                                    column_map=column_map, drop_incomplete=drop_incomplete, weights=weights)
     m = meta.model
+    extra = ""
+    if meta.source.get("dropped_tokens"):
+        extra += f"; dropped {meta.source['dropped_tokens']} incomplete token(s)"
+    if "weights" in meta.source:
+        extra += f"; weights: {meta.source['weights']}"
     _console().print(f"wrote {path}: {rows:,} rows, {m.name} (L={m.num_layers}, E={m.num_experts}, "
-                     f"k={m.top_k}) in {time.perf_counter() - t0:.2f} s")
+                     f"k={m.top_k}) in {time.perf_counter() - t0:.2f} s{extra}")
 
 
 @app.command("synth")

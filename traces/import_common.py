@@ -175,7 +175,8 @@ def parse_column_map(text: str | Mapping[str, str] | None) -> dict[str, str]:
 
 
 def weight_kind(
-    weights: np.ndarray, declared: str, path: Path, lines: Sequence[int] | np.ndarray,
+    weights: np.ndarray, declared: str, path: Path, lines: Sequence[int] | np.ndarray, *,
+    field: str = "weights",
 ) -> str:
     """Check ``weights`` (``[rows, k]``, finite) and return what they mean, one of
     :data:`WEIGHT_KINDS`. ``declared`` is one of those or ``auto``: rows that all sum to 1
@@ -188,7 +189,7 @@ def weight_kind(
 
     def fail(mask: np.ndarray, msg: str) -> None:
         i = int(np.flatnonzero(mask)[0])
-        raise SourceError(path, msg, line=int(lines[i]), field="weights")
+        raise SourceError(path, msg, line=int(lines[i]), field=field)
 
     neg = (weights < 0).any(axis=1)
     if neg.any():

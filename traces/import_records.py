@@ -72,6 +72,7 @@ class _Records:
     weights: list[list[float]] = field(default_factory=list)
     phase: list[int] = field(default_factory=list)
     token_id: list[int] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # field -> the file's column, for messages
 
 
 def _bounded(value: int, path: Path, line: int, name: str) -> int:
@@ -155,10 +156,15 @@ def _check_header(names: Sequence[str], path: Path, line: int, rename: Mapping[s
         seen.add(name)
     for column, fld in rename.items():
         if column not in seen:
-            raise SourceError(path, f"no such column for --map {fld}={column}", line=line, field=column)
+            what = "missing required column" if fld in REQUIRED_FIELDS else "no such column"
+            raise SourceError(path, f"{what} (read as field {fld!r})", line=line, field=column)
     allowed = [*rename, *(f for f in RECORD_FIELDS if f not in rename.values())]
+    inverse = {v: k for k, v in rename.items()}
     fields: dict[str, str] = {}
     for name in names:
+        if name in inverse and name not in rename:
+            raise SourceError(path, f"column has the name of field {name!r}, as does column {inverse[name]!r} "
+                                    "through the column map; keep one", line=line, field=name)
         if name not in allowed:
             raise SourceError(path, f"unknown column (expected some of {', '.join(allowed)}; "
                                     "--map FIELD=COLUMN renames)", line=line, field=name)
@@ -167,7 +173,6 @@ def _check_header(names: Sequence[str], path: Path, line: int, rename: Mapping[s
             raise SourceError(path, f"column maps to field {fld!r}, as does column {fields[fld]!r}",
                               line=line, field=name)
         fields[fld] = name
-    inverse = {v: k for k, v in rename.items()}
     for fld in REQUIRED_FIELDS:
         if fld not in fields:
             raise SourceError(path, "missing required column", line=line, field=inverse.get(fld, fld))
@@ -196,6 +201,7 @@ def read_csv_records(
                 raise SourceError(path, "empty file, expected a header line", line=1)
             header = [h.strip() for h in header]
             fields = _check_header(header, path, reader.line_num, rename)
+            rec.names = fields
             names = [rename.get(h, h) for h in header]
             for row in reader:
                 line = reader.line_num
@@ -238,6 +244,7 @@ def read_jsonl_records(path: Path, model: ModelInfo, *, rename: Mapping[str, str
                 present = _flags(fields)
                 if first is None:
                     first = present
+                    rec.names = fields
                 for key, flag in present.items():
                     if flag != first[key]:
                         name = key.removeprefix("has_")
@@ -268,11 +275,14 @@ def assemble_records(
     phase = np.asarray(rec.phase, dtype=np.int8)
     facts: dict[str, Any] = {}
 
+    def col(name: str) -> str:
+        return rec.names.get(name, name)
+
     def fail(mask: Any, msg: Any, name: str) -> None:
         mask = np.asarray(mask)
         if mask.any():
             i = int(np.flatnonzero(mask)[0])
-            raise SourceError(path, msg(i) if callable(msg) else msg, line=int(lines[i]), field=name)
+            raise SourceError(path, msg(i) if callable(msg) else msg, line=int(lines[i]), field=col(name))
 
     i32 = np.iinfo(np.int32).max
     fail((req < 0) | (req > i32), "must be in 0..2**31-1", "request_id")
@@ -289,7 +299,7 @@ def assemble_records(
     if rec.weights:
         w = np.asarray(rec.weights, dtype=np.float64).reshape(n, model.top_k)
         fail(~np.isfinite(w).all(axis=1), "non-finite value", "weights")
-        facts["weights"] = weight_kind(w, weights, path, lines)
+        facts["weights"] = weight_kind(w, weights, path, lines, field=col("weights"))
     token_id = None
     if rec.token_id:
         token_id = np.asarray(rec.token_id, dtype=np.int64)
@@ -306,7 +316,7 @@ def assemble_records(
         if mask.any():
             idx = np.flatnonzero(mask)
             i = int(idx[np.argmin(lines[idx])])  # the offence found earliest in the file
-            raise SourceError(path, msg(i) if callable(msg) else msg, line=int(lines[i]), field=name)
+            raise SourceError(path, msg(i) if callable(msg) else msg, line=int(lines[i]), field=col(name))
 
     same_key = np.zeros(n, dtype=bool)
     same_key[1:] = (req[1:] == req[:-1]) & (tok[1:] == tok[:-1]) & (lay[1:] == lay[:-1])

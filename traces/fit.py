@@ -111,7 +111,7 @@ class FitResult:
     def synthetic_yaml(self) -> dict[str, Any]:
         """The fitted parameters as a ``trace: {synthetic: ...}`` mapping (only the fields
         that differ from the defaults, so the file reads as the fit)."""
-        defaults = SynthParams()
+        defaults = parse_params({})
         data = self.params.model_dump()
         keep = {k: v for k, v in data.items() if k == "model" or v != getattr(defaults, k)}
         if isinstance(keep.get("token_locality"), list):

@@ -187,7 +187,7 @@ def weight_kind(
         raise MoesimError(f"--weights {declared!r}: expected auto or one of {', '.join(WEIGHT_KINDS)}")
     lines = np.asarray(lines)
 
-    def fail(mask: np.ndarray, msg: str) -> None:
+    def fail(mask: Any, msg: str) -> None:
         i = int(np.flatnonzero(mask)[0])
         raise SourceError(path, msg, line=int(lines[i]), field=field)
 

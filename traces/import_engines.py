@@ -332,7 +332,7 @@ def import_sglang(src: str | os.PathLike[str], *, model: ModelInfo) -> tuple[dic
                                   line=line, field="meta_info.routed_experts")
             p = _count(meta, "prompt_tokens", path, line, "meta_info.prompt_tokens")
             d = _count(meta, "completion_tokens", path, line, "meta_info.completion_tokens")
-            found = [(meta["routed_experts"], "meta_info.routed_experts", p, d)]
+            found: list[tuple[Any, str, int, int | None]] = [(meta["routed_experts"], "meta_info.routed_experts", p, d)]
         elif "choices" in obj:
             usage = obj.get("usage")
             p = _count(usage, "prompt_tokens", path, line, "usage.prompt_tokens")
@@ -349,11 +349,11 @@ def import_sglang(src: str | os.PathLike[str], *, model: ModelInfo) -> tuple[dic
         else:
             raise SourceError(path, "expected a /generate response (meta_info) or a completion (choices)",
                               line=line, field="meta_info")
-        for raw, name, p, d in found:
+        for raw, name, p, dec in found:
             ids = _decode_ids(raw, model, path, line, name)
             n = len(ids)
-            if d is not None and n not in (p + d - 1, p + d):
-                raise SourceError(path, f"holds {n} tokens, expected prompt + completion - 1 = {p + d - 1} "
+            if dec is not None and n not in (p + dec - 1, p + dec):
+                raise SourceError(path, f"holds {n} tokens, expected prompt + completion - 1 = {p + dec - 1} "
                                         "(was routed_experts_start_len set?)", line=line, field=name)
             if n < p or n == 0:
                 raise SourceError(path, f"holds {n} tokens, fewer than the {p} prompt tokens", line=line, field=name)

@@ -202,7 +202,7 @@ def read_csv_records(
             header = [h.strip() for h in header]
             fields = _check_header(header, path, reader.line_num, rename)
             rec.names = fields
-            names = [rename.get(h, h) for h in header]
+            names: list[str] = [rename.get(h, h) for h in header]
             for row in reader:
                 line = reader.line_num
                 if not row or (len(row) == 1 and not row[0].strip()):
@@ -250,7 +250,7 @@ def read_jsonl_records(path: Path, model: ModelInfo, *, rename: Mapping[str, str
                         name = key.removeprefix("has_")
                         what = "present here but absent" if flag else "absent here but present"
                         raise SourceError(path, f"{what} in the first record", line=line, field=fields.get(name, name))
-                values = {rename.get(k, k): v for k, v in obj.items()}
+                values: dict[str, Any] = {rename.get(str(k), str(k)): v for k, v in obj.items()}
                 _add_record(rec, values, path, line, names=fields, **present)
         except UnicodeDecodeError:
             raise SourceError(path, "not UTF-8 text", line=line + 1) from None

@@ -78,6 +78,7 @@ CASES: list[tuple[str, str, str | bytes, list[str], list[str]]] = [
     ("csv", "a.csv", HW + "0,0,0,1 2,.5 .2\n0,0,1,0 3,.5 .5\n", ["--weights", "renormalized"],
      ["line 2, field 'weights'", "not 1"]),
     ("csv", "a.csv", HW + "0,0,0,1 2,.5 .2\n", ["--weights", "probabilities"], ["--weights 'probabilities'"]),
+    ("csv", "a.csv", H + A, ["--weights", "softmax"], ["a.csv: --weights softmax given, but the file has no weights"]),
     # --- CSV: structure
     ("csv", "a.csv", H + A + "0,2,0,1 2\n0,2,1,1 2\n", [], ["line 4, field 'token_idx'", "jumps from token 0 to 2"]),
     ("csv", "a.csv", H + A + "2,0,0,1 2\n2,0,1,1 2\n", [], ["line 4, field 'request_id'", "jump from 0 to 2"]),

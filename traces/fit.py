@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from moesim.sim.catalog import model_names
+from moesim.sim.errors import MoesimError
 from moesim.traces.import_common import model_info
 from moesim.traces.stats import TraceStats, trace_stats
 from moesim.traces.synthetic import SynthParams, generate, parse_params
@@ -66,7 +67,7 @@ class FitTarget:
         prompt and decode tokens per request."""
         m = st.meta.model
         if any(x.reuse is None for x in st.layers):
-            raise ValueError(f"{st.path}: no token has a previous token in its request; reuse is undefined")
+            raise MoesimError(f"{st.path}: no token has a previous token in its request; reuse is undefined")
         req = max(1, st.requests)
         return cls(
             model=m.name, num_layers=m.num_layers, num_experts=m.num_experts, top_k=m.top_k,
@@ -203,7 +204,7 @@ def fit(
     knobs = set(knobs)
     unknown = knobs - set(FIT_KNOBS)
     if unknown:
-        raise ValueError(f"cannot fit {sorted(unknown)} (fittable: {', '.join(FIT_KNOBS)})")
+        raise MoesimError(f"cannot fit {sorted(unknown)} (fittable: {', '.join(FIT_KNOBS)})")
     shape: dict[str, Any] = {"model": target.model}
     dims = {"num_layers": target.num_layers, "num_experts": target.num_experts, "top_k": target.top_k}
     if target.model not in model_names() or any(getattr(model_info(target.model), k) != v for k, v in dims.items()):

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from moesim.sim.errors import MoesimError
 from moesim.traces.format import DECODE, PHASES, PREFILL, ModelInfo, TraceMeta
 from moesim.traces.import_common import (
     INT_LIMIT,
@@ -418,6 +419,8 @@ def _import_generic(
     path = source_file(src)
     rename = dict(column_map or {})
     rec = read_csv_records(path, model, rename=rename) if fmt == "csv" else read_jsonl_records(path, model, rename=rename)
+    if weights != "auto" and not rec.weights:
+        raise MoesimError(f"{path}: --weights {weights} given, but the file has no weights column")
     cols, facts = assemble_records(rec, model, path, drop_incomplete=drop_incomplete, weights=weights)
     source: dict[str, Any] = {"importer": fmt, "file": path.name, "sha256": sha256_file(path)}
     if rename:

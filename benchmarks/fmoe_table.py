@@ -103,7 +103,7 @@ def main() -> None:
         if hit_ok:
             print(f"why the hit-rate sign is not reproduced: on this synthetic trace the next router's "
                   f"lookahead (layer_correlation 0.95) predicts far better than other requests' maps "
-                  f"(token_locality 0.25 leaves little iteration-level similarity): fMoE's own cache with "
+                  f"(token-to-token reuse of 26-32%, near chance, leaves little iteration-level similarity): fMoE's own cache with "
                   f"the Speculate matcher reaches hit {abl['Speculate']['hit']:.3f} against "
                   f"{f['hit']:.3f} with maps. Per-layer baselines hold "
                   f"{gib * 1e9 / 352321536 / 32:.1f} experts per layer, so their prefetches for later "

@@ -43,7 +43,7 @@ def knobs(draw: Any) -> SynthParams:
         decode_len=draw(st.integers(1 if prompt == 0 else 0, 6)),
         length_jitter=draw(st.floats(0.0, 0.95)),
         popularity_skew=draw(st.floats(0.0, 8.0)),
-        token_locality=draw(st.floats(0.0, 1.0)),
+        token_locality=draw(st.floats(0.0, 1.0) | st.lists(st.floats(0.0, 1.0), min_size=1, max_size=5)),
         layer_correlation=draw(st.floats(0.0, 1.0)),
         router_temperature=draw(st.floats(0.01, 100.0)),
         num_topics=draw(st.integers(1, 5)),

@@ -65,7 +65,7 @@ def test_import_flame_reproduces_sample(tmp_path: Path, capsys: pytest.CaptureFi
     (["--from", "csv", "{tiny}", "--model", "mixtral"], ["unknown model 'mixtral'", "did you mean"]),
     (["--from", "csv", "{missing}", *TINY], ["no such file"]),
     (["--from", "csv", "{bad}", *TINY], ["bad.csv, line 3, field 'experts'", "outside 0..3"]),
-    (["--from", "csv", "{tiny}", *TINY, "--sidecar", "x.json"], ["apply to --from vllm only"]),
+    (["--from", "csv", "{tiny}", *TINY, "--sidecar", "x.json"], ["--sidecar applies to --from vllm only"]),
     (["--from", "vllm", "{npy}", *TINY], ["no request boundaries"]),
     (["--from", "vllm", "{npy}", *TINY, "--request-lengths", "a:b"], ["--request-lengths"]),
 ])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,22 +47,32 @@ def _parse_sets(items: list[str] | None) -> dict[str, Any]:
 
 @app.command("import")
 def import_cmd(
-    src: Annotated[Path, typer.Argument(help="source file (routing.csv, .csv, .jsonl or .npy)")],
+    src: Annotated[Path, typer.Argument(help="source file (routing.csv, .csv, .jsonl, .npy or .json)")],
     out: Annotated[Path, typer.Option("-o", "--out", help="output moe-trace Parquet file")],
-    fmt: Annotated[str, typer.Option("--from", help="source format: flame, csv, jsonl or vllm")],
+    fmt: Annotated[str, typer.Option(
+        "--from", help="source format: flame, csv, jsonl, vllm, sglang or llamacpp")],
     model: Annotated[str | None, typer.Option(
         "--model", help="catalog model giving the shape (default for flame: flame-moe-290m); "
         "a name outside the catalog needs --num-layers, --num-experts and --top-k")] = None,
     num_layers: Annotated[int | None, typer.Option(help="override the number of MoE layers")] = None,
     num_experts: Annotated[int | None, typer.Option(help="override the routed experts per layer")] = None,
     top_k: Annotated[int | None, typer.Option(help="override the experts selected per token")] = None,
+    column_map: Annotated[str | None, typer.Option(
+        "--map", help="csv/jsonl: FIELD=COLUMN,... to read a field from another column name "
+        "(e.g. experts=topk_ids,weights=topk_weights,token_idx=pos)")] = None,
+    drop_incomplete: Annotated[bool, typer.Option(
+        "--drop-incomplete", help="csv/jsonl: drop tokens that miss layers (and renumber the rest) "
+        "instead of failing")] = False,
+    weights: Annotated[str, typer.Option(
+        "--weights", help="csv/jsonl: what the weights are: auto, softmax (over all experts), "
+        "renormalized (top-k, sum 1) or scores; recorded in the trace metadata")] = "auto",
     sidecar: Annotated[Path | None, typer.Option(
-        help='vllm: JSON {"requests": [{"prompt_tokens": P, "output_tokens": D}, ...]} '
+        help='vllm .npy: JSON {"requests": [{"prompt_tokens": P, "output_tokens": D}, ...]} '
         "(default: SRC with suffix .json)")] = None,
     request_lengths: Annotated[str | None, typer.Option(
-        help="vllm: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
+        help="vllm .npy, llamacpp: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
 ) -> None:
-    """Convert a router log into a moe-trace v1 file."""
+    """Convert a router log into a moe-trace v1 file (see README, "Importing router logs")."""
     from moesim.traces.importers import (
         FLAME_MODEL,
         FORMATS,
@@ -76,13 +88,17 @@ def import_cmd(
         raise MoesimError(f"--model is required with --from {fmt}")
     info = model_info(name, num_layers=num_layers, num_experts=num_experts, top_k=top_k)
     lengths = parse_request_lengths(request_lengths) if request_lengths else None
-    if fmt != "vllm" and (sidecar is not None or lengths is not None):
-        raise MoesimError("--sidecar and --request-lengths apply to --from vllm only")
     t0 = time.perf_counter()
-    path, meta, rows = import_trace(fmt, src, out, model=info, sidecar=sidecar, request_lengths=lengths)
+    path, meta, rows = import_trace(fmt, src, out, model=info, sidecar=sidecar, request_lengths=lengths,
+                                    column_map=column_map, drop_incomplete=drop_incomplete, weights=weights)
     m = meta.model
+    extra = ""
+    if meta.source.get("dropped_tokens"):
+        extra += f"; dropped {meta.source['dropped_tokens']} incomplete token(s)"
+    if "weights" in meta.source:
+        extra += f"; weights: {meta.source['weights']}"
     _console().print(f"wrote {path}: {rows:,} rows, {m.name} (L={m.num_layers}, E={m.num_experts}, "
-                     f"k={m.top_k}) in {time.perf_counter() - t0:.2f} s")
+                     f"k={m.top_k}) in {time.perf_counter() - t0:.2f} s{extra}")
 
 
 @app.command("synth")
@@ -113,6 +129,81 @@ def synth_cmd(
     m = meta.model
     _console().print(f"wrote {path}: {rows:,} rows, {m.name} (L={m.num_layers}, E={m.num_experts}, "
                      f"k={m.top_k}) in {dt:.2f} s ({rows / max(dt, 1e-9):,.0f} rows/s)")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, then
+    ``os.replace``); an OS error becomes one line naming the path."""
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise MoesimError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@app.command("fit")
+def fit_cmd(
+    file: Annotated[Path, typer.Argument(help="moe-trace Parquet file to fit (e.g. an imported capture)")],
+    out: Annotated[Path | None, typer.Option(
+        "-o", "--out", help="write the fitted parameters as YAML ({synthetic: ...}, for a scenario's trace:)")] = None,
+    preset: Annotated[str | None, typer.Option(help="start from this preset's other knobs")] = None,
+    knobs: Annotated[str | None, typer.Option(
+        help="comma-separated knobs to fit (default: popularity_skew,layer_correlation,token_locality,topic_strength)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the calibration traces and of the fitted parameters")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Fit the synthetic generator to a trace: per-layer reuse, popularity skew, cross-layer correlation."""
+    from moesim.traces.fit import FIT_KNOBS, FitTarget, fit
+    from moesim.traces.stats import trace_stats
+    from moesim.traces.synthetic import PRESETS
+
+    names = [k.strip() for k in knobs.split(",") if k.strip()] if knobs else list(FIT_KNOBS)
+    for k in names:
+        if k not in FIT_KNOBS:
+            raise MoesimError(f"--knobs {k!r}: not a fittable knob (expected some of {', '.join(FIT_KNOBS)})")
+    if preset is not None and preset not in PRESETS:
+        raise MoesimError(f"--preset {preset!r}: unknown preset (known: {', '.join(PRESETS)})")
+    st = trace_stats(file, cache_sizes=[1])
+    if any(x.reuse is None for x in st.layers):
+        raise MoesimError(f"{file}: no token has a previous token in its request, so reuse is undefined; "
+                          "nothing to fit")
+    base = {k: v for k, v in PRESETS[preset].items() if k not in ("model", "requests", "prompt_len", "decode_len")} \
+        if preset else None
+    t0 = time.perf_counter()
+    res = fit(FitTarget.from_stats(st), base=base, knobs=names, seed=seed)
+    dt = time.perf_counter() - t0
+    doc = res.synthetic_yaml()
+    if out is not None:
+        _write_text_atomic(out, yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100))
+    if as_json:
+        typer.echo(json.dumps({"params": doc["synthetic"], "held": res.held,
+                               "rows": [{"statistic": n, "target": t, "fitted": f} for n, t, f in res.rows()]},
+                              indent=2))
+        return
+    console = _console()
+    table = Table(title=f"fit of {file} ({dt:.1f} s)")
+    for col in ("statistic", "target", "fitted", "|diff|"):
+        table.add_column(col, justify="right")
+    for name, t, f in res.rows():
+        diff = "-" if t is None or f is None else f"{abs(t - f):.3f}"
+        table.add_row(name, _num(t), _num(f), diff)
+    console.print(table)
+    p = res.params
+    loc = p.token_locality
+    loc_text = ", ".join(f"{x:.3f}" for x in loc) if isinstance(loc, list) else f"{loc:.3f}"
+    console.print(f"popularity_skew {p.popularity_skew:.3f}, layer_correlation {p.layer_correlation:.3f}, "
+                  f"token_locality [{loc_text}]")
+    for k, why in res.held.items():
+        console.print(f"{k}: not fitted ({why})")
+    if out is not None:
+        console.print(f"wrote {out} (use it as a scenario's trace: {{synthetic: ...}})")
 
 
 @app.command("synth-params")

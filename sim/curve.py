@@ -5,12 +5,14 @@ CSV with a plot."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
 from moesim.sim.errors import MoesimError
+
+if TYPE_CHECKING:   # numpy only when a curve is computed: simctl --help stays fast
+    import numpy as np
 
 
 class CurveError(MoesimError, ValueError):
@@ -20,6 +22,8 @@ class CurveError(MoesimError, ValueError):
 def trace_curves(path: Path, phases: list[str]) -> tuple[Any, Any]:
     """The curves of the trace at ``path`` over its requests' tokens of ``phases`` (batch 1,
     trace order); returns ``(Curves, TraceMeta)``. Reads only the routing."""
+    import numpy as np
+
     from moesim.sim.workload import build_workload
     from moesim.traces.curve import curves
     from moesim.traces.format import read_trace

@@ -27,6 +27,7 @@ import heapq
 from typing import TYPE_CHECKING, Any
 
 from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, RESIDENT, Outcome
+from moesim.sim.fastorder import ordered_kind, replay_ordered
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order
 from moesim.sim.transfers import PolicyError
@@ -98,11 +99,17 @@ class _NoLanes:
 def run_fast(engine: Engine) -> None:
     """Replay ``engine``'s whole workload on the fast path (see the module docstring). Leaves
     the engine's counters, step records and clock (``engine.fast_now``) as the event loop would."""
+    n_lanes = int(engine.cost.hardware.copy_engines)
+    kind = None if engine.check_invariants else ordered_kind(engine)
+    if kind is not None:
+        engine.path = f"fast ({kind} kernel)"
+        replay_ordered(engine, kind, n_lanes)
+        return
     tx = engine.transfers
     lanes = tx.lanes
     tx.lanes = _NoLanes(engine.policy.name)  # type: ignore[assignment]
     try:
-        _replay(engine, int(engine.cost.hardware.copy_engines))
+        _replay(engine, n_lanes)
     finally:
         tx.lanes = lanes
 
@@ -238,7 +245,7 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
                 now = now + dt
                 st.gpu_busy_s += dt
             else:
-                now, stall = _compute_with_loads(st, need, miss_units, n_lanes, now, stall,
+                now, stall = compute_with_loads(st, need, miss_units, n_lanes, now, stall,
                                                  transfer_s, dur_of)
             for e in exps:
                 pinned.discard((layer, e, 0))
@@ -277,7 +284,7 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
     eng.fast_now = now
 
 
-def _compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any], n_lanes: int,
+def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any], n_lanes: int,
                         now: float, stall: float, transfer_s: Any, dur_of: dict[int, float]
                         ) -> tuple[float, float]:
     """One layer's experts computing while its demand loads land, as the event loop orders it.

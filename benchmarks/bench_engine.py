@@ -55,13 +55,13 @@ def main() -> None:
     engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget,
                     fast_path=not args.event_loop)
     prof = cProfile.Profile() if args.profile else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     engine.run()
     if prof:
         prof.disable()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     m = compute_metrics(engine)
     steps = len(engine.steps)
     print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens x {model.num_layers} layers), "
@@ -70,6 +70,7 @@ def main() -> None:
           f"hit {m['hit_rate']:.3f}, late {m['late_rate']:.3f}, TPOT {m['tpot_ms']['mean']:.1f} ms")
     print(f"path: {engine.path}" + (f" ({engine.path_reason})" if engine.path_reason else ""))
     print(f"layer-steps: {steps}  wall: {wall:.3f} s  ->  {steps / wall:,.0f} layer-steps/s")
+    print(f"engine CPU time: {cpu:.3f} s  ->  {steps / cpu:,.0f} layer-steps per CPU second")
     print(f"simulated {m['sim_time_s']:.2f} s in {wall:.3f} s wall: {m['sim_time_s'] / wall:,.1f}x real time")
     if prof:
         s = io.StringIO()

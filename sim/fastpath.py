@@ -293,6 +293,27 @@ def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any],
     step ending (kind 1), processed in SimPy's order. ``loads`` were issued at ``now`` in order;
     load ``j`` takes lane ``j % n_lanes`` (the lanes hand out their lowest free id) or waits for
     the load ``n_lanes`` ahead of it to land. Returns the new time and the layer's stall."""
+    if len(loads) == 1:
+        # one load (the common case): the layer's hits compute in one step while it lands; it
+        # is resident when that step ends if it landed by then (it was issued before the step)
+        u = loads[0]
+        d = dur_of.get(u.nbytes)
+        if d is None:
+            d = dur_of[u.nbytes] = transfer_s(u.nbytes)
+        landed = now + d
+        st.pcie_busy_s += d
+        u.state = RESIDENT
+        first = [x[0] for x in need if x[1] is not u]
+        if first:
+            dt = sum(first)
+            now = now + dt
+            st.gpu_busy_s += dt
+        if landed > now:
+            stall += landed - now
+            now = landed
+        dt = sum([x[0] for x in need if x[1] is u])
+        st.gpu_busy_s += dt
+        return now + dt, stall
     seq = 0
     heap: list[tuple[float, int, int, int]] = []
     durs = []

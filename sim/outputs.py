@@ -108,6 +108,8 @@ def summary_table(result: RunResult) -> Table:
     if m.get("runtime_overhead_ms") or m.get("policy_cpu_ms"):
         t.add_row("overhead", f"runtime {m['runtime_overhead_ms']:.1f} ms, policy decisions {m['policy_cpu_ms']:.1f} ms")
     t.add_row("VRAM peak", f"{m['vram_peak_gib']:.2f} GiB (experts {m['expert_vram_peak_gib']:.2f} GiB)")
+    if m.get("engine_path"):
+        t.add_row("engine", f"{m['engine_path']} replay")
     for w in m.get("warnings", []):
         t.add_row("[yellow]warning[/yellow]", w)
     return t

@@ -1,5 +1,5 @@
-"""Ordered-cache kernels of the fast path: LRU and FIFO replayed with one ordered dict per pool,
-without policy objects, EvictionRequests or candidate lists.
+"""Cache kernels of the fast path: LRU and FIFO replayed with one ordered dict per pool, LFU with
+a heap per pool, without policy objects, EvictionRequests or candidate lists.
 
 LRU's victim is the candidate (resident, unpinned unit of the pool) of oldest last access, FIFO's
 the one inserted longest ago (:class:`~moesim.policies.parts.caches.RecencyCache` keeps those
@@ -11,19 +11,23 @@ size. Accesses are applied after the layer's demand loads were given room, in ac
 ones only. Time advances exactly as in :mod:`moesim.sim.fastpath`, whose layer timing this module
 reuses; ``tests/test_fastpath.py`` checks both against the event loop.
 
-Used only for the registered ``lru`` and ``fifo`` policies as shipped (the exact classes, no
+LFU keeps each resident's in-cache count and last access time (a clock shared by all pools, as
+the rule's) and a lazily pruned heap: O(log C) per eviction.
+
+Used only for the registered ``lru``, ``fifo`` and ``lfu`` policies as shipped (the exact classes, no
 hook overridden) on runs that the fast path accepts and that do not check the VRAM invariant
 (this kernel keeps its own books, not :class:`~moesim.sim.vram.Vram`'s).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT
 from moesim.policies.compose import Composed
-from moesim.policies.parts.caches import FIFOCache, LRUCache
+from moesim.policies.parts.caches import FIFOCache, LFUCache, LRUCache
 from moesim.sim.plans import access_order
 from moesim.sim.vram import Unit
 
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
 
 
 def ordered_kind(engine: Engine) -> str | None:
-    """``"lru"`` or ``"fifo"`` when ``engine``'s policy is exactly that shipped cache (alone or
+    """``"lru"``, ``"fifo"`` or ``"lfu"`` when ``engine``'s policy is exactly that shipped cache (alone or
     in a composition of nothing else that overrides no hook), else None."""
     policy = engine.policy
     rule: Any = policy
@@ -44,7 +48,72 @@ def ordered_kind(engine: Engine) -> str | None:
         return "lru"
     if type(rule) is FIFOCache:
         return "fifo"
+    if type(rule) is LFUCache:
+        return "lfu"
     return None
+
+
+class _Clock:
+    """The logical clock of :class:`~moesim.policies.parts.caches.RecencyCache`: one tick per
+    access, shared by every pool."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0
+
+
+class _LfuPool:
+    """One pool of LFU: each resident expert's in-cache access count and last access time, and
+    a heap of ``(count, last, expert)`` whose stale entries are skipped (lazy deletion). The
+    victim is the unpinned resident of least ``(count, last)``, as ``LFUCache.victim`` picks it:
+    O(log C) per eviction, amortised."""
+
+    __slots__ = ("clock", "count", "last", "heap")
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+        self.count: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.heap: list[tuple[int, int, int]] = []
+
+    def __contains__(self, e: int) -> bool:
+        return e in self.count
+
+    def __len__(self) -> int:
+        return len(self.count)
+
+    def __delitem__(self, e: int) -> None:
+        del self.count[e]
+        del self.last[e]
+
+    def access(self, exps: list[int]) -> None:
+        """Accesses in order: a new expert starts at count 1, a resident one counts one more."""
+        clock, count, last, heap = self.clock, self.count, self.last, self.heap
+        for e in exps:
+            clock.t += 1
+            c = count.get(e, 0) + 1
+            count[e] = c
+            last[e] = clock.t
+            heapq.heappush(heap, (c, clock.t, e))
+        if len(heap) > 4 * len(count) + 64:   # drop the stale entries
+            self.heap = [(count[e], last[e], e) for e in count]
+            heapq.heapify(self.heap)
+
+    def victim(self, pinned: Any) -> int:
+        """The unpinned resident of least (count, last); pinned entries go back on the heap."""
+        heap, count, last = self.heap, self.count, self.last
+        held = []
+        while True:
+            c, t, e = heapq.heappop(heap)
+            if count.get(e) != c or last.get(e) != t:
+                continue   # stale
+            if e in pinned:
+                held.append((c, t, e))
+                continue
+            for x in held:
+                heapq.heappush(heap, x)
+            return e   # the caller deletes it
 
 
 class _Resident:
@@ -57,7 +126,7 @@ class _Resident:
 
 
 def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
-    """Replay ``eng``'s workload with the ``kind`` ("lru" or "fifo") kernel."""
+    """Replay ``eng``'s workload with the ``kind`` ("lru", "fifo" or "lfu") kernel."""
     from moesim.sim.fastpath import compute_with_loads
 
     cost = eng.cost
@@ -71,6 +140,7 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
     trace_experts = eng.trace.experts
     progress = eng.progress
     lru = kind == "lru"
+    lfu = kind == "lfu"
     eb = eng.expert_bytes
     slots = [c // eb for c in vram.capacity]
     evict_s = cost.hardware.evict_us * 1e-6
@@ -78,9 +148,13 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
     transfer_s = cost.transfer_s
     last_evict: dict[tuple[int, int, int], int] = tx.last_evict_iter
     # each pool's resident experts, oldest first: the warm start in the order it was placed
-    res: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(L)]
+    clock = _Clock()
+    res: list[Any] = [_LfuPool(clock) if lfu else OrderedDict() for _ in range(L)]
     for (layer, e, _p) in vram.units:
-        res[layer][e] = None
+        if lfu:
+            res[layer].access([e])
+        else:
+            res[layer][e] = None
     total = sum(len(r) for r in res)
     peak = vram.peak
     resident = _Resident()
@@ -144,9 +218,12 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
                 for _ in misses:
                     n = 0
                     while held + 1 > cap:
-                        for victim in pool:
-                            if victim not in pinned:
-                                break
+                        if lfu:
+                            victim = pool.victim(pinned)
+                        else:
+                            for victim in pool:
+                                if victim not in pinned:
+                                    break
                         del pool[victim]
                         last_evict[(layer, victim, 0)] = idx
                         held -= 1
@@ -175,6 +252,8 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
                         pool.move_to_end(e)
                     else:
                         pool[e] = None
+            elif lfu:
+                pool.access(exps)
             else:
                 for e in miss_e:
                     pool[e] = None

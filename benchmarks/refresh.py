@@ -95,7 +95,7 @@ def main() -> None:
     engine_runs = [
         ("engine only, lru (fast path, lru kernel), Mixtral", ["--policy", "lru"], ">= 300,000"),
         ("engine only, lfu (fast path, lfu kernel), Mixtral", ["--policy", "lfu"], ">= 300,000"),
-        ("engine only, random (fast path, generic: policy objects), Mixtral", ["--policy", "random"], ">= 300,000"),
+        ("engine only, random (fast path, random kernel), Mixtral", ["--policy", "random"], ">= 300,000"),
         ("engine only, belady (fast path, generic: policy objects), Mixtral", ["--policy", "belady"], ">= 300,000"),
         ("engine only, lru forced through the SimPy event loop, Mixtral", ["--policy", "lru", "--event-loop"],
          "(reference)"),

@@ -11,10 +11,13 @@ size. Accesses are applied after the layer's demand loads were given room, in ac
 ones only. Time advances exactly as in :mod:`moesim.sim.fastpath`, whose layer timing this module
 reuses; ``tests/test_fastpath.py`` checks both against the event loop.
 
+Random draws from the rule's own random stream among the unpinned residents listed in the order
+they came in (the engine's candidate order): O(C) per eviction, like the rule.
+
 LFU keeps each resident's in-cache count and last access time (a clock shared by all pools, as
 the rule's) and a lazily pruned heap: O(log C) per eviction.
 
-Used only for the registered ``lru``, ``fifo`` and ``lfu`` policies as shipped (the exact classes, no
+Used only for the registered ``lru``, ``fifo``, ``lfu`` and ``random`` policies as shipped (the exact classes, no
 hook overridden) on runs that the fast path accepts and that do not check the VRAM invariant
 (this kernel keeps its own books, not :class:`~moesim.sim.vram.Vram`'s).
 """
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT
 from moesim.policies.compose import Composed
-from moesim.policies.parts.caches import FIFOCache, LFUCache, LRUCache
+from moesim.policies.parts.caches import FIFOCache, LFUCache, LRUCache, RandomCache
 from moesim.sim.plans import access_order
 from moesim.sim.vram import Unit
 
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 
 
 def ordered_kind(engine: Engine) -> str | None:
-    """``"lru"``, ``"fifo"`` or ``"lfu"`` when ``engine``'s policy is exactly that shipped cache (alone or
+    """``"lru"``, ``"fifo"``, ``"lfu"`` or ``"random"`` when ``engine``'s policy is exactly that shipped cache (alone or
     in a composition of nothing else that overrides no hook), else None."""
     policy = engine.policy
     rule: Any = policy
@@ -50,6 +53,8 @@ def ordered_kind(engine: Engine) -> str | None:
         return "fifo"
     if type(rule) is LFUCache:
         return "lfu"
+    if type(rule) is RandomCache:
+        return "random"
     return None
 
 
@@ -126,7 +131,7 @@ class _Resident:
 
 
 def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
-    """Replay ``eng``'s workload with the ``kind`` ("lru", "fifo" or "lfu") kernel."""
+    """Replay ``eng``'s workload with the ``kind`` ("lru", "fifo", "lfu" or "random") kernel."""
     from moesim.sim.fastpath import compute_with_loads
 
     cost = eng.cost
@@ -141,6 +146,8 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
     progress = eng.progress
     lru = kind == "lru"
     lfu = kind == "lfu"
+    rule: Any = eng.policy.cache if isinstance(eng.policy, Composed) else eng.policy
+    rng = rule._rng if kind == "random" else None   # the rule's own stream (the run's policy seed)
     eb = eng.expert_bytes
     slots = [c // eb for c in vram.capacity]
     evict_s = cost.hardware.evict_us * 1e-6
@@ -220,6 +227,9 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
                     while held + 1 > cap:
                         if lfu:
                             victim = pool.victim(pinned)
+                        elif rng is not None:
+                            cands = [k for k in pool if k not in pinned]
+                            victim = cands[int(rng.integers(len(cands)))]
                         else:
                             for victim in pool:
                                 if victim not in pinned:

@@ -70,12 +70,12 @@ def test_fast_path_equals_event_loop(policy: str, layers: int, experts: int, top
     assert slow.path == "event" and ms.pop("engine_path") == "event"
     cs = slow.steps.columns()
     # the generic fast replay (policy objects; VRAM invariant checked), and without the check
-    # the cache kernels for lru, fifo and lfu
+    # the cache kernels for lru, fifo, lfu and random
     for check in (True, False):
         fast, mf = _run(trace, policy, fast=True, budget=budget, batch=batch, hw=hw, initial=initial,
                         seed=seed, check=check)
         assert fast.path.startswith("fast"), fast.path_reason
-        assert ("kernel" in fast.path) == (not check and policy in ("lru", "fifo", "lfu"))
+        assert ("kernel" in fast.path) == (not check and policy in ("lru", "fifo", "lfu", "random"))
         assert mf.pop("engine_path") == fast.path
         assert mf == ms
         cf = fast.steps.columns()

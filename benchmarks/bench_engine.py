@@ -4,6 +4,10 @@ Mixtral-8x7B, batch 1, mixtral-offloading, on a synthetic trace of the generator
 preset (decode tokens only). Prints figures; asserts nothing.
 
     python benchmarks/bench_engine.py [--tokens 2000] [--policy mixtral-offloading] [--profile]
+                                      [--event-loop] [--model mixtral-8x7b]
+
+Demand-only policies (lru, lfu, fifo, random, belady) take the fast path unless
+``--event-loop`` forces SimPy; the line ``path:`` says which ran.
 """
 
 from __future__ import annotations
@@ -31,34 +35,42 @@ def main() -> None:
     ap.add_argument("--hardware", default="rtx-4090")
     ap.add_argument("--experts-per-layer", type=float, default=2)
     ap.add_argument("--profile", action="store_true", help="print the 15 most expensive functions")
+    ap.add_argument("--event-loop", action="store_true", help="force the SimPy event loop (no fast path)")
+    ap.add_argument("--preset", default="mixtral-8x7b", help="synthetic trace preset (the model's shape)")
+    ap.add_argument("--model", default=None,
+                    help="catalog model whose shape the trace takes (default: the preset's), e.g. deepseek-v3")
     args = ap.parse_args()
 
     requests = 4
-    params = SynthParams.from_preset("mixtral-8x7b", requests=requests, prompt_len=0,
-                                     decode_len=args.tokens // requests, seed=0)
+    params = SynthParams.from_preset(args.preset, requests=requests, prompt_len=0,
+                                     decode_len=args.tokens // requests, seed=0,
+                                     **({"model": args.model} if args.model else {}))
     t0 = time.perf_counter()
     cols, meta = generate(params)
     trace = trace_from_columns(cols, meta)
     t_gen = time.perf_counter() - t0
-    model, hw = get_model("mixtral-8x7b"), get_hardware(args.hardware)
+    model, hw = get_model(trace.model.name), get_hardware(args.hardware)
     wl = build_workload(trace, batch_size=1, phases=["decode"])
     budget = int(args.experts_per_layer * model.num_layers) * model.expert_bytes
-    engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget)
+    engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget,
+                    fast_path=not args.event_loop)
     prof = cProfile.Profile() if args.profile else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     engine.run()
     if prof:
         prof.disable()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     m = compute_metrics(engine)
     steps = len(engine.steps)
     print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens x {model.num_layers} layers), "
           f"generated and validated in {t_gen:.2f} s")
     print(f"policy {args.policy} on {hw.name}, {args.experts_per_layer:g} experts/layer: "
           f"hit {m['hit_rate']:.3f}, late {m['late_rate']:.3f}, TPOT {m['tpot_ms']['mean']:.1f} ms")
+    print(f"path: {engine.path}" + (f" ({engine.path_reason})" if engine.path_reason else ""))
     print(f"layer-steps: {steps}  wall: {wall:.3f} s  ->  {steps / wall:,.0f} layer-steps/s")
+    print(f"engine CPU time: {cpu:.3f} s  ->  {steps / cpu:,.0f} layer-steps per CPU second")
     print(f"simulated {m['sim_time_s']:.2f} s in {wall:.3f} s wall: {m['sim_time_s'] / wall:,.1f}x real time")
     if prof:
         s = io.StringIO()

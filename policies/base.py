@@ -521,6 +521,14 @@ class Policy:
         was right. Read once after the run. Default: nothing."""
         return {}
 
+    def demand_only(self) -> bool:
+        """Whether this policy only ever loads experts on demand: it never prefetches, plans,
+        spends CPU time, splits experts or changes budgets, and never refuses a demand victim
+        while an unpinned resident is left. Such runs may take the engine's fast path (same
+        metrics, no event machinery); one that breaks the promise there is stopped with one
+        line. Default: False."""
+        return False
+
     def uses_hook(self, name: str) -> bool:
         """Whether this policy does something in hook ``name`` (the engine skips the calls of
         hooks nobody uses: they run per layer). Default: the class overrides it."""

@@ -70,6 +70,15 @@ class Composed(Policy):
             return True
         return any(p.uses_hook(name) for p in self._parts)
 
+    def demand_only(self) -> bool:
+        """A cache rule alone that loads only on demand, in a composition that overrides no hook
+        of its own."""
+        if self.prefetcher is not None or self.planner is not None or not self.cache.demand_only():
+            return False
+        own = type(self)
+        return all(getattr(own, h) is getattr(Composed, h)
+                   for h in (*_DISPATCHED, "on_routed", "choose_victim", "admit", "setup", "part_fractions"))
+
     def required_columns(self) -> frozenset[str]:
         """Union of the parts' required columns."""
         return frozenset().union(*(p.required_columns() for p in self._parts))

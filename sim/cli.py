@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from moesim.sim.curve import curve_cmd
 from moesim.sim.errors import MoesimError
 from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
 from moesim.traces.cli import app as trace_app
@@ -227,6 +228,7 @@ def validate(
 app.command(name="sweep")(sweep_cmd)
 app.command(name="compare")(compare_cmd)
 app.command(name="plot")(plot_cmd)
+app.command(name="curve")(curve_cmd)
 
 
 def _console() -> Console:

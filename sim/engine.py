@@ -45,6 +45,7 @@ from moesim.policies.base import (
 )
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
+from moesim.sim.fastpath import fast_path_refusal, run_fast
 from moesim.sim.plans import access_order, check_plan, count_lossy
 from moesim.sim.records import RunStats, StepRecords, TimelineEvent
 from moesim.sim.transfers import PolicyError, Transfers
@@ -79,6 +80,7 @@ class Engine:
         record_timeline: bool = False,
         check_invariants: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        fast_path: bool = True,
     ) -> None:
         tr = workload.trace
         m = tr.model
@@ -96,6 +98,10 @@ class Engine:
         self.initial = initial
         self.sync_prefetch = sync_prefetch
         self.warnings: list[str] = []
+        self.allow_fast_path = fast_path
+        self.path = "event"           # which replay ran: "fast" (sim/fastpath.py) or "event" (SimPy)
+        self.path_reason = ""         # why the fast path was not taken
+        self.fast_now: float | None = None   # the clock of a fast replay (SimPy's env.now otherwise)
         pol_seed, eng_seed = np.random.SeedSequence(seed).spawn(2)
         self.rng = np.random.default_rng(eng_seed)
 
@@ -543,6 +549,28 @@ class Engine:
         placed = self._initial_fill()
         self.stats.vram_peak_bytes = self.vram.peak
         policy.warm(self.view, placed)
+        refusal = fast_path_refusal(self) if self.allow_fast_path else "the fast path is turned off"
+        if refusal is None:
+            self.path = "fast"
+            run_fast(self)
+        else:
+            self.path_reason = refusal
+            self._run_events()
+        self.stats.vram_peak_bytes = self.vram.peak
+        self.warnings.extend(self.ctx.warnings)
+        if self.ctx.frequency_reads and self.ctx.profile is None:
+            self.warnings.append(
+                "offline expert popularity was taken from the replayed requests themselves (no "
+                "profile: split given), an optimistic profile; give a profile: split for a fair one")
+        return self.stats
+
+    def now(self) -> float:
+        """Simulated time in seconds (the fast replay's clock, or SimPy's)."""
+        return self.fast_now if self.fast_now is not None else float(self.env.now)
+
+    def _run_events(self) -> None:
+        """The SimPy event loop over the whole workload."""
+        policy = self.policy
         gpu = self.env.process(self._gpu())
         try:
             self.env.run(until=gpu)
@@ -552,13 +580,6 @@ class Engine:
             it, layer = self.cur_iter.index, self.cur_layer
             raise PolicyError(f"the simulation stalled at iteration {it}, layer {layer}: the GPU waits "
                               f"for an event that nothing will trigger (policy {policy.name!r})") from None
-        self.stats.vram_peak_bytes = self.vram.peak
-        self.warnings.extend(self.ctx.warnings)
-        if self.ctx.frequency_reads and self.ctx.profile is None:
-            self.warnings.append(
-                "offline expert popularity was taken from the replayed requests themselves (no "
-                "profile: split given), an optimistic profile; give a profile: split for a fair one")
-        return self.stats
 
     def _frequencies(self) -> np.ndarray:
         """[L, E] access counts over the replayed workload."""

@@ -30,7 +30,7 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
     wl = engine.workload
     model = engine.cost.model
     policy = engine.policy
-    sim_time = float(engine.env.now)
+    sim_time = engine.now()
     ttft: list[float] = []
     tpot: list[float] = []
     for r, times in st.token_end.items():
@@ -97,6 +97,7 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "expert_budget_gib": sum(engine.ctx.pool_capacity) / GIB,
         "gpu_busy_fraction": st.gpu_busy_s / sim_time if sim_time > 0 else 0.0,
         "warnings": list(engine.warnings),
+        "engine_path": engine.path,
     }
     report = policy.report()
     if report:

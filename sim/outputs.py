@@ -110,6 +110,8 @@ def summary_table(result: RunResult) -> Table:
     t.add_row("VRAM peak", f"{m['vram_peak_gib']:.2f} GiB (experts {m['expert_vram_peak_gib']:.2f} GiB)")
     if m.get("policy_report"):
         t.add_row("policy", ", ".join(f"{k} {v}" for k, v in m["policy_report"].items()))
+    if m.get("engine_path"):
+        t.add_row("engine", f"{m['engine_path']} replay")
     for w in m.get("warnings", []):
         t.add_row("[yellow]warning[/yellow]", w)
     return t

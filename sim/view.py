@@ -38,7 +38,7 @@ class EngineView:
     @property
     def now(self) -> float:
         """Simulated time in seconds."""
-        return float(self._e.env.now)
+        return self._e.now()
 
     @property
     def iteration(self) -> Iteration:

@@ -117,6 +117,10 @@ class RecencyCache(CacheRule):
 class LRUCache(RecencyCache):
     """Least recently used."""
 
+    def demand_only(self) -> bool:
+        """Loads only on demand."""
+        return True
+
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used longest ago."""
@@ -128,6 +132,11 @@ class LFUCache(RecencyCache):
     """Least frequently used, counting accesses since insertion; ties to the unit whose count
     changed least recently (libCacheSim's LFU)."""
 
+    def demand_only(self) -> bool:
+        """Loads only on demand."""
+        return True
+
+
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of fewest accesses since it came in."""
@@ -138,6 +147,10 @@ class LFUCache(RecencyCache):
 class FIFOCache(RecencyCache):
     """First in, first out: hits do not refresh the order."""
 
+    def demand_only(self) -> bool:
+        """Loads only on demand."""
+        return True
+
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate inserted longest ago."""
@@ -147,6 +160,11 @@ class FIFOCache(RecencyCache):
 
 class RandomCache(RecencyCache):
     """A uniformly random victim (from the run's policy random stream)."""
+
+    def demand_only(self) -> bool:
+        """Loads only on demand."""
+        return True
+
 
     def __init__(self) -> None:
         super().__init__()
@@ -165,6 +183,10 @@ class RandomCache(RecencyCache):
 
 class NoKeepCache(CacheRule):
     """Keeps nothing: every resident unit is evicted before each layer, so every access loads."""
+
+    def demand_only(self) -> bool:
+        """Loads only on demand."""
+        return True
 
     def before_layer(self, view: View, layer: int) -> None:
         """Evict every resident unit."""
@@ -227,6 +249,11 @@ class StaticCache(CacheRule):
 class BeladyCache(CacheRule):
     """Belady's MIN: evict the unit whose next use lies farthest in the future (ties: the lowest
     key). Reads the recorded routing of later steps through ``ctx.future``: an oracle."""
+
+    def demand_only(self) -> bool:
+        """Loads only on demand."""
+        return True
+
 
     def __init__(self) -> None:
         super().__init__()

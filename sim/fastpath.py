@@ -1,0 +1,379 @@
+"""The fast path: a SimPy-free replay for demand-only policies, with the event loop's exact
+metrics.
+
+When a policy only loads on demand (:meth:`~moesim.policies.base.Policy.demand_only`: no
+prefetch, no CPU time, no budget or split changes) and the run has nothing else that overlaps
+(no ``swap_out``, no transfer buffer, no timeline, no synchronous prefetch), every transfer of
+a layer is one of that layer's demand loads, all issued at one instant, and the layer ends when
+the last of them has landed and computed. Nothing crosses a layer boundary, so each layer can
+be replayed on its own with a handful of numbers instead of SimPy processes and events.
+
+Exactness: the replay keeps the engine's VRAM, transfers, counters and view (victims come from
+the same :meth:`~moesim.sim.transfers.Transfers.make_room`, with the same candidate order), and
+advances time with the same floating-point operations in the same order as the event loop. The
+one place where SimPy's order matters, a copy landing at exactly the instant an expert's
+compute ends, is resolved as SimPy does: by the (time, creation order) of the two events.
+``tests/test_fastpath.py`` compares both paths' metrics and step records on random traces for
+every policy that declares itself demand-only.
+
+Eligibility is decided by :func:`fast_path_refusal`; the engine takes this path only when it
+returns None and reports which path ran (``engine_path`` in the metrics). A policy that declares
+``demand_only`` but issues a prefetch or spends CPU time is stopped with one line.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, RESIDENT, Outcome
+from moesim.sim.fastorder import ordered_kind, replay_ordered
+from moesim.sim.lanes import DEMAND_CLASS
+from moesim.sim.plans import access_order
+from moesim.sim.transfers import PolicyError
+from moesim.sim.vram import Unit
+
+if TYPE_CHECKING:
+    from moesim.sim.engine import Engine
+
+
+def fast_path_refusal(engine: Engine) -> str | None:
+    """Why ``engine``'s run cannot take the fast path, or None when it can (call after the
+    policy's ``setup`` and the initial fill). The fast path is exact only when every layer's
+    demand loads find room at once: each pool holds at least as many experts as one layer of an
+    iteration can run (``min(tokens x top_k, experts)``)."""
+    policy = engine.policy
+    if not policy.demand_only():
+        return f"policy {policy.name!r} is not demand-only"
+    if policy.lossy or policy.decision_us:
+        return "the policy plans or spends decision time"
+    if engine.global_pool:
+        return "the policy uses one global pool"
+    if engine.record_timeline:
+        return "the timeline is recorded"
+    tx = engine.transfers
+    if tx.d2h is not None:
+        return "cache.swap_out is on"
+    if engine.vram.buffer_capacity:
+        return "a transfer buffer is set"
+    if engine.sync_prefetch:
+        return "pcie.sync_prefetch is on"
+    if any(len(fr) != 1 for fr in engine.fractions):
+        return "experts are split into parts"
+    if policy.uses_hook("on_loaded") or policy.uses_hook("on_routed"):
+        return "the policy reacts to landings or plans"
+    per_pool = min(engine.vram.capacity) // engine.expert_bytes
+    widest = max((it.n_tokens for it in engine.workload.iterations), default=0)
+    if min(widest * engine.K, engine.E) > per_pool:
+        return (f"a layer may run up to {min(widest * engine.K, engine.E)} experts but a pool "
+                f"holds {per_pool} (demand loads could wait for room)")
+    return None
+
+
+class _NoLanes:
+    """Stands in for the copy lanes during a fast replay: any transfer other than the replay's
+    own demand loads means the policy is not demand-only after all."""
+
+    can_withdraw = False
+    inflight_count = 0
+    busy = False
+    queue: list[Any] = []
+
+    def __init__(self, policy_name: str) -> None:
+        self.policy_name = policy_name
+
+    def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
+        raise PolicyError(f"policy {self.policy_name!r} declares itself demand-only but issued a "
+                          f"transfer of {unit.key} that is not a demand load")
+
+    def cancel(self, keep: Any) -> list[Any]:
+        return []
+
+    def queued_units(self) -> list[Any]:
+        return []
+
+    def reprioritize(self, unit: Any, priority: float) -> bool:
+        return False
+
+
+def run_fast(engine: Engine) -> None:
+    """Replay ``engine``'s whole workload on the fast path (see the module docstring). Leaves
+    the engine's counters, step records and clock (``engine.fast_now``) as the event loop would."""
+    n_lanes = int(engine.cost.hardware.copy_engines)
+    kind = None if engine.check_invariants else ordered_kind(engine)
+    if kind is not None:
+        engine.path = f"fast ({kind} kernel)"
+        replay_ordered(engine, kind, n_lanes)
+        return
+    tx = engine.transfers
+    lanes = tx.lanes
+    tx.lanes = _NoLanes(engine.policy.name)  # type: ignore[assignment]
+    try:
+        _replay(engine, n_lanes)
+    finally:
+        tx.lanes = lanes
+
+
+def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
+    cost = eng.cost
+    L = eng.L
+    st = eng.stats
+    policy = eng.policy
+    view = eng.view
+    vram = eng.vram
+    tx = eng.transfers
+    units = vram.units
+    pinned = vram.pinned
+    caps0 = list(vram.capacity)
+    steps = eng.steps if eng.record_steps else None
+    iters = eng.workload.iterations
+    n_iters = len(iters)
+    trace_experts = eng.trace.experts
+    batch_start: dict[int, float] = {}
+    exp_cost: dict[int, float] = {}
+    dur_of: dict[int, float] = {}
+    has_start = policy.uses_hook("on_iteration_start")
+    has_before = policy.uses_hook("before_layer")
+    has_access = policy.uses_hook("on_access")
+    has_after = policy.uses_hook("after_layer")
+    has_end = policy.uses_hook("on_layer_end")
+    has_iend = policy.uses_hook("on_iteration_end")
+    overhead_layer = cost.overhead_layer_s()
+    transfer_s = cost.transfer_s
+    expert_bytes = eng.expert_bytes
+    check = eng.check_invariants
+    progress = eng.progress
+    now = 0.0
+
+    def no_cpu(where: str) -> None:
+        if eng.spent_s:
+            raise PolicyError(f"policy {policy.name!r} declares itself demand-only but spent CPU time in {where}")
+
+    for it in iters:
+        eng.cur_iter = it
+        tx.iteration = it.index
+        eng.cur_layer = -1
+        eng.routed_upto = -1
+        if it.batch not in batch_start:
+            batch_start[it.batch] = now
+        for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
+            if first:
+                st.request_start[int(r)] = batch_start[it.batch]
+        eng.fast_now = now
+        if has_start:
+            policy.on_iteration_start(view)
+            no_cpu("on_iteration_start")
+        n_tok = it.n_tokens
+        layer_s = cost.layer_s(n_tok)
+        step_s = layer_s + overhead_layer
+        single = n_tok == 1
+        row0 = int(it.rows0[0]) if single else 0
+        for layer in range(L):
+            eng.cur_layer = layer
+            tx.layer_evictions = 0
+            t0 = now
+            if has_before:
+                eng.fast_now = now
+                policy.before_layer(view, layer)
+                no_cpu("before_layer")
+            now = now + step_s
+            st.gpu_busy_s += layer_s
+            st.overhead_s += overhead_layer
+            eng.routed_upto = layer
+            if single:
+                exps = [x for x in trace_experts[row0 + layer].tolist() if x >= 0]
+                counts = [1] * len(exps)
+            else:
+                flat = trace_experts[it.rows0 + layer].reshape(-1)
+                exps, counts = access_order(flat[flat >= 0])
+            status: list[int] = []
+            need: list[tuple[float, Any]] = []
+            miss_units: list[Any] = []
+            hits = miss = miss_bytes = 0
+            for e in exps:
+                pinned.add((layer, e, 0))
+            for i, e in enumerate(exps):
+                c = counts[i]
+                t_exp = exp_cost.get(c)
+                if t_exp is None:
+                    t_exp = exp_cost[c] = cost.expert_s(c)
+                key = (layer, e, 0)
+                u = units.get(key)
+                if u is None:
+                    u = Unit(key, expert_bytes, layer, True)
+                    vram.add(u)
+                    miss_units.append(u)
+                    miss_bytes += expert_bytes
+                    status.append(MISS)
+                    miss += 1
+                else:
+                    status.append(HIT)
+                    hits += 1
+                if not u.used:
+                    st.fetch_needed += 1
+                    if not u.demand:   # a warm-start unit is marked used; nothing else prefetches
+                        st.fetch_covered += 1
+                        st.prefetch_used += 1
+                    u.used = True
+                need.append((t_exp, u))
+            st.hits += hits
+            st.misses += miss
+            stall = 0.0
+            if miss_units:
+                tx.waiting.extend(miss_units)
+                granted, delay = tx._try_waiting()
+                if tx.waiting:
+                    raise PolicyError(f"policy {policy.name!r} declares itself demand-only but refused "
+                                      f"every victim for a demand load at iteration {it.index}, layer {layer}")
+                if delay > 0:
+                    now = now + delay
+                stall += delay
+                for j, u in enumerate(granted):
+                    u.state = INFLIGHT if j < n_lanes else QUEUED
+                    tx._on_transfer_start(u, DEMAND_CLASS, j % n_lanes)
+            if has_access or has_after:
+                eng.fast_now = now
+                routing = eng.routing_of(it, layer)
+                outcome = Outcome(layer, routing, routing.experts, exps, status, [])
+                if has_access:
+                    policy.on_access(view, layer, outcome)
+                if has_after:
+                    policy.after_layer(view, layer, outcome)
+                no_cpu("on_access/after_layer")
+            if not miss_units:
+                dt = sum([x[0] for x in need])
+                now = now + dt
+                st.gpu_busy_s += dt
+            else:
+                now, stall = compute_with_loads(st, need, miss_units, n_lanes, now, stall,
+                                                 transfer_s, dur_of)
+            for e in exps:
+                pinned.discard((layer, e, 0))
+            st.stall_s += stall
+            if has_end:
+                eng.fast_now = now
+                policy.on_layer_end(view, layer)
+                no_cpu("on_layer_end")
+            if check:
+                vram.check()
+            if steps is not None:
+                steps.append((it.index, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, miss, 0,
+                              stall, miss_bytes, 0, tx.layer_evictions))
+        head = cost.head_s(n_tok)
+        over = cost.overhead_iteration_s(n_tok)
+        if head + over > 0:
+            now = now + (head + over)
+            st.gpu_busy_s += head
+            st.overhead_s += over
+        st.iteration_end.append(now)
+        for r in dict.fromkeys(it.request_ids.tolist()):
+            st.token_end.setdefault(int(r), []).append(now)
+        eng.cur_layer = L
+        eng.fast_now = now
+        if has_iend:
+            policy.on_iteration_end(view)
+            no_cpu("on_iteration_end")
+        if vram.capacity != caps0:
+            raise PolicyError(f"policy {policy.name!r} declares itself demand-only but changed the layer budgets")
+        eng._apply_fractions()
+        if any(len(fr) != 1 for fr in eng.fractions):
+            raise PolicyError(f"policy {policy.name!r} declares itself demand-only but split experts into parts")
+        eng.prev_iter = it
+        if progress is not None:
+            progress(it.index + 1, n_iters)
+    eng.fast_now = now
+
+
+def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any], n_lanes: int,
+                        now: float, stall: float, transfer_s: Any, dur_of: dict[int, float]
+                        ) -> tuple[float, float]:
+    """One layer's experts computing while its demand loads land, as the event loop orders it.
+
+    Events are ``(time, creation order, kind, index)``: a landing (kind 0) or the GPU's compute
+    step ending (kind 1), processed in SimPy's order. ``loads`` were issued at ``now`` in order;
+    load ``j`` takes lane ``j % n_lanes`` (the lanes hand out their lowest free id) or waits for
+    the load ``n_lanes`` ahead of it to land. Returns the new time and the layer's stall."""
+    if len(loads) == 1:
+        # one load (the common case): the layer's hits compute in one step while it lands; it
+        # is resident when that step ends if it landed by then (it was issued before the step)
+        u = loads[0]
+        d = dur_of.get(u.nbytes)
+        if d is None:
+            d = dur_of[u.nbytes] = transfer_s(u.nbytes)
+        landed = now + d
+        st.pcie_busy_s += d
+        u.state = RESIDENT
+        first = [x[0] for x in need if x[1] is not u]
+        if first:
+            dt = sum(first)
+            now = now + dt
+            st.gpu_busy_s += dt
+        if landed > now:
+            stall += landed - now
+            now = landed
+        dt = sum([x[0] for x in need if x[1] is u])
+        st.gpu_busy_s += dt
+        return now + dt, stall
+    seq = 0
+    heap: list[tuple[float, int, int, int]] = []
+    durs = []
+    for u in loads:
+        d = dur_of.get(u.nbytes)
+        if d is None:
+            d = dur_of[u.nbytes] = transfer_s(u.nbytes)
+        durs.append(d)
+    m = len(loads)
+    for j in range(min(n_lanes, m)):
+        heapq.heappush(heap, (now + durs[j], seq, 0, j))
+        seq += 1
+    next_load = min(n_lanes, m)
+
+    def land(t: float, j: int) -> None:
+        nonlocal seq, next_load
+        u = loads[j]
+        u.state = RESIDENT
+        st.pcie_busy_s += durs[j]
+        if next_load < m:   # the lane starts the next queued load
+            k = next_load
+            next_load += 1
+            loads[k].state = INFLIGHT
+            heapq.heappush(heap, (t + durs[k], seq, 0, k))
+            seq += 1
+
+    remaining = need
+    while remaining:
+        ready = [x for x in remaining if x[1].state == RESIDENT]
+        if ready:
+            dt = sum([x[0] for x in ready])
+            t_end = now + dt
+            g = seq   # the GPU's timeout, created now
+            seq += 1
+            while heap and (heap[0][0], heap[0][1]) < (t_end, g):
+                t, _, _, j = heapq.heappop(heap)
+                land(t, j)
+            now = t_end
+            st.gpu_busy_s += dt
+            if len(ready) == len(remaining):
+                remaining = []
+            else:
+                done = set(id(x) for x in ready)
+                remaining = [x for x in remaining if id(x) not in done]
+            continue
+        # nothing ready: the GPU waits for the first landing of its remaining units; with
+        # several it resumes through a condition event scheduled after every landing of that
+        # instant, with one right after that landing
+        ts = now
+        several = len(remaining) > 1   # none is resident: each one's load is still to land
+        t, _, _, j = heapq.heappop(heap)
+        land(t, j)
+        if several:
+            cond = seq
+            seq += 1
+            while heap and (heap[0][0], heap[0][1]) < (t, cond):
+                t2, _, _, j2 = heapq.heappop(heap)
+                land(t2, j2)
+        now = t
+        stall += now - ts
+    return now, stall
+
+

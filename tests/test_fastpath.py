@@ -1,0 +1,121 @@
+"""The fast path (sim/fastpath.py) against the SimPy event loop: same metrics and step records,
+bit for bit, on random traces and hardware, for every policy that declares itself demand-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from moesim.policies.base import View
+from moesim.policies.parts.caches import LRUCache
+from moesim.policies.registry import make_policy, policy_names
+from moesim.sim.cost import CostModel
+from moesim.sim.engine import Engine
+from moesim.sim.metrics import compute_metrics
+from moesim.sim.transfers import PolicyError
+from moesim.sim.workload import build_workload
+from tests.util import make_trace, tiny_hw, tiny_model
+
+DEMAND_ONLY = sorted(n for n in policy_names() if make_policy(n).demand_only())
+
+
+def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: Any, initial: str,
+         seed: int, check: bool = True) -> tuple[Engine, dict[str, Any]]:
+    m = trace.model
+    model = tiny_model(m.num_layers, m.num_experts, m.top_k)
+    wl = build_workload(trace, batch_size=batch, phases=["prefill", "decode"])
+    eng = Engine(wl, make_policy(policy), CostModel(model, hw), budget_bytes=budget * model.expert_bytes,
+                 seed=seed, initial=initial, check_invariants=check, fast_path=fast)
+    eng.run()
+    return eng, compute_metrics(eng)
+
+
+def test_shipped_demand_caches_declare_it() -> None:
+    """The demand caches take the fast path; policies that prefetch or pin do not."""
+    assert {"lru", "lfu", "fifo", "random", "belady", "no-cache"} <= set(DEMAND_ONLY)
+    for name in ("static", "mixtral-offloading", "lfu-prefetch" if "lfu-prefetch" in policy_names() else "static"):
+        assert not make_policy(name).demand_only()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=hs.sampled_from(DEMAND_ONLY),
+    layers=hs.integers(1, 3), experts=hs.integers(2, 8), top_k=hs.integers(1, 2),
+    tokens=hs.integers(1, 40), requests=hs.integers(1, 3), batch=hs.integers(1, 2),
+    extra=hs.integers(0, 3), lanes=hs.integers(1, 3), evict_us=hs.sampled_from([0.0, 5.0, 50.0]),
+    latency_us=hs.sampled_from([0.0, 10.0]), layer_us=hs.sampled_from([0.0, 50.0, 100.0, 1000.0]),
+    expert_us=hs.sampled_from([0.0, 50.0, 500.0, 1000.0]),
+    initial=hs.sampled_from(["empty", "random", "popular"]), seed=hs.integers(0, 10**6),
+)
+def test_fast_path_equals_event_loop(policy: str, layers: int, experts: int, top_k: int, tokens: int,
+                                     requests: int, batch: int, extra: int, lanes: int, evict_us: float,
+                                     latency_us: float, layer_us: float, expert_us: float, initial: str,
+                                     seed: int) -> None:
+    """Round cost figures make copies land at exactly the instant compute ends: the ties must
+    resolve as SimPy resolves them."""
+    top_k = min(top_k, experts)
+    rng = np.random.default_rng(seed)
+    ex = np.stack([np.stack([rng.choice(experts, top_k, replace=False) for _ in range(layers)])
+                   for _ in range(tokens)])
+    req = np.sort(rng.integers(0, requests, tokens))
+    trace = make_trace(ex, num_experts=experts, requests=req.tolist())
+    budget = layers * (min(batch * top_k, experts) + extra)
+    hw = tiny_hw(copy_engines=lanes, evict_us=evict_us, latency_us=latency_us, layer_us=layer_us,
+                 expert_us=expert_us)
+    slow, ms = _run(trace, policy, fast=False, budget=budget, batch=batch, hw=hw, initial=initial, seed=seed)
+    assert slow.path == "event" and ms.pop("engine_path") == "event"
+    cs = slow.steps.columns()
+    # the generic fast replay (policy objects; VRAM invariant checked), and without the check
+    # the cache kernels for lru, fifo, lfu and random
+    for check in (True, False):
+        fast, mf = _run(trace, policy, fast=True, budget=budget, batch=batch, hw=hw, initial=initial,
+                        seed=seed, check=check)
+        assert fast.path.startswith("fast"), fast.path_reason
+        assert ("kernel" in fast.path) == (not check and policy in ("lru", "fifo", "lfu", "random"))
+        assert mf.pop("engine_path") == fast.path
+        assert mf == ms
+        cf = fast.steps.columns()
+        for name in cf:
+            np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+
+
+def _tiny_run(policy: Any, *, budget: int, batch: int = 1, timeline: bool = False) -> Engine:
+    trace = make_trace([[[0, 1]], [[2, 3]], [[0, 2]], [[1, 3]]], num_experts=4, requests=[0, 0, 1, 1])
+    model = tiny_model(1, 4, 2)
+    wl = build_workload(trace, batch_size=batch, phases=["decode"])
+    eng = Engine(wl, policy, CostModel(model, tiny_hw()), budget_bytes=budget * model.expert_bytes,
+                 record_timeline=timeline)
+    eng.run()
+    return eng
+
+
+def test_path_is_chosen_and_reported() -> None:
+    """Automatic choice: fast for lru with room for a layer's experts; the event loop with a
+    timeline, for a prefetching policy, or when a batch's experts could outgrow a pool."""
+    eng = _tiny_run(make_policy("lru"), budget=2)
+    assert eng.path == "fast (lru kernel)" and compute_metrics(eng)["engine_path"] == eng.path
+    # exact timeline of the hand case (one lane, 1000 us per load, 100 us layer, 50 us expert):
+    # tokens 0, 1 and 3 miss both experts: 100 + 1000 + 1000 (second load) + 50 = 2150 us;
+    # token 2 hits expert 2 (computes while 0 loads): 100 + 1000 + 50 = 1150 us
+    assert compute_metrics(eng)["sim_time_s"] == pytest.approx((3 * 2150 + 1150) * 1e-6)
+    assert _tiny_run(make_policy("lru"), budget=2, timeline=True).path == "event"
+    assert _tiny_run(make_policy("static"), budget=3).path == "event"
+    wide = _tiny_run(make_policy("lru"), budget=3, batch=2)
+    assert wide.path == "event" and "a pool holds 3" in wide.path_reason
+
+
+class _Liar(LRUCache):
+    """Says it loads on demand, then prefetches."""
+
+    def on_access(self, view: View, layer: int, outcome: Any) -> None:
+        super().on_access(view, layer, outcome)
+        view.prefetch(layer, 3)
+
+
+def test_false_demand_only_is_one_line() -> None:
+    with pytest.raises(PolicyError, match="declares itself demand-only but issued a transfer"):
+        _tiny_run(_Liar(), budget=3)

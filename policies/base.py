@@ -78,6 +78,20 @@ class PolicySetupError(ValueError):
     does not fit the model). The runner reports it as one line naming the policy."""
 
 
+class MissingColumnsError(PolicySetupError):
+    """The trace lacks a column the policy cannot work without: the policy does not apply to
+    this trace (a sweep records such a point as ``n/a``, not as a failure)."""
+
+
+def check_columns(policy: Policy, columns: frozenset[str] | set[str], trace_name: str) -> None:
+    """Raise :class:`MissingColumnsError` when ``columns`` (the trace's) lack one of the
+    policy's :meth:`~Policy.required_columns`."""
+    missing = sorted(policy.required_columns() - set(columns))
+    if missing:
+        raise MissingColumnsError(f"policy {policy.name!r} needs trace column(s) {', '.join(missing)}, "
+                                  f"which the trace ({trace_name}) lacks")
+
+
 @dataclass(frozen=True, slots=True)
 class Routing:
     """What the router of one layer decided for the tokens of the current iteration.

@@ -112,7 +112,7 @@ def table_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
         bound = bool(r["bound"])
         if r["status"] != "ok":
             rows.append(([_num(r.get("cache.rate"), "g")] if comp.rates else [])
-                        + ["failed", str(r["policy"]), _kind(str(r["policy"]), bound), str(r.get("error")), *["-"] * 9])
+                        + ["n/a" if r["status"] == "n/a" else "failed", str(r["policy"]), _kind(str(r["policy"]), bound), str(r.get("error")), *["-"] * 9])
             continue
         rk = "bound" if bound else str(int(r["rank"]))
         rows.append(([_num(r.get("cache.rate"), "g")] if comp.rates else []) + [

@@ -37,11 +37,11 @@ from moesim.policies.base import (
     Context,
     Outcome,
     Policy,
-    PolicySetupError,
     Profile,
     Reason,
     Routing,
     UnitKey,
+    check_columns,
 )
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
@@ -533,10 +533,7 @@ class Engine:
     def run(self) -> RunStats:
         """Run the whole workload; returns the raw counters (also in ``self.stats``)."""
         policy = self.policy
-        missing = sorted(policy.required_columns() - self.ctx.columns)
-        if missing:
-            raise PolicySetupError(f"policy {policy.name!r} needs trace column(s) {', '.join(missing)}, "
-                                   f"which the trace ({self.trace.model.name}) lacks")
+        check_columns(policy, self.ctx.columns, self.trace.model.name)
         self.ctx.replayed_frequency = self._frequencies()
         policy.setup(self.ctx)
         self._apply_fractions()

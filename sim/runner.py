@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import Policy, PolicySetupError, Profile
+from moesim.policies.base import MissingColumnsError, Policy, PolicySetupError, Profile
 from moesim.policies.registry import load_plugin, make_policy
 from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
 from moesim.sim.cost import CostModel
@@ -26,6 +26,11 @@ from moesim.sim.records import TimelineEvent
 from moesim.sim.scenario import LoadedScenario, ScenarioError
 from moesim.sim.workload import build_workload
 from moesim.traces.format import Trace, read_trace, trace_from_columns
+
+
+class PolicyNotApplicable(ScenarioError):
+    """The scenario's policy needs a trace column that its trace lacks (a user error for one run;
+    a sweep records the point as ``n/a``)."""
 
 
 @dataclass
@@ -128,6 +133,8 @@ class PreparedRun:
         engine, policy, model = self.engine, self.engine.policy, self.model
         try:
             engine.run()
+        except MissingColumnsError as exc:
+            raise PolicyNotApplicable(f"{source}: policy {policy.name!r}: {exc}") from None
         except PolicySetupError as exc:
             raise ScenarioError(f"{source}: policy {policy.name!r}: {exc}") from None
         except BudgetError as exc:

@@ -30,9 +30,10 @@ def _report(outcome: object, out: Path) -> None:
 
     assert isinstance(outcome, SweepOutcome)
     err = Console(stderr=True)
-    ok = outcome.total - len(outcome.failed)
+    ok = outcome.total - len(outcome.failed) - len(outcome.not_applicable)
+    n_a = f", {len(outcome.not_applicable)} n/a (the policy needs a column the trace lacks)" if outcome.not_applicable else ""
     err.print(f"{outcome.total} points: {outcome.ran} run, {outcome.skipped} already done; {ok} ok, "
-              f"{len(outcome.failed)} failed; {outcome.wall_s:.1f} s")
+              f"{len(outcome.failed)} failed{n_a}; {outcome.wall_s:.1f} s")
     for index, msg in outcome.failed[:10]:
         err.print(f"  [red]point {index} failed[/red]: {msg}", markup=True, highlight=False)
     if len(outcome.failed) > 10:

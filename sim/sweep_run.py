@@ -3,8 +3,8 @@
 The output folder holds ``points/<config hash>.json`` (one per finished point, written to a
 temporary file and moved in with ``os.replace``, so it is whole or absent) and, at the end,
 ``results.parquet``: one row per point in sweep order, the swept keys, ``policy`` and ``bound``,
-every metric (nested ones flattened as ``tpot_ms_mean``), ``status`` (ok or error), ``error``
-(its one line), ``config_hash``, ``moesim_version`` and ``wall_s``.
+every metric (nested ones flattened as ``tpot_ms_mean``), ``status`` (ok, error, or n/a when the
+policy needs a trace column the trace lacks), ``error`` (its one line), ``config_hash``, ``moesim_version`` and ``wall_s``.
 
 Running the same sweep again skips every point whose file exists (killed sweeps resume where
 they were; failed points too, unless ``retry_failed``). A point that raises is recorded with its
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from moesim.traces.format import Trace
 
 TABLE = "results.parquet"
+NOT_APPLICABLE = "n/a"  # status of a point whose policy needs a trace column the trace lacks
 POINTS = "points"
 _TRACES: dict[tuple[str, str], Trace] = {}
 
@@ -102,15 +103,17 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     cpu0 = time.process_time()
     record: dict[str, Any] = {"config_hash": task["config_hash"], "index": task["index"], "params": task["params"],
                               "moesim_version": moesim_version(), "host": os.uname().nodename, "pid": os.getpid()}
-    try:
-        from moesim.sim.runner import run_loaded
-        from moesim.sim.scenario import load_scenario_data
+    from moesim.sim.runner import PolicyNotApplicable, run_loaded
+    from moesim.sim.scenario import load_scenario_data
 
+    try:
         loaded = load_scenario_data(task["data"], source=task["source"], base_dir=Path(task["base_dir"]))
         result = run_loaded(loaded, trace=cached_trace(loaded))
         metrics = dict(result.metrics)
         metrics.pop("config_hash", None)
         record.update(status="ok", error=None, metrics=flatten(metrics))
+    except PolicyNotApplicable as exc:  # the policy does not apply to this trace: not a failure
+        record.update(status=NOT_APPLICABLE, error=one_line(exc), metrics={})
     except Exception as exc:  # a failing point is recorded; the sweep goes on
         record.update(status="error", error=one_line(exc), metrics={})
     record["wall_s"] = time.perf_counter() - t0
@@ -254,6 +257,7 @@ class SweepOutcome:
     ran: int
     skipped: int
     failed: list[tuple[int, str]] = field(default_factory=list)
+    not_applicable: list[tuple[int, str]] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -289,9 +293,11 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: s
                     tick(rec)
     table = write_table(sweep, done, out_dir / TABLE)
     failed = [(p.index, str(done[p.config_hash].get("error"))) for p in sweep.points
-              if done[p.config_hash].get("status") != "ok"]
+              if done[p.config_hash].get("status") not in ("ok", NOT_APPLICABLE)]
+    n_a = [(p.index, str(done[p.config_hash].get("error"))) for p in sweep.points
+           if done[p.config_hash].get("status") == NOT_APPLICABLE]
     return SweepOutcome(table=table, total=len(sweep.points), ran=len(tasks), skipped=skipped, failed=failed,
-                        wall_s=time.perf_counter() - t0)
+                        not_applicable=n_a, wall_s=time.perf_counter() - t0)
 
 
 @contextmanager

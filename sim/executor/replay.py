@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from moesim.policies.base import PolicySetupError
+from moesim.policies.base import check_columns
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.executor.runner import Executor
@@ -22,10 +22,7 @@ def _setup(ex: Executor) -> None:
     from moesim.sim.executor.runner import ExecutorError
 
     policy = ex.policy
-    missing = sorted(policy.required_columns() - ex.ctx.columns)
-    if missing:
-        raise PolicySetupError(f"policy {policy.name!r} needs trace column(s) {', '.join(missing)}, "
-                               f"which the trace ({ex.trace.model.name}) lacks")
+    check_columns(policy, ex.ctx.columns, ex.trace.model.name)
     ex.ctx.replayed_frequency = ex._frequencies()
     policy.setup(ex.ctx)
     for layer in range(ex.L):

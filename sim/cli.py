@@ -21,6 +21,7 @@ from rich.table import Table
 from moesim.sim.errors import MoesimError
 from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
 from moesim.traces.cli import app as trace_app
+from moesim.traces.model_cli import app as model_app
 
 app = typer.Typer(
     name="simctl",
@@ -30,6 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(trace_app, name="trace", help="Record, import, synthesise and inspect moe-trace files.")
+app.add_typer(model_app, name="model", help="The tiny MoE trained in this repository: train it, find it.")
 
 
 @app.command()

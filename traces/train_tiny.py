@@ -50,6 +50,12 @@ class TinyConfig:
     ``router_aux_loss_coef`` (0.01: Switch Transformer's alpha = 1e-2, section 2.2; Mixtral's
     HF default 0.001 is for a 8-expert model trained far longer, assumption), ``seed``.
     Evaluation: ``eval_windows`` evenly spaced held-out windows of ``seq_len``.
+
+    Where the numbers come from: the shape is the issue's range (4-8 MoE layers, 16-32
+    experts, top-2, hidden 128-256) at its small end, with Mixtral's 4:1 query/KV head ratio
+    halved (4/2); steps, batch, rate and warm-up were chosen here to train in minutes on two CPU
+    cores (assumption, not from a paper); AdamW betas (0.9, 0.95) and clipping at 1 are the
+    usual language-model settings (assumption).
     """
 
     num_layers: int = 4

@@ -1,8 +1,9 @@
 """Simulator against the real executor on this machine's CPU: policies x cache rates.
 
 Calibrates once (``simctl calibrate`` on the scenario's model shape), then for each policy and
-cache rate runs ``scenarios/validate-cpu.yaml`` on the executor (random-weight Mixtral, copies
-on a copy thread) and in the simulator with the calibrated profile, and prints one markdown
+cache rate runs ``scenarios/validate-cpu.yaml`` on the executor (the scenario's model: the bundled
+trained tiny MoE by default, ``--model random`` for random weights of its shape; copies on a copy
+thread) and in the simulator with the calibrated profile, and prints one markdown
 table: TPOT p50 / mean, TTFT, hit rate and H2D bytes, simulated vs measured, error in %.
 
     python benchmarks/validate_cpu.py [--policies lru lfu fifo belady] [--rates 0.25 0.5 0.75]
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from moesim.sim.calibration.profile import calibrate, write_profile
-    from moesim.sim.executor.model import load
+    from moesim.sim.executor.model import load, model_argument
     from moesim.sim.runner import load_trace
     from moesim.sim.scenario import load_scenario
     from moesim.sim.validate import compare, execute, simulate
@@ -37,11 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", nargs="+", type=float, default=[0.25, 0.5, 0.75])
     ap.add_argument("--profile", default="runs/validate-cpu/profile.yaml")
     ap.add_argument("--quick", action="store_true", help="quick calibration")
+    ap.add_argument("--model", default=None, help="model directory, catalog name or 'random' "
+                    "(default: the scenario's model; tiny-moe is the bundled trained model)")
     args = ap.parse_args(argv)
 
     base = load_scenario(args.scenario)
     trace = load_trace(base)
-    om = load(None, base.model_spec(trace.model.name), torch.device("cpu"))
+    ref, spec = model_argument(args.model, base.model_spec(trace.model.name))
+    om = load(ref, spec, torch.device("cpu"))
     t0 = time.time()
     prof = calibrate(om, quick=args.quick)
     path = write_profile(prof, args.profile)
@@ -49,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# Simulator vs executor on CPU\n\ncommand: `python benchmarks/{Path(__file__).name} {' '.join(argv or sys.argv[1:])}`  ")
     print(f"device: {prof['provenance']['device']}, torch {prof['provenance']['torch']}, "
           f"{prof['provenance']['torch_threads']} thread(s), {prof['provenance']['date']}  ")
-    print(f"model: random Mixtral {om.spec.num_layers} layers x {om.spec.num_experts} experts, top-{om.spec.top_k}, "
+    weights = om.source.get("weights", om.source.get("model", "?"))
+    print(f"model: {om.spec.name} ({weights}), Mixtral architecture, {om.spec.num_layers} layers x {om.spec.num_experts} experts, top-{om.spec.top_k}, "
           f"hidden {om.hidden}, intermediate {om.inter}, {str(om.dtype).replace('torch.', '')} "
           f"({om.spec.expert_bytes / 1e6:.1f} MB per expert)  ")
     c = hw["costs"]

@@ -23,6 +23,7 @@ from moesim.sim.errors import MoesimError
 from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
 from moesim.traces.cli import app as trace_app
 from moesim.traces.quality_cli import quality
+from moesim.traces.model_cli import app as model_app
 
 app = typer.Typer(
     name="simctl",
@@ -34,6 +35,7 @@ app = typer.Typer(
 app.add_typer(trace_app, name="trace", help="Record, import, synthesise and inspect moe-trace files.")
 # `quality` needs the optional torch extra; the command imports it only when it runs
 app.command("quality", help="Run a lossy policy's plans on a real model: KL, next-token agreement, perplexity (extra: tracer).")(quality)
+app.add_typer(model_app, name="model", help="The tiny MoE trained in this repository: train it, find it.")
 
 
 @app.command()
@@ -149,7 +151,7 @@ def hardware(
 @app.command()
 def calibrate(
     out: Annotated[Path, typer.Option("--out", "-o", help="profile YAML to write (use it as hardware: and runtime: in a scenario)")],
-    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON, catalog model name, or an inline YAML spec")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON, catalog model name (tiny-moe: the bundled trained model; others: random weights of that shape), or an inline YAML spec (default: tiny-moe)")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")] = "cpu",
     quick: Annotated[bool, typer.Option("--quick", help="fewer sizes and repeats (seconds)")] = False,
     context: Annotated[int, typer.Option("--context", min=1, help="context length of the non-MoE layer fit")] = 32,
@@ -163,9 +165,9 @@ def calibrate(
 
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise MoesimError(f"--out {out}: a profile file must end in .yaml or .yml")
-    ref, spec = model_argument(model, None)
-    if ref is None and spec is None:
-        raise MoesimError("--model: give a model directory, a config JSON, a catalog model or an inline spec")
+    from moesim.sim.catalog import get_model
+
+    ref, spec = model_argument(model, get_model("tiny-moe"))
     om = load(ref, spec, resolve_device(device))
     cmd = (f"simctl calibrate --out {out} --device {device} --context {context} --threads {threads}"
            + (f" --model {shlex.quote(model)}" if model else "") + (" --quick" if quick else ""))
@@ -184,7 +186,7 @@ def validate(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a key (repeatable)")] = None,
     profile: Annotated[Path | None, typer.Option("--profile", help="an existing calibration profile (default: calibrate first)")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON (default: a random Mixtral of the scenario's model shape)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON, catalog name, or 'random' (default: the scenario's model: the bundled trained tiny-moe for model tiny-moe, else a random Mixtral of its shape)")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")] = "cpu",
     out: Annotated[Path, typer.Option("--out", "-o", help="folder for the profile and validation.json")] = Path("runs/validate"),
     quick: Annotated[bool, typer.Option("--quick", help="quick calibration")] = False,

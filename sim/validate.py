@@ -1,8 +1,8 @@
 """``simctl validate``: one scenario run twice, in the simulator with a calibrated profile and on
 the real executor (:mod:`moesim.sim.executor`), and the metrics side by side with the error.
 
-The simulator's model is the executor's model shape (a random Mixtral of the scenario's model
-shape, or ``--model PATH``); its hardware and runtime are the calibration profile measured on
+The simulator's model is the executor's model shape (the scenario's model: the bundled trained
+tiny MoE for ``model: tiny-moe``, else a random Mixtral of its shape; or ``--model PATH``); its hardware and runtime are the calibration profile measured on
 the same device just before (or given with ``--profile``). Both replay the same trace, requests
 and budget under fresh instances of the same policy. Hit rates of demand-only policies must be
 identical (the executor is teacher-forced and its hit/miss classification is timing-free); the

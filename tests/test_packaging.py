@@ -22,28 +22,38 @@ def _config() -> dict:
         return tomllib.load(f)["tool"]["setuptools"]
 
 
-def test_every_source_folder_is_a_listed_package() -> None:
-    cfg = _config()
-    listed = set(cfg["packages"])
-    dirs = cfg["package-dir"]
-    missing = []
-    for pkg, folder in dirs.items():
-        for d in sorted((ROOT / folder).rglob("*")):
-            if not d.is_dir() or d.name == "__pycache__":
-                continue
-            if not any(f.is_file() and f.suffix != ".pyc" for f in d.iterdir()):
-                continue
-            name = pkg + "." + ".".join(d.relative_to(ROOT / folder).parts)
-            if name not in listed:
-                missing.append(name)
-    assert not missing, f"folders not in [tool.setuptools] packages: {missing}"
+def _folders() -> list[tuple[str, Path]]:
+    """(import name, folder) of every folder under the mapped source folders."""
+    out = []
+    for pkg, folder in _config()["package-dir"].items():
+        root = ROOT / folder
+        out.append((pkg, root))
+        for d in sorted(root.rglob("*")):
+            if d.is_dir() and d.name != "__pycache__":
+                out.append((pkg + "." + ".".join(d.relative_to(root).parts), d))
+    return out
 
 
-def test_data_files_are_declared() -> None:
+def test_every_code_folder_is_a_listed_package() -> None:
+    listed = set(_config()["packages"])
+    missing = [name for name, d in _folders() if any(d.glob("*.py")) and name not in listed]
+    assert not missing, f"folders with code not in [tool.setuptools] packages: {missing}"
+
+
+def test_every_data_file_is_shipped() -> None:
+    """Each file that is not code matches a package-data pattern of its nearest listed package."""
     cfg = _config()
-    data = cfg["package-data"]
-    for pkg, folder in (("moesim.sim.catalog", "sim/catalog"), ("moesim.traces.samples", "traces/samples")):
-        patterns = data[pkg]
-        for f in (ROOT / folder).iterdir():
-            if f.is_file() and f.suffix not in (".py", ".pyc"):
-                assert any(f.match(p) for p in patterns), f"{f} is not shipped by package-data {patterns}"
+    listed, data = set(cfg["packages"]), cfg["package-data"]
+    folders = dict(_folders())
+    unshipped = []
+    for name, d in folders.items():
+        for f in d.iterdir():
+            if not f.is_file() or f.suffix in (".py", ".pyc"):
+                continue
+            owner = name
+            while owner not in listed:
+                owner = owner.rsplit(".", 1)[0]
+            rel = f.relative_to(folders[owner]).as_posix()
+            if not any(Path(rel).match(p) and rel.count("/") == p.count("/") for p in data.get(owner, [])):
+                unshipped.append(rel if owner == name else f"{owner}: {rel}")
+    assert not unshipped, f"files no package-data pattern ships: {unshipped}"

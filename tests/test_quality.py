@@ -126,3 +126,26 @@ def test_simctl_quality_prints_the_figures_and_refuses_bad_input(tmp_path: Any, 
     rc = main(["quality", "--model", str(cfg), "--texts", str(texts), "--param", "predictor=oracle"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "predictor must be one of" in err
+
+
+def test_the_bundled_tiny_moe_is_the_default_model_and_text(tmp_path: Any, capsys: Any) -> None:
+    """Without --model and --texts the harness runs the trained tiny MoE on its held-out text,
+    and leaves no temporary file behind; another model needs --texts."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import glob
+    import json
+    import tempfile
+
+    from moesim.sim.cli import main
+
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "moesim-quality-*")))
+    rc = main(["quality", "--policy", "random-substitute", "--default-texts", "3", "--profile-texts", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["texts"] == 2 and out["model"]["weights"] == "pretrained"
+    assert "tiny-moe" in json.dumps(out["model"])
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "moesim-quality-*"))) == before
+    cfg = tmp_path / "config.json"
+    cfg.write_text("{}")
+    assert main(["quality", "--model", str(tmp_path)]) == 2
+    assert "--texts is needed" in capsys.readouterr().err

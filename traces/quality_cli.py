@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,13 +30,29 @@ def _params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _held_out_texts(n: int, seed: int) -> Path:
+    """A JSONL file (in a fresh temporary folder) of ``n`` prompts of 256 bytes cut from the tiny
+    MoE's held-out text (stdlib files it never trained on; ``simctl model prompts`` writes the same)."""
+    import tempfile
+
+    from moesim.traces.tiny_corpus import held_out_prompts, load_corpus
+
+    lines = [json.dumps({"text": t}) for t in held_out_prompts(load_corpus(), n, 256, seed=seed)]
+    path = Path(tempfile.mkdtemp(prefix="moesim-quality-")) / "held-out.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def quality(
-    model: Annotated[str, typer.Option(
+    model: Annotated[str | None, typer.Option(
         "--model", help="Local HF model directory (weights loaded) or a config (random weights). "
-        "Never downloaded.")],
-    texts: Annotated[Path, typer.Option(
+        "Never downloaded. Default: the bundled tiny MoE (`simctl model path`).")] = None,
+    texts: Annotated[Path | None, typer.Option(
         "--texts", help="Held-out texts, in the format of `simctl trace record --prompts` (plain "
-        "text lines or *.jsonl); a completion is appended to its prompt.")],
+        "text lines or *.jsonl); a completion is appended to its prompt. Default (tiny MoE only): "
+        "--default-texts prompts cut from its held-out text.")] = None,
+    default_texts: Annotated[int, typer.Option(
+        "--default-texts", min=2, help="How many held-out texts to cut when --texts is not given.")] = 12,
     policy: Annotated[str, typer.Option("--policy", help="Registered policy whose plans run.")] = "commitmoe",
     param: Annotated[list[str] | None, typer.Option(
         "--param", help="Policy parameter NAME=VALUE (YAML value; repeatable).")] = None,
@@ -56,12 +73,24 @@ def quality(
         missing = (exc.name or "torch").split(".")[0]
         raise MoesimError(f"simctl quality needs torch and transformers ({missing} is not installed): "
                           "pip install 'moesim[tracer]'") from None
-    from moesim.traces import tracer
+    from moesim.traces import tiny_model, tracer
     from moesim.traces.quality import evaluate_plans
 
     transformers.utils.logging.set_verbosity_error()
-    loaded = tracer.load_model(model, seed=seed)
-    items, tokenization = tracer.read_prompts(texts, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size)
+    if model is None:
+        model = str(tiny_model.model_dir())
+    if texts is None:
+        if Path(model).resolve() != tiny_model.model_dir().resolve():
+            raise MoesimError("simctl quality: --texts is needed for a model other than the bundled tiny MoE")
+        texts = _held_out_texts(default_texts, seed)
+        try:
+            loaded = tracer.load_model(model, seed=seed)
+            items, tokenization = tracer.read_prompts(texts, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size)
+        finally:
+            shutil.rmtree(texts.parent, ignore_errors=True)
+    else:
+        loaded = tracer.load_model(model, seed=seed)
+        items, tokenization = tracer.read_prompts(texts, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size)
     ids = [list(p.input_ids) + list(p.completion_ids or ()) for p in items]
     res = evaluate_plans(loaded.model, ids, policy, params=_params(param), profile_texts=profile_texts,
                          hardware=hardware, cache_rate=cache_rate, seed=seed)

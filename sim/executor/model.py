@@ -1,6 +1,7 @@
-"""The model the executor runs: a Hugging Face Mixtral-architecture model, built with random
-weights from a :class:`~moesim.sim.catalog.ModelSpec` (timing does not depend on the values) or
-loaded from a local directory / config JSON through the tracer's :func:`load_model`.
+"""The model the executor runs: a Hugging Face Mixtral-architecture model, loaded from a local
+directory / config JSON through the tracer's :func:`load_model` (by default the bundled tiny MoE
+trained in this repository, catalog ``tiny-moe``: :func:`model_argument`), or built with random
+weights from a :class:`~moesim.sim.catalog.ModelSpec` (timing does not depend on the values).
 
 :func:`prepare` takes the routed experts out of the model into a host pool (flat weights, see
 :mod:`.kernels`) and puts an :class:`OffloadedMoe` in place of each MoE block. That block
@@ -186,18 +187,35 @@ def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[s
                         dtype=dtype, hidden=hidden, inter=inter, vocab_size=vocab, source=source)
 
 
+def trained_weights(spec: ModelSpec | None) -> str | None:
+    """The folder of real weights for ``spec`` when it is the catalog's ``tiny-moe`` exactly
+    (the tiny MoE trained in this repository, :mod:`moesim.traces.tiny_model`), else None."""
+    from moesim.traces.tiny_model import NAME, model_dir
+
+    if spec is None or spec.name != NAME or spec != get_model(NAME):
+        return None
+    return str(model_dir())
+
+
 def model_argument(arg: str | None, default: ModelSpec | None) -> tuple[str | None, ModelSpec | None]:
     """``--model``: an existing path (a model directory or config JSON: loaded), a model catalog
     name or an inline YAML mapping of a model spec (a random Mixtral of that shape); None gives
-    ``default``. Returns ``(path, spec)``, one of them None."""
+    ``default``. The catalog's ``tiny-moe`` (by name, or as ``default``) is the bundled trained
+    model, not random weights: it is the executor's default real model. Returns
+    ``(path, spec)``, one of them None."""
     from pathlib import Path
 
     import yaml
 
     if arg is None:
-        return None, default
+        real = trained_weights(default)
+        return (real, None) if real is not None else (None, default)
     if Path(arg).exists():
         return arg, None
+    if arg.strip() == "random":
+        if default is None:
+            raise MoesimError("--model random: needs a scenario whose model shape to use")
+        return None, default
     if arg.lstrip().startswith("{"):
         try:
             data = yaml.safe_load(arg)
@@ -212,4 +230,6 @@ def model_argument(arg: str | None, default: ModelSpec | None) -> tuple[str | No
             raise
         except ValueError as exc:
             raise MoesimError(f"--model: {str(exc).splitlines()[0]}") from None
-    return None, get_model(arg)
+    spec = get_model(arg)
+    real = trained_weights(spec)
+    return (real, None) if real is not None else (None, spec)

@@ -1,0 +1,125 @@
+"""``simctl model ...``: the tiny MoE trained in this repository (train it again, find it).
+
+torch and transformers are imported inside the commands that need them, so ``simctl --help``
+stays fast and ``simctl model path`` works without the ``tracer`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moesim.sim.errors import MoesimError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command("path")
+def path_cmd() -> None:
+    """Print the folder of the bundled tiny MoE (config.json, model.safetensors, NOTICE.md)."""
+    from moesim.traces.tiny_model import model_dir
+
+    typer.echo(str(model_dir()))
+
+
+@app.command("prompts")
+def prompts_cmd(
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output JSONL file ({'text': ...} per line).")],
+    n: Annotated[int, typer.Option("--n", min=1, help="Number of prompts.")] = 16,
+    length: Annotated[int, typer.Option("--bytes", min=8, help="Bytes per prompt (at most).")] = 192,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the prompt positions.")] = 0,
+    corpus: Annotated[Path | None, typer.Option(
+        "--corpus", help="Corpus folder (default: this Python's standard library).")] = None,
+) -> None:
+    """Write prompts cut from the held-out part of the corpus (text the tiny MoE never saw)."""
+    import json
+
+    from moesim.traces.tiny_corpus import held_out_prompts, load_corpus
+
+    texts = held_out_prompts(load_corpus(corpus), n, length, seed=seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    tmp.replace(out)
+    typer.echo(f"wrote {out}: {len(texts)} held-out prompts of at most {length} bytes")
+
+
+@app.command("train-tiny")
+def train_tiny_cmd(
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output folder (model.safetensors, "
+                                      "config.json, train_log.json, NOTICE.md).")],
+    corpus: Annotated[Path | None, typer.Option(
+        "--corpus", help="Folder of text to train on (*.py, *.txt, *.md, *.rst; default: this "
+        "Python's standard library sources).")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 1200,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the initialisation and batches.")] = 0,
+    layers: Annotated[int, typer.Option("--layers", min=1, help="MoE layers.")] = 4,
+    experts: Annotated[int, typer.Option("--experts", min=1, help="Experts per layer.")] = 16,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="Experts per token.")] = 2,
+    hidden: Annotated[int, typer.Option("--hidden", min=8, help="Hidden size.")] = 128,
+    intermediate: Annotated[int, typer.Option("--intermediate", min=1,
+                                              help="Expert FFN width.")] = 128,
+    seq_len: Annotated[int, typer.Option("--seq-len", min=8, help="Training window in bytes.")] = 256,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Windows per step.")] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 3e-3,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads (on a loaded machine 1 is faster: threads that wait for each other spin).")] = 2,
+    eval_windows: Annotated[int, typer.Option("--eval-windows", min=1,
+                                              help="Held-out windows evaluated.")] = 64,
+) -> None:
+    """Train the tiny Mixtral-architecture MoE on CPU from offline text (needs the tracer extra)."""
+    if out.exists() and not out.is_dir():
+        raise MoesimError(f"--out {out}: exists and is not a folder")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        missing = (exc.name or "torch").split(".")[0]
+        raise MoesimError(f"simctl model train-tiny needs torch and transformers ({missing} is "
+                          "not installed): pip install 'moesim[tracer]'") from None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from moesim.traces.tiny_corpus import load_corpus
+    from moesim.traces.train_tiny import TinyConfig, save, train
+
+    cfg = TinyConfig(num_layers=layers, num_experts=experts, top_k=top_k, hidden_size=hidden,
+                     intermediate_size=intermediate, seq_len=seq_len, batch_size=batch_size,
+                     steps=steps, lr=lr, warmup=min(80, max(1, steps // 10)), seed=seed,
+                     eval_windows=eval_windows, threads=threads)
+    text = load_corpus(corpus)
+    err = Console(stderr=True)
+    err.print(f"corpus {text.describe()}")
+    tty = err.is_terminal
+    every = max(1, steps // 40)
+
+    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
+                  console=err, disable=not tty) as bar:
+        task = bar.add_task("train", total=steps, loss="-")
+
+        def report(step: int, stats: dict[str, float]) -> None:
+            bar.update(task, completed=step, loss=f"{stats['loss']:.3f}")
+            if not tty and (step % every == 0 or step == steps):
+                print(f"step {step}/{steps} loss {stats['loss']:.4f} aux {stats['aux_loss']:.4f}",
+                      file=sys.stderr, flush=True)
+
+        result = train(cfg, text, progress=report)
+    command = "simctl model train-tiny " + " ".join(shlex.quote(a) for a in sys.argv[3:]) \
+        if sys.argv[1:3] == ["model", "train-tiny"] else f"simctl model train-tiny -o {out}"
+    save(result, out, command=command)
+    log = result.log()
+    typer.echo(f"wrote {out}: held-out loss {log['held_out_loss']:.3f} nats/byte (perplexity "
+               f"{log['held_out_perplexity']:.2f}; random weights {log['random_model_held_out_loss']:.3f}), "
+               f"final train loss {log['final_train_loss']:.3f}, {log['wall_s']:.0f} s")

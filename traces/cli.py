@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from moesim.sim.atomic import check_target
 from moesim.sim.errors import MoesimError
 from moesim.traces.record import record
 
@@ -59,6 +60,7 @@ def import_cmd(
         "(default: SRC with suffix .json)")] = None,
     request_lengths: Annotated[str | None, typer.Option(
         help="vllm: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing output file")] = False,
 ) -> None:
     """Convert a router log into a moe-trace v1 file."""
     from moesim.traces.importers import (
@@ -78,6 +80,7 @@ def import_cmd(
     lengths = parse_request_lengths(request_lengths) if request_lengths else None
     if fmt != "vllm" and (sidecar is not None or lengths is not None):
         raise MoesimError("--sidecar and --request-lengths apply to --from vllm only")
+    check_target(out, option="-o", folder=False, force=force)
     t0 = time.perf_counter()
     path, meta, rows = import_trace(fmt, src, out, model=info, sidecar=sidecar, request_lengths=lengths)
     m = meta.model
@@ -95,6 +98,7 @@ def synth_cmd(
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="any generator parameter, KEY=VALUE (repeatable; see `simctl trace synth-params`)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing output file")] = False,
 ) -> None:
     """Generate a synthetic trace from the latent-state router model."""
     from moesim.traces.synthetic import parse_params, synthesize
@@ -107,6 +111,7 @@ def synth_cmd(
             data[key] = val
     data.update(_parse_sets(set_))
     params = parse_params(data)
+    check_target(out, option="-o", folder=False, force=force)
     t0 = time.perf_counter()
     path, meta, rows = synthesize(params, out)
     dt = time.perf_counter() - t0
@@ -200,6 +205,11 @@ def stats_cmd(
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: expected integers separated by commas") from None
         if not sizes or min(sizes) < 1:
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: sizes must be >= 1")
+        from moesim.traces.format import read_meta
+
+        experts = read_meta(file).model.num_experts
+        if max(sizes) > experts:
+            raise MoesimError(f"--cache-sizes {cache_sizes!r}: a layer has only {experts} experts")
     st = trace_stats(file, cache_sizes=sizes)
     if as_json:
         typer.echo(json.dumps(st.to_dict(), indent=2))

@@ -128,6 +128,10 @@ class TraceMeta:
         model = obj.get("model")
         if not isinstance(model, dict):
             raise TraceError(path, "metadata has no 'model' object")
+        for key in ("num_layers", "num_experts", "top_k", "num_shared_experts"):
+            v = model.get(key, 0)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TraceError(path, f"metadata model.{key} must be an integer, got {v!r}")
         try:
             info = ModelInfo(
                 name=str(model["name"]),
@@ -156,6 +160,8 @@ class _Cursor:
     key: tuple[int, int, int] | None = None   # (request, token, layer) of the previous row
     phase: int = -1               # phase of the previous row
     tok_phase: int = -1           # phase of the current (request, token)
+    gap: TraceError | None = None  # the first skipped request or token id, raised at the end
+    # unless an ordering error comes first (the same error whatever the batch size)
 
 
 def _list_matrix(
@@ -259,6 +265,10 @@ def validate_batch(
     if "weights" in names and batch.column("weights").null_count < n:
         w = _list_matrix(batch.column("weights"), m.top_k, "weights", path, row0, dtype=np.float32)
         _check_finite(w, "weights", path, row0)
+        negw = np.asarray((w < 0).any(axis=1))
+        if negw.any():
+            raise TraceError(path, "negative router weight (weights are routing probabilities)",
+                             row=row0 + _first_bad_row(negw), column="weights")
         out["weights"] = w
     for col in ("logits", "lookahead_logits"):
         if col in names and batch.column(col).null_count < n:
@@ -296,6 +306,20 @@ def validate_batch(
         # tokens and requests advance
         bad |= new_tok & (r == prev_r) & (t < prev_t)
         bad |= r < prev_r
+        # token_idx counts 0, 1, 2, ... inside a request; request ids follow one another
+        gap = new_tok & (r == prev_r) & (t > prev_t + 1)
+        gap |= new_tok & (r != prev_r) & (t != 0)
+        gap |= (r > prev_r + 1) & (prev_r >= 0)
+        if gap.any() and cursor.gap is None:
+            i = _first_bad_row(gap)
+            if r[i] != prev_r[i] and r[i] > prev_r[i] + 1 and prev_r[i] >= 0:
+                cursor.gap = TraceError(path, f"request {r[i]} follows request {prev_r[i]}: request ids must not "
+                                        "skip", row=row0 + i, column="request_id")
+            else:
+                want = 0 if r[i] != prev_r[i] else prev_t[i] + 1
+                cursor.gap = TraceError(path, f"token_idx {t[i]} of request {r[i]} where {want} was due: a token "
+                                        "missing (tokens count 0, 1, 2, ... inside a request)",
+                                        row=row0 + i, column="token_idx")
         if bad.any():
             i = _first_bad_row(bad)
             col = "layer" if (same_tok[i] or lay[i] != 0 or prev_l[i] != m.num_layers - 1) else "token_idx"
@@ -321,10 +345,48 @@ def _check_complete(cursor: _Cursor, meta: TraceMeta, path: Any) -> None:
     if cursor.key is not None and cursor.key[2] != meta.model.num_layers - 1:
         raise TraceError(path, f"missing layers at the end (last token stops at layer {cursor.key[2]})",
                          row=cursor.row - 1, column="layer")
+    if cursor.gap is not None:
+        raise cursor.gap
 
 
 # --------------------------------------------------------------------------------------------
 # Reading
+
+
+def _kind(t: pa.DataType) -> str:
+    """What an Arrow type holds, as the schema check names it."""
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_dictionary(t):
+        return f"dictionary of {_kind(t.value_type)}"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return f"list of {_kind(t.value_type)}"
+    return str(t)
+
+
+_EXPECTED_KIND = {
+    "request_id": ("integer",), "token_idx": ("integer",), "layer": ("integer",), "token_id": ("integer",),
+    "phase": ("string", "dictionary of string"),
+    "experts": ("list of integer",), "weights": ("list of float",), "logits": ("list of float",),
+    "lookahead_logits": ("list of float",), "embedding": ("list of float",),
+}
+
+
+def check_schema(schema: pa.Schema, path: Any) -> None:
+    """Every column of the file must be a moe-trace v1 column of the right kind of Arrow type
+    (integers, floats, strings, lists of one depth); raise :class:`TraceError` naming the first
+    that is not. Cheap: the schema only."""
+    for f in schema:
+        if f.name not in _EXPECTED_KIND:
+            raise TraceError(path, f"unknown column (moe-trace v1 has {', '.join(ALL_COLUMNS)})", column=f.name)
+        kind = _kind(f.type)
+        if kind not in _EXPECTED_KIND[f.name]:
+            raise TraceError(path, f"has Arrow type {f.type} ({kind}); expected {' or '.join(_EXPECTED_KIND[f.name])}",
+                             column=f.name)
 
 
 def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
@@ -391,6 +453,9 @@ def iter_batches(
     for col in REQUIRED_COLUMNS:
         if col not in present:
             raise TraceError(path, f"missing required column {col!r}")
+    check_schema(pf.schema_arrow, path)
+    if pf.metadata.num_rows == 0:
+        raise TraceError(path, "has no rows")
     want = list(REQUIRED_COLUMNS)
     optional = OPTIONAL_COLUMNS if columns is None else [c for c in columns if c not in REQUIRED_COLUMNS]
     for col in optional:

@@ -98,18 +98,40 @@ def schema() -> None:
     print(json.dumps(scenario_schema(), indent=2))
 
 
-@app.command()
-def policies() -> None:
-    """List the registered policies and their parameters."""
-    from moesim.policies.registry import policy_class, policy_names, policy_params
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    t = Table("policy", "kind", "parameters (defaults)", "what it does")
-    for name in policy_names():
-        cls = policy_class(name)
-        kind = "oracle bound" if cls.oracle else ("lossy" if cls.lossy else "lossless")
-        params = ", ".join(f"{k}={v!r}" for k, v in policy_params(cls).items()) or "-"
-        t.add_row(name, kind, params, cls.summary)
-    _console().print(t)
+    try:
+        return version("moesim")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    ctx: typer.Context,
+    show_version: Annotated[bool, typer.Option("--version", help="print the moesim version and exit")] = False,
+) -> None:
+    """moesim: trace-driven simulator of MoE inference with expert offloading."""
+    if show_version:
+        print(f"moesim {_version()}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(0)
+
+
+@app.command()
+def policies(
+    name: Annotated[str | None, typer.Argument(help="one policy: its parameters, paper and the trace columns it needs")] = None,
+) -> None:
+    """List the registered policies, or describe one (simctl policies NAME)."""
+    from moesim.sim.policy_info import describe_policy, policy_table
+
+    console = Console() if sys.stdout.isatty() else Console(width=80)
+    console.print(describe_policy(name) if name is not None else policy_table())
+    if name is None:
+        console.print("simctl policies NAME: parameters, paper, what the trace must contain")
 
 
 @app.command()

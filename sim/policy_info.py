@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -57,7 +57,7 @@ def describe_policy(name: str) -> Group:
     req, reads = trace_needs(cls)
     head = Text.assemble((name, "bold"), f" ({policy_kind(cls)}, {cls.scope} pool"
                          + (")" if not cls.decision_us else f", {cls.decision_us:g} us per decision)"))
-    lines = [head, Text(cls.summary), Text("")]
+    lines: list[RenderableType] = [head, Text(cls.summary), Text("")]
     if first:
         lines += [Text(first), Text("")]
     lines.append(Text(f"source: {paper_of(cls)}"))

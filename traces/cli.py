@@ -233,4 +233,5 @@ def stats_cmd(
                   f"previous token of the request (chance {100 * st.chance_reuse:.1f}%)")
     console.print("next-layer: top-k of lookahead_logits vs the next layer's experts; coact sparsity: "
                   "1 - (pairs holding 90% of co-activations) / (all pairs); LRU@C: hit rate with C experts "
-                  "of the layer cached")
+                  "of the layer cached, a token's experts looked up together (the hit_rate of simctl run "
+                  "with policy lru, cache.experts_per_layer C, batch 1, all requests)")

@@ -1,4 +1,4 @@
-"""Run outputs (DESIGN.md section 8): the one-screen summary, ``config.yaml``,
+"""Run outputs (docs/contract.md, "Outputs"): the one-screen summary, ``config.yaml``,
 ``metrics.json``, ``steps.parquet`` and ``timeline.json`` (Chrome trace / Perfetto)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scenario files: validated YAML describing one simulation run (DESIGN.md section 4).
+"""Scenario files: validated YAML describing one simulation run (docs/contract.md, "Scenario keys").
 
 ``load_scenario(path, overrides)`` reads the YAML, applies ``--set key=value`` overrides,
 validates it (unknown keys, wrong types and out-of-range values are errors naming the YAML

@@ -2,7 +2,12 @@
 
 One row per (request, token, MoE layer), sorted by ``(request_id, token_idx, layer)``; every
 (request, token) holds all layers ``0..L-1``. The file-level metadata lives under the Parquet
-key-value key ``moe_trace`` as JSON (see DESIGN.md section 2).
+key-value key ``moe_trace`` as JSON (the contract is this docstring). Inside a request
+``token_idx`` counts 0, 1, 2, ... and request ids do not skip (3 follows 2); columns hold
+integers (ids), strings (``phase``, or a dictionary of strings) or lists of one depth
+(``experts`` of integers; ``weights``, logits and ``embedding`` of floats); router weights
+are >= 0; any other column is an error. A file breaking any of this is refused with one
+line naming the file, row and column.
 
 Reading streams record batches, so a trace far larger than memory can be validated and
 replayed batch by batch; :func:`read_trace` materialises only the columns asked for, as
@@ -120,6 +125,8 @@ class TraceMeta:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TraceError(path, f"metadata {META_KEY.decode()!r} is not valid JSON ({exc.msg})") from None
+        except UnicodeDecodeError:
+            raise TraceError(path, f"metadata {META_KEY.decode()!r} is not UTF-8 text") from None
         if not isinstance(obj, dict):
             raise TraceError(path, f"metadata {META_KEY.decode()!r} must be a JSON object")
         version = obj.get("version")
@@ -389,6 +396,15 @@ def check_schema(schema: pa.Schema, path: Any) -> None:
                              column=f.name)
 
 
+_CORRUPT = (pa.ArrowException, OSError, UnicodeDecodeError, ValueError, IndexError, KeyError)
+"""What pyarrow may raise on damaged bytes (found by tests/test_fuzz_trace_reader.py)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
     p = Path(path)
     if not p.exists():
@@ -397,8 +413,8 @@ def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
         raise TraceError(path, "is a directory, not a trace file")
     try:
         return pq.ParquetFile(p)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise TraceError(path, f"not a Parquet file ({str(exc).splitlines()[0]})") from None
+    except _CORRUPT as exc:
+        raise TraceError(path, f"not a Parquet file ({_first_line(exc)})") from None
 
 
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
@@ -470,8 +486,10 @@ def iter_batches(
             if "embedding" in want:
                 cols.update(_embedding_cols(batch, cursor.row - batch.num_rows, path))
             yield cols
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise TraceError(path, f"unreadable Parquet data ({str(exc).splitlines()[0]})") from None
+    except TraceError:
+        raise
+    except _CORRUPT as exc:
+        raise TraceError(path, f"unreadable Parquet data ({_first_line(exc)})") from None
     _check_complete(cursor, meta, path)
 
 

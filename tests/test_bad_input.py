@@ -1,164 +1,21 @@
-"""The bad-input corpus: every entry point given input a user could plausibly get wrong.
-
-Each case runs ``simctl`` in-process and must end with exit status 2, exactly one line on
-stderr that starts ``simctl: error:`` and names the culprit (the case's ``culprit`` strings:
-file, row or column, YAML path, option), no traceback, and nothing written: the folder the case
-runs in holds the same files afterwards as before (no half-written output, no hidden temporary
-folder). Trace files with wrong Arrow types and values are built from the bundled sample.
-"""
+"""The bad-input corpus: every command, its options, scenario files and sweep files given input a
+user could plausibly get wrong (trace files: ``tests/test_bad_traces.py``; what each case
+asserts: ``tests/bad_input.py``)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from moesim.sim.cli import main
+from tests.bad_input import DELETE, QUICKSTART, SAMPLE, Case, Corpus, Files, check, scen
 from tests.util import ROOT
 
-SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
-DELETE = object()
-
-
-def base_scenario() -> dict[str, Any]:
-    """The quickstart on 2 requests, with an absolute trace path (a valid scenario)."""
-    data: dict[str, Any] = yaml.safe_load(QUICKSTART.read_text())
-    data["trace"] = str(SAMPLE)
-    data["workload"]["requests"] = 2
-    return data
-
-
-def scen(**changes: Any) -> str:
-    """YAML text of the base scenario with dotted keys (``cache__gib``) changed or deleted."""
-    data = base_scenario()
-    for key, value in changes.items():
-        path = key.split("__")
-        node = data
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        if value is DELETE:
-            node.pop(path[-1], None)
-        else:
-            node[path[-1]] = value
-    return yaml.safe_dump(data, sort_keys=False)
-
-
-def small_table() -> pa.Table:
-    """The first two requests of the sample (1024 rows), a valid trace."""
-    return pq.read_table(SAMPLE).slice(0, 1024)
-
-
-def write_trace(path: Path, table: pa.Table, meta: Any = "keep") -> None:
-    """Write ``table`` with the sample's moe-trace metadata (or ``meta``: a dict, raw bytes, or
-    None for none)."""
-    sample_meta = pq.read_schema(SAMPLE).metadata
-    if meta == "keep":
-        md = sample_meta
-    elif meta is None:
-        md = None
-    else:
-        md = {b"moe_trace": meta if isinstance(meta, bytes) else json.dumps(meta).encode()}
-    pq.write_table(table.replace_schema_metadata(md), path)
-
-
-def sample_meta() -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads(pq.read_schema(SAMPLE).metadata[b"moe_trace"])
-    return meta
-
-
-def set_column(table: pa.Table, name: str, arr: pa.Array | pa.ChunkedArray) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    if i < 0:
-        return table.append_column(name, arr)
-    return table.set_column(i, pa.field(name, arr.type), arr)
-
-
-def mutate(name: str, fn: Callable[[list[Any]], list[Any]], type_: pa.DataType | None = None) -> Callable[[Path], None]:
-    """A trace whose column ``name`` is ``fn(values)`` (of Arrow type ``type_``)."""
-    def build(path: Path) -> None:
-        t = small_table()
-        values = fn(t.column(name).to_pylist())
-        write_trace(path, set_column(t, name, pa.array(values, type=type_)))
-    return build
-
-
-def with_meta(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
-    """A trace whose metadata ``change`` edits in place (or replaces: a ``bytes`` answer)."""
-    def build(path: Path) -> None:
-        meta = sample_meta()
-        out = change(meta)
-        write_trace(path, small_table(), out if isinstance(out, bytes) else meta)
-    return build
-
-
-def drop_column(name: str) -> Callable[[Path], None]:
-    def build(path: Path) -> None:
-        write_trace(path, small_table().drop_columns([name]))
-    return build
-
-
-def rows(fn: Callable[[pa.Table], pa.Table]) -> Callable[[Path], None]:
-    def build(path: Path) -> None:
-        write_trace(path, fn(small_table()))
-    return build
-
-
-def renumber(col: str, fn: Callable[[int], int]) -> Callable[[Path], None]:
-    return mutate(col, lambda v: [fn(x) for x in v], pa.int32())
-
-
-def at(values: list[Any], index: int, value: Any) -> list[Any]:
-    values = list(values)
-    values[index] = value
-    return values
-
-
-Files = dict[str, "str | bytes | Callable[[Path], None]"]
-
-
-@dataclass
-class Case:
-    """One bad input: files to create, the command line (``{tmp}`` is the case's folder), and
-    the strings the error line must contain."""
-
-    id: str
-    argv: list[str]
-    culprit: list[str]
-    files: Files = field(default_factory=dict)
-    needs: str | None = None    # an optional module the case needs
-
-
-CASES: list[Case] = []
-
-
-def case(id: str, argv: str | list[str], *culprit: str, files: Files | None = None, needs: str | None = None) -> None:
-    CASES.append(Case(id, argv.split() if isinstance(argv, str) else argv, list(culprit), files or {}, needs))
-
-
-def scenario_case(id: str, text: str | bytes, *culprit: str, extra: list[str] | None = None,
-                  files: Files | None = None) -> None:
-    """``simctl run s.yaml`` on a bad scenario file."""
-    case(f"scenario-{id}", ["run", "{tmp}/s.yaml", *(extra or [])], *culprit, files={"s.yaml": text, **(files or {})})
-
-
-def trace_case(id: str, build: Callable[[Path], None], *culprit: str, run: bool = True) -> None:
-    """``simctl trace inspect`` and ``simctl run`` on a bad trace file: both name it (``run``
-    False: the value is in a column an LRU run does not read, so only the inspection sees it)."""
-    case(f"inspect-{id}", "trace inspect {tmp}/t.parquet", "t.parquet", *culprit, files={"t.parquet": build})
-    if not run:
-        return
-    case(f"run-{id}", "run {tmp}/s.yaml", "t.parquet", *culprit,
-         files={"t.parquet": build, "s.yaml": scen(trace="t.parquet")})
-
+CORPUS = Corpus()
+case, scenario_case = CORPUS.case, CORPUS.scenario_case
 
 # ---------------------------------------------------------------------------------------------
 # the command line itself
@@ -182,6 +39,11 @@ case("run-out-not-empty", "run {tmp}/s.yaml --out {tmp}/o", "o", "--force",
 case("run-out-unwritable", "run {tmp}/s.yaml --out /proc/moesim-out", "/proc/moesim-out", files={"s.yaml": scen()})
 case("run-timeline-without-out", "run {tmp}/s.yaml --timeline", "--timeline", "--out", files={"s.yaml": scen()})
 case("policies-unknown", "policies lur", "lur")
+case("schema-extra-argument", "schema quickstart.yaml", "quickstart.yaml")
+case("models-extra-argument", "models mixtral", "mixtral")
+case("trace-unknown-command", "trace summarize x.parquet", "summarize")
+case("synth-params-extra-argument", "trace synth-params mixtral", "mixtral")
+case("version-with-command", "--version --bogus", "--bogus")
 case("hardware-unknown", "hardware rtx-5090x", "rtx-5090x")
 case("hardware-missing-file", "hardware {tmp}/hw.yaml", "hw.yaml")
 case("hardware-bad-yaml", "hardware {tmp}/hw.yaml", "hw.yaml", files={"hw.yaml": "pcie_gbps: [1,\n"})
@@ -287,6 +149,10 @@ scenario_case("plugins-missing", scen(plugins=["nope.py"]), "nope.py")
 scenario_case("plugins-syntax", scen(plugins=["p.py"]), "p.py", files={"p.py": "def (:\n"})
 scenario_case("plugins-raises", scen(plugins=["p.py"]), "p.py", files={"p.py": "raise RuntimeError('boom')\n"})
 scenario_case("plugins-scalar", scen(plugins="p.py"), "plugins")
+scenario_case("plugins-registers-builtin", scen(plugins=["p.py"]), "p.py", "lru", files={"p.py": (
+    "from moesim.policies.base import Policy\nfrom moesim.policies.registry import register\n"
+    "@register\nclass Mine(Policy):\n    name = 'lru'\n")})
+scenario_case("plugins-not-python", scen(plugins=["p.txt"]), "p.txt", files={"p.txt": "hello"})
 scenario_case("pcie-order", scen(pcie={"order": "lifo"}), "pcie.order")
 scenario_case("pcie-unknown", scen(pcie={"sync": True}), "pcie.sync")
 scenario_case("profile-empty", scen(profile={}), "profile")
@@ -309,57 +175,6 @@ scenario_case("workload-unknown", scen(workload={"batch": 2}), "workload.batch")
 scenario_case("seed-negative", scen(seed=-1), "seed")
 scenario_case("seed-frac", scen(seed=0.5), "seed")
 scenario_case("seed-string", scen(seed="zero"), "seed")
-
-# ---------------------------------------------------------------------------------------------
-# trace files (read by `trace inspect` and `run`)
-trace_case("not-parquet", lambda p: p.write_text("hello"), "Parquet")
-trace_case("no-meta", lambda p: write_trace(p, small_table(), None), "moe_trace")
-trace_case("meta-not-json", with_meta(lambda m: b"{nope"), "JSON")
-trace_case("meta-version", with_meta(lambda m: m.update(version=2)), "version")
-trace_case("meta-no-model", with_meta(lambda m: m.pop("model")), "model")
-trace_case("meta-topk-gt-experts", with_meta(lambda m: m["model"].update(top_k=100)), "top_k")
-trace_case("meta-layers-zero", with_meta(lambda m: m["model"].update(num_layers=0)), "num_layers")
-trace_case("meta-layers-string", with_meta(lambda m: m["model"].update(num_layers="8")), "num_layers")
-trace_case("missing-experts", drop_column("experts"), "experts")
-trace_case("missing-layer", drop_column("layer"), "layer")
-trace_case("experts-strings", mutate("experts", lambda v: [[str(x) for x in r] for r in v], pa.list_(pa.string())),
-           "experts", "string")
-trace_case("experts-floats", mutate("experts", lambda v: [[x + 0.5 for x in r] for r in v], pa.list_(pa.float32())),
-           "experts", "float")
-trace_case("experts-nested", mutate("experts", lambda v: [[r] for r in v], pa.list_(pa.list_(pa.int16()))),
-           "experts")
-trace_case("experts-scalar", mutate("experts", lambda v: [r[0] for r in v], pa.int16()), "experts")
-trace_case("experts-out-of-range", mutate("experts", lambda v: at(v, 9, [64, 1, 2, 3, 4, 5])), "experts", "row 9")
-trace_case("experts-short", mutate("experts", lambda v: at(v, 3, [1, 2])), "experts", "row 3")
-trace_case("experts-duplicate", mutate("experts", lambda v: at(v, 5, [1, 1, 2, 3, 4, 5])), "experts", "row 5")
-trace_case("experts-null", mutate("experts", lambda v: at(v, 7, None)), "experts", "row 7")
-trace_case("request-strings", mutate("request_id", lambda v: [f"r{x}" for x in v], pa.string()), "request_id")
-trace_case("request-floats", mutate("request_id", lambda v: [x + 0.5 for x in v], pa.float64()), "request_id")
-trace_case("token-negative", renumber("token_idx", lambda x: x - 1), "token_idx")
-def skip_token(t: pa.Table) -> pa.Table:
-    """Request 0 jumps from token 1 to token 3 (rows 16 on of that request)."""
-    tok, req = t.column("token_idx").to_pylist(), t.column("request_id").to_pylist()
-    new = [x + (1 if i >= 16 and r == 0 else 0) for i, (x, r) in enumerate(zip(tok, req, strict=True))]
-    return set_column(t, "token_idx", pa.array(new, pa.int32()))
-
-
-trace_case("token-gap", rows(skip_token), "token_idx", "row 16")
-trace_case("request-gap", renumber("request_id", lambda x: 2 * x), "request_id", "row 512")
-trace_case("layer-out-of-range", mutate("layer", lambda v: at(v, 4, 9), pa.int16()), "layer", "row 4")
-trace_case("layer-string", mutate("layer", lambda v: [str(x) for x in v], pa.string()), "layer")
-trace_case("rows-out-of-order", rows(lambda t: pa.concat_tables([t.slice(8, 8), t.slice(0, 8), t.slice(16)])),
-           "row 8")
-trace_case("truncated-token", rows(lambda t: t.slice(0, 1020)), "missing layers")
-trace_case("phase-unknown", mutate("phase", lambda v: at(v, 2, "prefil"), pa.string()), "phase", "row 2")
-trace_case("phase-int", mutate("phase", lambda v: [1 for _ in v], pa.int8()), "phase")
-trace_case("weights-strings", mutate("weights", lambda v: [[str(x) for x in r] for r in v], pa.list_(pa.string())),
-           "weights")
-trace_case("weights-negative", mutate("weights", lambda v: at(v, 11, [-0.5, 0.1, 0.1, 0.1, 0.1, 0.1])),
-           "weights", "row 11", run=False)
-trace_case("weights-nan", mutate("weights", lambda v: at(v, 12, [float("nan")] * 6)), "weights", "row 12", run=False)
-trace_case("token-id-strings", mutate("token_id", lambda v: [str(x) for x in v], pa.string()), "token_id")
-trace_case("unknown-column", rows(lambda t: t.append_column("expertz", pa.array([0] * t.num_rows))), "expertz")
-trace_case("empty", rows(lambda t: t.slice(0, 0)), "no rows")
 
 # ---------------------------------------------------------------------------------------------
 # trace commands
@@ -448,48 +263,17 @@ case("plot-kind", "plot {tmp}/r.parquet --kind pie", "--kind", "pie", files={"r.
 case("plot-empty-folder", "plot {tmp}/d", "d", files={"d/x.txt": "x"})
 
 
-# ---------------------------------------------------------------------------------------------
-
-
-def _tree(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
-
-
-def _make(root: Path, files: Files) -> None:
-    for name, content in files.items():
-        p = root / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if callable(content):
-            content(p)
-        elif isinstance(content, bytes):
-            p.write_bytes(content)
-        else:
-            p.write_text(content)
-
-
 def test_the_corpus_is_large() -> None:
-    assert len(CASES) >= 130
-    assert len({c.id for c in CASES}) == len(CASES)
+    from tests.test_bad_traces import CORPUS as TRACES
+
+    everything = CORPUS.cases + TRACES.cases
+    assert len(CORPUS.cases) >= 130 and len(everything) >= 150
+    assert len({c.id for c in everything}) == len(everything)
 
 
-@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("c", CORPUS.cases, ids=[c.id for c in CORPUS.cases])
 def test_bad_input(c: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    if c.needs:
-        pytest.importorskip(c.needs)
-    _make(tmp_path, c.files)
-    monkeypatch.chdir(tmp_path)          # default output folders (runs/...) land here too
-    before = _tree(tmp_path)
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in c.argv]
-    code = main(argv)
-    out, err = capsys.readouterr()
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err + out
-    assert code == 2, f"exit {code}: {err}{out}"
-    assert len(lines) == 1, err
-    assert lines[0].startswith("simctl: error: ")
-    for s in c.culprit:
-        assert s in lines[0], f"{s!r} not named in {lines[0]!r}"
-    assert _tree(tmp_path) == before, "the command left files behind"
+    check(c, tmp_path, monkeypatch, capsys)
 
 
 def test_unwritable_out_as_non_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

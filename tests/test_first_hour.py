@@ -12,7 +12,7 @@ import yaml
 from moesim.sim import outputs
 from moesim.sim.atomic import TMP_TAG
 from moesim.sim.cli import main
-from tests.test_bad_input import scen
+from tests.bad_input import scen
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

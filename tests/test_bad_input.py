@@ -245,6 +245,10 @@ sweep_case("sweep-jobs-zero", SWEEP, "--jobs", extra="--jobs 0")
 sweep_case("sweep-set-bad", SWEEP, "--set", extra="--set cache.rate")
 sweep_case("sweep-dask-bad", SWEEP, "--dask", extra="--dask nowhere")
 case("sweep-missing", "sweep {tmp}/nope.yaml", "nope.yaml")
+case("sweep-out-other-folder", "sweep {tmp}/sw.yaml --out {tmp}/o", "o", "--force",
+     files={"s.yaml": scen(), "sw.yaml": SWEEP.replace("{base}", "s.yaml"), "o/notes.txt": "mine"})
+case("compare-out-other-folder", "compare {tmp}/s.yaml -p lru --rates 0.5 --out {tmp}/o", "o", "--force",
+     files={"s.yaml": scen(), "o/notes.txt": "mine"})
 case("sweep-out-is-file", "sweep {tmp}/sw.yaml --out {tmp}/f", "f",
      files={"s.yaml": scen(), "sw.yaml": SWEEP.replace("{base}", "s.yaml"), "f": "x"})
 case("compare-format", "compare {tmp}/s.yaml --format xml", "--format", files={"s.yaml": scen()})

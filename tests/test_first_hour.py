@@ -126,3 +126,20 @@ def test_policies_fit_80_columns_and_describe_one(capsys: pytest.CaptureFixture[
     assert "prefetch_experts" in out and "source:" in out and "trace must contain: experts" in out
     code, out, _ = run_cli(["policies", "moe-infinity"], capsys)
     assert code == 0 and "eamc_capacity" in out
+
+
+def test_sweep_force_starts_afresh_in_a_foreign_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario(tmp_path)
+    sw = tmp_path / "sw.yaml"
+    sw.write_text("name: sw\nbase: s.yaml\ngrid:\n  cache.rate: [0.5]\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    args = ["sweep", str(sw), "--out", str(out), "-j", "1", "--no-progress"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "--force" in err and (out / "notes.txt").exists()
+    code, _, err = run_cli([*args, "--force"], capsys)
+    assert code == 0, err
+    assert not (out / "notes.txt").exists() and (out / "results.parquet").exists()
+    code, _, err = run_cli(args, capsys)            # its own folder: resumed, no --force needed
+    assert code == 0 and "1 already done" in err

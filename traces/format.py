@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.sim.errors import MoesimError
+from moesim.traces.column_types import EXPECTED_KIND, kind_problem
 
 TRACE_VERSION = 1
 META_KEY = b"moe_trace"
@@ -360,40 +361,16 @@ def _check_complete(cursor: _Cursor, meta: TraceMeta, path: Any) -> None:
 # Reading
 
 
-def _kind(t: pa.DataType) -> str:
-    """What an Arrow type holds, as the schema check names it."""
-    if pa.types.is_integer(t):
-        return "integer"
-    if pa.types.is_floating(t):
-        return "float"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
-    if pa.types.is_dictionary(t):
-        return f"dictionary of {_kind(t.value_type)}"
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return f"list of {_kind(t.value_type)}"
-    return str(t)
-
-
-_EXPECTED_KIND = {
-    "request_id": ("integer",), "token_idx": ("integer",), "layer": ("integer",), "token_id": ("integer",),
-    "phase": ("string", "dictionary of string"),
-    "experts": ("list of integer",), "weights": ("list of float",), "logits": ("list of float",),
-    "lookahead_logits": ("list of float",), "embedding": ("list of float",),
-}
-
-
 def check_schema(schema: pa.Schema, path: Any) -> None:
     """Every column of the file must be a moe-trace v1 column of the right kind of Arrow type
     (integers, floats, strings, lists of one depth); raise :class:`TraceError` naming the first
     that is not. Cheap: the schema only."""
     for f in schema:
-        if f.name not in _EXPECTED_KIND:
+        if f.name not in EXPECTED_KIND:
             raise TraceError(path, f"unknown column (moe-trace v1 has {', '.join(ALL_COLUMNS)})", column=f.name)
-        kind = _kind(f.type)
-        if kind not in _EXPECTED_KIND[f.name]:
-            raise TraceError(path, f"has Arrow type {f.type} ({kind}); expected {' or '.join(_EXPECTED_KIND[f.name])}",
-                             column=f.name)
+        problem = kind_problem(f.name, f.type)
+        if problem:
+            raise TraceError(path, problem, column=f.name)
 
 
 _CORRUPT = (pa.ArrowException, OSError, UnicodeDecodeError, ValueError, IndexError, KeyError)

@@ -106,10 +106,6 @@ def record(
         raise MoesimError("--temperature applies only with --sample")
     if temperature is not None and temperature <= 0:
         raise MoesimError(f"--temperature must be > 0, got {temperature}")
-    if not prompts.is_file():
-        raise MoesimError(f"--prompts {prompts}: no such file")
-    check_target(out, option="-o", folder=False, force=force)
-    _check_config(model)
     # the hub library reads this at import: no download can start, whatever the cache holds
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -120,6 +116,10 @@ def record(
         raise MoesimError(f"simctl trace record needs torch and transformers ({missing} is not "
                           "installed): pip install 'torch==2.13.0' && pip install 'moesim[tracer]' (a pinned torch; "
                           "an unpinned one pulls a CUDA build of several GB)") from None
+    if not prompts.is_file():
+        raise MoesimError(f"--prompts {prompts}: no such file")
+    check_target(out, option="-o", folder=False, force=force)
+    _check_config(model)
     from rich.console import Console
     from rich.progress import Progress
 

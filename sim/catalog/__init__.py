@@ -249,9 +249,12 @@ def load_spec_file(path: Any, section: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise CatalogError(f"{p}: no such {section} profile file")
-    from moesim.sim.yamlio import load_yaml_file
+    from moesim.sim.yamlio import YamlError, load_yaml_file
 
-    data = load_yaml_file(p)
+    try:
+        data = load_yaml_file(p)
+    except YamlError as exc:
+        raise CatalogError(str(exc)) from None
     if not isinstance(data, dict):
         raise CatalogError(f"{p}: a {section} profile must be a mapping")
     if section in data:

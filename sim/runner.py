@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from moesim.policies.base import Policy, PolicySetupError, Profile
-from moesim.policies.registry import load_plugin, make_policy
+from moesim.policies.registry import PolicyError, load_plugin, make_policy
 from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
 from moesim.sim.cost import CostModel
 from moesim.sim.engine import BudgetError, Engine
+from moesim.sim.errors import MoesimError
 from moesim.sim.metrics import compute_metrics
 from moesim.sim.profile import profile_from_trace, trace_requests
 from moesim.sim.records import TimelineEvent
@@ -175,7 +176,10 @@ def prepare_run(
     pspec = scen.policy_spec
     for plugin in loaded.plugin_paths():
         load_plugin(plugin)
-    policy = make_policy(pspec.name, pspec.params)
+    try:
+        policy = make_policy(pspec.name, pspec.params)
+    except PolicyError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     if trace is None:
         cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
         trace = load_trace(loaded, frozenset(cols))
@@ -211,8 +215,11 @@ def prepare_run(
             requests = remaining if req_spec == "all" else remaining[:req_spec]
     else:
         requests = req_spec
-    wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
-                        requests=requests)
+    try:
+        wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
+                            requests=requests)
+    except MoesimError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,
                     pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,

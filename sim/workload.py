@@ -97,7 +97,7 @@ def build_workload(
     sel = keep & np.isin(req, chosen)
     if not sel.any():
         raise MoesimError(
-            f"the workload selects no tokens (phases {list(phases)}, {len(chosen)} requests); "
+            f"workload.phases: the workload selects no tokens (phases {list(phases)}, {len(chosen)} requests); "
             f"the trace has phases {sorted({PHASES[int(x)] for x in np.unique(ph)})}")
     tok_rows = rows0[sel]
     tok_req = req[sel]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moesim.sim.atomic import TMP_TAG, clean_stale
 from moesim.sim.errors import MoesimError
 from moesim.traces.column_types import EXPECTED_KIND, kind_problem
 
@@ -656,18 +656,18 @@ def write_trace(
                 _embedding_cols(batch, row0, path)
         _check_complete(cursor, meta, path)
     out = Path(path)
+    if out.is_dir():
+        raise IsADirectoryError(21, "Is a directory", str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
+    # the temporary sibling of sim.atomic (.NAME.moesim-tmp-PID.parquet): a later write to the
+    # same name removes one a killed writer left
+    clean_stale(out)
+    tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}{out.suffix}"
     try:
-        # mkstemp creates the file 0600; give it the mode a plain open() would (umask applied)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
         pq.write_table(table, tmp, row_group_size=row_group_rows, compression="zstd")
         os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return out
 

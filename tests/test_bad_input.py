@@ -57,6 +57,8 @@ case("calibrate-no-model", "calibrate -o {tmp}/p.yaml", "--model")
 case("calibrate-threads-0", "calibrate -o {tmp}/p.yaml --threads 0", "--threads")
 case("validate-missing-scenario", "validate {tmp}/nope.yaml", "nope.yaml")
 case("validate-missing-profile", "validate {tmp}/s.yaml --profile {tmp}/p.yaml", "p.yaml", files={"s.yaml": scen()})
+case("validate-out-not-empty", "validate {tmp}/s.yaml --out {tmp}/o", "o", "--force",
+     files={"s.yaml": scen(), "o/validation.json": "{}"})
 case("validate-bad-scenario", "validate {tmp}/s.yaml", "cache.rate", files={"s.yaml": scen(cache={"rate": 2})})
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +218,8 @@ case("record-missing-prompts", "trace record --model {tmp}/cfg.json --prompts {t
      "p.txt", files={"cfg.json": "{}"}, needs="torch")
 case("record-out-parent-file", "trace record --model {tmp}/cfg.json --prompts {tmp}/p.txt -o {tmp}/f/t.parquet",
      "f", files={"cfg.json": "{}", "p.txt": "hi\n", "f": "x"}, needs="torch")
+case("record-out-exists", "trace record --model {tmp}/cfg.json --prompts {tmp}/p.txt -o {tmp}/t.parquet",
+     "t.parquet", "--force", files={"cfg.json": "{}", "p.txt": "hi\n", "t.parquet": "mine"}, needs="torch")
 case("record-columns", "trace record --model {tmp}/cfg.json --prompts {tmp}/p.txt -o {tmp}/t.parquet --columns logit",
      "--columns", "logit")
 

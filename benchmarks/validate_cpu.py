@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     om = load(ref, spec, torch.device("cpu"))
     t0 = time.time()
     prof = calibrate(om, quick=args.quick)
-    path = write_profile(prof, args.profile)
+    path = write_profile(prof, args.profile, force=True)   # a benchmark run recalibrates
     hw, rt = prof["hardware"], prof["runtime"]
     print(f"# Simulator vs executor on CPU\n\ncommand: `python benchmarks/{Path(__file__).name} {' '.join(argv or sys.argv[1:])}`  ")
     print(f"device: {prof['provenance']['device']}, torch {prof['provenance']['torch']}, "

@@ -582,6 +582,12 @@ class Policy:
     def on_iteration_end(self, view: View) -> None:
         """The iteration finished: an idle point."""
 
+    def final_warnings(self) -> list[str]:
+        """Asked once after the run: mechanisms of the policy that never acted in it (a
+        periodic step whose period exceeds the run), shown as warnings in the run's summary
+        and ``metrics.json``. Default: none."""
+        return []
+
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """Room is needed (see :class:`EvictionRequest`): a victim among ``request.candidates``,
         or ``request.decline``. Default: the first candidate."""

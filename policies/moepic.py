@@ -120,6 +120,10 @@ class MoEpic(Policy):
         self._total = ctx.total_budget / self._eb                   # V_e
         self._total_bytes = ctx.total_budget
         self._min_budget = 0.0 if ctx.buffer_bytes >= self._eb else 2.0
+        smallest = min(split_fractions(self.theta)) * self._eb
+        if self.prefetch and ctx.buffer_bytes < smallest:
+            ctx.warn(f"{self.name}: the transfer buffer (cache.buffer_experts) holds no expert segment, so the "
+                     "speculative prefetch never issues; give cache.buffer_experts (the paper's K = top_k)")
         self._has_lookahead = ctx.has_lookahead
         self._prio = CachePriority(L, E, rho=self.rho, omega=self.omega)
         self._stats = SplitStats(L, E) if self.configurator else None
@@ -399,6 +403,12 @@ class MoEpic(Policy):
     def on_evict(self, view: View, unit: UnitKey) -> None:
         self._spec.pop(unit, None)
         self._reload.discard(unit)
+
+    def final_warnings(self) -> list[str]:
+        if self.configurator and self._next_config == self.tau and self._tokens < self.tau:
+            return [f"{self.name}: tau = {self.tau} tokens, but the run routed only {self._tokens}: the cache "
+                    "configurator (Algorithm 1) never ran; lower policy.params.tau or replay more tokens"]
+        return []
 
     def on_iteration_end(self, view: View) -> None:
         self._sweep(view, self._L - 1)

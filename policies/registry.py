@@ -10,7 +10,9 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,6 +120,41 @@ def policy_params(cls: type[Policy]) -> dict[str, Any]:
     }
 
 
+def _exemplar(cls: type[Policy], name: str, default: Any) -> Any:
+    """A value of the parameter's type: its default, or for a ``None`` default a value of the
+    first of bool, int, float, str its annotation allows (``int | None`` -> 0)."""
+    if default is not None:
+        return default
+    try:
+        hint = typing.get_type_hints(cls.__init__).get(name)
+    except Exception:  # an annotation that does not resolve: no check
+        return None
+    args = typing.get_args(hint) or (hint,)
+    for t, sample in ((bool, False), (int, 0), (float, 0.0), (str, "")):
+        if t in args:
+            return sample
+    return None
+
+
+def _type_problem(default: Any, value: Any) -> str | None:
+    """Why ``value`` cannot stand for a parameter whose default is ``default`` (a flag needs
+    true/false, a count an integer, a real a finite number, a choice a string), or None."""
+    def got() -> str:
+        return f"got {type(value).__name__} {value!r}"
+
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else f"expected true or false, {got()}"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else f"expected an integer, {got()}"
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"expected a number, {got()}"
+        return None if math.isfinite(value) else f"expected a finite number, {got()}"
+    if isinstance(default, str):
+        return None if isinstance(value, str) else f"expected a string, {got()}"
+    return None
+
+
 def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
     """Build a policy by name. Unknown parameters are errors, never ignored."""
     cls = policy_class(name)
@@ -129,6 +166,10 @@ def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
             hint = f"; did you mean {close[0]!r}?" if close else (
                 f"; it takes: {', '.join(known)}" if known else "; it takes no parameters")
             raise PolicyError(f"policy {name!r} has no parameter {key!r}{hint}")
+        problem = None if params[key] is None and known[key] is None else \
+            _type_problem(_exemplar(cls, key, known[key]), params[key])
+        if problem:
+            raise PolicyError(f"policy {name!r}: {key}: {problem}")
     try:
         return cls(**params)
     except (TypeError, ValueError) as exc:

@@ -22,8 +22,8 @@ from moesim.sim.curve import curve_cmd
 from moesim.sim.errors import MoesimError
 from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
 from moesim.traces.cli import app as trace_app
-from moesim.traces.quality_cli import quality
 from moesim.traces.model_cli import app as model_app
+from moesim.traces.quality_cli import quality
 
 app = typer.Typer(
     name="simctl",
@@ -46,12 +46,18 @@ def run(
     json_out: Annotated[bool, typer.Option("--json", help="print metrics.json to stdout instead of the summary")] = False,
     timeline: Annotated[bool, typer.Option("--timeline", help="also write timeline.json, the GPU/CPU/PCIe activity as a Chrome trace (with --out)")] = False,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
 ) -> None:
     """Run one scenario and print its summary."""
+    from moesim.sim.atomic import check_target
     from moesim.sim.outputs import print_summary, write_outputs
     from moesim.sim.runner import run_loaded
     from moesim.sim.scenario import load_scenario
 
+    if timeline and out is None:
+        raise MoesimError("--timeline writes timeline.json into the --out folder: give --out too")
+    if out is not None:
+        check_target(out, option="--out", folder=True, force=force)
     loaded = load_scenario(scenario, set_ or [])
     err = Console(stderr=True)
     show = err.is_terminal if progress is None else progress
@@ -80,7 +86,7 @@ def run(
     else:
         result = run_loaded(loaded, timeline=want_timeline, steps=out is not None)
     if out is not None:
-        write_outputs(result, out, timeline=want_timeline)
+        write_outputs(result, out, timeline=want_timeline, force=force)
     if json_out:
         print(json.dumps(result.metrics, indent=2, sort_keys=True))
     else:
@@ -98,18 +104,40 @@ def schema() -> None:
     print(json.dumps(scenario_schema(), indent=2))
 
 
-@app.command()
-def policies() -> None:
-    """List the registered policies and their parameters."""
-    from moesim.policies.registry import policy_class, policy_names, policy_params
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    t = Table("policy", "kind", "parameters (defaults)", "what it does")
-    for name in policy_names():
-        cls = policy_class(name)
-        kind = "oracle bound" if cls.oracle else ("lossy" if cls.lossy else "lossless")
-        params = ", ".join(f"{k}={v!r}" for k, v in policy_params(cls).items()) or "-"
-        t.add_row(name, kind, params, cls.summary)
-    _console().print(t)
+    try:
+        return version("moesim")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    ctx: typer.Context,
+    show_version: Annotated[bool, typer.Option("--version", help="print the moesim version and exit")] = False,
+) -> None:
+    """moesim: trace-driven simulator of MoE inference with expert offloading."""
+    if show_version:
+        print(f"moesim {_version()}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(0)
+
+
+@app.command()
+def policies(
+    name: Annotated[str | None, typer.Argument(help="one policy: its parameters, paper and the trace columns it needs")] = None,
+) -> None:
+    """List the registered policies, or describe one (simctl policies NAME)."""
+    from moesim.sim.policy_info import describe_policy, policy_table
+
+    console = Console() if sys.stdout.isatty() else Console(width=80)
+    console.print(describe_policy(name) if name is not None else policy_table())
+    if name is None:
+        console.print("simctl policies NAME: parameters, paper, what the trace must contain")
 
 
 @app.command()
@@ -130,10 +158,19 @@ def hardware(
     name: Annotated[str | None, typer.Argument(help="a catalog entry or a profile YAML file: show where each number comes from")] = None,
 ) -> None:
     """List the hardware catalog, or show one entry's numbers and their sources."""
-    from moesim.sim.catalog import get_hardware, hardware_names, is_spec_file, load_spec_file
+    from moesim.sim.catalog import (
+        CatalogFieldError,
+        get_hardware,
+        hardware_names,
+        is_spec_file,
+        load_spec_file,
+    )
 
     if name is not None:
-        h = get_hardware(load_spec_file(name, "hardware") if is_spec_file(name) else name)
+        try:
+            h = get_hardware(load_spec_file(name, "hardware") if is_spec_file(name) else name)
+        except CatalogFieldError as exc:
+            raise MoesimError(f"{name}: {exc}") from None
         t = Table("field", "value", "source", title=f"{h.name}: {h.source or 'no source stated'}")
         for field, value in h.model_dump(exclude={"name", "source", "sources"}, exclude_none=True).items():
             t.add_row(field, str(value), h.source_of(field))
@@ -156,8 +193,10 @@ def calibrate(
     quick: Annotated[bool, typer.Option("--quick", help="fewer sizes and repeats (seconds)")] = False,
     context: Annotated[int, typer.Option("--context", min=1, help="context length of the non-MoE layer fit")] = 32,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch threads on CPU")] = 1,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing profile file")] = False,
 ) -> None:
     """Measure copies, expert and layer compute, and framework overhead with torch; write a profile."""
+    from moesim.sim.atomic import check_target
     from moesim.sim.calibration.profile import calibrate as run_calibration
     from moesim.sim.calibration.profile import write_profile
     from moesim.sim.executor.model import load, model_argument
@@ -167,12 +206,13 @@ def calibrate(
         raise MoesimError(f"--out {out}: a profile file must end in .yaml or .yml")
     from moesim.sim.catalog import get_model
 
+    check_target(out, option="--out", folder=False, force=force)
     ref, spec = model_argument(model, get_model("tiny-moe"))
     om = load(ref, spec, resolve_device(device))
     cmd = (f"simctl calibrate --out {out} --device {device} --context {context} --threads {threads}"
            + (f" --model {shlex.quote(model)}" if model else "") + (" --quick" if quick else ""))
     prof = run_calibration(om, quick=quick, context=context, threads=threads, command=cmd)
-    write_profile(prof, out)
+    write_profile(prof, out, force=force)
     hw, rt = prof["hardware"], prof["runtime"]
     c = hw["costs"]
     _console().print(f"{prof['provenance']['device']}: copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.1f} us, "
@@ -191,8 +231,10 @@ def validate(
     out: Annotated[Path, typer.Option("--out", "-o", help="folder for the profile and validation.json")] = Path("runs/validate"),
     quick: Annotated[bool, typer.Option("--quick", help="quick calibration")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
 ) -> None:
     """Run a scenario in the simulator (calibrated) and on the real executor; print both and the error."""
+    from moesim.sim.atomic import atomic_folder, check_target
     from moesim.sim.calibration.profile import calibrate as run_calibration
     from moesim.sim.calibration.profile import write_profile
     from moesim.sim.catalog import load_spec_file
@@ -203,20 +245,25 @@ def validate(
     from moesim.traces.tracer import resolve_device
 
     loaded = load_scenario(scenario, set_ or [])
+    check_target(out, option="--out", folder=True, force=force)
     if profile is not None:
         load_spec_file(profile, "hardware")   # a missing or malformed file is one line, before any work
     trace = load_trace(loaded)
     ref, spec = model_argument(model, loaded.model_spec(trace.model.name))
     om = load(ref, spec, resolve_device(device))
-    if profile is None:
-        cmd = f"simctl validate {scenario} --device {device}" + (" --quick" if quick else "")
-        profile = write_profile(run_calibration(om, quick=quick, command=cmd), out / "profile.yaml")
-    real = execute(loaded, om, profile, trace)
-    sim = simulate(loaded, om.spec, profile, trace)
-    rows = compare(sim, real)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "validation.json").write_text(json.dumps({"scenario": str(scenario), "profile": str(profile),
-                                                      "rows": rows, "simulated": sim, "measured": real}, indent=2, default=str))
+    with atomic_folder(out, option="--out", force=force) as tmp:
+        used = profile
+        if profile is None:
+            cmd = f"simctl validate {scenario} --device {device}" + (" --quick" if quick else "")
+            used = write_profile(run_calibration(om, quick=quick, command=cmd), tmp / "profile.yaml")
+            profile = out / "profile.yaml"
+        assert used is not None
+        real = execute(loaded, om, used, trace)
+        sim = simulate(loaded, om.spec, used, trace)
+        rows = compare(sim, real)
+        (tmp / "validation.json").write_text(json.dumps({"scenario": str(scenario), "profile": str(profile),
+                                                          "rows": rows, "simulated": sim, "measured": real},
+                                                         indent=2, default=str))
     if json_out:
         print(json.dumps(rows, indent=2))
         return

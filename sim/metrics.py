@@ -1,4 +1,4 @@
-"""Metric definitions (DESIGN.md section 7), computed once from a finished run.
+"""Metric definitions (docs/contract.md, "Metrics"), computed once from a finished run.
 
 Accesses count once per (iteration, layer, expert executed): ``hit`` = every part resident
 when the routing became known, ``late`` = issued but not all landed, ``partial`` = some part

@@ -1,11 +1,9 @@
-"""Run outputs (DESIGN.md section 8): the one-screen summary, ``config.yaml``,
+"""Run outputs (docs/contract.md, "Outputs"): the one-screen summary, ``config.yaml``,
 ``metrics.json``, ``steps.parquet`` and ``timeline.json`` (Chrome trace / Perfetto)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from moesim.sim.atomic import atomic_folder
 from moesim.sim.records import STEP_FIELDS
 from moesim.sim.runner import RunResult
 
@@ -48,25 +48,18 @@ def chrome_trace(result: RunResult, name: str) -> dict[str, Any]:
     return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
 
-def write_outputs(result: RunResult, out_dir: str | Path, *, timeline: bool = True) -> Path:
-    """Write the run's files into ``out_dir``. Files are written to a temporary folder first
-    and moved in at the end, so a failure leaves nothing half-written."""
+def write_outputs(result: RunResult, out_dir: str | Path, *, timeline: bool = True, force: bool = False) -> Path:
+    """Write the run's files into the folder ``out_dir``, which must not exist or be empty
+    unless ``force`` (then it is replaced). The files are written into a temporary sibling
+    renamed at the end (:func:`moesim.sim.atomic.atomic_folder`): a failure or a kill leaves
+    nothing under ``out_dir``."""
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out, option="--out", force=force) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(result.config, sort_keys=False))
         (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2, sort_keys=True) + "\n")
         pq.write_table(steps_table(result), tmp / "steps.parquet", compression="zstd")
         if timeline:
             (tmp / "timeline.json").write_text(json.dumps(chrome_trace(result, str(result.metrics.get("scenario")))))
-        out.mkdir(exist_ok=True)
-        for f in tmp.iterdir():
-            f.replace(out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -86,6 +79,8 @@ def summary_table(result: RunResult) -> Table:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("model / hardware", f"{r['model']['name']} on {r['hardware']['name']}")
+    if result.changes:
+        t.add_row("overrides", escape("; ".join(result.changes)))
     t.add_row("budget", f"{m['expert_budget_gib']:.2f} GiB = {r['budget_experts_per_layer']:.2f} experts/layer"
               + (f" + buffer {r['buffer_bytes'] / r['expert_bytes']:.0f} experts" if r["buffer_bytes"] else ""))
     t.add_row("tokens", f"{m['output_tokens']} output, {m['tokens']} processed, {m['requests']} requests, {m['iterations']} iterations")
@@ -113,7 +108,7 @@ def summary_table(result: RunResult) -> Table:
     if m.get("engine_path"):
         t.add_row("engine", f"{m['engine_path']} replay")
     for w in m.get("warnings", []):
-        t.add_row("[yellow]warning[/yellow]", w)
+        t.add_row("[yellow]warning[/yellow]", escape(w))
     return t
 
 

@@ -263,19 +263,26 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
 
 
 def save(fig: Figure, out_dir: str | Path, stem: str, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write ``fig`` as ``out_dir/stem.<format>`` for each format and close it."""
+    """Write ``fig`` as ``out_dir/stem.<format>`` for each format and close it. Each file is
+    written whole or not at all (:func:`moesim.sim.atomic.atomic_file`); a figure of the same
+    name is replaced (figures are derived data, drawn again from the same table)."""
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
+    from moesim.sim.atomic import atomic_file
+
     for fmt in formats:
         if fmt not in FORMATS and fmt not in ("svg", "eps"):
             raise PlotError(f"--format {fmt}: choose png, pdf, svg or eps")
-        p = out / f"{stem}.{fmt}"
-        fig.savefig(p, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
+    out = Path(out_dir)
+    paths = []
+    try:
+        for fmt in formats:
+            p = out / f"{stem}.{fmt}"
+            with atomic_file(p, option="--out", force=True) as tmp:
+                fig.savefig(tmp, bbox_inches="tight", format=fmt)
+            paths.append(p)
+    finally:
+        plt.close(fig)
     return paths
 
 

@@ -16,13 +16,15 @@ from typing import Any
 import numpy as np
 
 from moesim.policies.base import MissingColumnsError, Policy, PolicySetupError, Profile
-from moesim.policies.registry import load_plugin, make_policy
+from moesim.policies.registry import PolicyError, load_plugin, make_policy
 from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
 from moesim.sim.cost import CostModel
 from moesim.sim.engine import BudgetError, Engine
+from moesim.sim.errors import MoesimError
 from moesim.sim.metrics import compute_metrics
 from moesim.sim.profile import profile_from_trace, trace_requests
 from moesim.sim.records import TimelineEvent
+from moesim.sim.run_warnings import run_warnings
 from moesim.sim.scenario import LoadedScenario, ScenarioError
 from moesim.sim.workload import build_workload
 from moesim.traces.format import Trace, read_trace, trace_from_columns
@@ -44,6 +46,8 @@ class RunResult:
     model: ModelSpec
     hardware: HardwareSpec
     timeline: list[TimelineEvent] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    """Overrides applied to the scenario file and catalog entries (``LoadedScenario.changes``)."""
 
 
 def load_trace(loaded: LoadedScenario, columns: frozenset[str] | None = None) -> Trace:
@@ -138,7 +142,9 @@ class PreparedRun:
         except PolicySetupError as exc:
             raise ScenarioError(f"{source}: policy {policy.name!r}: {exc}") from None
         except BudgetError as exc:
-            raise ScenarioError(f"{source}: cache: {exc}") from None
+            raise ScenarioError(f"{source}: cache.{self.loaded.scenario.cache.given}: {exc}") from None
+        engine.warnings.extend(w for w in run_warnings(self.loaded, engine, model, self.budget)
+                               if w not in engine.warnings)
         metrics = compute_metrics(engine)
         config = self.loaded.resolved()
         config_hash = self.loaded.config_hash()
@@ -158,7 +164,7 @@ class PreparedRun:
         metrics["config_hash"] = config_hash
         steps = engine.steps.columns() if engine.record_steps else {}
         return RunResult(config=config, metrics=metrics, steps=steps, model=model,
-                         hardware=self.hardware, timeline=engine.timeline)
+                         hardware=self.hardware, timeline=engine.timeline, changes=self.loaded.changes())
 
 
 def prepare_run(
@@ -177,7 +183,10 @@ def prepare_run(
     pspec = scen.policy_spec
     for plugin in loaded.plugin_paths():
         load_plugin(plugin)
-    policy = make_policy(pspec.name, pspec.params)
+    try:
+        policy = make_policy(pspec.name, pspec.params)
+    except PolicyError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     if trace is None:
         cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
         trace = load_trace(loaded, frozenset(cols))
@@ -186,12 +195,16 @@ def prepare_run(
     hw = loaded.hardware_spec()
     runtime = loaded.runtime_spec()
     check_shapes(tr, model, source)
+    epl = scen.cache.experts_per_layer
+    if epl is not None and epl > model.num_experts:
+        raise ScenarioError(f"{source}: cache.experts_per_layer: {epl:g} is more than the {model.num_experts} "
+                            f"experts of a layer of {model.name}")
     budget = scen.cache.budget_bytes(model)
     buffer = int(round(scen.cache.buffer_experts * model.expert_bytes))
     total = model.non_expert_bytes + budget + buffer
     if total > hw.vram_gib * GIB:
         raise ScenarioError(
-            f"{source}: cache: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
+            f"{source}: cache.{scen.cache.given}: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
     profile, remaining = split_profile(loaded, tr)
@@ -203,11 +216,17 @@ def prepare_run(
                 raise ScenarioError(f"{source}: workload.requests: request {overlap[0]} belongs to the profile split")
             requests: Any = req_spec
         else:
+            if req_spec != "all" and req_spec > len(remaining):
+                raise ScenarioError(f"{source}: workload.requests: {req_spec} requests asked for, "
+                                    f"{len(remaining)} remain after the profile split")
             requests = remaining if req_spec == "all" else remaining[:req_spec]
     else:
         requests = req_spec
-    wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
-                        requests=requests)
+    try:
+        wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
+                            requests=requests)
+    except MoesimError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,
                     pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,

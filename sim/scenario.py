@@ -1,4 +1,4 @@
-"""Scenario files: validated YAML describing one simulation run (DESIGN.md section 4).
+"""Scenario files: validated YAML describing one simulation run (docs/contract.md, "Scenario keys").
 
 ``load_scenario(path, overrides)`` reads the YAML, applies ``--set key=value`` overrides,
 validates it (unknown keys, wrong types and out-of-range values are errors naming the YAML
@@ -13,11 +13,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from moesim.sim.catalog import (
     GIB,
     CatalogError,
+    CatalogFieldError,
     HardwareSpec,
     ModelSpec,
     RuntimeSpec,
@@ -28,6 +37,7 @@ from moesim.sim.catalog import (
     load_spec_file,
 )
 from moesim.sim.errors import MoesimError
+from moesim.sim.yamlio import load_yaml_file
 
 
 class ScenarioError(MoesimError, ValueError):
@@ -37,7 +47,7 @@ class ScenarioError(MoesimError, ValueError):
 class CacheSpec(BaseModel):
     """The expert budget: exactly one of ``rate``, ``experts_per_layer`` or ``gib``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     rate: float | None = Field(None, gt=0, le=1, description="budget as a fraction of all routed-expert bytes, in (0, 1]")
     experts_per_layer: float | None = Field(None, gt=0, description="budget in whole experts per MoE layer")
@@ -50,6 +60,18 @@ class CacheSpec(BaseModel):
     swap_out: bool = Field(False, description="evicting copies the expert back to the host over the D2H lane "
                            "(hardware.d2h_gbps) and frees its room only when that copy lands; default false: "
                            "weights are read-only and the host keeps them, so eviction just drops the copy")
+
+    @field_validator("rate", "experts_per_layer", "gib", "buffer_experts", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number, got {str(v).lower()}")
+        return v
+
+    @property
+    def given(self) -> str:
+        """The key that sets the budget: ``rate``, ``experts_per_layer`` or ``gib``."""
+        return next(k for k in ("rate", "experts_per_layer", "gib") if getattr(self, k) is not None)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> CacheSpec:
@@ -122,7 +144,25 @@ class WorkloadSpec(BaseModel):
     phases: list[Phase] = Field(
         default_factory=_decode_only, min_length=1, description="which phases of the trace to replay")
     requests: Literal["all"] | PositiveInt | list[int] = Field(
-        "all", description="all requests, the first N, or a list of request ids")
+        "all", description="all requests, the first N, or a list of request ids (each once)")
+
+    @field_validator("phases")
+    @classmethod
+    def _phases_once(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("a phase is listed twice")
+        return v
+
+    @field_validator("requests")
+    @classmethod
+    def _requests_once(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("an empty list selects nothing (give all, N or request ids)")
+            twice = sorted({r for r in v if v.count(r) > 1})
+            if twice:
+                raise ValueError(f"request {twice[0]} is listed twice")
+        return v
 
 
 class Scenario(BaseModel):
@@ -147,6 +187,9 @@ class Scenario(BaseModel):
     profile: ProfileSpec | None = Field(None, description="profiling split handed to policies at set-up, never measured")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")  # type: ignore[arg-type]
     seed: int = Field(0, ge=0, description="seed of every random choice of the run")
+    resolved: dict[str, Any] | None = Field(
+        None, exclude=True, description="written by `simctl run --out` into config.yaml: the model, hardware, "
+        "policy and budget the run resolved to, for reading; ignored when the file is run again")
 
     @model_validator(mode="after")
     def _check_trace(self) -> Scenario:
@@ -170,10 +213,37 @@ class LoadedScenario(BaseModel):
     scenario: Scenario
     base_dir: Path
     source: str | None = None
+    overrides: list[str] = []
+    """The ``--set`` items applied on top of the file, in order (shown in the run summary)."""
 
     def resolved(self) -> dict[str, Any]:
-        """The scenario as plain data, for ``config.yaml``."""
-        return self.scenario.model_dump(mode="json", exclude_none=True)
+        """The scenario as plain data, for ``config.yaml``: every file it names (trace, profile
+        trace, hardware/runtime profiles, plugins) as an absolute path, so that ``simctl run
+        OUT/config.yaml`` runs the same scenario from anywhere."""
+        data = self.scenario.model_dump(mode="json", exclude_none=True)
+        trace = self.trace_path()
+        if trace is not None:
+            data["trace"] = str(trace.resolve())
+        prof = self.profile_path()
+        if prof is not None:
+            data["profile"]["trace"] = str(prof.resolve())
+        for key in ("hardware", "runtime"):
+            spec = self.spec_file(key)
+            if spec is not None:
+                data[key] = str(spec.resolve())
+        if data.get("plugins"):
+            data["plugins"] = [str(p.resolve()) for p in self.plugin_paths()]
+        return data
+
+    def changes(self) -> list[str]:
+        """Every change applied on top of a catalog entry or the file: the ``--set`` items and
+        the inline overrides of ``model:``, ``hardware:`` and ``runtime:`` (``{base: NAME, ...}``)."""
+        out = [f"--set {o}" for o in self.overrides]
+        for key in ("model", "hardware", "runtime"):
+            ref = getattr(self.scenario, key)
+            if isinstance(ref, dict) and "base" in ref:
+                out += [f"{key}.{k}={json.dumps(v)} (on {ref['base']})" for k, v in ref.items() if k != "base"]
+        return out
 
     def config_hash(self) -> str:
         """A key of the run: the resolved scenario plus the content of the files it names (trace,
@@ -196,6 +266,7 @@ class LoadedScenario(BaseModel):
                 del data[key]
         for i, plugin in enumerate(self.plugin_paths()):   # a policy's code decides its results
             files[f"plugin{i}"] = file_digest(plugin)
+        data.pop("plugins", None)
         blob = json.dumps({"scenario": data, "files": files}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -215,10 +286,16 @@ class LoadedScenario(BaseModel):
 
     def _catalog(self, key: str, resolve: Any, ref: Any) -> Any:
         """Resolve a catalog reference; errors are one line naming the scenario key."""
+        src = self.source or "scenario"
+        spec_file = self.spec_file(key) if key in ("hardware", "runtime") else None
+        where = f"{key} ({spec_file})" if spec_file is not None else key
         try:
             return resolve(ref)
+        except CatalogFieldError as exc:
+            sep = " " if spec_file is not None else "."
+            raise ScenarioError(f"{src}: {where}{sep}{exc.field}: {exc.problem}") from None
         except CatalogError as exc:
-            raise ScenarioError(f"{self.source or 'scenario'}: {key}: {exc}") from None
+            raise ScenarioError(f"{src}: {where}: {exc}") from None
         except ValidationError as exc:
             raise ScenarioError(_format_validation(exc, self.source, prefix=key)) from None
 
@@ -281,10 +358,15 @@ def file_digest(path: Path) -> str:
 
 
 def _format_validation(exc: ValidationError, source: str | None, prefix: str = "") -> str:
-    err = exc.errors()[0]
-    loc = [str(x) for x in err.get("loc", ()) if not str(x).startswith(("function-after", "union["))]
-    # pydantic puts the union member's type name in the location; drop those
-    loc = [x for x in loc if x not in ("str", "int", "dict[str,any]", "PolicySpec", "list[int]", "literal['all']")]
+    def clean(err: Any) -> list[str]:
+        loc = [str(x) for x in err.get("loc", ()) if not str(x).startswith(("function-after", "union["))]
+        # pydantic puts the union member's type name in the location; drop those
+        return [x for x in loc if x not in ("str", "int", "dict[str,any]", "PolicySpec", "list[int]", "literal['all']")]
+
+    # of a union's alternatives, the deepest error is the one about what the user meant
+    # (policy: {params: {}} is a mapping without name, not a string)
+    err = max(exc.errors(), key=lambda e: len(clean(e)))
+    loc = clean(err)
     path = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":
@@ -350,7 +432,7 @@ def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrid
         scen = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_validation(exc, source)) from None
-    return LoadedScenario(scenario=scen, base_dir=base_dir, source=source)
+    return LoadedScenario(scenario=scen, base_dir=base_dir, source=source, overrides=list(overrides or []))
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
@@ -360,15 +442,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Loade
         raise ScenarioError(f"{p}: no such scenario file")
     if p.is_dir():
         raise ScenarioError(f"{p}: is a directory, not a scenario file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ScenarioError(f"{p}:{where}: {problem}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{p}: cannot read ({exc})") from None
+    data = load_yaml_file(p)
     return load_scenario_data(data, source=str(p), base_dir=p.resolve().parent, overrides=overrides)
 
 

@@ -50,6 +50,8 @@ def sweep_cmd(
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="run failed points again")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list the points and whether each is done; run nothing")] = False,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh "
+                                        "(without it, only a sweep folder is reused: resumed)")] = False,
 ) -> None:
     """Run a sweep: every point of the grid, resumable, into one tidy Parquet table."""
     from moesim.sim.sweep import load_sweep
@@ -68,7 +70,7 @@ def sweep_cmd(
         print(f"{len(sweep.points)} points, {sum(p.config_hash in done for p in sweep.points)} done, output {out_dir}")
         return
     outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
-                        progress=_show_progress(progress))
+                        progress=_show_progress(progress), force=force)
     _report(outcome, out_dir)
 
 
@@ -94,6 +96,7 @@ def compare_cmd(
     dask: Annotated[str | None, _DASK] = None,
     figure: Annotated[bool, typer.Option(help="write compare.png and compare.pdf")] = True,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
 ) -> None:
     """Compare policies on one scenario: a ranked table (bounds labelled) and a figure."""
     from moesim.sim.compare import (
@@ -113,8 +116,14 @@ def compare_cmd(
         raise typer.BadParameter(f"choose from {', '.join(METRICS)}", param_hint="--metric")
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     sweep = comparison_sweep(scenario, policies=names, rates=_floats(rates, "--rates"), sets=set_ or [])
+    if baseline is not None:
+        from moesim.policies.registry import policy_names
+
+        compared = names or policy_names()
+        if baseline not in compared:
+            raise MoesimError(f"--baseline {baseline}: not among the compared policies ({', '.join(compared)})")
     out_dir = out if out is not None else Path("runs") / sweep.spec.name
-    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress))
+    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force)
     df, _ = load_table(outcome.table)
     comp = rank(df, metric=metric, baseline=baseline)
     md, csv = to_markdown(comp), to_csv(comp)

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from moesim.sim.errors import MoesimError
+from moesim.sim.yamlio import load_yaml_file
 
 ALL = "all"
 
@@ -200,10 +200,7 @@ def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str
         base_path = (base_dir / spec.base) if not Path(spec.base).is_absolute() else Path(spec.base)
         if not base_path.is_file():
             raise SweepError(f"{source}: base: {spec.base}: no such scenario file")
-        try:
-            base_data = yaml.safe_load(base_path.read_text())
-        except yaml.YAMLError as exc:
-            raise SweepError(f"{source}: base: {base_path}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+        base_data = load_yaml_file(base_path)
         scen_dir = base_path.resolve().parent
         base_source = str(base_path)
     else:
@@ -268,10 +265,5 @@ def load_sweep(path: str | Path, extra_sets: list[str] | None = None) -> Sweep:
     p = Path(path)
     if not p.is_file():
         raise SweepError(f"{p}: no such sweep file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise SweepError(f"{p}:{where}: {getattr(exc, 'problem', None) or 'invalid YAML'}") from None
+    data = load_yaml_file(p)
     return expand(parse_spec(data, str(p)), source=str(p), base_dir=p.resolve().parent, extra_sets=extra_sets)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -269,13 +270,38 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def check_dask_address(address: str) -> None:
+    """``local:N`` (N >= 1) or ``SCHEME://HOST:PORT``; anything else is a one-line error, given
+    before any output is written."""
+    if address.startswith("local:"):
+        n = address.removeprefix("local:")
+        if not (n.isdigit() and int(n) >= 1):
+            raise SweepError(f"--dask {address}: expected local:N with N >= 1 workers")
+    elif "://" not in address:
+        raise SweepError(f"--dask {address}: expected local:N or a scheduler address such as tcp://HOST:8786")
+
+
+def check_sweep_out(out: Path, *, force: bool = False) -> None:
+    """A sweep's output folder: new, empty, or a sweep folder (with ``points/``) to resume.
+    Any other non-empty folder is refused unless ``force``, which makes :func:`run_sweep`
+    clear it and start afresh. Writes nothing."""
+    from moesim.sim.atomic import check_target
+
+    resumable = (out / POINTS).is_dir()
+    check_target(out, option="--out", folder=True, force=force or resumable)
+
+
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: str | None = None,
-              retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
-    """Run every point of ``sweep`` not already finished in ``out``, then write the table."""
+              retry_failed: bool = False, progress: bool = False, force: bool = False) -> SweepOutcome:
+    """Run every point of ``sweep`` not already finished in ``out``, then write the table.
+    ``force`` clears a non-empty ``out`` first (a fresh sweep; see :func:`check_sweep_out`)."""
     t0 = time.perf_counter()
     out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SweepError(f"{out_dir}: exists and is not a folder")
+    check_sweep_out(out_dir, force=force)
+    if dask:
+        check_dask_address(dask)
+    if force and out_dir.is_dir():
+        shutil.rmtree(out_dir)
     store = PointStore(out_dir)
     done = store.load()
     todo = [p for p in sweep.points

@@ -82,9 +82,14 @@ def build_workload(
     elif isinstance(requests, int):
         if requests < 1:
             raise MoesimError(f"workload.requests must be >= 1, got {requests}")
+        if requests > len(present):
+            raise MoesimError(f"workload.requests: {requests} requests asked for, the trace has {len(present)}")
         chosen = present[:requests]
     else:
         ids = [int(r) for r in requests]
+        twice = sorted({r for r in ids if ids.count(r) > 1})
+        if twice:
+            raise MoesimError(f"workload.requests: request {twice[0]} is listed twice")
         missing = [r for r in ids if r not in set(present)]
         if missing:
             raise MoesimError(f"workload.requests: request {missing[0]} is not in the trace")
@@ -92,7 +97,7 @@ def build_workload(
     sel = keep & np.isin(req, chosen)
     if not sel.any():
         raise MoesimError(
-            f"the workload selects no tokens (phases {list(phases)}, {len(chosen)} requests); "
+            f"workload.phases: the workload selects no tokens (phases {list(phases)}, {len(chosen)} requests); "
             f"the trace has phases {sorted({PHASES[int(x)] for x in np.unique(ph)})}")
     tok_rows = rows0[sel]
     tok_req = req[sel]

@@ -47,7 +47,9 @@ def test_profile_has_provenance_measurements_and_fits(profile: Path) -> None:
     # the fit is the least-squares line of the raw copy times it came from
     a, b = fit_line([r["bytes"] for r in m["copies"]], [r["h2d_s"] for r in m["copies"]])
     assert hw["pcie_latency_us"] == pytest.approx(a * 1e6, abs=1e-3)
-    assert hw["pcie_gbps"] == pytest.approx(1 / b / 1e9, rel=1e-3)
+    # a non-positive slope (copy time flat in size: a machine too loaded to measure) is written as
+    # the documented 1000 GB/s ceiling rather than a division by zero
+    assert hw["pcie_gbps"] == (pytest.approx(1 / b / 1e9, rel=1e-3) if b > 0 else 1e3)
     assert rt["iteration_us"] >= 0 and rt["layer_us"] >= 0 and rt["source"]
     assert data["model"]["hidden_size"] == 32
 

@@ -85,11 +85,11 @@ def test_output_path_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (tmp_path / "adir").mkdir()
     code, _, err = run(capsys, "trace", "import", "--from", "csv", str(DATA / "tiny.csv"), "-o",
                        str(tmp_path / "adir"), *TINY)
-    assert_one_line_error(code, err, "cannot write the trace")
+    assert_one_line_error(code, err, "adir", "is a folder")
     (tmp_path / "afile").write_text("x")
     code, _, err = run(capsys, "trace", "synth", "--preset", "olmoe-1b-7b", "--requests", "1", "-o",
                        str(tmp_path / "afile" / "t.parquet"))
-    assert_one_line_error(code, err, "cannot write the trace")
+    assert_one_line_error(code, err, "afile", "is a file, not a folder")
 
 
 def test_synth_inspect_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@ a hand-made trace, batch-size independence, and the FLAME sample's known reuse."
 
 from __future__ import annotations
 
+import json
 import math
 from collections import OrderedDict
 from pathlib import Path
@@ -22,6 +23,7 @@ from moesim.traces.stats import (
     trace_stats,
     trace_summary,
 )
+from tests.util import ROOT
 
 SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "samples" / "flame-moe-290m.parquet"
 
@@ -39,6 +41,22 @@ def lru_reference(stream: list[int], size: int) -> float:
             if len(cache) > size:
                 cache.popitem(last=False)
     return hits / len(stream)
+
+
+def lru_reference_tokens(tokens: list[list[int]], size: int) -> float:
+    """Hit rate of an LRU cache of ``size`` items looking up each token's experts together:
+    hits against the cache before the token, then all of them most recent (the run's rule)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = refs = 0
+    for tok in tokens:
+        hits += sum(x in cache for x in tok)
+        refs += len(tok)
+        for x in tok:
+            cache[x] = None
+            cache.move_to_end(x)
+        while len(cache) > size:
+            cache.popitem(last=False)
+    return hits / refs
 
 
 def test_stack_distances_by_hand() -> None:
@@ -139,12 +157,15 @@ def test_stats_by_hand(tmp_path: Path) -> None:
     assert st_.overall.next_layer_acc == pytest.approx(11 / 16)
     # co-activation, layer 0: pairs (0,1) x3, (0,2), (1,3); 90% of 5 needs 3 pairs of 6
     assert l0.coact_sparsity == pytest.approx(1 - 3 / 6) and l0.coact_zero == pytest.approx(3 / 6)
-    # LRU on layer 0's stream 0 1 0 2 1 3 0 1 0 1
-    stream0 = [e for tok in EXPERTS for e in tok[0]]
+    # LRU on layer 0's tokens (0 1) (0 2) (1 3) (0 1) (0 1), each token's experts together:
+    # at C = 2, token (1 3) after (0 2) misses both, where a reference-by-reference LRU would
+    # have let 1 push out 0 first; by hand: hits 0, 1 (0), 0, 1 (1), 2 -> 4 of 10
+    tokens0 = [tok[0] for tok in EXPERTS]
+    assert l0.lru[2] == pytest.approx(4 / 10)
     for c in (1, 2, 4):
-        assert l0.lru[c] == pytest.approx(lru_reference(stream0, c))
-    stream1 = [e for tok in EXPERTS for e in tok[1]]
-    assert st_.overall.lru[2] == pytest.approx((lru_reference(stream0, 2) + lru_reference(stream1, 2)) / 2)
+        assert l0.lru[c] == pytest.approx(lru_reference_tokens(tokens0, c))
+    tokens1 = [tok[1] for tok in EXPERTS]
+    assert st_.overall.lru[2] == pytest.approx((lru_reference_tokens(tokens0, 2) + lru_reference_tokens(tokens1, 2)) / 2)
     d = st_.to_dict()
     assert d["layers"][0]["lru"]["2"] == l0.lru[2] and d["chance_reuse"] == 0.5
 
@@ -183,3 +204,17 @@ def test_summary(tmp_path: Path) -> None:
                                "weights": [0.0998, 0.05228, 0.04171, 0.03843, 0.03256, 0.02956],
                                "token_id": 1512}
     assert len(info["head"]) == 3 and info["embedding"] is None
+
+
+def test_stats_lru_is_the_hit_rate_of_an_lru_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """One definition (docs/contract.md, "Hit rate"): `trace stats` LRU@C equals `simctl run`
+    with policy lru and C experts per layer, on the bundled sample (batch 1, all requests)."""
+    from moesim.sim.cli import main
+
+    sample = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
+    st_ = trace_stats(sample, cache_sizes=[6, 16])
+    for c in (6, 16):
+        assert main(["run", str(ROOT / "scenarios" / "quickstart.yaml"), "--json",
+                     "--set", f"cache.experts_per_layer={c}"]) == 0
+        run = json.loads(capsys.readouterr().out)
+        assert run["hit_rate"] == pytest.approx(st_.overall.lru[c], abs=1e-12), c

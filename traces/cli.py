@@ -15,6 +15,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from moesim.sim.atomic import check_target
 from moesim.sim.errors import MoesimError
 from moesim.traces.record import record
 
@@ -71,6 +72,7 @@ def import_cmd(
         "(default: SRC with suffix .json)")] = None,
     request_lengths: Annotated[str | None, typer.Option(
         help="vllm .npy, llamacpp: request boundaries as PROMPT:DECODE,PROMPT:DECODE,...")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing output file")] = False,
 ) -> None:
     """Convert a router log into a moe-trace v1 file (see README, "Importing router logs")."""
     from moesim.traces.importers import (
@@ -88,6 +90,7 @@ def import_cmd(
         raise MoesimError(f"--model is required with --from {fmt}")
     info = model_info(name, num_layers=num_layers, num_experts=num_experts, top_k=top_k)
     lengths = parse_request_lengths(request_lengths) if request_lengths else None
+    check_target(out, option="-o", folder=False, force=force)
     t0 = time.perf_counter()
     path, meta, rows = import_trace(fmt, src, out, model=info, sidecar=sidecar, request_lengths=lengths,
                                     column_map=column_map, drop_incomplete=drop_incomplete, weights=weights)
@@ -111,6 +114,7 @@ def synth_cmd(
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="any generator parameter, KEY=VALUE (repeatable; see `simctl trace synth-params`)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing output file")] = False,
 ) -> None:
     """Generate a synthetic trace from the latent-state router model."""
     from moesim.traces.synthetic import parse_params, synthesize
@@ -123,6 +127,7 @@ def synth_cmd(
             data[key] = val
     data.update(_parse_sets(set_))
     params = parse_params(data)
+    check_target(out, option="-o", folder=False, force=force)
     t0 = time.perf_counter()
     path, meta, rows = synthesize(params, out)
     dt = time.perf_counter() - t0
@@ -291,6 +296,11 @@ def stats_cmd(
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: expected integers separated by commas") from None
         if not sizes or min(sizes) < 1:
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: sizes must be >= 1")
+        from moesim.traces.format import read_meta
+
+        experts = read_meta(file).model.num_experts
+        if max(sizes) > experts:
+            raise MoesimError(f"--cache-sizes {cache_sizes!r}: a layer has only {experts} experts")
     st = trace_stats(file, cache_sizes=sizes)
     if as_json:
         typer.echo(json.dumps(st.to_dict(), indent=2))
@@ -314,4 +324,5 @@ def stats_cmd(
                   f"previous token of the request (chance {100 * st.chance_reuse:.1f}%)")
     console.print("next-layer: top-k of lookahead_logits vs the next layer's experts; coact sparsity: "
                   "1 - (pairs holding 90% of co-activations) / (all pairs); LRU@C: hit rate with C experts "
-                  "of the layer cached")
+                  "of the layer cached, a token's experts looked up together (the hit_rate of simctl run "
+                  "with policy lru, cache.experts_per_layer C, batch 1, all requests)")

@@ -2,7 +2,12 @@
 
 One row per (request, token, MoE layer), sorted by ``(request_id, token_idx, layer)``; every
 (request, token) holds all layers ``0..L-1``. The file-level metadata lives under the Parquet
-key-value key ``moe_trace`` as JSON (see DESIGN.md section 2).
+key-value key ``moe_trace`` as JSON (the contract is this docstring). Inside a request
+``token_idx`` counts 0, 1, 2, ... and request ids do not skip (3 follows 2); columns hold
+integers (ids), strings (``phase``, or a dictionary of strings) or lists of one depth
+(``experts`` of integers; ``weights``, logits and ``embedding`` of floats); router weights
+are >= 0; any other column is an error. A file breaking any of this is refused with one
+line naming the file, row and column.
 
 Reading streams record batches, so a trace far larger than memory can be validated and
 replayed batch by batch; :func:`read_trace` materialises only the columns asked for, as
@@ -14,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moesim.sim.atomic import TMP_TAG, clean_stale
 from moesim.sim.errors import MoesimError
+from moesim.traces.column_types import EXPECTED_KIND, kind_problem
 
 TRACE_VERSION = 1
 META_KEY = b"moe_trace"
@@ -120,6 +126,8 @@ class TraceMeta:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TraceError(path, f"metadata {META_KEY.decode()!r} is not valid JSON ({exc.msg})") from None
+        except UnicodeDecodeError:
+            raise TraceError(path, f"metadata {META_KEY.decode()!r} is not UTF-8 text") from None
         if not isinstance(obj, dict):
             raise TraceError(path, f"metadata {META_KEY.decode()!r} must be a JSON object")
         version = obj.get("version")
@@ -128,6 +136,10 @@ class TraceMeta:
         model = obj.get("model")
         if not isinstance(model, dict):
             raise TraceError(path, "metadata has no 'model' object")
+        for key in ("num_layers", "num_experts", "top_k", "num_shared_experts"):
+            v = model.get(key, 0)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TraceError(path, f"metadata model.{key} must be an integer, got {v!r}")
         try:
             info = ModelInfo(
                 name=str(model["name"]),
@@ -156,6 +168,8 @@ class _Cursor:
     key: tuple[int, int, int] | None = None   # (request, token, layer) of the previous row
     phase: int = -1               # phase of the previous row
     tok_phase: int = -1           # phase of the current (request, token)
+    gap: TraceError | None = None  # the first skipped request or token id, raised at the end
+    # unless an ordering error comes first (the same error whatever the batch size)
 
 
 def _list_matrix(
@@ -259,6 +273,10 @@ def validate_batch(
     if "weights" in names and batch.column("weights").null_count < n:
         w = _list_matrix(batch.column("weights"), m.top_k, "weights", path, row0, dtype=np.float32)
         _check_finite(w, "weights", path, row0)
+        negw = np.asarray((w < 0).any(axis=1))
+        if negw.any():
+            raise TraceError(path, "negative router weight (weights are routing probabilities)",
+                             row=row0 + _first_bad_row(negw), column="weights")
         out["weights"] = w
     for col in ("logits", "lookahead_logits"):
         if col in names and batch.column(col).null_count < n:
@@ -296,6 +314,20 @@ def validate_batch(
         # tokens and requests advance
         bad |= new_tok & (r == prev_r) & (t < prev_t)
         bad |= r < prev_r
+        # token_idx counts 0, 1, 2, ... inside a request; request ids follow one another
+        gap = new_tok & (r == prev_r) & (t > prev_t + 1)
+        gap |= new_tok & (r != prev_r) & (t != 0)
+        gap |= (r > prev_r + 1) & (prev_r >= 0)
+        if gap.any() and cursor.gap is None:
+            i = _first_bad_row(gap)
+            if r[i] != prev_r[i] and r[i] > prev_r[i] + 1 and prev_r[i] >= 0:
+                cursor.gap = TraceError(path, f"request {r[i]} follows request {prev_r[i]}: request ids must not "
+                                        "skip", row=row0 + i, column="request_id")
+            else:
+                want = 0 if r[i] != prev_r[i] else prev_t[i] + 1
+                cursor.gap = TraceError(path, f"token_idx {t[i]} of request {r[i]} where {want} was due: a token "
+                                        "missing (tokens count 0, 1, 2, ... inside a request)",
+                                        row=row0 + i, column="token_idx")
         if bad.any():
             i = _first_bad_row(bad)
             col = "layer" if (same_tok[i] or lay[i] != 0 or prev_l[i] != m.num_layers - 1) else "token_idx"
@@ -321,10 +353,33 @@ def _check_complete(cursor: _Cursor, meta: TraceMeta, path: Any) -> None:
     if cursor.key is not None and cursor.key[2] != meta.model.num_layers - 1:
         raise TraceError(path, f"missing layers at the end (last token stops at layer {cursor.key[2]})",
                          row=cursor.row - 1, column="layer")
+    if cursor.gap is not None:
+        raise cursor.gap
 
 
 # --------------------------------------------------------------------------------------------
 # Reading
+
+
+def check_schema(schema: pa.Schema, path: Any) -> None:
+    """Every column of the file must be a moe-trace v1 column of the right kind of Arrow type
+    (integers, floats, strings, lists of one depth); raise :class:`TraceError` naming the first
+    that is not. Cheap: the schema only."""
+    for f in schema:
+        if f.name not in EXPECTED_KIND:
+            raise TraceError(path, f"unknown column (moe-trace v1 has {', '.join(ALL_COLUMNS)})", column=f.name)
+        problem = kind_problem(f.name, f.type)
+        if problem:
+            raise TraceError(path, problem, column=f.name)
+
+
+_CORRUPT = (pa.ArrowException, OSError, UnicodeDecodeError, ValueError, IndexError, KeyError)
+"""What pyarrow may raise on damaged bytes (found by tests/test_fuzz_trace_reader.py)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
@@ -335,8 +390,8 @@ def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
         raise TraceError(path, "is a directory, not a trace file")
     try:
         return pq.ParquetFile(p)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise TraceError(path, f"not a Parquet file ({str(exc).splitlines()[0]})") from None
+    except _CORRUPT as exc:
+        raise TraceError(path, f"not a Parquet file ({_first_line(exc)})") from None
 
 
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
@@ -391,6 +446,9 @@ def iter_batches(
     for col in REQUIRED_COLUMNS:
         if col not in present:
             raise TraceError(path, f"missing required column {col!r}")
+    check_schema(pf.schema_arrow, path)
+    if pf.metadata.num_rows == 0:
+        raise TraceError(path, "has no rows")
     want = list(REQUIRED_COLUMNS)
     optional = OPTIONAL_COLUMNS if columns is None else [c for c in columns if c not in REQUIRED_COLUMNS]
     for col in optional:
@@ -405,8 +463,10 @@ def iter_batches(
             if "embedding" in want:
                 cols.update(_embedding_cols(batch, cursor.row - batch.num_rows, path))
             yield cols
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise TraceError(path, f"unreadable Parquet data ({str(exc).splitlines()[0]})") from None
+    except TraceError:
+        raise
+    except _CORRUPT as exc:
+        raise TraceError(path, f"unreadable Parquet data ({_first_line(exc)})") from None
     _check_complete(cursor, meta, path)
 
 
@@ -596,18 +656,18 @@ def write_trace(
                 _embedding_cols(batch, row0, path)
         _check_complete(cursor, meta, path)
     out = Path(path)
+    if out.is_dir():
+        raise IsADirectoryError(21, "Is a directory", str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
+    # the temporary sibling of sim.atomic (.NAME.moesim-tmp-PID.parquet): a later write to the
+    # same name removes one a killed writer left
+    clean_stale(out)
+    tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}{out.suffix}"
     try:
-        # mkstemp creates the file 0600; give it the mode a plain open() would (umask applied)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
         pq.write_table(table, tmp, row_group_size=row_group_rows, compression="zstd")
         os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return out
 

@@ -7,6 +7,7 @@ without the ``tracer`` extra; without it, the command fails with a one-line erro
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from moesim.sim.atomic import check_target
 from moesim.sim.errors import MoesimError
 
 _COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
@@ -33,6 +35,30 @@ def _parse_columns(text: str) -> frozenset[str]:
     return cols
 
 
+_SIZE_KEYS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+              "num_local_experts", "num_experts", "num_experts_per_tok", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "head_dim")
+
+
+def _check_config(model: str) -> None:
+    """A config given as JSON (a file, or config.json in a folder) must have positive integer
+    sizes: torch would fail deep inside with a message that names no field."""
+    p = Path(model)
+    cfg = p / "config.json" if p.is_dir() else p
+    if not (cfg.is_file() and cfg.suffix == ".json"):
+        return
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MoesimError(f"{cfg}: not a readable JSON config ({exc})") from None
+    if not isinstance(data, dict):
+        raise MoesimError(f"{cfg}: a model config must be a JSON object")
+    for key in _SIZE_KEYS:
+        v = data.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise MoesimError(f"{cfg}: {key}: must be a positive integer, got {v!r}")
+
+
 def record(
     model: Annotated[str, typer.Option(
         "--model", help="Local HF model directory, or a config (a directory with config.json "
@@ -43,6 +69,7 @@ def record(
         "'text' or 'input_ids' (and, for --teacher-forced, optional 'completion' or "
         "'completion_ids'). Without a tokenizer, text is tokenised as UTF-8 bytes.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output moe-trace Parquet file.")],
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
     max_new_tokens: Annotated[int | None, typer.Option(
         "--max-new-tokens", min=0, help="Tokens to generate per prompt (default 32); N tokens "
         "take N-1 decode iterations. Generation mode only.")] = None,
@@ -87,7 +114,12 @@ def record(
     except ImportError as exc:
         missing = (exc.name or "torch").split(".")[0]
         raise MoesimError(f"simctl trace record needs torch and transformers ({missing} is not "
-                          "installed): pip install 'moesim[tracer]'") from None
+                          "installed): pip install 'torch==2.13.0' && pip install 'moesim[tracer]' (a pinned torch; "
+                          "an unpinned one pulls a CUDA build of several GB)") from None
+    if not prompts.is_file():
+        raise MoesimError(f"--prompts {prompts}: no such file")
+    check_target(out, option="-o", folder=False, force=force)
+    _check_config(model)
     from rich.console import Console
     from rich.progress import Progress
 

@@ -21,10 +21,14 @@ Per MoE layer:
     a few pairs dominate. ``coact_zero`` is the share of pairs never co-activated (depends on
     the trace length). ``None`` for top-1 models.
 ``lru``
-    LRU hit rate per cache size (experts of that layer held), replaying that layer's expert
-    stream in trace order (requests one after the other, each token's experts highest
-    first). All sizes come from one pass of Mattson's LRU stack distances,
-    :func:`lru_hit_rates`, which ``simctl curve`` reuses.
+    LRU hit rate per cache size (experts of that layer held), under the definition a run's
+    ``hit_rate`` uses (docs/contract.md, "Hit rate"): the layer's tokens in trace order
+    (requests one after the other, from an empty cache), each token's ``k`` experts looked
+    up together (an expert is a hit when it is among the ``C`` most recently used before the
+    token: a token never evicts its own experts, as a run pins them), then all made most
+    recent. It equals ``simctl run`` with ``policy: lru``, ``cache.experts_per_layer: C``,
+    batch 1 and every request replayed (``tests/test_trace_stats.py`` checks it). All sizes
+    come from one pass of Mattson's LRU stack distances, :func:`lru_hit_rates`.
 """
 
 from __future__ import annotations
@@ -72,21 +76,30 @@ class LruStackDistances:
         self.histogram = np.zeros(self.num_items, dtype=np.int64)  # references per distance
         self.references = 0
 
-    def update(self, stream: Iterable[int] | np.ndarray) -> np.ndarray:
+    def update(self, stream: Iterable[int] | np.ndarray, *, group: int = 1) -> np.ndarray:
         """Feed the next references; returns their stack distances (``-1``: first reference)
-        and adds them to :attr:`histogram`."""
+        and adds them to :attr:`histogram`.
+
+        ``group`` consecutive references are looked up together (one token's ``k`` experts, as
+        a run does: the layer's planned experts are pinned before any is loaded): each one's
+        distance counts the distinct items referenced since its last use *before the group*,
+        so an expert of the token is never pushed out by another expert of the same token.
+        Afterwards all become most recent, the last listed most recent of all."""
         s = np.asarray(stream, dtype=np.int64).reshape(-1)
         if s.size and (s.min() < 0 or s.max() >= self.num_items):
             raise ValueError(f"item ids must be in 0..{self.num_items - 1}")
+        if group < 1 or s.size % group:
+            raise ValueError(f"the stream of {s.size} references is not made of groups of {group}")
+        chunk = max(group, self._chunk // group * group)
         out = np.empty(s.size, dtype=np.int64)
-        for a in range(0, s.size, self._chunk):
-            out[a: a + self._chunk] = self._update(s[a: a + self._chunk])
+        for a in range(0, s.size, chunk):
+            out[a: a + chunk] = self._update(s[a: a + chunk], group)
         hits = out[out >= 0]
         self.histogram += np.bincount(hits, minlength=self.num_items)[: self.num_items]
         self.references += int(s.size)
         return out
 
-    def _update(self, s: np.ndarray) -> np.ndarray:
+    def _update(self, s: np.ndarray, group: int = 1) -> np.ndarray:
         n = s.size
         rows = np.arange(n)
         times = self._t + rows
@@ -95,9 +108,11 @@ class LruStackDistances:
         last[rows, s] = times
         np.maximum.accumulate(last, axis=0, out=last)
         np.maximum(last, self._last[None, :], out=last)
-        before = np.empty_like(last)  # strictly before reference i
-        before[0] = self._last
-        before[1:] = last[:-1]
+        before = np.empty_like(last)  # strictly before the group of reference i
+        start = rows - rows % group
+        first = start == 0
+        before[first] = self._last
+        before[~first] = last[start[~first] - 1]
         prev = before[rows, s]
         dist = (before > prev[:, None]).sum(axis=1)
         dist[prev < 0] = -1
@@ -129,11 +144,15 @@ def lru_hit_rates(
 ) -> np.ndarray:
     """Hit rates of LRU caches of ``sizes`` items on one stream of item ids (``0 ..
     num_items-1``, default: up to the largest id), all sizes in one pass (Mattson's stack
-    distances). A 2-D ``[tokens, k]`` array is read row by row (each token's experts in their
-    listed order). First references are misses. Returns a float array aligned with ``sizes``."""
-    s = np.asarray(experts_per_layer_stream, dtype=np.int64).reshape(-1)
+    distances). A 2-D ``[tokens, k]`` array is one token per row, its experts looked up
+    together as a run does (see :meth:`LruStackDistances.update`, ``group``); a 1-D stream is
+    one reference after another. First references are misses. Returns a float array aligned
+    with ``sizes``."""
+    arr = np.asarray(experts_per_layer_stream, dtype=np.int64)
+    group = int(arr.shape[1]) if arr.ndim == 2 and arr.shape[1] > 0 else 1
+    s = arr.reshape(-1)
     acc = LruStackDistances(int(num_items) if num_items is not None else (int(s.max()) + 1 if s.size else 1))
-    acc.update(s)
+    acc.update(s, group=group)
     return acc.hit_rates(sizes)
 
 
@@ -269,7 +288,7 @@ class _Accumulator:
             self.acc_n[-1] += int(cont.sum())
             self.prev_look_last = look_top[-1, -1].copy()
         for lay in range(L):
-            self.lru[lay].update(ex64[:, lay, :].reshape(-1))
+            self.lru[lay].update(ex64[:, lay, :].reshape(-1), group=self.k)
         self.prev_req = int(req[-1])
         self.prev_ex = ex[-1].copy()
 

@@ -47,6 +47,10 @@ from moesim.traces.importers import model_info, save_trace
 
 GENERATOR_VERSION = 1
 
+MAX_MEMORY_BYTES = 16 * 2**30
+"""Largest working memory :class:`SynthParams` allows (an estimate, see ``memory_bytes``):
+a typo such as ``requests=1000000`` is refused before anything is allocated."""
+
 # Presets: the routed-expert shape of a catalog model plus knob values chosen to look like
 # published characterisations of it (strong next-layer predictability for Mixtral, weaker
 # locality and a longer tail for the fine-grained models). They are plausible settings, not
@@ -157,10 +161,29 @@ class SynthParams(BaseModel):
         if self.prompt_len + self.decode_len < 1:
             raise ValueError("prompt_len + decode_len must be at least 1")
         try:
-            self.shape()
+            info = self.shape()
         except CatalogError as exc:
             raise ValueError(str(exc)) from None
+        need = self.memory_bytes(info)
+        if need > MAX_MEMORY_BYTES:
+            rows = self.max_rows(info)
+            raise ValueError(f"the trace would have up to {rows:,} rows and take about {need / 2**30:,.0f} GiB of "
+                             f"memory to generate (the limit is {MAX_MEMORY_BYTES / 2**30:.0f} GiB); lower requests, "
+                             "prompt_len or decode_len")
         return self
+
+    def max_rows(self, info: ModelInfo) -> int:
+        """Rows of the trace at the longest lengths the jitter allows."""
+        per_request = math.ceil((self.prompt_len + self.decode_len) * (1 + self.length_jitter))
+        return self.requests * per_request * info.num_layers
+
+    def memory_bytes(self, info: ModelInfo) -> int:
+        """An upper estimate of the generator's working memory: per row the latent state and its
+        innovations (float64), the logits in float32 and float16 (twice with lookahead), the
+        experts and weights; checked before anything is allocated."""
+        E, k = info.num_experts, info.top_k
+        per_row = 16 * self.latent_dim + 12 * E + (4 * E if self.emit_logits else 0) + 6 * k + 16
+        return self.max_rows(info) * per_row
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> SynthParams:

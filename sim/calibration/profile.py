@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import yaml
 
+from moesim.sim.atomic import atomic_file
 from moesim.sim.calibration.bench import (
     copy_bench,
     expert_bench,
@@ -206,13 +207,14 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
     }
 
 
-def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
-    """Write the profile YAML (a header comment says what it is)."""
+def write_profile(profile: dict[str, Any], path: str | Path, *, force: bool = False) -> Path:
+    """Write the profile YAML (a header comment says what it is), whole or not at all; an
+    existing file is replaced only with ``force``."""
     p = Path(path)
     if p.suffix.lower() not in (".yaml", ".yml"):
         raise MoesimError(f"{p}: a profile file must end in .yaml or .yml (scenarios recognise it by that)")
-    p.parent.mkdir(parents=True, exist_ok=True)
     head = ("# moesim calibration profile (simctl calibrate). Use it in a scenario as\n"
             f"#   hardware: {p.name}\n#   runtime: {p.name}\n")
-    p.write_text(head + yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=110))
+    with atomic_file(p, option="--out", force=force) as tmp:
+        tmp.write_text(head + yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=110))
     return p

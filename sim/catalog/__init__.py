@@ -13,7 +13,15 @@ from importlib import resources
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from moesim.sim.errors import MoesimError
 
@@ -24,10 +32,28 @@ class CatalogError(MoesimError, ValueError):
     """Unknown catalog name or invalid entry; the message is one line."""
 
 
+class CatalogFieldError(CatalogError):
+    """An invalid field of a model, hardware or runtime spec: ``field`` is its dotted path
+    inside the spec (``costs.layer_us``) and ``problem`` what is wrong with it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def _field_error(exc: ValidationError) -> CatalogFieldError:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ())) or "(spec)"
+    msg = "unknown key" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid value")
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return CatalogFieldError(loc, msg + more)
+
+
 class ModelSpec(BaseModel):
     """Shape and sizes of an MoE model (routed experts only in ``num_layers``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="model name")
     num_layers: PositiveInt = Field(description="number of MoE layers (dense layers not counted)")
@@ -72,7 +98,7 @@ class ModelSpec(BaseModel):
 class CostsSpec(BaseModel):
     """Calibrated costs that override the roofline model (microseconds, batch 1 decode)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     layer_us: float = Field(ge=0, description="non-MoE part of one layer (attention, norms, router), one token")
     expert_us: float = Field(ge=0, description="one routed expert applied to one token")
@@ -87,7 +113,7 @@ class CpuSpec(BaseModel):
     bandwidth (its weights are read once per call) and vector throughput, plus a fixed cost,
     unless ``expert_us`` gives a measured figure."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     cores: PositiveInt = Field(16, description="cores used for expert computation")
     mem_gbps: PositiveFloat = Field(80.0, description="effective host memory bandwidth in GB/s")
@@ -102,7 +128,7 @@ class RuntimeSpec(BaseModel):
     launches and Python dispatch that the roofline has not): per MoE layer, per forward pass
     and per token of a forward pass, in microseconds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="runtime profile name")
     layer_us: float = Field(0.0, ge=0, description="overhead per MoE layer of every forward pass")
@@ -114,7 +140,7 @@ class RuntimeSpec(BaseModel):
 class HardwareSpec(BaseModel):
     """A GPU and its host link."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="hardware name")
     vram_gib: PositiveFloat = Field(description="GPU memory in GiB")
@@ -180,9 +206,13 @@ def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
         if ref not in raw:
             raise _unknown(kind, ref, list(raw))
         return cls(name=ref, **raw[ref])
+    if not isinstance(ref, dict):
+        raise CatalogFieldError("(spec)", f"expected a catalog name or a mapping, got {type(ref).__name__}")
     data = dict(ref)
     base = data.pop("base", None)
     if base is not None:
+        if not isinstance(base, str):
+            raise CatalogFieldError("base", f"expected a catalog name, got {type(base).__name__} {base!r}")
         if base not in raw:
             raise _unknown(kind, str(base), list(raw))
         merged = {"name": base, **raw[base]}
@@ -191,7 +221,10 @@ def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
                 data[sub] = {**merged[sub], **data[sub]}
         merged.update(data)
         data = merged
-    return cls(**data)
+    try:
+        return cls(**data)
+    except ValidationError as exc:
+        raise _field_error(exc) from None
 
 
 def get_model(ref: str | dict[str, Any]) -> ModelSpec:
@@ -216,14 +249,12 @@ def load_spec_file(path: Any, section: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise CatalogError(f"{p}: no such {section} profile file")
+    from moesim.sim.yamlio import YamlError, load_yaml_file
+
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise CatalogError(f"{p}:{where}: {getattr(exc, 'problem', None) or 'invalid YAML'}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"{p}: cannot read ({exc})") from None
+        data = load_yaml_file(p)
+    except YamlError as exc:
+        raise CatalogError(str(exc)) from None
     if not isinstance(data, dict):
         raise CatalogError(f"{p}: a {section} profile must be a mapping")
     if section in data:

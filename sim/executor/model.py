@@ -230,6 +230,9 @@ def model_argument(arg: str | None, default: ModelSpec | None) -> tuple[str | No
             raise
         except ValueError as exc:
             raise MoesimError(f"--model: {str(exc).splitlines()[0]}") from None
-    spec = get_model(arg)
+    try:
+        spec = get_model(arg)
+    except MoesimError as exc:
+        raise MoesimError(f"--model: {exc}") from None
     real = trained_weights(spec)
     return (real, None) if real is not None else (None, spec)

@@ -1,5 +1,5 @@
-"""ActiveEvict: budget-aware pre-eviction and dynamic top-k (``../shared/papers/activeevict.txt``;
-spec sheet ``../shared/specs/activeevict.md``).
+"""ActiveEvict: budget-aware pre-eviction and dynamic top-k ("ActiveEvict: Budget-Aware
+Pre-Eviction for Efficient MoE Offloading", ACL submission; equation numbers are the paper's).
 
 Eviction moves before routing: after layer ``l`` is routed, the next router's guess for layer
 ``l + 1`` and the experts' decayed hotness rank the residents of ``l + 1`` (Eq. 13); as many as

@@ -2,7 +2,7 @@
 Mixtral-offloading's LRU cache and speculative next-layer prefetch, plus per-layer cache
 sizes chosen by dynamic programming.
 
-The paper's text is not in ``../shared/papers``; this is our reading. The dynamic programme
+This is our reading of the mechanism as MoEpic describes it, not of AdapMoE's own paper. The dynamic programme
 minimises the expected number of expert loads per token that neither the cache nor the
 prefetch covers,
 

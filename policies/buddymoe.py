@@ -1,6 +1,6 @@
 """BuddyMoE: replace a prefetch miss by a resident co-activated "buddy" instead of loading it
-(Wang et al., BuddyMoE, PPoPP 2026; ``../shared/papers/buddymoe.txt``, spec sheet
-``../shared/specs/buddymoe.md``). Lossy.
+(Wang et al., "BuddyMoE: Exploiting Expert Redundancy to Accelerate Memory-Constrained MoE
+Inference", PPoPP 2026). Lossy.
 
 BuddyMoE complements an existing cache and next-layer prefetcher (section 3.4): ``base`` names
 the registered lossless policy it sits on (default ``mixtral-offloading``: per-layer LRU pools

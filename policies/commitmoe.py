@@ -1,5 +1,5 @@
-"""CommitMoE (Li, Sun, Lin, Sun, USTC; ``../shared/papers/commitmoe.txt``, spec sheet
-``../shared/specs/commitmoe.md``) and its "+Prefetch" ablation.
+"""CommitMoE (Li, Sun, Lin, Sun, USTC: a fallback-free commit router for offloaded MoE
+inference) and its "+Prefetch" ablation.
 
 ``commitmoe``: after layer ``l`` is routed, a Commit Router predicts each token's top-k experts
 of layer ``l + 1`` (and, from the last layer, of layer 0 of the next token) and they are

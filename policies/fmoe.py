@@ -1,5 +1,5 @@
-"""fMoE: fine-grained expert offloading with expert maps (``../shared/papers/fmoe.txt``; spec
-sheet ``../shared/specs/fmoe.md``). Lossless, one global expert cache.
+"""fMoE: fine-grained expert offloading with expert maps (Yu et al., "fMoE: Fine-Grained Expert
+Offloading for Large Mixture-of-Experts Serving", 2025). Lossless, one global expert cache.
 
 An Expert Map Store keeps up to ``store_capacity`` (C, 1K in the paper) past iterations' router
 probabilities for every layer and their semantic embeddings, pre-filled from the scenario's

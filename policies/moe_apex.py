@@ -6,7 +6,7 @@ Our reading (spec sheet ``activeevict.md`` section 5, [rec]): a per-layer LRU ca
 ``l`` is routed, the lookahead router's top-(k + ``extra_experts``) experts of each token for
 ``l + 1`` are prefetched (layer 0 of the next iteration after the last layer), and, with
 ``second_layer``, the previous token's routing of ``l + 2`` behind them at a lower priority.
-Label it approximate in outputs: the paper of MoE-APEX is not in ``../shared/papers``.
+Label it approximate in outputs: we rebuild MoE-APEX from ActiveEvict's description of it, not from its own paper.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 4.1 and 5): an LFU expert cache and activation-aware prefetching from request-level expert
 activation matrices.
 
-The paper's text is not in ``../shared/papers``; this is our reading of its mechanism:
+This is our reading of its mechanism as MoEpic describes it, not of MoE-Infinity's own paper:
 
 * Each request in flight keeps an Expert Activation Matrix (EAM), ``[L, E]`` counts of the
   tokens of that request routed to each expert so far.

@@ -56,7 +56,7 @@ at an EOS token unless EOS is ignored.
 
 Teacher-forced (:meth:`Tracer.teacher_forced`): the whole text runs in one forward (no
 cache). Routing of a causal model does not depend on later tokens, so each token's routing is
-what generation would have produced had it chosen that text (DESIGN.md; checked by the
+what generation would have produced had it chosen that text (``docs/contract.md``; checked by the
 tests up to float rounding). Rows are labelled as the equivalent generation would: with a
 ``completion``, the prompt tokens are one prefill iteration and each completion token a decode
 iteration; a text without a completion is recorded as decode rows only, one iteration per

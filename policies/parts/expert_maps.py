@@ -1,5 +1,4 @@
-"""fMoE's Expert Map Store (``../shared/papers/fmoe.txt`` sections 4.1-4.4; spec sheet
-``fmoe.md``): up to ``capacity`` past iterations, each an *expert map* (the router's full
+"""fMoE's Expert Map Store (fMoE paper, sections 4.1-4.4): up to ``capacity`` past iterations, each an *expert map* (the router's full
 probability vector ``P_l`` for every layer, ``[L, J]``) and the iteration's semantic embedding.
 
 * Semantic matching (Eq. 4): the stored map of highest cosine similarity between embeddings.

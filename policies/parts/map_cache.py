@@ -1,4 +1,4 @@
-"""fMoE's expert cache rule (``../shared/papers/fmoe.txt`` section 4.5): evict the expert of
+"""fMoE's expert cache rule (fMoE paper, section 4.5): evict the expert of
 highest ``1 / (p * freq)``, ``p`` its probability in the latest matched expert map and ``freq``
 its cache visit frequency: LFU weighted by the map, deliberately not recency-based.
 

@@ -1,5 +1,4 @@
-"""fMoE's map-guided prefetcher (``../shared/papers/fmoe.txt`` sections 4.2-4.5; spec sheet
-``fmoe.md`` section 1.2), a part that composes with any cache rule.
+"""fMoE's map-guided prefetcher (fMoE paper, sections 4.2-4.5), a part that composes with any cache rule.
 
 * Before an iteration (``on_iteration_start``), each request's embedding finds the stored map
   of most similar semantics (Eq. 4); its layers ``0..d-1`` are prefetched.

@@ -185,6 +185,17 @@ def hardware(
     _console().print("simctl hardware NAME (or a profile .yaml) shows the source of every number")
 
 
+def require_tracer(command: str) -> None:
+    """One line and exit 2, instead of an import traceback, when a command that runs a real
+    model is used without the optional ``tracer`` extra (torch, transformers, safetensors)."""
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "safetensors") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MoesimError(f"simctl {command} needs the tracer extra ({', '.join(missing)} not installed): "
+                          "pip install 'torch==2.13.0' && pip install 'moesim[tracer]'")
+
+
 @app.command()
 def calibrate(
     out: Annotated[Path, typer.Option("--out", "-o", help="profile YAML to write (use it as hardware: and runtime: in a scenario)")],
@@ -196,6 +207,7 @@ def calibrate(
     force: Annotated[bool, typer.Option("--force", help="replace an existing profile file")] = False,
 ) -> None:
     """Measure copies, expert and layer compute, and framework overhead with torch; write a profile."""
+    require_tracer("calibrate")
     from moesim.sim.atomic import check_target
     from moesim.sim.calibration.profile import calibrate as run_calibration
     from moesim.sim.calibration.profile import write_profile
@@ -234,6 +246,7 @@ def validate(
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
 ) -> None:
     """Run a scenario in the simulator (calibrated) and on the real executor; print both and the error."""
+    require_tracer("validate")
     from moesim.sim.atomic import atomic_folder, check_target
     from moesim.sim.calibration.profile import calibrate as run_calibration
     from moesim.sim.calibration.profile import write_profile

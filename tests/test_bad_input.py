@@ -49,17 +49,17 @@ case("hardware-missing-file", "hardware {tmp}/hw.yaml", "hw.yaml")
 case("hardware-bad-yaml", "hardware {tmp}/hw.yaml", "hw.yaml", files={"hw.yaml": "pcie_gbps: [1,\n"})
 case("hardware-bad-field", "hardware {tmp}/hw.yaml", "hw.yaml", "pcie_gbps",
      files={"hw.yaml": "hardware: {base: rtx-4090, pcie_gbps: fast}\n"})
-case("calibrate-out-not-yaml", "calibrate -o {tmp}/p.txt --model flame-moe-290m", "p.txt")
-case("calibrate-out-parent-file", "calibrate -o {tmp}/f/p.yaml --model flame-moe-290m", "f", files={"f": "x"})
+case("calibrate-out-not-yaml", "calibrate -o {tmp}/p.txt --model flame-moe-290m", "p.txt", needs="torch")
+case("calibrate-out-parent-file", "calibrate -o {tmp}/f/p.yaml --model flame-moe-290m", "f", files={"f": "x"}, needs="torch")
 case("calibrate-out-exists", "calibrate -o {tmp}/p.yaml --model flame-moe-290m", "p.yaml", "--force",
-     files={"p.yaml": "mine: 1\n"})
-case("calibrate-empty-model", "calibrate -o {tmp}/p.yaml --model \"\"", "--model")
+     files={"p.yaml": "mine: 1\n"}, needs="torch")
+case("calibrate-empty-model", "calibrate -o {tmp}/p.yaml --model \"\"", "--model", needs="torch")
 case("calibrate-threads-0", "calibrate -o {tmp}/p.yaml --threads 0", "--threads")
-case("validate-missing-scenario", "validate {tmp}/nope.yaml", "nope.yaml")
-case("validate-missing-profile", "validate {tmp}/s.yaml --profile {tmp}/p.yaml", "p.yaml", files={"s.yaml": scen()})
+case("validate-missing-scenario", "validate {tmp}/nope.yaml", "nope.yaml", needs="torch")
+case("validate-missing-profile", "validate {tmp}/s.yaml --profile {tmp}/p.yaml", "p.yaml", files={"s.yaml": scen()}, needs="torch")
 case("validate-out-not-empty", "validate {tmp}/s.yaml --out {tmp}/o", "o", "--force",
-     files={"s.yaml": scen(), "o/validation.json": "{}"})
-case("validate-bad-scenario", "validate {tmp}/s.yaml", "cache.rate", files={"s.yaml": scen(cache={"rate": 2})})
+     files={"s.yaml": scen(), "o/validation.json": "{}"}, needs="torch")
+case("validate-bad-scenario", "validate {tmp}/s.yaml", "cache.rate", files={"s.yaml": scen(cache={"rate": 2})}, needs="torch")
 
 # ---------------------------------------------------------------------------------------------
 # scenario files

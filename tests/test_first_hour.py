@@ -143,3 +143,21 @@ def test_sweep_force_starts_afresh_in_a_foreign_folder(tmp_path: Path, capsys: p
     assert not (out / "notes.txt").exists() and (out / "results.parquet").exists()
     code, _, err = run_cli(args, capsys)            # its own folder: resumed, no --force needed
     assert code == 0 and "1 already done" in err
+
+
+@pytest.mark.parametrize("argv", [["calibrate", "-o", "{tmp}/p.yaml"],
+                                  ["validate", "scenarios/validate-cpu.yaml", "--out", "{tmp}/v"]])
+def test_model_commands_without_the_tracer_extra_are_one_line(argv: list[str], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torch (the README's dev install has none), calibrate and validate say what to
+    install in one line and exit 2, instead of an import traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tracer extra" in err and "torch==2.13.0" in err
+    assert not any(tmp_path.iterdir())

@@ -212,7 +212,7 @@ def calibrate(
     from moesim.sim.calibration.profile import calibrate as run_calibration
     from moesim.sim.calibration.profile import write_profile
     from moesim.sim.executor.model import load, model_argument
-    from moesim.traces.tracer import resolve_device
+    from moesim.traces.model_loading import resolve_device
 
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise MoesimError(f"--out {out}: a profile file must end in .yaml or .yml")
@@ -255,7 +255,7 @@ def validate(
     from moesim.sim.runner import load_trace
     from moesim.sim.scenario import load_scenario
     from moesim.sim.validate import compare, execute, format_rows, simulate
-    from moesim.traces.tracer import resolve_device
+    from moesim.traces.model_loading import resolve_device
 
     loaded = load_scenario(scenario, set_ or [])
     check_target(out, option="--out", folder=True, force=force)

@@ -201,7 +201,7 @@ def test_committed_model_loads_and_beats_random_weights_on_held_out_text() -> No
 def test_committed_model_loads_through_the_tracer_and_executor() -> None:
     torch = _torch()
     from moesim.sim.executor.model import load
-    from moesim.traces.tracer import load_model
+    from moesim.traces.model_loading import load_model
 
     lm = load_model(model_dir())
     assert lm.source["weights"] == "pretrained" and lm.vocab_size == 257

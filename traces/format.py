@@ -1,4 +1,8 @@
-"""The moe-trace v1 file format: schema, metadata, writer, streaming reader and validation.
+"""The moe-trace v1 file format: its contract (this docstring), writer and streaming reader.
+
+The schema and the file metadata are in :mod:`traces.schema`, the row-by-row validation in
+:mod:`traces.validation`; this module re-exports the schema's names, so ``from
+moesim.traces.format import ...`` reaches the whole format.
 
 One row per (request, token, MoE layer), sorted by ``(request_id, token_idx, layer)``; every
 (request, token) holds all layers ``0..L-1``. The file-level metadata lives under the Parquet
@@ -17,10 +21,9 @@ compact numpy arrays (``experts`` as an ``[rows, top_k]`` int16 matrix, logits a
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,333 +32,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.sim.atomic import TMP_TAG, clean_stale
-from moesim.sim.errors import MoesimError
 from moesim.traces.column_types import EXPECTED_KIND, kind_problem
-
-TRACE_VERSION = 1
-META_KEY = b"moe_trace"
-PHASES = ("prefill", "decode")
-PREFILL, DECODE = 0, 1
-
-REQUIRED_COLUMNS = ("request_id", "token_idx", "phase", "layer", "experts")
-OPTIONAL_COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
-ALL_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
-
-SCHEMA = pa.schema(
-    [
-        pa.field("request_id", pa.int32(), nullable=False),
-        pa.field("token_idx", pa.int32(), nullable=False),
-        pa.field("phase", pa.dictionary(pa.int8(), pa.string()), nullable=False),
-        pa.field("layer", pa.int16(), nullable=False),
-        pa.field("experts", pa.list_(pa.int16()), nullable=False),
-        pa.field("weights", pa.list_(pa.float32())),
-        pa.field("logits", pa.list_(pa.float16())),
-        pa.field("lookahead_logits", pa.list_(pa.float16())),
-        pa.field("token_id", pa.int32()),
-        pa.field("embedding", pa.list_(pa.float16())),
-    ]
+from moesim.traces.schema import (
+    ALL_COLUMNS,
+    DEFAULT_BATCH_ROWS,
+    META_KEY,
+    OPTIONAL_COLUMNS,
+    PHASES,
+    REQUIRED_COLUMNS,
+    SCHEMA,
+    ModelInfo,
+    TraceError,
+    TraceMeta,
 )
+from moesim.traces.validation import Cursor, check_complete, first_bad_row, validate_batch
 
-DEFAULT_BATCH_ROWS = 65_536
-
-
-class TraceError(MoesimError, ValueError):
-    """A trace that breaks the moe-trace v1 contract. ``str(err)`` is one line that names the
-    file and, where it applies, the row and the column."""
-
-    def __init__(
-        self, path: str | os.PathLike[str] | None, message: str, *,
-        row: int | None = None, column: str | None = None,
-    ) -> None:
-        where = [str(path) if path is not None else "<trace>"]
-        if row is not None:
-            where.append(f"row {row}")
-        if column is not None:
-            where.append(f"column {column!r}")
-        super().__init__(": ".join([", ".join(where), message]))
-        self.path, self.row, self.column = path, row, column
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """The routed-expert shape of the traced model."""
-
-    name: str
-    num_layers: int
-    num_experts: int
-    top_k: int
-    num_shared_experts: int = 0
-
-    def __post_init__(self) -> None:
-        for attr in ("num_layers", "num_experts", "top_k"):
-            if int(getattr(self, attr)) < 1:
-                raise ValueError(f"model.{attr} must be >= 1, got {getattr(self, attr)}")
-        if self.top_k > self.num_experts:
-            raise ValueError(f"model.top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
-        if self.num_shared_experts < 0:
-            raise ValueError("model.num_shared_experts must be >= 0")
-
-
-@dataclass(frozen=True)
-class TraceMeta:
-    """File-level metadata: format version, model shape and free-form provenance."""
-
-    model: ModelInfo
-    source: dict[str, Any] = field(default_factory=dict)
-    version: int = TRACE_VERSION
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": self.version,
-                "model": {
-                    "name": self.model.name,
-                    "num_layers": self.model.num_layers,
-                    "num_experts": self.model.num_experts,
-                    "top_k": self.model.top_k,
-                    "num_shared_experts": self.model.num_shared_experts,
-                },
-                "source": self.source,
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str | bytes, path: str | os.PathLike[str] | None = None) -> TraceMeta:
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(path, f"metadata {META_KEY.decode()!r} is not valid JSON ({exc.msg})") from None
-        except UnicodeDecodeError:
-            raise TraceError(path, f"metadata {META_KEY.decode()!r} is not UTF-8 text") from None
-        if not isinstance(obj, dict):
-            raise TraceError(path, f"metadata {META_KEY.decode()!r} must be a JSON object")
-        version = obj.get("version")
-        if type(version) is not int or version != TRACE_VERSION:
-            raise TraceError(path, f"unsupported moe-trace version {version!r} (this reader knows {TRACE_VERSION})")
-        model = obj.get("model")
-        if not isinstance(model, dict):
-            raise TraceError(path, "metadata has no 'model' object")
-        for key in ("num_layers", "num_experts", "top_k", "num_shared_experts"):
-            v = model.get(key, 0)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TraceError(path, f"metadata model.{key} must be an integer, got {v!r}")
-        try:
-            info = ModelInfo(
-                name=str(model["name"]),
-                num_layers=int(model["num_layers"]),
-                num_experts=int(model["num_experts"]),
-                top_k=int(model["top_k"]),
-                num_shared_experts=int(model.get("num_shared_experts", 0)),
-            )
-        except KeyError as exc:
-            raise TraceError(path, f"metadata model is missing {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise TraceError(path, f"metadata model is invalid: {exc}") from None
-        source = obj.get("source", {})
-        return cls(model=info, source=source if isinstance(source, dict) else {"value": source})
-
-
-# --------------------------------------------------------------------------------------------
-# Validation
-
-
-@dataclass
-class _Cursor:
-    """Carries the ordering state of the previous row across record batches."""
-
-    row: int = 0                  # global index of the next row
-    key: tuple[int, int, int] | None = None   # (request, token, layer) of the previous row
-    phase: int = -1               # phase of the previous row
-    tok_phase: int = -1           # phase of the current (request, token)
-    gap: TraceError | None = None  # the first skipped request or token id, raised at the end
-    # unless an ordering error comes first (the same error whatever the batch size)
-
-
-def _list_matrix(
-    arr: pa.Array, width: int, column: str, path: Any, row0: int, *, dtype: Any
-) -> np.ndarray:
-    """Turn a list column of fixed-width rows into a ``[n, width]`` matrix, or raise on the
-    first row whose length is not ``width`` or that is null."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    n = len(arr)
-    if arr.null_count:
-        bad = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
-        raise TraceError(path, "null value in a required list", row=row0 + bad, column=column)
-    offsets = np.asarray(arr.offsets)
-    lengths = np.diff(offsets)
-    wrong = np.flatnonzero(lengths != width)
-    if wrong.size:
-        i = int(wrong[0])
-        raise TraceError(path, f"has {lengths[i]} entries, expected {width}", row=row0 + i, column=column)
-    values = arr.flatten().to_numpy(zero_copy_only=False)
-    return np.asarray(values, dtype=dtype).reshape(n, width)
-
-
-def _check_finite(mat: np.ndarray, column: str, path: Any, row0: int) -> None:
-    bad = ~np.isfinite(mat)
-    if bad.any():
-        i = int(np.flatnonzero(bad.any(axis=1))[0])
-        raise TraceError(path, "non-finite value", row=row0 + i, column=column)
-
-
-def _first_bad_row(mask: Any) -> int:
-    return int(np.flatnonzero(mask)[0])
-
-
-def validate_batch(
-    batch: pa.RecordBatch | pa.Table, meta: TraceMeta, cursor: _Cursor, path: Any = None
-) -> dict[str, np.ndarray]:
-    """Validate one record batch against ``meta`` and the ordering state in ``cursor``, and
-    return its columns as numpy arrays (``phase`` as codes ``0 = prefill, 1 = decode``).
-
-    Raises :class:`TraceError` naming the first offending row and column.
-    """
-    m = meta.model
-    row0 = cursor.row
-    n = batch.num_rows
-    names = set(batch.schema.names)
-    for col in REQUIRED_COLUMNS:
-        if col not in names:
-            raise TraceError(path, f"missing required column {col!r}")
-    out: dict[str, np.ndarray] = {}
-    for col in ("request_id", "token_idx", "layer"):
-        arr = batch.column(col)
-        if arr.null_count:
-            raise TraceError(path, "null value", row=row0 + _first_bad_row(np.asarray(arr.is_null())), column=col)
-        out[col] = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
-    for col in ("request_id", "token_idx"):
-        neg = out[col] < 0
-        if neg.any():
-            raise TraceError(path, "negative value", row=row0 + _first_bad_row(neg), column=col)
-    bad_layer = (out["layer"] < 0) | (out["layer"] >= m.num_layers)
-    if bad_layer.any():
-        i = _first_bad_row(bad_layer)
-        raise TraceError(path, f"layer {out['layer'][i]} outside 0..{m.num_layers - 1}", row=row0 + i, column="layer")
-
-    # phase: dictionary or plain strings
-    ph = batch.column("phase")
-    if ph.null_count:
-        raise TraceError(path, "null value", row=row0 + _first_bad_row(np.asarray(ph.is_null())), column="phase")
-    if pa.types.is_dictionary(ph.type):
-        ph_dict = [str(v) for v in ph.dictionary.to_pylist()]
-        ph_idx = np.asarray(ph.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    else:
-        enc = ph.dictionary_encode()
-        ph_dict = [str(v) for v in enc.dictionary.to_pylist()]
-        ph_idx = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    lut = np.empty(len(ph_dict), dtype=np.int8)
-    for j, name in enumerate(ph_dict):
-        if name not in PHASES:
-            if not (ph_idx == j).any():  # an unused dictionary entry is harmless
-                lut[j] = 0
-                continue
-            i = _first_bad_row(ph_idx == j)
-            raise TraceError(path, f"unknown phase {name!r} (expected prefill or decode)", row=row0 + i, column="phase")
-        lut[j] = PHASES.index(name)
-    phase = lut[ph_idx] if len(ph_dict) else np.zeros(0, dtype=np.int8)
-    out["phase"] = phase
-
-    # experts
-    experts = _list_matrix(batch.column("experts"), m.top_k, "experts", path, row0, dtype=np.int64)
-    bad = (experts < 0) | (experts >= m.num_experts)
-    if bad.any():
-        i = _first_bad_row(bad.any(axis=1))
-        raise TraceError(path, f"expert id outside 0..{m.num_experts - 1}", row=row0 + i, column="experts")
-    if m.top_k > 1:
-        srt = np.sort(experts, axis=1)
-        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
-        if dup.any():
-            raise TraceError(path, "duplicated expert in one row", row=row0 + _first_bad_row(dup), column="experts")
-    out["experts"] = experts.astype(np.int16)
-
-    if "weights" in names and batch.column("weights").null_count < n:
-        w = _list_matrix(batch.column("weights"), m.top_k, "weights", path, row0, dtype=np.float32)
-        _check_finite(w, "weights", path, row0)
-        negw = np.asarray((w < 0).any(axis=1))
-        if negw.any():
-            raise TraceError(path, "negative router weight (weights are routing probabilities)",
-                             row=row0 + _first_bad_row(negw), column="weights")
-        out["weights"] = w
-    for col in ("logits", "lookahead_logits"):
-        if col in names and batch.column(col).null_count < n:
-            mat = _list_matrix(batch.column(col), m.num_experts, col, path, row0, dtype=np.float16)
-            _check_finite(mat, col, path, row0)
-            out[col] = mat
-    if "token_id" in names:
-        arr = batch.column("token_id")
-        if arr.null_count < n:
-            if arr.null_count:
-                raise TraceError(path, "null value in a partly filled column",
-                                 row=row0 + _first_bad_row(np.asarray(arr.is_null())), column="token_id")
-            out["token_id"] = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int32)
-
-    # Ordering: strictly increasing (request, token, layer); each (request, token) holds
-    # layers 0..L-1 in order; within a request no prefill row follows a decode row.
-    r, t, lay = out["request_id"], out["token_idx"], out["layer"]
-    prev_r = np.empty(n, dtype=np.int64)
-    prev_t = np.empty(n, dtype=np.int64)
-    prev_l = np.empty(n, dtype=np.int64)
-    prev_p = np.empty(n, dtype=np.int64)
-    if n:
-        if cursor.key is None:
-            prev_r[0], prev_t[0], prev_l[0], prev_p[0] = -1, -1, m.num_layers - 1, -1
-        else:
-            prev_r[0], prev_t[0], prev_l[0] = cursor.key
-            prev_p[0] = cursor.phase
-        prev_r[1:], prev_t[1:], prev_l[1:], prev_p[1:] = r[:-1], t[:-1], lay[:-1], phase[:-1]
-        same_tok = (r == prev_r) & (t == prev_t)
-        # inside a token the layer must advance by exactly one
-        bad = same_tok & (lay != prev_l + 1)
-        # a new token must start at layer 0 and the previous token must have been complete
-        new_tok = ~same_tok
-        bad |= new_tok & ((lay != 0) | (prev_l != m.num_layers - 1))
-        # tokens and requests advance
-        bad |= new_tok & (r == prev_r) & (t < prev_t)
-        bad |= r < prev_r
-        # token_idx counts 0, 1, 2, ... inside a request; request ids follow one another
-        gap = new_tok & (r == prev_r) & (t > prev_t + 1)
-        gap |= new_tok & (r != prev_r) & (t != 0)
-        gap |= (r > prev_r + 1) & (prev_r >= 0)
-        if gap.any() and cursor.gap is None:
-            i = _first_bad_row(gap)
-            if r[i] != prev_r[i] and r[i] > prev_r[i] + 1 and prev_r[i] >= 0:
-                cursor.gap = TraceError(path, f"request {r[i]} follows request {prev_r[i]}: request ids must not "
-                                        "skip", row=row0 + i, column="request_id")
-            else:
-                want = 0 if r[i] != prev_r[i] else prev_t[i] + 1
-                cursor.gap = TraceError(path, f"token_idx {t[i]} of request {r[i]} where {want} was due: a token "
-                                        "missing (tokens count 0, 1, 2, ... inside a request)",
-                                        row=row0 + i, column="token_idx")
-        if bad.any():
-            i = _first_bad_row(bad)
-            col = "layer" if (same_tok[i] or lay[i] != 0 or prev_l[i] != m.num_layers - 1) else "token_idx"
-            if r[i] < prev_r[i]:
-                col = "request_id"
-            what = "missing layers" if col == "layer" and not same_tok[i] and prev_l[i] != m.num_layers - 1 else "rows out of order"
-            if col == "layer" and same_tok[i] and lay[i] > prev_l[i] + 1:
-                what = "missing layers"
-            raise TraceError(path, f"{what} (request {r[i]}, token {t[i]}, layer {lay[i]})", row=row0 + i, column=col)
-        # phase constant within a token; no prefill after decode within a request
-        bad_phase = same_tok & (phase != prev_p)
-        bad_phase |= (r == prev_r) & (prev_p == DECODE) & (phase == PREFILL)
-        if bad_phase.any():
-            i = _first_bad_row(bad_phase)
-            raise TraceError(path, "phase changes inside a token or prefill follows decode", row=row0 + i, column="phase")
-        cursor.key = (int(r[-1]), int(t[-1]), int(lay[-1]))
-        cursor.phase = int(phase[-1])
-    cursor.row += n
-    return out
-
-
-def _check_complete(cursor: _Cursor, meta: TraceMeta, path: Any) -> None:
-    if cursor.key is not None and cursor.key[2] != meta.model.num_layers - 1:
-        raise TraceError(path, f"missing layers at the end (last token stops at layer {cursor.key[2]})",
-                         row=cursor.row - 1, column="layer")
-    if cursor.gap is not None:
-        raise cursor.gap
-
+# isort: split
+# Re-exports: ``from moesim.traces.format import ...`` keeps reaching the schema's names (PREFILL,
+# DECODE, TraceMeta, ModelInfo, TraceError, PHASES, ... : many callers) as before the schema moved
+# to traces/schema.py; the ones imported above for use here are re-exported as they are.
+from moesim.traces.schema import DECODE as DECODE
+from moesim.traces.schema import PREFILL as PREFILL
 
 # --------------------------------------------------------------------------------------------
 # Reading
@@ -422,10 +119,10 @@ def _embedding_cols(batch: pa.RecordBatch, row0: int, path: Any) -> dict[str, np
     layer = np.asarray(batch.column("layer").to_numpy(zero_copy_only=False))[rows - row0]
     if (layer != 0).any():
         raise TraceError(path, "embedding on a row whose layer is not 0",
-                         row=int(rows[_first_bad_row(layer != 0)]), column="embedding")
+                         row=int(rows[first_bad_row(layer != 0)]), column="embedding")
     bad = ~np.isfinite(mat).all(axis=1)
     if bad.any():
-        raise TraceError(path, "non-finite value", row=int(rows[_first_bad_row(bad)]), column="embedding")
+        raise TraceError(path, "non-finite value", row=int(rows[first_bad_row(bad)]), column="embedding")
     return {"embedding_rows": rows, "embedding": mat}
 
 
@@ -456,7 +153,7 @@ def iter_batches(
             raise ValueError(f"unknown trace column {col!r}")
         if col in present:
             want.append(col)
-    cursor = _Cursor()
+    cursor = Cursor()
     try:
         for batch in pf.iter_batches(batch_size=batch_rows, columns=want):
             cols = validate_batch(batch, meta, cursor, path)
@@ -467,7 +164,7 @@ def iter_batches(
         raise
     except _CORRUPT as exc:
         raise TraceError(path, f"unreadable Parquet data ({_first_line(exc)})") from None
-    _check_complete(cursor, meta, path)
+    check_complete(cursor, meta, path)
 
 
 @dataclass
@@ -542,7 +239,7 @@ def trace_from_columns(columns: Mapping[str, Any], meta: TraceMeta) -> Trace:
     """Validate in-memory columns (as :func:`write_trace` takes them) into a :class:`Trace`
     without a file (synthetic traces in scenarios)."""
     table = build_table(columns, meta)
-    cursor = _Cursor()
+    cursor = Cursor()
 
     def batches() -> Iterator[dict[str, np.ndarray]]:
         for batch in table.to_batches(max_chunksize=DEFAULT_BATCH_ROWS):
@@ -551,7 +248,7 @@ def trace_from_columns(columns: Mapping[str, Any], meta: TraceMeta) -> Trace:
             if "embedding" in batch.schema.names:
                 cols.update(_embedding_cols(batch, row0, None))
             yield cols
-        _check_complete(cursor, meta, None)
+        check_complete(cursor, meta, None)
 
     return _collect(meta, batches(), None)
 
@@ -648,13 +345,13 @@ def write_trace(
     if isinstance(columns, pa.Table):
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: meta.to_json().encode()})
     if validate:
-        cursor = _Cursor()
+        cursor = Cursor()
         for batch in table.to_batches(max_chunksize=DEFAULT_BATCH_ROWS):
             row0 = cursor.row
             validate_batch(batch, meta, cursor, path)
             if "embedding" in batch.schema.names:
                 _embedding_cols(batch, row0, path)
-        _check_complete(cursor, meta, path)
+        check_complete(cursor, meta, path)
     out = Path(path)
     if out.is_dir():
         raise IsADirectoryError(21, "Is a directory", str(out))

@@ -52,7 +52,10 @@ from moesim.sim.metrics import compute_metrics
 from moesim.sim.profile import profile_from_trace
 from moesim.sim.workload import build_workload
 from moesim.traces.format import Trace, TraceMeta, trace_from_columns
-from moesim.traces.tracer import HookRegistry, Prompt, load_model, trace_model
+from moesim.traces.model_loading import load_model
+from moesim.traces.prompts import Prompt
+from moesim.traces.recorder import HookRegistry
+from moesim.traces.tracer import trace_model
 
 PlanRows = dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray | None]]
 """(request, token, layer) -> (planned experts ``[k]``, plan weights ``[k]`` or None)."""

@@ -73,7 +73,9 @@ def quality(
         missing = (exc.name or "torch").split(".")[0]
         raise MoesimError(f"simctl quality needs torch and transformers ({missing} is not installed): "
                           "pip install 'moesim[tracer]'") from None
-    from moesim.traces import tiny_model, tracer
+    from moesim.traces import tiny_model
+    from moesim.traces.model_loading import load_model
+    from moesim.traces.prompts import read_prompts
     from moesim.traces.quality import evaluate_plans
 
     transformers.utils.logging.set_verbosity_error()
@@ -84,13 +86,13 @@ def quality(
             raise MoesimError("simctl quality: --texts is needed for a model other than the bundled tiny MoE")
         texts = _held_out_texts(default_texts, seed)
         try:
-            loaded = tracer.load_model(model, seed=seed)
-            items, tokenization = tracer.read_prompts(texts, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size)
+            loaded = load_model(model, seed=seed)
+            items, tokenization = read_prompts(texts, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size)
         finally:
             shutil.rmtree(texts.parent, ignore_errors=True)
     else:
-        loaded = tracer.load_model(model, seed=seed)
-        items, tokenization = tracer.read_prompts(texts, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size)
+        loaded = load_model(model, seed=seed)
+        items, tokenization = read_prompts(texts, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size)
     ids = [list(p.input_ids) + list(p.completion_ids or ()) for p in items]
     res = evaluate_plans(loaded.model, ids, policy, params=_params(param), profile_texts=profile_texts,
                          hardware=hardware, cache_rate=cache_rate, seed=seed)

@@ -124,12 +124,14 @@ def record(
     from rich.progress import Progress
 
     from moesim.traces import tracer
+    from moesim.traces.model_loading import load_model
+    from moesim.traces.prompts import read_prompts
 
     transformers.utils.logging.set_verbosity_error()
     t0 = time.perf_counter()
-    loaded = tracer.load_model(model, device=device, dtype=dtype, seed=seed)
-    items, tokenization = tracer.read_prompts(prompts, tokenizer=loaded.tokenizer,
-                                              vocab_size=loaded.vocab_size)
+    loaded = load_model(model, device=device, dtype=dtype, seed=seed)
+    items, tokenization = read_prompts(prompts, tokenizer=loaded.tokenizer,
+                                       vocab_size=loaded.vocab_size)
     with Progress(transient=True, console=Console(stderr=True), disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("tracing", total=len(items))
         result = tracer.trace_model(

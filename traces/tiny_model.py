@@ -8,7 +8,7 @@ quality checks), not a stand-in for a large model's numbers. Its folder holds
 ``config.json``, ``model.safetensors`` (float16), ``generation_config.json``,
 ``train_log.json`` and ``NOTICE.md``; load it with
 ``transformers.AutoModelForCausalLM.from_pretrained(model_dir())`` or
-``moesim.traces.tracer.load_model(model_dir())``.
+``moesim.traces.model_loading.load_model(model_dir())``.
 """
 
 from __future__ import annotations

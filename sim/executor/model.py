@@ -135,7 +135,7 @@ def load(model_ref: str | None, spec: ModelSpec | None, device: torch.device, *,
     else a random Mixtral of ``spec``'s shape. Returns it prepared (experts in the host pool)."""
     source: dict[str, Any]
     if model_ref is not None:
-        from moesim.traces.tracer import load_model
+        from moesim.traces.model_loading import load_model
 
         lm = load_model(model_ref, device=str(device), seed=seed)
         model, source = lm.model, dict(lm.source)
@@ -152,7 +152,7 @@ def load(model_ref: str | None, spec: ModelSpec | None, device: torch.device, *,
 def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[str, Any]) -> OffloadModel:
     """Take the experts out of ``model`` into a host pool and install :class:`OffloadedMoe`."""
     from moesim.sim.executor.kernels import expert_numel
-    from moesim.traces.tracer import find_moe_layers
+    from moesim.traces.arch import find_moe_layers
 
     arch, layers, _ = find_moe_layers(model)
     if arch.model_type != "mixtral":

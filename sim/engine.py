@@ -43,6 +43,7 @@ from moesim.policies.base import (
     Routing,
     UnitKey,
 )
+from moesim.sim.clock import advance_alone
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
 from moesim.sim.fastpath import fast_path_refusal, run_fast
@@ -300,7 +301,8 @@ class Engine:
                     if self.spent_s:
                         yield from self._charge()
                 # non-MoE compute, and the runtime's per-layer overhead
-                yield timeout(layer_s + overhead_layer)
+                if not advance_alone(env, layer_s + overhead_layer):
+                    yield timeout(layer_s + overhead_layer)
                 st.gpu_busy_s += layer_s
                 st.overhead_s += overhead_layer
                 if timeline is not None:
@@ -441,7 +443,8 @@ class Engine:
                             ready = ready[:1]   # memory is tight: free pins one expert at a time
                         dt = sum([x[1] for x in ready])
                         tc = env.now
-                        yield timeout(dt)
+                        if not advance_alone(env, dt):
+                            yield timeout(dt)
                         st.gpu_busy_s += dt
                         if timeline is not None:
                             timeline.append(("GPU", f"L{layer} experts", tc, dt,
@@ -503,7 +506,8 @@ class Engine:
             head = cost.head_s(n_tok)
             over = cost.overhead_iteration_s(n_tok)
             if head + over > 0:
-                yield timeout(head + over)
+                if not advance_alone(env, head + over):
+                    yield timeout(head + over)
                 st.gpu_busy_s += head
                 st.overhead_s += over
             now = env.now

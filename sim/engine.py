@@ -274,6 +274,7 @@ class Engine:
         decision_s = float(policy.decision_us) * 1e-6
         overhead_layer = cost.overhead_layer_s()
         timeout = env.timeout
+        tr_experts, tr_weights = self.trace.experts, self.trace.weights
         for it in iters:
             self.cur_iter = it
             tx.iteration = it.index
@@ -288,6 +289,7 @@ class Engine:
             if self.spent_s:
                 yield from self._charge()
             n_tok = it.n_tokens
+            row0 = int(it.rows0[0]) if n_tok == 1 else -1
             layer_s = cost.layer_s(n_tok)
             for layer in range(L):
                 self.cur_layer = layer
@@ -310,7 +312,9 @@ class Engine:
                                      layer_s + overhead_layer, {"iteration": it.index}))
                 # routing known: the plan
                 self.routed_upto = layer
-                routing = self.routing_of(it, layer)
+                # the routing (as routing_of gives it; a one-row slice view for one token)
+                rows: slice | np.ndarray = slice(row0 + layer, row0 + layer + 1) if row0 >= 0 else it.rows0 + layer
+                routing = Routing(layer, tr_experts[rows], None if tr_weights is None else tr_weights[rows])
                 plan = policy.on_routed(view, layer, routing) if has_routed else None
                 on_cpu = None
                 if plan is None:

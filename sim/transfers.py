@@ -126,17 +126,17 @@ class Transfers:
         """Evict policy-chosen victims until ``nbytes`` fit in ``pool``, counting room still
         draining to the host as coming; returns (fits now, evictions)."""
         vram = self.vram
-        used = vram.used
-        # room_to_come and free inlined: this runs for every prefetch and demand load
-        if vram.capacity[pool] - used[pool] + vram.draining[pool] - vram.claimed[pool] >= nbytes:
-            return vram.capacity[pool] - used[pool] >= nbytes, 0
+        used, draining, claimed = vram.used, vram.draining, vram.claimed
+        # room_to_come, free and candidates inlined: this runs for every prefetch and demand load
         n = 0
         policy, view = self.policy, self.view
-        while vram.room_to_come(pool) < nbytes:
-            cands = vram.candidates(pool)
+        while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
+            pinned = vram.pinned
+            cands = [k for k, u in vram.pool_units[pool].items()
+                     if u.state == RESIDENT and not u.in_buffer and k not in pinned]
             if not cands:
                 break
-            req = EvictionRequest(reason, key, pool, nbytes - vram.free(pool), cands)
+            req = EvictionRequest(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)
             victim = policy.choose_victim(view, req)
             if isinstance(victim, Decline):
                 if victim is not req.decline:
@@ -147,7 +147,7 @@ class Transfers:
             if not self.evict_key(victim):
                 raise PolicyError(f"policy {policy.name!r} chose victim {victim}, which is not an unpinned resident")
             n += 1
-        return vram.free(pool) >= nbytes, n
+        return vram.capacity[pool] - used[pool] >= nbytes, n
 
     def _allocate(self, u: Unit, allow_buffer: bool, reason: Reason) -> tuple[bool, int]:
         """Evict for ``u`` as needed, then give it room; returns (got room, evictions)."""

@@ -43,11 +43,12 @@ from moesim.policies.base import (
     UnitKey,
     check_columns,
 )
+from moesim.sim.clock import advance_alone
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
 from moesim.sim.fastpath import fast_path_refusal, run_fast
 from moesim.sim.plans import access_order, check_plan, count_lossy
-from moesim.sim.records import RunStats, StepRecords, TimelineEvent
+from moesim.sim.records import STEP_CHUNK, RunStats, StepRecords, TimelineEvent
 from moesim.sim.transfers import PolicyError, Transfers
 from moesim.sim.view import EngineView
 from moesim.sim.vram import Unit, Vram
@@ -256,7 +257,8 @@ class Engine:
         units = vram.units
         pinned = vram.pinned
         timeline = self.timeline if self.record_timeline else None
-        steps = self.steps if self.record_steps else None
+        steps = self.steps
+        step_rows = steps.rows if self.record_steps else None   # appended inline (see StepRecords)
         iters = self.workload.iterations
         n_iters = len(iters)
         batch_start: dict[int, float] = {}
@@ -272,6 +274,7 @@ class Engine:
         decision_s = float(policy.decision_us) * 1e-6
         overhead_layer = cost.overhead_layer_s()
         timeout = env.timeout
+        tr_experts, tr_weights = self.trace.experts, self.trace.weights
         for it in iters:
             self.cur_iter = it
             tx.iteration = it.index
@@ -286,6 +289,7 @@ class Engine:
             if self.spent_s:
                 yield from self._charge()
             n_tok = it.n_tokens
+            row0 = int(it.rows0[0]) if n_tok == 1 else -1
             layer_s = cost.layer_s(n_tok)
             for layer in range(L):
                 self.cur_layer = layer
@@ -299,7 +303,8 @@ class Engine:
                     if self.spent_s:
                         yield from self._charge()
                 # non-MoE compute, and the runtime's per-layer overhead
-                yield timeout(layer_s + overhead_layer)
+                if not advance_alone(env, layer_s + overhead_layer):
+                    yield timeout(layer_s + overhead_layer)
                 st.gpu_busy_s += layer_s
                 st.overhead_s += overhead_layer
                 if timeline is not None:
@@ -307,7 +312,9 @@ class Engine:
                                      layer_s + overhead_layer, {"iteration": it.index}))
                 # routing known: the plan
                 self.routed_upto = layer
-                routing = self.routing_of(it, layer)
+                # the routing (as routing_of gives it; a one-row slice view for one token)
+                rows: slice | np.ndarray = slice(row0 + layer, row0 + layer + 1) if row0 >= 0 else it.rows0 + layer
+                routing = Routing(layer, tr_experts[rows], None if tr_weights is None else tr_weights[rows])
                 plan = policy.on_routed(view, layer, routing) if has_routed else None
                 on_cpu = None
                 if plan is None:
@@ -364,7 +371,7 @@ class Engine:
                             u = None
                         if u is None:
                             n_abs += 1
-                            u = Unit(key, self.part_bytes(layer, p), pool, True)
+                            u = Unit(key, tx.part_bytes(layer, p), pool, True)
                             vram.add(u)
                             miss_units.append(u)
                             miss_bytes += u.nbytes
@@ -418,7 +425,11 @@ class Engine:
                 if miss_units:
                     tx.waiting.extend(miss_units)
                 if tx.waiting:
-                    stall += yield from tx.issue_demand()
+                    granted, delay = tx.grant_waiting()
+                    if delay > 0:
+                        yield timeout(delay)
+                        stall += delay
+                    tx.queue_demand(granted)
                 if has_access or has_after:
                     outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
                     if has_access:
@@ -436,7 +447,8 @@ class Engine:
                             ready = ready[:1]   # memory is tight: free pins one expert at a time
                         dt = sum([x[1] for x in ready])
                         tc = env.now
-                        yield timeout(dt)
+                        if not advance_alone(env, dt):
+                            yield timeout(dt)
                         st.gpu_busy_s += dt
                         if timeline is not None:
                             timeline.append(("GPU", f"L{layer} experts", tc, dt,
@@ -452,17 +464,24 @@ class Engine:
                             if bu.in_buffer:   # free the staging room at once
                                 self._settle(bu)
                         if tx.waiting:
-                            stall += yield from tx.issue_demand()
+                            granted, delay = tx.grant_waiting()
+                            if delay > 0:
+                                yield timeout(delay)
+                                stall += delay
+                            tx.queue_demand(granted)
                         continue
                     # nothing ready: wait for a transfer, or for room
                     ts = env.now
                     evs = [tx.landing(x[2]) for x in remaining if x[2].state in (QUEUED, INFLIGHT)]
                     if evs:
-                        yield evs[0] if len(evs) == 1 else env.any_of(evs)
+                        yield evs[0] if len(evs) == 1 else self._any_of(evs)
                     elif tx.waiting:
                         if tx.space_event.triggered:   # room was freed since we last tried
                             tx.space_event = env.event()
-                            yield from tx.issue_demand()
+                            granted, delay = tx.grant_waiting()
+                            if delay > 0:
+                                yield timeout(delay)
+                            tx.queue_demand(granted)
                         else:
                             self._check_deadlock(layer)
                             yield tx.space_event
@@ -481,14 +500,18 @@ class Engine:
                     policy.on_layer_end(view, layer)
                 if self.check_invariants:
                     vram.check()
-                if steps is not None:
-                    steps.append((it.index, layer, t0, t_route, env.now, len(exps), hits, late, part,
+                if step_rows is not None:
+                    step_rows.append((it.index, layer, t0, t_route, env.now, len(exps), hits, late, part,
                                   miss, len(cpu_exps), stall, miss_bytes, tx.layer_prefetch_bytes,
                                   tx.layer_evictions))
+                    if len(step_rows) >= STEP_CHUNK:
+                        steps.pack()
+                        step_rows = steps.rows
             head = cost.head_s(n_tok)
             over = cost.overhead_iteration_s(n_tok)
             if head + over > 0:
-                yield timeout(head + over)
+                if not advance_alone(env, head + over):
+                    yield timeout(head + over)
                 st.gpu_busy_s += head
                 st.overhead_s += over
             now = env.now
@@ -503,6 +526,21 @@ class Engine:
             self.prev_iter = it
             if self.progress is not None:
                 self.progress(it.index + 1, n_iters)
+
+    def _any_of(self, events: list[simpy.Event]) -> simpy.Event:
+        """An event that succeeds when the first of ``events`` (untriggered landings) is
+        processed: what ``env.any_of`` gives, scheduled at the same instant and in the same order
+        (one ``succeed`` from the first callback), without building a condition value."""
+        any_ev = self.env.event()
+
+        def fire(_ev: simpy.Event) -> None:
+            if not any_ev.triggered:
+                any_ev.succeed()
+
+        for ev in events:
+            assert ev.callbacks is not None   # not yet processed: the unit is queued or in flight
+            ev.callbacks.append(fire)
+        return any_ev
 
     def _check_deadlock(self, layer: int) -> None:
         busy = (any(u.state in (QUEUED, INFLIGHT) for u in self.vram.units.values())

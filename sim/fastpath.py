@@ -221,7 +221,7 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
             stall = 0.0
             if miss_units:
                 tx.waiting.extend(miss_units)
-                granted, delay = tx._try_waiting()
+                granted, delay = tx.grant_waiting()
                 if tx.waiting:
                     raise PolicyError(f"policy {policy.name!r} declares itself demand-only but refused "
                                       f"every victim for a demand load at iteration {it.index}, layer {layer}")

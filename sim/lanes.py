@@ -39,7 +39,7 @@ class Transfer(Protocol):
 class CopyLanes:
     """``n_lanes`` concurrent copy engines over one shared queue.
 
-    ``duration(nbytes)`` gives a transfer's time; ``on_start(unit, cls, lane)`` and
+    ``duration(nbytes)`` gives a transfer's time (a pure function of the size: it is cached); ``on_start(unit, cls, lane)`` and
     ``on_land(unit, cls, lane, start, duration)`` let the engine keep its books. ``queued`` and
     ``inflight`` are the unit states the lanes set; the engine owns every other state.
     """
@@ -71,6 +71,7 @@ class CopyLanes:
         self.busy_s = 0.0
         self.inflight_count = 0
         self._seq = 0
+        self._dur: dict[int, float] = {}   # duration by size (``duration`` is a pure function of it)
 
     def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
         """Queue ``unit``; it starts at once if a lane is free."""
@@ -88,7 +89,9 @@ class CopyLanes:
             if u.state != self.QUEUED:   # withdrawn meanwhile
                 continue
             u.state = self.INFLIGHT
-            dur = self.duration(u.nbytes)
+            dur = self._dur.get(u.nbytes)
+            if dur is None:
+                dur = self._dur[u.nbytes] = self.duration(u.nbytes)
             start = self.env.now
             self.inflight_count += 1
             self.on_start(u, cls, lane)

@@ -31,36 +31,41 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
 )
 """Columns of the per-(iteration, layer) step records and their types."""
 
-_CHUNK = 1 << 15
+STEP_CHUNK = 1 << 15
+"""Rows kept as tuples before they are packed into a numpy chunk."""
 
 
 class StepRecords:
     """Per (iteration, layer) records, appended as tuples on the hot path and packed into
-    numpy columns every few thousand steps (bounded memory, no per-row objects)."""
+    numpy columns every few thousand steps (bounded memory, no per-row objects).
+
+    A hot loop may append to :attr:`rows` itself, calling :meth:`pack` (then re-reading
+    :attr:`rows`) once it holds :data:`STEP_CHUNK` rows, as :meth:`append` does."""
 
     def __init__(self) -> None:
-        self._rows: list[tuple[Any, ...]] = []
+        self.rows: list[tuple[Any, ...]] = []
         self._chunks: list[np.ndarray] = []
         self._dtype = np.dtype(list(STEP_FIELDS))
 
     def append(self, row: tuple[Any, ...]) -> None:
         """One step, fields in :data:`STEP_FIELDS` order."""
-        rows = self._rows
+        rows = self.rows
         rows.append(row)
-        if len(rows) >= _CHUNK:
-            self._pack()
+        if len(rows) >= STEP_CHUNK:
+            self.pack()
 
-    def _pack(self) -> None:
-        if self._rows:
-            self._chunks.append(np.array(self._rows, dtype=self._dtype))
-            self._rows = []
+    def pack(self) -> None:
+        """Pack the rows appended so far into a numpy chunk (:attr:`rows` is a new list after)."""
+        if self.rows:
+            self._chunks.append(np.array(self.rows, dtype=self._dtype))
+            self.rows = []
 
     def __len__(self) -> int:
-        return sum(len(c) for c in self._chunks) + len(self._rows)
+        return sum(len(c) for c in self._chunks) + len(self.rows)
 
     def columns(self) -> dict[str, np.ndarray]:
         """All records as one numpy array per field."""
-        self._pack()
+        self.pack()
         arr = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=self._dtype)
         return {name: arr[name] for name, _ in STEP_FIELDS}
 

@@ -10,7 +10,6 @@ queued prefetches can be withdrawn (not under fifo order). Every byte moves thro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import simpy
 
@@ -68,6 +67,7 @@ class Transfers:
         self.layer_evictions = 0      # counters of the layer being replayed, for its step record
         self.layer_prefetch_bytes = 0
         self._has_on_loaded = policy.uses_hook("on_loaded")
+        self._sizes: dict[tuple[float, ...], tuple[int, ...]] = {}   # part split -> bytes of each part
 
     def pool_of(self, layer: int) -> int:
         """The pool of ``layer``'s units."""
@@ -76,9 +76,12 @@ class Transfers:
     def part_bytes(self, layer: int, part: int) -> int:
         """Bytes of part ``part`` of an expert of ``layer``."""
         fr = self.fractions[layer]
-        if not 0 <= part < len(fr):
+        sizes = self._sizes.get(fr)
+        if sizes is None:   # once per distinct split (the fractions list changes only between iterations)
+            sizes = self._sizes[fr] = tuple(int(round(f * self.expert_bytes)) for f in fr)
+        if not 0 <= part < len(sizes):
             raise ValueError(f"layer {layer} has {len(fr)} part(s); no part {part}")
-        return int(round(fr[part] * self.expert_bytes))
+        return sizes[part]
 
     def landing(self, u: Unit) -> simpy.Event:
         """The event that fires when ``u``'s transfer lands (made on first demand)."""
@@ -122,14 +125,18 @@ class Transfers:
     def make_room(self, pool: int, nbytes: int, reason: Reason, key: UnitKey) -> tuple[bool, int]:
         """Evict policy-chosen victims until ``nbytes`` fit in ``pool``, counting room still
         draining to the host as coming; returns (fits now, evictions)."""
-        n = 0
         vram = self.vram
+        used, draining, claimed = vram.used, vram.draining, vram.claimed
+        # room_to_come, free and candidates inlined: this runs for every prefetch and demand load
+        n = 0
         policy, view = self.policy, self.view
-        while vram.room_to_come(pool) < nbytes:
-            cands = vram.candidates(pool)
+        while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
+            pinned = vram.pinned
+            cands = [k for k, u in vram.pool_units[pool].items()
+                     if u.state == RESIDENT and not u.in_buffer and k not in pinned]
             if not cands:
                 break
-            req = EvictionRequest(reason, key, pool, nbytes - vram.free(pool), cands)
+            req = EvictionRequest(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)
             victim = policy.choose_victim(view, req)
             if isinstance(victim, Decline):
                 if victim is not req.decline:
@@ -140,7 +147,7 @@ class Transfers:
             if not self.evict_key(victim):
                 raise PolicyError(f"policy {policy.name!r} chose victim {victim}, which is not an unpinned resident")
             n += 1
-        return vram.free(pool) >= nbytes, n
+        return vram.capacity[pool] - used[pool] >= nbytes, n
 
     def _allocate(self, u: Unit, allow_buffer: bool, reason: Reason) -> tuple[bool, int]:
         """Evict for ``u`` as needed, then give it room; returns (got room, evictions)."""
@@ -294,9 +301,11 @@ class Transfers:
         waiting demand load can take it."""
         return self._drop_queued(lambda u: u.pool != pool or u.in_buffer)
 
-    def _try_waiting(self) -> tuple[list[Unit], float]:
-        """Give room to waiting demand units, in order. Returns the units that got room (to be
-        queued once the eviction delay on the critical path, also returned, has passed)."""
+    def grant_waiting(self) -> tuple[list[Unit], float]:
+        """Give room to waiting demand units, in order. Returns the units that got room and the
+        eviction delay on the critical path (seconds): the caller waits that long, then queues
+        them with :meth:`queue_demand` (the engine's GPU process does this inline, without a
+        sub-generator per call)."""
         delay = 0.0
         evict_s = self.cost.hardware.evict_us * 1e-6
         granted: list[Unit] = []
@@ -314,12 +323,8 @@ class Transfers:
             granted.append(u)
         return granted, delay
 
-    def issue_demand(self) -> Any:
-        """Process fragment: grant room to waiting demand loads, pay the eviction cost on the
-        critical path, then queue the loads. Returns the stall it caused (seconds)."""
-        granted, delay = self._try_waiting()
-        if delay > 0:
-            yield self.env.timeout(delay)
+    def queue_demand(self, granted: list[Unit]) -> None:
+        """Queue the demand loads :meth:`grant_waiting` gave room, once its delay has passed."""
+        submit = self.lanes.submit
         for u in granted:
-            self.lanes.submit(u, DEMAND_CLASS, 0.0)
-        return delay
+            submit(u, DEMAND_CLASS, 0.0)

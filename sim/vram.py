@@ -55,6 +55,7 @@ class Vram:
         self.pool_units: list[dict[UnitKey, Unit]] = [{} for _ in self.capacity]
         self.pinned: set[UnitKey] = set()
         self.peak = 0
+        self.total = 0   # bytes held in all pools and the buffer: sum(used) + buffer_used, kept as it changes
 
     # -- units -----------------------------------------------------------------------------------
     def add(self, u: Unit) -> None:
@@ -89,14 +90,19 @@ class Vram:
     def take_room(self, u: Unit, allow_buffer: bool) -> bool:
         """Give ``u`` room that is free now: in its pool, else (with ``allow_buffer``) in the
         transfer buffer. False, changing nothing, if neither has it."""
-        if self.capacity[u.pool] - self.used[u.pool] >= u.nbytes:
-            self.used[u.pool] += u.nbytes
-        elif allow_buffer and self.buffer_capacity - self.buffer_used >= u.nbytes:
+        nbytes = u.nbytes
+        pool = u.pool
+        used = self.used
+        if self.capacity[pool] - used[pool] >= nbytes:
+            used[pool] += nbytes
+        elif allow_buffer and self.buffer_capacity - self.buffer_used >= nbytes:
             u.in_buffer = True
-            self.buffer_used += u.nbytes
+            self.buffer_used += nbytes
         else:
             return False
-        self._note_peak()
+        tot = self.total = self.total + nbytes
+        if tot > self.peak:
+            self.peak = tot
         return True
 
     def take_buffer(self, u: Unit) -> bool:
@@ -105,6 +111,7 @@ class Vram:
             return False
         u.in_buffer = True
         self.buffer_used += u.nbytes
+        self.total += u.nbytes
         self._note_peak()
         return True
 
@@ -123,6 +130,7 @@ class Vram:
             self.buffer_used -= u.nbytes
         else:
             self.used[u.pool] -= u.nbytes
+        self.total -= u.nbytes
 
     def start_drain(self, u: Unit) -> None:
         """``u`` was evicted with swap-out: its room stays held until :meth:`end_drain`."""
@@ -149,16 +157,15 @@ class Vram:
 
     def total_used(self) -> int:
         """Bytes held in all pools and the buffer."""
-        return sum(self.used) + self.buffer_used
+        return self.total
 
     def draining_any(self) -> bool:
         """Some room is still being copied back to the host."""
         return any(self.draining) or self.buffer_draining > 0
 
     def _note_peak(self) -> None:
-        tot = sum(self.used) + self.buffer_used
-        if tot > self.peak:
-            self.peak = tot
+        if self.total > self.peak:
+            self.peak = self.total
 
     def set_capacities(self, capacities: list[int]) -> None:
         """New pool sizes (the caller checked that usage fits)."""
@@ -186,5 +193,7 @@ class Vram:
                 raise VramError(f"pool {p}: units hold {held[p]} + draining {self.draining[p]} != used {self.used[p]}")
         if self.buffer_used > self.buffer_capacity:
             raise VramError(f"buffer holds {self.buffer_used} bytes, over its {self.buffer_capacity}")
+        if self.total != sum(self.used) + self.buffer_used:
+            raise VramError(f"running total {self.total} != pools {sum(self.used)} + buffer {self.buffer_used}")
         if buf + self.buffer_draining != self.buffer_used:
             raise VramError(f"buffer: units hold {buf} + draining {self.buffer_draining} != used {self.buffer_used}")

@@ -124,6 +124,8 @@ class LRUCache(RecencyCache):
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used longest ago."""
+        if len(candidates) == 1:   # a small pool's common case: no key function to call
+            return candidates[0]
         last = self._last
         return min(candidates, key=lambda k: last.get(k, 0))
 

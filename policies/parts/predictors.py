@@ -18,8 +18,6 @@ commits per token); :meth:`Predictor.predict` the union a prefetcher issues.
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from moesim.policies.base import Context, PolicySetupError, Profile, View
@@ -44,7 +42,9 @@ def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     k = min(k, scores.shape[1])
     if scores.shape[0] == 1:  # the common batch-1 case: plain Python beats numpy on one row
         row = scores[0].tolist()
-        return [(e, row[e]) for e in heapq.nlargest(k, range(len(row)), key=row.__getitem__)]
+        # sorted(..., reverse=True)[:k] is what heapq.nlargest is defined as (ties keep index
+        # order) and is faster on a router's few dozen scores
+        return [(e, row[e]) for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]]
     best: dict[int, float] = {}
     idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     for t in range(scores.shape[0]):

@@ -38,6 +38,22 @@ if TYPE_CHECKING:
     from moesim.sim.engine import Engine
 
 
+
+def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> float:
+    """After an iteration's last layer: charge the LM head and the per-iteration overhead, and
+    record when the iteration and its requests' tokens end (both fast replays; the same float
+    operations as the event loop). Returns the new time."""
+    head = cost.head_s(n_tok)
+    over = cost.overhead_iteration_s(n_tok)
+    if head + over > 0:
+        now = now + (head + over)
+        st.gpu_busy_s += head
+        st.overhead_s += over
+    st.iteration_end.append(now)
+    for r in dict.fromkeys(it.request_ids.tolist()):
+        st.token_end.setdefault(int(r), []).append(now)
+    return now
+
 def ordered_kind(engine: Engine) -> str | None:
     """``"lru"``, ``"fifo"``, ``"lfu"`` or ``"random"`` when ``engine``'s policy is exactly that shipped cache (alone or
     in a composition of nothing else that overrides no hook), else None."""
@@ -277,15 +293,7 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
             if steps is not None:
                 steps.append((idx, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, n_miss, 0,
                               stall, n_miss * eb, 0, evictions))
-        head = cost.head_s(n_tok)
-        over = cost.overhead_iteration_s(n_tok)
-        if head + over > 0:
-            now = now + (head + over)
-            st.gpu_busy_s += head
-            st.overhead_s += over
-        st.iteration_end.append(now)
-        for r in dict.fromkeys(it.request_ids.tolist()):
-            st.token_end.setdefault(int(r), []).append(now)
+        now = finish_iteration(st, cost, it, n_tok, now)
         eng.prev_iter = it
         if progress is not None:
             progress(idx + 1, n_iters)

@@ -27,7 +27,7 @@ import heapq
 from typing import TYPE_CHECKING, Any
 
 from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, RESIDENT, Outcome
-from moesim.sim.fastorder import ordered_kind, replay_ordered
+from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order
 from moesim.sim.transfers import PolicyError
@@ -259,15 +259,7 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
             if steps is not None:
                 steps.append((it.index, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, miss, 0,
                               stall, miss_bytes, 0, tx.layer_evictions))
-        head = cost.head_s(n_tok)
-        over = cost.overhead_iteration_s(n_tok)
-        if head + over > 0:
-            now = now + (head + over)
-            st.gpu_busy_s += head
-            st.overhead_s += over
-        st.iteration_end.append(now)
-        for r in dict.fromkeys(it.request_ids.tolist()):
-            st.token_end.setdefault(int(r), []).append(now)
+        now = finish_iteration(st, cost, it, n_tok, now)
         eng.cur_layer = L
         eng.fast_now = now
         if has_iend:

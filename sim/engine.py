@@ -280,11 +280,7 @@ class Engine:
             tx.iteration = it.index
             self.cur_layer = -1
             self.routed_upto = -1
-            if it.batch not in batch_start:
-                batch_start[it.batch] = env.now
-            for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
-                if first:
-                    st.request_start[int(r)] = batch_start[it.batch]
+            st.start_iteration(it, env.now, batch_start)
             policy.on_iteration_start(view)
             if self.spent_s:
                 yield from self._charge()
@@ -515,9 +511,7 @@ class Engine:
                 st.gpu_busy_s += head
                 st.overhead_s += over
             now = env.now
-            st.iteration_end.append(now)
-            for r in dict.fromkeys(it.request_ids.tolist()):   # one output token per request
-                st.token_end.setdefault(int(r), []).append(now)
+            st.end_iteration(it, now)
             self.cur_layer = L
             policy.on_iteration_end(view)
             if self.spent_s:

@@ -49,9 +49,7 @@ def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> flo
         now = now + (head + over)
         st.gpu_busy_s += head
         st.overhead_s += over
-    st.iteration_end.append(now)
-    for r in dict.fromkeys(it.request_ids.tolist()):
-        st.token_end.setdefault(int(r), []).append(now)
+    st.end_iteration(it, now)
     return now
 
 def ordered_kind(engine: Engine) -> str | None:
@@ -188,11 +186,7 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
     for it in iters:
         eng.cur_iter = it
         idx = it.index
-        if it.batch not in batch_start:
-            batch_start[it.batch] = now
-        for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
-            if first:
-                st.request_start[int(r)] = batch_start[it.batch]
+        st.start_iteration(it, now, batch_start)
         n_tok = it.n_tokens
         layer_s = cost.layer_s(n_tok)
         step_s = layer_s + overhead_layer

@@ -154,11 +154,7 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
         tx.iteration = it.index
         eng.cur_layer = -1
         eng.routed_upto = -1
-        if it.batch not in batch_start:
-            batch_start[it.batch] = now
-        for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
-            if first:
-                st.request_start[int(r)] = batch_start[it.batch]
+        st.start_iteration(it, now, batch_start)
         eng.fast_now = now
         if has_start:
             policy.on_iteration_start(view)

@@ -110,6 +110,20 @@ class RunStats:
     request_start: dict[int, float] = field(default_factory=dict)
     iteration_end: list[float] = field(default_factory=list)
 
+    def start_iteration(self, it: Any, now: float, batch_start: dict[int, float]) -> None:
+        """Record the start of the requests that begin at iteration ``it``: the time their batch
+        first ran (``batch_start``, filled here on the batch's first iteration)."""
+        start = batch_start.setdefault(it.batch, now)
+        for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
+            if first:
+                self.request_start[int(r)] = start
+
+    def end_iteration(self, it: Any, now: float) -> None:
+        """Record that iteration ``it`` ended at ``now``: one output token for each request in it."""
+        self.iteration_end.append(now)
+        for r in dict.fromkeys(it.request_ids.tolist()):
+            self.token_end.setdefault(int(r), []).append(now)
+
 
 TimelineEvent = tuple[str, str, float, float, dict[str, Any]]
 """(track, label, start seconds, duration seconds, args) of one activity."""

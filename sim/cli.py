@@ -204,6 +204,7 @@ def calibrate(
     quick: Annotated[bool, typer.Option("--quick", help="fewer sizes and repeats (seconds)")] = False,
     context: Annotated[int, typer.Option("--context", min=1, help="context length of the non-MoE layer fit")] = 32,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch threads on CPU")] = 1,
+    trace: Annotated[Path | None, typer.Option("--trace", help="a trace recorded from this model: the executor-step runs replay the decode of its last 2 requests (default: random routing)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing profile file")] = False,
 ) -> None:
     """Measure copies, expert and layer compute, and framework overhead with torch; write a profile."""
@@ -220,16 +221,30 @@ def calibrate(
 
     check_target(out, option="--out", folder=False, force=force)
     ref, spec = model_argument(model, get_model("tiny-moe"))
+    routed = None
+    if trace is not None:
+        from moesim.traces.format import read_trace
+
+        routed = read_trace(trace)   # a missing or malformed trace is one line, before the model loads
     om = load(ref, spec, resolve_device(device))
+    routing = None
+    if routed is not None:
+        from moesim.sim.runner import check_shapes
+
+        check_shapes(routed, om.spec, f"--trace {trace}")
+        L = routed.model.num_layers
+        routing = (routed, list(dict.fromkeys(int(r) for r in routed.request_id[::L].tolist()))[-2:])
     cmd = (f"simctl calibrate --out {out} --device {device} --context {context} --threads {threads}"
-           + (f" --model {shlex.quote(model)}" if model else "") + (" --quick" if quick else ""))
-    prof = run_calibration(om, quick=quick, context=context, threads=threads, command=cmd)
+           + (f" --model {shlex.quote(model)}" if model else "") + (f" --trace {trace}" if trace else "")
+           + (" --quick" if quick else ""))
+    prof = run_calibration(om, quick=quick, context=context, threads=threads, command=cmd, routing=routing)
     write_profile(prof, out, force=force)
     hw, rt = prof["hardware"], prof["runtime"]
     c = hw["costs"]
     _console().print(f"{prof['provenance']['device']}: copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.1f} us, "
                      f"expert {c['expert_us']:.1f} us (+{c['expert_us_per_token']:.1f}/token), layer {c['layer_us']:.1f} us, "
-                     f"head {c['head_us']:.1f} us, overhead {rt['layer_us']:.1f} us/layer + {rt['iteration_us']:.1f} us/iteration")
+                     f"head {c['head_us']:.1f} us, overhead {rt['layer_us']:.1f} us/layer + {rt['iteration_us']:.1f} us/iteration, "
+                     f"{rt['demand_load_us']:.1f} us per demand load")
     _console().print(f"wrote {out}")
 
 
@@ -242,6 +257,7 @@ def validate(
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")] = "cpu",
     out: Annotated[Path, typer.Option("--out", "-o", help="folder for the profile and validation.json")] = Path("runs/validate"),
     quick: Annotated[bool, typer.Option("--quick", help="quick calibration")] = False,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="executor runs; each timing is the best of them")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
 ) -> None:
@@ -254,7 +270,13 @@ def validate(
     from moesim.sim.executor.model import load, model_argument
     from moesim.sim.runner import load_trace
     from moesim.sim.scenario import load_scenario
-    from moesim.sim.validate import compare, execute, format_rows, simulate
+    from moesim.sim.validate import (
+        calibration_inputs,
+        compare,
+        execute_repeated,
+        format_rows,
+        simulate,
+    )
     from moesim.traces.model_loading import resolve_device
 
     loaded = load_scenario(scenario, set_ or [])
@@ -268,10 +290,12 @@ def validate(
         used = profile
         if profile is None:
             cmd = f"simctl validate {scenario} --device {device}" + (" --quick" if quick else "")
-            used = write_profile(run_calibration(om, quick=quick, command=cmd), tmp / "profile.yaml")
+            context, routing = calibration_inputs(loaded, trace)
+            used = write_profile(run_calibration(om, quick=quick, command=cmd, context=context, routing=routing),
+                                 tmp / "profile.yaml")
             profile = out / "profile.yaml"
         assert used is not None
-        real = execute(loaded, om, used, trace)
+        real = execute_repeated(loaded, om, used, trace, repeats=repeats)
         sim = simulate(loaded, om.spec, used, trace)
         rows = compare(sim, real)
         (tmp / "validation.json").write_text(json.dumps({"scenario": str(scenario), "profile": str(profile),

@@ -82,6 +82,11 @@ class CostModel:
         """The runtime's framework overhead per MoE layer of a forward pass."""
         return self.runtime.layer_us * US
 
+    def demand_load_s(self) -> float:
+        """The runtime's host-side cost of one demand load on the critical path (beyond the
+        copy): issuing the load, blocking on it and resuming the layer."""
+        return self.runtime.demand_load_us * US
+
     def overhead_iteration_s(self, n_tokens: int) -> float:
         """The runtime's framework overhead per forward pass of ``n_tokens`` tokens."""
         rt = self.runtime

@@ -165,6 +165,7 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
     eb = eng.expert_bytes
     slots = [c // eb for c in vram.capacity]
     evict_s = cost.hardware.evict_us * 1e-6
+    demand_s = cost.demand_load_s()
     overhead_layer = cost.overhead_layer_s()
     transfer_s = cost.transfer_s
     last_evict: dict[tuple[int, int, int], int] = tx.last_evict_iter
@@ -250,6 +251,8 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
                         n += 1
                     held += 1
                     delay += n * evict_s
+                    if demand_s:
+                        delay += demand_s
                     evictions += n
                 total += n_miss - evictions
                 if total * eb > peak:

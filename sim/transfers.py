@@ -303,11 +303,13 @@ class Transfers:
 
     def grant_waiting(self) -> tuple[list[Unit], float]:
         """Give room to waiting demand units, in order. Returns the units that got room and the
-        eviction delay on the critical path (seconds): the caller waits that long, then queues
+        delay on the critical path (seconds: ``hardware.evict_us`` per eviction plus
+        ``runtime.demand_load_us`` per granted load): the caller waits that long, then queues
         them with :meth:`queue_demand` (the engine's GPU process does this inline, without a
         sub-generator per call)."""
         delay = 0.0
         evict_s = self.cost.hardware.evict_us * 1e-6
+        demand_s = self.cost.demand_load_s()
         granted: list[Unit] = []
         while self.waiting:
             u = self.waiting[0]
@@ -321,6 +323,8 @@ class Transfers:
             self.waiting.pop(0)
             u.state = QUEUED
             granted.append(u)
+            if demand_s:
+                delay += demand_s
         return granted, delay
 
     def queue_demand(self, granted: list[Unit]) -> None:

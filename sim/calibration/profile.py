@@ -7,18 +7,25 @@ and ``measurements:`` (every raw timing, so a reader can redo the fits). Fits:
 
 * copies: ``t = latency + bytes / bandwidth`` (least squares over sizes) -> ``pcie_latency_us``,
   ``pcie_gbps`` (``d2h_gbps`` from the reverse copies);
-* expert: ``t = expert_us + expert_us_per_token * (n - 1)``;
+* expert: ``t = expert_us + expert_us_per_token * (n - 1)``, exact at one token (decode), the
+  slope fitted over 2-128 tokens (prefill);
 * non-MoE layer: ``t = layer_us + layer_us_per_token * (n - 1)`` at the calibration context
-  (the context slope is measured and kept in ``measurements``; the cost model has no context
-  term);
-* framework overhead: the executor's own decode step with every expert resident, minus the
-  summed parts (layers, experts, head) -> ``runtime.layer_us`` (the MoE block's dispatch and
-  the policy's hooks, per layer) and ``runtime.iteration_us`` (the stubbed forward pass minus
-  its layers and head: embedding, masks, rotary tables, the loop).
+  (``--context``: the context the scenario decodes at; ``simctl validate`` passes its
+  workload's), exact at one token. The context slope is measured and kept in
+  ``measurements``; the cost model has no context term;
+* framework overhead (:mod:`moesim.sim.calibration.executor_runs`): the executor's own decode
+  step with every expert resident, minus the summed parts (layers, experts, head) ->
+  ``runtime.layer_us`` (the MoE block's dispatch and the policy's hooks, per layer); the
+  stubbed forward pass minus its layers and head, against tokens -> ``runtime.iteration_us``
+  and ``runtime.token_us`` (embedding, masks, rotary tables, the loop);
+* demand loads: the executor's step with every access a demand load, against the resident
+  one: what the simulator does not already predict from the copy and compute fits, per load
+  -> ``runtime.demand_load_us``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import platform
@@ -27,11 +34,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
 from moesim.sim.atomic import atomic_file
+from moesim.sim.calibration.awake import cpus_awake
 from moesim.sim.calibration.bench import (
     copy_bench,
     expert_bench,
@@ -39,7 +46,12 @@ from moesim.sim.calibration.bench import (
     layer_bench,
     roofline_bench,
 )
-from moesim.sim.calibration.timing import fit_line
+from moesim.sim.calibration.executor_runs import (
+    calibration_workload,
+    demand_load_cost,
+    measure_runs,
+)
+from moesim.sim.calibration.timing import best_of, fit_anchored, fit_line
 from moesim.sim.catalog import GIB, ModelSpec, get_hardware, get_runtime
 from moesim.sim.errors import MoesimError
 
@@ -91,71 +103,69 @@ def provenance(device: torch.device, threads: int, command: str | None = None) -
     return prov
 
 
-def _executor_step(om: Any, context: int, tokens: int, seed: int) -> float:
-    """Median seconds of the executor's decode step with every expert resident (policy lru,
-    budget = all experts, placed before the run), on a random routing of the model's shape."""
-    from moesim.policies.registry import make_policy
-    from moesim.sim.cost import CostModel
-    from moesim.sim.executor.runner import Executor
-    from moesim.sim.workload import build_workload
-    from moesim.traces.format import DECODE, PREFILL, ModelInfo, TraceMeta, trace_from_columns
-
-    m = om.spec
-    L, E, k = m.num_layers, m.num_experts, m.top_k
-    rng = np.random.default_rng(seed)
-    T = context + tokens
-    ex = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)])
-    ph = np.array([PREFILL] * context + [DECODE] * tokens)
-    cols = {"request_id": np.zeros(T * L, dtype=np.int64), "token_idx": np.repeat(np.arange(T), L),
-            "phase": np.repeat(ph, L), "layer": np.tile(np.arange(L), T),
-            "experts": ex.reshape(T * L, k).astype(np.int16)}
-    tr = trace_from_columns(cols, TraceMeta(ModelInfo("calibration", L, E, k)))
-    hw = get_hardware({"name": "calibrating", "vram_gib": 1e6, "pcie_gbps": 10, "peak_tflops": 1, "hbm_gbps": 1})
-    run = Executor(build_workload(tr), make_policy("lru", {}), om, CostModel(m, hw),
-                   budget_bytes=m.routed_bytes, initial="popular", seed=seed)
-    run.run(warmup=1)
-    return float(np.median(run.stats.iteration_s))
-
-
 def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int = 1, seed: int = 0,
-              command: str | None = None) -> dict[str, Any]:
+              command: str | None = None, routing: tuple[Any, list[int]] | None = None,
+              keep_awake: bool = True) -> dict[str, Any]:
     """Measure everything for the prepared model ``om`` on its device; returns the profile
-    (``command``: what produced it, for the provenance; default: this process's arguments)."""
+    (``command``: what produced it, for the provenance; default: this process's arguments;
+    ``routing``: ``(trace, request ids)`` whose decode the executor-step runs replay, default
+    random routing at ``context``; ``keep_awake``: on CPU, time with every processor kept out of
+    idle, :mod:`moesim.sim.calibration.awake`)."""
     device = om.device
     old_threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(threads)
+    awake = contextlib.ExitStack()
     try:
+        kept_awake = awake.enter_context(cpus_awake(device.type == "cpu" and keep_awake))
         m: ModelSpec = om.spec
         rep = 3 if quick else 9
+        rounds = 1 if quick else 3
         eb = m.expert_bytes
         sizes = sorted({max(4096, eb // 64), max(4096, eb // 8), eb, 2 * eb} if quick else
                        {64 * 1024, max(4096, eb // 16), max(4096, eb // 4), eb, 2 * eb, 4 * eb})
-        copies = copy_bench(device, sizes, repeat=rep)
+        tokens = [1, 2, 8, 32] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
+        contexts = [context] + ([4 * context] if quick else [2 * context, 4 * context])
+        per_round: dict[str, list[Any]] = {"copies": [], "experts": [], "layers": [], "head": []}
+        for _ in range(rounds):   # rounds spread each point over time; each keeps its lowest median
+            per_round["copies"].append(copy_bench(device, sizes, repeat=rep))
+            per_round["experts"].append(expert_bench(device, om.hidden, om.inter, om.dtype, tokens, repeat=rep))
+            per_round["layers"].append(layer_bench(om, [1, 4, 32] if quick else [1, 2, 4, 8, 32, 128], contexts,
+                                                   repeat=rep)["rows"])
+            per_round["head"].append([{"s": head_bench(om, repeat=rep)}])
+        copies = best_of(per_round["copies"], ("bytes", "host_memory"), ("h2d_s", "d2h_s"))
+        experts = best_of(per_round["experts"], ("tokens", "dtype"), ("s",))
+        layer_rows = best_of(per_round["layers"], ("tokens", "context"), ("layer_s", "forward_s"))
+        head = best_of(per_round["head"], (), ("s",))[0]["s"]
         main = [r for r in copies if r["host_memory"] in ("pinned", "memcpy")]
         lat, per_byte = fit_line([r["bytes"] for r in main], [r["h2d_s"] for r in main])
         dlat, dper = fit_line([r["bytes"] for r in main], [r["d2h_s"] for r in main])
-        tokens = [1, 2, 4, 8] if quick else [1, 2, 4, 8, 16, 32]
-        experts = expert_bench(device, om.hidden, om.inter, om.dtype, tokens, repeat=rep)
-        e0, e1 = fit_line([r["tokens"] - 1 for r in experts], [r["s"] for r in experts])
+        e0, e1 = fit_anchored([r["tokens"] - 1 for r in experts], [r["s"] for r in experts])
         roof = roofline_bench(device, om.dtype, size=256 if quick else 1024,
                               mem_bytes=(8 if quick else 64) * 2**20)
-        contexts = [context] + ([4 * context] if quick else [2 * context, 4 * context])
-        layers = layer_bench(om, [1, 4] if quick else [1, 2, 4, 8], contexts, repeat=rep)
-        at_ctx = [r for r in layers["rows"] if r["context"] == context]
-        l0, l1 = fit_line([r["tokens"] - 1 for r in at_ctx], [r["layer_s"] for r in at_ctx])
-        one = [r for r in layers["rows"] if r["tokens"] == 1]
+        at_ctx = [r for r in layer_rows if r["context"] == context]
+        l0, l1 = fit_anchored([r["tokens"] - 1 for r in at_ctx], [r["layer_s"] for r in at_ctx])
+        one = [r for r in layer_rows if r["tokens"] == 1]
         _, ctx_slope = fit_line([r["context"] for r in one], [r["layer_s"] for r in one])
-        head = head_bench(om, repeat=rep)
+        # the stubbed forward minus its layers and head: the per-pass overhead against tokens
+        it_over = [r["forward_s"] - m.num_layers * r["layer_s"] - head for r in at_ctx]
+        i0, i1 = fit_anchored([r["tokens"] for r in at_ctx], it_over)
         stub = next(r["forward_s"] for r in at_ctx if r["tokens"] == 1)
-        step = _executor_step(om, context, 8 if quick else 24, seed)
+        workload = calibration_workload(m, routing, context=context, tokens=8 if quick else 24, seed=seed)
+        runs = measure_runs(om, workload, seed, 2 if quick else 5)
+        runs["routing"] = ("random" if routing is None else
+                           f"decode of requests {list(routing[1])} of trace {routing[0].model.name!r}")
+        step = runs["resident_s"]
     finally:
         torch.set_num_threads(old_threads)
+        awake.close()
     L, k = m.num_layers, m.top_k
-    iteration_s = max(0.0, stub - L * l0 - head)
+    token_s = i1
+    iteration_s = max(0.0, i0)
     moe_overhead_s = max(0.0, (step - stub) / L - k * e0)
     us = 1e6
     prov = provenance(device, threads, command)
+    prov["cpus_kept_awake"] = kept_awake
     where = f"calibration: measured on {prov['device']} ({prov['date']})"
     hw = {
         "name": f"calibrated-{device.type}",
@@ -189,10 +199,18 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
     if not hw["cpu"]:
         del hw["cpu"]
     runtime = {"name": f"calibrated-{device.type}", "layer_us": round(moe_overhead_s * us, 3),
-               "iteration_us": round(iteration_s * us, 3), "token_us": 0.0,
-               "source": f"{where}; executor step with all experts resident ({step * us:.1f} us) minus "
-                         f"layers, experts and head; stubbed forward ({stub * us:.1f} us) minus layers and head"}
-    get_hardware(dict(hw))   # validate before writing
+               "iteration_us": round(iteration_s * us, 3), "token_us": round(token_s * us, 3),
+               "demand_load_us": 0.0, "source": ""}
+    get_hardware(dict(hw))   # validate before the simulator uses it
+    demand = demand_load_cost(m, workload, runs, hw, runtime)
+    runtime["demand_load_us"] = round(demand["demand_load_us"], 3)
+    runtime["source"] = (
+        f"{where}; layer_us: the executor's decode step with every expert resident ({step * us:.1f} us, "
+        f"{runs['routing']}) minus layers, experts and head; iteration_us, token_us: the stubbed forward "
+        f"minus its layers and head, against tokens; demand_load_us: the executor's step with every access a demand "
+        f"load ({runs['demand_s'] * us:.1f} us) exceeds the resident one by {demand['measured_gap_us']:.1f} us, the "
+        f"simulator predicts {demand['predicted_gap_us']:.1f} us from the copy and compute fits; the rest over "
+        f"{demand['loads_per_step']:.0f} demand loads per step")
     get_runtime(dict(runtime))
     return {
         "provenance": prov,
@@ -200,8 +218,9 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         "hardware": hw,
         "runtime": runtime,
         "measurements": {
-            "copies": copies, "experts": experts, "roofline": roof, "layers": layers["rows"],
+            "copies": copies, "experts": experts, "roofline": roof, "layers": layer_rows, "rounds": per_round,
             "head_s": head, "stub_forward_s": stub, "executor_step_s": step, "context": context,
+            "executor_runs": runs, "demand_load_fit": demand,
             "layer_context_slope_us_per_token": ctx_slope * us,
         },
     }

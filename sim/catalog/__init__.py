@@ -125,8 +125,8 @@ class CpuSpec(BaseModel):
 
 class RuntimeSpec(BaseModel):
     """Framework overhead of the inference runtime, on the GPU stream's critical path (kernel
-    launches and Python dispatch that the roofline has not): per MoE layer, per forward pass
-    and per token of a forward pass, in microseconds."""
+    launches and Python dispatch that the roofline has not): per MoE layer, per forward pass,
+    per token of a forward pass and per demand load, in microseconds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -134,6 +134,9 @@ class RuntimeSpec(BaseModel):
     layer_us: float = Field(0.0, ge=0, description="overhead per MoE layer of every forward pass")
     iteration_us: float = Field(0.0, ge=0, description="overhead per forward pass (scheduling, sampling)")
     token_us: float = Field(0.0, ge=0, description="overhead per token of a forward pass")
+    demand_load_us: float = Field(0.0, ge=0, description=(
+        "host-side cost of each demand load on the critical path, beyond the copy itself "
+        "(issuing it, blocking on it, resuming the layer); paid before the load is queued"))
     source: str = Field("", description="where the numbers come from")
 
 

@@ -1,0 +1,135 @@
+"""The executor's own decode step, measured in two runs: every expert resident (no copy at all)
+and every access a demand load (``no-cache``).
+
+The routing of both runs is the decode of requests of a trace recorded from the model (its
+natural routing: ``simctl validate`` takes requests of the scenario's trace that it does not
+validate) or, without one, uniformly random routing of the model's shape. The routing matters
+on a CPU, where a small model's experts stay in the processor's caches when the routing
+reuses them: uniformly random routing made the resident step of the bundled tiny MoE ~4%
+slower than its recorded routing did.
+
+The resident run fixes the framework overhead per layer (what the executor spends around its
+kernels). The difference between the two runs is what a demand load costs the executor; the
+simulator, given the copy and compute fits, predicts part of it (the copies that the layer's
+compute cannot hide). The rest, spread over the demand loads of a step, is the runtime's
+``demand_load_us``: on the CPU executor, the hand-off to the copy thread and back (a thread
+wake-up on each side, the interpreter lock passing between the two threads, the queue's
+bookkeeping); on a GPU, the host blocking on the copy's event and relaunching the layer. The
+runs alternate (resident, demand, resident, ...) so that a slow spell of a shared machine
+falls on both, and each figure is the lowest of its runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from moesim.sim.errors import MoesimError
+
+
+def random_trace(spec: Any, context: int, tokens: int, seed: int) -> Any:
+    """One request of ``context`` prompt tokens and ``tokens`` decode tokens, routed uniformly
+    at random (top-k distinct experts per token and layer) on ``spec``'s shape."""
+    from moesim.traces.format import DECODE, PREFILL, ModelInfo, TraceMeta, trace_from_columns
+
+    L, E, k = spec.num_layers, spec.num_experts, spec.top_k
+    rng = np.random.default_rng(seed)
+    T = context + tokens
+    ex = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)])
+    ph = np.array([PREFILL] * context + [DECODE] * tokens)
+    cols = {"request_id": np.zeros(T * L, dtype=np.int64), "token_idx": np.repeat(np.arange(T), L),
+            "phase": np.repeat(ph, L), "layer": np.tile(np.arange(L), T),
+            "experts": ex.reshape(T * L, k).astype(np.int16)}
+    return trace_from_columns(cols, TraceMeta(ModelInfo("calibration", L, E, k)))
+
+
+RUNS = {
+    # name: (policy, budget in experts per layer (None: all), initial fill)
+    "resident": ("lru", None, "popular"),
+    "demand": ("no-cache", "top_k", "empty"),
+}
+
+
+def _budget(spec: Any, per_layer: Any) -> int:
+    if per_layer is None:
+        return int(spec.routed_bytes)
+    return int(spec.num_layers * spec.top_k * spec.expert_bytes)
+
+
+def calibration_workload(spec: Any, routing: tuple[Any, list[int]] | None, *, context: int, tokens: int,
+                         seed: int) -> Any:
+    """The decode iterations of the runs: ``routing = (trace, request ids)``, or None for one
+    request of ``context`` + ``tokens`` tokens routed at random. Prompts are untimed context."""
+    from moesim.sim.workload import build_workload
+
+    if routing is None:
+        return build_workload(random_trace(spec, context, tokens, seed), phases=["decode"])
+    trace, requests = routing
+    return build_workload(trace, phases=["decode"], requests=list(requests))
+
+
+def executor_tpot(om: Any, workload: Any, run: str, seed: int) -> dict[str, float]:
+    """The executor's TPOT p50 and mean (seconds) and its misses for one of :data:`RUNS`."""
+    from moesim.policies.registry import make_policy
+    from moesim.sim.catalog import get_hardware
+    from moesim.sim.cost import CostModel
+    from moesim.sim.executor.runner import Executor
+
+    policy, per_layer, initial = RUNS[run]
+    m = om.spec
+    hw = get_hardware({"name": "calibrating", "vram_gib": 1e6, "pcie_gbps": 10, "peak_tflops": 1, "hbm_gbps": 1})
+    ex = Executor(workload, make_policy(policy, {}), om, CostModel(m, hw),
+                  budget_bytes=_budget(m, per_layer), initial=initial, seed=seed)
+    ex.run()
+    met = ex.metrics()
+    return {"tpot_p50_s": met["tpot_ms"]["p50"] / 1e3, "tpot_mean_s": met["tpot_ms"]["mean"] / 1e3,
+            "misses": float(met["misses"])}
+
+
+def simulated_tpot(spec: Any, workload: Any, run: str, hardware: dict[str, Any], runtime: dict[str, Any],
+                   seed: int) -> float:
+    """The simulator's TPOT p50 (seconds) for the same run with the given profile sections."""
+    from moesim.policies.registry import make_policy
+    from moesim.sim.catalog import get_hardware, get_runtime
+    from moesim.sim.cost import CostModel
+    from moesim.sim.engine import Engine
+    from moesim.sim.metrics import compute_metrics
+
+    policy, per_layer, initial = RUNS[run]
+    cost = CostModel(spec, get_hardware(dict(hardware)), get_runtime(dict(runtime)))
+    eng = Engine(workload, make_policy(policy, {}), cost, budget_bytes=_budget(spec, per_layer),
+                 initial=initial, seed=seed)
+    eng.run()
+    return float(compute_metrics(eng)["tpot_ms"]["p50"]) / 1e3
+
+
+def measure_runs(om: Any, workload: Any, seed: int, repeats: int) -> dict[str, Any]:
+    """Both runs ``repeats`` times, alternating; per run the lowest TPOT p50 (the machine
+    undisturbed, as :func:`~moesim.sim.calibration.timing.best_of`) and every raw value."""
+    raw: dict[str, list[dict[str, float]]] = {name: [] for name in RUNS}
+    for _ in range(repeats):
+        for name in RUNS:
+            raw[name].append(executor_tpot(om, workload, name, seed))
+    out: dict[str, Any] = {"seed": seed, "repeats": repeats, "decode_steps": len(workload.iterations), "raw": raw}
+    for name, rows in raw.items():
+        out[f"{name}_s"] = float(min(r["tpot_p50_s"] for r in rows))
+    return out
+
+
+def demand_load_cost(spec: Any, workload: Any, runs: dict[str, Any], hardware: dict[str, Any],
+                     runtime: dict[str, Any]) -> dict[str, float]:
+    """``demand_load_us`` such that the simulator's TPOT difference between the two runs equals
+    the executor's: the measured difference minus the predicted one (with no demand-load cost),
+    per demand load of a decode step (``top_k`` per layer under ``no-cache``). Clipped at 0."""
+    zero = dict(runtime, demand_load_us=0.0)
+    sim_res = simulated_tpot(spec, workload, "resident", hardware, zero, runs["seed"])
+    sim_dem = simulated_tpot(spec, workload, "demand", hardware, zero, runs["seed"])
+    per_step = spec.num_layers * spec.top_k
+    if per_step <= 0:
+        raise MoesimError("calibration: the model has no routed experts")
+    measured = runs["demand_s"] - runs["resident_s"]
+    predicted = sim_dem - sim_res
+    return {"demand_load_us": max(0.0, (measured - predicted) / per_step * 1e6),
+            "measured_gap_us": measured * 1e6, "predicted_gap_us": predicted * 1e6,
+            "sim_resident_us": sim_res * 1e6, "loads_per_step": float(per_step)}

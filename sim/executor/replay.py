@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from moesim.policies.base import check_columns
+from moesim.sim.placement import initial_fill, replayed_frequency
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.executor.runner import Executor
@@ -23,7 +24,7 @@ def _setup(ex: Executor) -> None:
 
     policy = ex.policy
     check_columns(policy, ex.ctx.columns, ex.trace.model.name)
-    ex.ctx.replayed_frequency = ex._frequencies()
+    ex.ctx.replayed_frequency = replayed_frequency(ex.workload, ex.trace, ex.L, ex.E)
     policy.setup(ex.ctx)
     for layer in range(ex.L):
         if tuple(policy.part_fractions(layer)) != (1.0,):
@@ -58,7 +59,7 @@ def replay(ex: Executor, warmup: int) -> ExecStats:
         last_of[int(it.request_ids[0])] = it.index
     try:
         _warmup(ex, warmup)
-        placed = ex._initial_fill()
+        placed = initial_fill(ex, lambda key: ex.store.alloc(key).copy_(ex.store.source(key[0], key[1])))
         policy.warm(view, placed)
         ex.t_origin = time.perf_counter()
         caches: dict[int, object] = {}

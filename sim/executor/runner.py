@@ -432,42 +432,6 @@ class Executor:
         return ex, None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
 
     # ------------------------------------------------------------------------------------------
-    def _initial_fill(self) -> list[UnitKey]:
-        """The simulator's ``cache.initial`` placement, with the weights copied in (untimed)."""
-        if self.initial == "empty":
-            return []
-        vram = self.vram
-        freq = self.ctx.offline_frequency() if self.initial == "popular" else None
-        placed: list[UnitKey] = []
-        for layer in range(self.L):
-            if freq is not None:
-                order = np.argsort(-freq[layer], kind="stable")
-            elif self.initial == "random":
-                order = self.rng.permutation(self.E)
-            else:
-                raise ExecutorError(f"cache.initial: unknown value {self.initial!r}")
-            pool = self.pool_of(layer)
-            share = vram.capacity[pool] if not self.global_pool else vram.capacity[0] // self.L * (layer + 1)
-            for e in order:
-                key = (layer, int(e), 0)
-                if vram.used[pool] + self.expert_bytes > min(vram.capacity[pool], share):
-                    break
-                u = Unit(key, self.expert_bytes, pool, True)
-                u.state, u.used = RESIDENT, True
-                vram.take_room(u, allow_buffer=False)
-                vram.add(u)
-                self.store.alloc(key).copy_(self.store.source(layer, int(e)))
-                placed.append(key)
-        return placed
-
-    def _frequencies(self) -> np.ndarray:
-        freq = np.zeros((self.L, self.E), dtype=np.int64)
-        rows0 = np.concatenate([it.rows0 for it in self.workload.iterations])
-        for layer in range(self.L):
-            freq[layer] = np.bincount(self.trace.experts[rows0 + layer].reshape(-1).astype(np.int64),
-                                      minlength=self.E)
-        return freq
-
     def _token_ids(self, rows0: np.ndarray) -> torch.Tensor:
         tid = self.trace.token_id
         if tid is not None:

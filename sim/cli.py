@@ -175,6 +175,8 @@ def hardware(
         for field, value in h.model_dump(exclude={"name", "source", "sources"}, exclude_none=True).items():
             t.add_row(field, str(value), h.source_of(field))
         _console().print(t)
+        if is_spec_file(name):
+            _print_runtime_section(name)
         return
     t = Table("hardware", "VRAM GiB", "PCIe GB/s", "copy engines", "TFLOP/s", "HBM GB/s", "calibrated", "source")
     for name_ in hardware_names():
@@ -183,6 +185,21 @@ def hardware(
                   f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
     _console().print(t)
     _console().print("simctl hardware NAME (or a profile .yaml) shows the source of every number")
+
+
+def _print_runtime_section(path: str) -> None:
+    """The ``runtime:`` section of a profile file, when it has one, with its source."""
+    from moesim.sim.catalog import get_runtime, load_spec_file
+
+    try:
+        rt = get_runtime(load_spec_file(path, "runtime"))
+    except MoesimError:
+        return   # a hardware-only file
+    t = Table("runtime field", "value (us)", title=f"runtime {rt.name}")
+    for field, value in rt.model_dump(exclude={"name", "source"}).items():
+        t.add_row(field, f"{value:g}")
+    _console().print(t)
+    _console().print(f"source: {rt.source or 'no source stated'}")
 
 
 def require_tracer(command: str) -> None:

@@ -51,6 +51,13 @@ def test_profile_has_provenance_measurements_and_fits(profile: Path) -> None:
     # the documented 1000 GB/s ceiling rather than a division by zero
     assert hw["pcie_gbps"] == (pytest.approx(1 / b / 1e9, rel=1e-3) if b > 0 else 1e3)
     assert rt["iteration_us"] >= 0 and rt["layer_us"] >= 0 and rt["source"]
+    # the demand-load cost comes from the two executor runs, kept raw beside the fit
+    runs = m["executor_runs"]
+    assert len(runs["raw"]["resident"]) == len(runs["raw"]["demand"]) == runs["repeats"] >= 2
+    assert runs["resident_s"] == min(r["tpot_p50_s"] for r in runs["raw"]["resident"])
+    fit = m["demand_load_fit"]
+    assert rt["demand_load_us"] == pytest.approx(max(0.0, (fit["measured_gap_us"] - fit["predicted_gap_us"])
+                                                      / fit["loads_per_step"]), abs=1e-3)
     assert data["model"]["hidden_size"] == 32
 
 
@@ -69,7 +76,8 @@ def test_a_scenario_accepts_the_profile(profile: Path, tmp_path: Path, capsys: p
     assert main(["run", str(scen), "--json"]) == 0
     assert '"hit_rate"' in capsys.readouterr().out
     assert main(["hardware", str(profile)]) == 0
-    assert "calibration: measured" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "calibration: measured" in shown and "demand_load_us" in shown
 
 
 def test_hardware_catalog_states_its_sources(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from moesim.sim.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 
 US = 1e-6
-NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, source="no overhead")
+NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
+                         source="no overhead")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:
     return freq
 
 
-def initial_fill(run: Any, on_place: Callable[[UnitKey], None] | None = None) -> list[UnitKey]:
+def initial_fill(run: Any, on_place: Callable[[UnitKey], object] | None = None) -> list[UnitKey]:
     """Place ``run.initial``'s units as resident in ``run.vram`` (``run``: the engine or the
     executor, with ``L``, ``E``, ``vram``, ``fractions``, ``global_pool``, ``ctx``, ``rng``,
     ``pool_of`` and ``part_bytes``); ``on_place`` is called with each placed key (the executor

@@ -134,9 +134,7 @@ class RuntimeSpec(BaseModel):
     layer_us: float = Field(0.0, ge=0, description="overhead per MoE layer of every forward pass")
     iteration_us: float = Field(0.0, ge=0, description="overhead per forward pass (scheduling, sampling)")
     token_us: float = Field(0.0, ge=0, description="overhead per token of a forward pass")
-    demand_load_us: float = Field(0.0, ge=0, description=(
-        "host-side cost of each demand load on the critical path, beyond the copy itself "
-        "(issuing it, blocking on it, resuming the layer); paid before the load is queued"))
+    demand_load_us: float = Field(0.0, ge=0, description="host-side cost of each demand load on the critical path, beyond the copy (issuing it, blocking on it, resuming the layer); paid before the load is queued")
     source: str = Field("", description="where the numbers come from")
 
 

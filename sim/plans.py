@@ -9,6 +9,8 @@ the top-1 routed expert runs, and how many slots run (the effective top-k).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from moesim.policies.base import Plan, Routing
@@ -68,3 +70,20 @@ def access_order(valid: np.ndarray) -> tuple[list[int], list[int]]:
     uniq, first, cnt = np.unique(valid, return_index=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     return [int(x) for x in uniq[order]], [int(x) for x in cnt[order]]
+
+
+def next_in_fixed_order(remaining: list[Any], early: set[int]) -> Any:
+    """The expert a layer computes next while demand loads wait for room: the first of
+    ``remaining`` (in access order) that was resident or already being copied when the layer
+    was routed (``early``: the ``id`` of those entries), else the first remaining demand load.
+
+    Computing one expert at a time in this fixed order, whatever has landed meanwhile, makes
+    the room each computed expert frees, and so every later victim choice, independent of when
+    copies land; the simulator and the executor then make the same choices and their hit
+    rates agree exactly even when a layer needs more experts than its pool holds (a prefill at
+    a low cache rate). Demand loads get room in access order, so the first remaining one has
+    room whenever any later one has."""
+    for x in remaining:
+        if id(x) in early:
+            return x
+    return remaining[0]

@@ -52,6 +52,7 @@ from moesim.sim.executor.plan import combine_weights as _combine_weights
 from moesim.sim.executor.stats import ExecStats, exec_metrics
 from moesim.sim.executor.store import ExpertStore
 from moesim.sim.executor.view import ExecutorView
+from moesim.sim.plans import next_in_fixed_order
 from moesim.sim.vram import Unit, Vram
 from moesim.sim.workload import Iteration, Workload
 
@@ -356,13 +357,18 @@ class Executor:
                 self._apply(out, x, weights, tok, slot, self.store.source(layer, e).to(x.device))
                 st.cpu_accesses += 1
         remaining = need
+        early = {id(x_) for x_, s in zip(need, status, strict=True) if s != MISS}
         stall = time.perf_counter() - t_wait
         while remaining:
             self._refresh()
-            ready = [x_ for x_ in remaining if x_[1].state == RESIDENT]
+            if self.waiting:
+                head = next_in_fixed_order(remaining, early)
+                watch = [head]
+                ready = [head] if head[1].state == RESIDENT else []
+            else:
+                watch = remaining
+                ready = [x_ for x_ in remaining if x_[1].state == RESIDENT]
             if ready:
-                if self.waiting:
-                    ready = ready[:1]
                 for e, u in ready:
                     tok, slot = rows[e]
                     self._apply(out, x, weights, tok, slot, self.store.weights(u.key))
@@ -375,12 +381,12 @@ class Executor:
                     self._issue_demand()
                 continue
             ts = time.perf_counter()
-            pending = [self.jobs[u.key] for _, u in remaining if u.key in self.jobs]
+            pending = [self.jobs[u.key] for _, u in watch if u.key in self.jobs]
             if pending:
                 self.copier.wait(pending)
             elif self.waiting:
                 self._issue_demand()
-                if not any(u.key in self.jobs for _, u in remaining):
+                if not any(u.key in self.jobs for _, u in watch):
                     u0 = self.waiting[0]
                     raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
                                         f"but policy {policy.name!r} can evict nothing; raise cache.rate")

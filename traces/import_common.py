@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,22 @@ def save_trace(path: str | os.PathLike[str], columns: Mapping[str, Any], meta: T
         return write_trace(path, columns, meta)
     except OSError as exc:
         raise TraceError(path, f"cannot write the trace ({exc.strerror or exc})") from None
+
+
+def text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of a UTF-8 text file, numbered from 1; a file that cannot be
+    opened or is not UTF-8 is a :class:`SourceError` naming it (and the line)."""
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise SourceError(path, f"cannot read ({exc.strerror})") from None
+    with fh:
+        line = 0
+        try:
+            for line, text in enumerate(fh, start=1):
+                yield line, text
+        except UnicodeDecodeError:
+            raise SourceError(path, "not UTF-8 text", line=line + 1) from None
 
 
 def sha256_file(path: Path) -> str:

@@ -46,7 +46,7 @@ import numpy as np
 
 from moesim.sim.errors import MoesimError
 from moesim.traces.format import DECODE, PREFILL, ModelInfo, TraceMeta
-from moesim.traces.import_common import INT_LIMIT, SourceError, sha256_file, source_file
+from moesim.traces.import_common import INT_LIMIT, SourceError, sha256_file, source_file, text_lines
 
 # --------------------------------------------------------------------------------------------
 # Shared: token-major expert arrays to moe-trace columns
@@ -377,30 +377,21 @@ def _read_layer_expert_csv(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarr
     layers: list[int] = []
     experts: list[int] = []
     lines: list[int] = []
-    try:
-        fh = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise SourceError(path, f"cannot read ({exc.strerror})") from None
-    with fh:
-        line = 0
-        try:
-            for line, text in enumerate(fh, start=1):
-                row = text.strip()
-                if not row:
-                    continue
-                cells = [c.strip() for c in row.split(",")]
-                if line == 1 and cells == ["layer", "expert"]:
-                    continue
-                if len(cells) != 2:
-                    raise SourceError(path, f"has {len(cells)} fields, expected 2 (layer,expert)", line=line)
-                for cell, name, out in ((cells[0], "layer", layers), (cells[1], "expert", experts)):
-                    if not cell.isascii() or not cell.isdigit() or len(cell) > 9:
-                        raise SourceError(path, f"expected a non-negative integer below 10**9, got {cell[:40]!r}",
-                                          line=line, field=name)
-                    out.append(int(cell))
-                lines.append(line)
-        except UnicodeDecodeError:
-            raise SourceError(path, "not UTF-8 text", line=line + 1) from None
+    for line, text in text_lines(path):
+        row = text.strip()
+        if not row:
+            continue
+        cells = [c.strip() for c in row.split(",")]
+        if line == 1 and cells == ["layer", "expert"]:
+            continue
+        if len(cells) != 2:
+            raise SourceError(path, f"has {len(cells)} fields, expected 2 (layer,expert)", line=line)
+        for cell, name, out in ((cells[0], "layer", layers), (cells[1], "expert", experts)):
+            if not cell.isascii() or not cell.isdigit() or len(cell) > 9:
+                raise SourceError(path, f"expected a non-negative integer below 10**9, got {cell[:40]!r}",
+                                  line=line, field=name)
+            out.append(int(cell))
+        lines.append(line)
     if not lines:
         raise SourceError(path, "no rows")
     return np.asarray(layers, dtype=np.int64), np.asarray(experts, dtype=np.int64), np.asarray(lines, dtype=np.int64)

@@ -37,6 +37,7 @@ from moesim.traces.import_common import (
     model_info,
     sha256_file,
     source_file,
+    text_lines,
     weight_kind,
 )
 
@@ -224,37 +225,28 @@ def read_jsonl_records(path: Path, model: ModelInfo, *, rename: Mapping[str, str
     rename = dict(rename or {})
     rec = _Records(top_k=model.top_k)
     first: dict[str, bool] | None = None
-    try:
-        fh = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise SourceError(path, f"cannot read ({exc.strerror})") from None
-    with fh:
-        line = 0
+    for line, text in text_lines(path):
+        if not text.strip():
+            continue
         try:
-            for line, text in enumerate(fh, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except (json.JSONDecodeError, RecursionError) as exc:
-                    what = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "nested too deep"
-                    raise SourceError(path, f"invalid JSON ({what})", line=line) from None
-                if not isinstance(obj, dict):
-                    raise SourceError(path, "expected a JSON object", line=line)
-                fields = _check_header(list(obj), path, line, rename)
-                present = _flags(fields)
-                if first is None:
-                    first = present
-                    rec.names = fields
-                for key, flag in present.items():
-                    if flag != first[key]:
-                        name = key.removeprefix("has_")
-                        what = "present here but absent" if flag else "absent here but present"
-                        raise SourceError(path, f"{what} in the first record", line=line, field=fields.get(name, name))
-                values: dict[str, Any] = {rename.get(str(k), str(k)): v for k, v in obj.items()}
-                _add_record(rec, values, path, line, names=fields, **present)
-        except UnicodeDecodeError:
-            raise SourceError(path, "not UTF-8 text", line=line + 1) from None
+            obj = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            what = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+            raise SourceError(path, f"invalid JSON ({what})", line=line) from None
+        if not isinstance(obj, dict):
+            raise SourceError(path, "expected a JSON object", line=line)
+        fields = _check_header(list(obj), path, line, rename)
+        present = _flags(fields)
+        if first is None:
+            first = present
+            rec.names = fields
+        for key, flag in present.items():
+            if flag != first[key]:
+                name = key.removeprefix("has_")
+                what = "present here but absent" if flag else "absent here but present"
+                raise SourceError(path, f"{what} in the first record", line=line, field=fields.get(name, name))
+        values: dict[str, Any] = {rename.get(str(k), str(k)): v for k, v in obj.items()}
+        _add_record(rec, values, path, line, names=fields, **present)
     return rec
 
 

@@ -321,7 +321,7 @@ def validate(
     if json_out:
         print(json.dumps(rows, indent=2))
         return
-    t = Table("metric", "simulated", "measured", "error", "", title=f"{loaded.scenario.name}: policy {real['policy']}, "
+    t = Table("metric", "simulated", "measured (best of runs)", "error", "", title=f"{loaded.scenario.name}: policy {real['policy']}, {repeats} executor run(s), "
               f"profile {profile}, {real['device']} ({real['copy_engine']} copies)")
     for r in format_rows(rows):
         t.add_row(*r)

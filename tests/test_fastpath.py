@@ -61,7 +61,7 @@ def test_fast_path_equals_event_loop(policy: str, layers: int, experts: int, top
     rng = np.random.default_rng(seed)
     ex = np.stack([np.stack([rng.choice(experts, top_k, replace=False) for _ in range(layers)])
                    for _ in range(tokens)])
-    req = np.sort(rng.integers(0, requests, tokens))
+    req = np.unique(np.sort(rng.integers(0, requests, tokens)), return_inverse=True)[1]   # none skipped
     trace = make_trace(ex, num_experts=experts, requests=req.tolist())
     budget = layers * (min(batch * top_k, experts) + extra)
     hw = tiny_hw(copy_engines=lanes, evict_us=evict_us, latency_us=latency_us, layer_us=layer_us,
@@ -70,12 +70,12 @@ def test_fast_path_equals_event_loop(policy: str, layers: int, experts: int, top
     assert slow.path == "event" and ms.pop("engine_path") == "event"
     cs = slow.steps.columns()
     # the generic fast replay (policy objects; VRAM invariant checked), and without the check
-    # the cache kernels for lru, fifo, lfu and random
+    # the cache kernels for lru, fifo, lfu, random and belady
     for check in (True, False):
         fast, mf = _run(trace, policy, fast=True, budget=budget, batch=batch, hw=hw, initial=initial,
                         seed=seed, check=check)
         assert fast.path.startswith("fast"), fast.path_reason
-        assert ("kernel" in fast.path) == (not check and policy in ("lru", "fifo", "lfu", "random"))
+        assert ("kernel" in fast.path) == (not check and policy in ("lru", "fifo", "lfu", "random", "belady"))
         assert mf.pop("engine_path") == fast.path
         assert mf == ms
         cf = fast.steps.columns()

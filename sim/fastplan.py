@@ -1,0 +1,393 @@
+"""Cache decisions of the fast kernels (:mod:`moesim.sim.fastorder`), the first of its two passes:
+which of a block of steps' accesses hit, which miss, and how many residents each step evicts.
+
+On a demand-only run every pool is a layer's and a layer's decisions depend only on that layer's
+accesses, so LRU, FIFO, LFU and Belady decide one layer at a time over a block of iterations, in
+a tight loop with the pool's state in locals. Random draws from one stream shared by the pools,
+so it decides step by step in the event loop's order (iterations, then layers).
+
+Each planner keeps one pool per layer: its residents, as the shipped rule orders them (LRU: least
+recently used first; FIFO and Random: first in first; LFU: a heap of ``(count, last access,
+expert)``; Belady: a heap of ``(-next use, expert)``). A step's accesses are applied after its
+evictions, in access order, as ``on_access`` applies them after the demand loads were given room;
+the step's own experts are pinned (never victims). :meth:`Planner.plan` writes, for the step of
+block iteration ``s`` and layer ``l`` at ``k = s * L + l``, the list of missed experts
+(``misses[k]``, access order) and the number of evictions (``evictions[k]``), and returns how
+many misses reload an expert evicted in this iteration or the one before (refetches).
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+NO_MISS: list[int] = []
+"""The shared empty miss list of a step that hit every expert (never mutated)."""
+
+
+class Planner(ABC):
+    """Per-layer pools for one run of the fast kernel; subclasses decide the victims."""
+
+    def __init__(self, num_layers: int, slots: list[int], warm: list[list[int]],
+                 last_evict: dict[tuple[int, int, int], int]) -> None:
+        self.L = num_layers
+        self.slots = slots
+        # per layer: expert -> iteration of its last eviction (refetch accounting)
+        self.evicted: list[dict[int, int]] = [{} for _ in range(num_layers)]
+        for (layer, e, _p), idx in last_evict.items():
+            self.evicted[layer][e] = idx
+        self.pools: list[Any] = [self.new_pool(layer, warm[layer]) for layer in range(num_layers)]
+
+    def new_pool(self, layer: int, experts: list[int]) -> Any:
+        """The pool of ``layer`` holding the warm-start ``experts`` (in placement order)."""
+        return OrderedDict.fromkeys(experts)
+
+    @abstractmethod
+    def plan(self, seqs: list[list[list[int]]], idxs: list[int], misses: list[Any],
+             evictions: list[int]) -> int:
+        """Decide a block: ``seqs[l][s]`` are layer ``l``'s experts (access order) at block
+        iteration ``s``, whose index is ``idxs[s]``. Returns the block's refetches."""
+
+    def resident(self) -> int:
+        """Experts resident in all pools now."""
+        return sum(len(p) for p in self.pools)
+
+    def last_evictions(self) -> dict[tuple[int, int, int], int]:
+        """Each evicted unit's iteration of last eviction (the engine's ``last_evict_iter``)."""
+        return {(layer, e, 0): idx for layer, ev in enumerate(self.evicted) for e, idx in ev.items()}
+
+
+def _refetches(miss: list[int], evicted: dict[int, int], idx: int) -> int:
+    n = 0
+    for e in miss:
+        w = evicted.get(e)
+        if w is not None and idx - w <= 1:
+            n += 1
+    return n
+
+
+class LayerPlanner(Planner):
+    """A planner whose pools decide one layer at a time over a block."""
+
+    def plan(self, seqs: list[list[list[int]]], idxs: list[int], misses: list[Any],
+             evictions: list[int]) -> int:
+        """See :meth:`Planner.plan`."""
+        refetch = 0
+        for layer in range(self.L):
+            refetch += self.plan_layer(layer, seqs[layer], idxs, misses, evictions)
+        return refetch
+
+    @abstractmethod
+    def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
+                   evictions: list[int]) -> int:
+        """Decide ``layer``'s steps of a block (see :meth:`Planner.plan`)."""
+
+
+class LruPlanner(LayerPlanner):
+    """LRU: the victim is the unpinned resident used longest ago."""
+
+    def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
+                   evictions: list[int]) -> int:
+        """See :meth:`Planner.plan`."""
+        pool = self.pools[layer]
+        cap = self.slots[layer]
+        evicted = self.evicted[layer]
+        to_end = pool.move_to_end
+        pop = pool.popitem
+        L = self.L
+        k = layer
+        refetch = 0
+        for s, exps in enumerate(seq):
+            miss = [e for e in exps if e not in pool]
+            if miss:
+                over = len(pool) + len(miss) - cap
+                if over > 0:
+                    for e in exps:        # the hits go last: the oldest entries are unpinned
+                        if e in pool:
+                            to_end(e)
+                    idx = idxs[s]
+                    for _ in range(over):
+                        evicted[pop(last=False)[0]] = idx
+                    evictions[k] = over
+                if evicted:
+                    refetch += _refetches(miss, evicted, idxs[s])
+                for e in exps:
+                    pool[e] = None
+                    to_end(e)
+                misses[k] = miss
+            else:
+                for e in exps:
+                    to_end(e)
+                misses[k] = NO_MISS
+            k += L
+        return refetch
+
+
+class FifoPlanner(LayerPlanner):
+    """FIFO: the victim is the unpinned resident that came in first; hits do not move."""
+
+    def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
+                   evictions: list[int]) -> int:
+        """See :meth:`Planner.plan`."""
+        pool = self.pools[layer]
+        cap = self.slots[layer]
+        evicted = self.evicted[layer]
+        L = self.L
+        k = layer
+        refetch = 0
+        for s, exps in enumerate(seq):
+            miss = [e for e in exps if e not in pool]
+            if miss:
+                over = len(pool) + len(miss) - cap
+                if over > 0:
+                    idx = idxs[s]
+                    gone = []
+                    for v in pool:
+                        if v not in exps:
+                            gone.append(v)
+                            if len(gone) == over:
+                                break
+                    for v in gone:
+                        del pool[v]
+                        evicted[v] = idx
+                    evictions[k] = over
+                if evicted:
+                    refetch += _refetches(miss, evicted, idxs[s])
+                for e in miss:
+                    pool[e] = None
+                misses[k] = miss
+            else:
+                misses[k] = NO_MISS
+            k += L
+        return refetch
+
+
+class _LfuPool:
+    """One pool of LFU: each resident's in-cache access count and last access time (a clock of
+    the pool's own accesses: only times of one pool are compared) and a heap of ``(count, last,
+    expert)`` whose stale entries are skipped. The victim is the unpinned resident of least
+    ``(count, last)``, as ``LFUCache.victim`` picks it."""
+
+    __slots__ = ("t", "count", "last", "heap")
+
+    def __init__(self, experts: list[int]) -> None:
+        self.t = 0
+        self.count: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.heap: list[tuple[int, int, int]] = []
+        self.access(experts)
+
+    def __contains__(self, e: int) -> bool:
+        return e in self.count
+
+    def __len__(self) -> int:
+        return len(self.count)
+
+    def access(self, exps: list[int]) -> None:
+        """Accesses in order: a new expert starts at count 1, a resident one counts one more."""
+        count, last, heap = self.count, self.last, self.heap
+        t = self.t
+        for e in exps:
+            t += 1
+            c = count.get(e, 0) + 1
+            count[e] = c
+            last[e] = t
+            heapq.heappush(heap, (c, t, e))
+        self.t = t
+        if len(heap) > 4 * len(count) + 64:   # drop the stale entries
+            self.heap = [(count[e], last[e], e) for e in count]
+            heapq.heapify(self.heap)
+
+    def evict(self, pinned: list[int]) -> int:
+        """Remove and return the unpinned resident of least (count, last)."""
+        heap, count, last = self.heap, self.count, self.last
+        held = []
+        while True:
+            c, t, e = heapq.heappop(heap)
+            if count.get(e) != c or last.get(e) != t:
+                continue   # stale
+            if e in pinned:
+                held.append((c, t, e))
+                continue
+            for x in held:
+                heapq.heappush(heap, x)
+            del count[e]
+            del last[e]
+            return e
+
+
+class LfuPlanner(LayerPlanner):
+    """LFU: the victim is the unpinned resident of fewest accesses since it came in, ties to
+    the one whose count changed least recently."""
+
+    def new_pool(self, layer: int, experts: list[int]) -> Any:
+        """A heap-kept pool (warm-start experts count as accessed, in order)."""
+        return _LfuPool(experts)
+
+    def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
+                   evictions: list[int]) -> int:
+        """See :meth:`Planner.plan`."""
+        pool = self.pools[layer]
+        count = pool.count
+        cap = self.slots[layer]
+        evicted = self.evicted[layer]
+        L = self.L
+        k = layer
+        refetch = 0
+        for s, exps in enumerate(seq):
+            miss = [e for e in exps if e not in count]
+            if miss:
+                over = len(count) + len(miss) - cap
+                if over > 0:
+                    idx = idxs[s]
+                    for _ in range(over):
+                        evicted[pool.evict(exps)] = idx
+                    evictions[k] = over
+                if evicted:
+                    refetch += _refetches(miss, evicted, idxs[s])
+                misses[k] = miss
+            else:
+                misses[k] = NO_MISS
+            pool.access(exps)
+            k += L
+        return refetch
+
+
+class RandomPlanner(Planner):
+    """Random: a uniform victim among the unpinned residents in the order they came in, drawn
+    from the rule's own stream; the pools draw in the event loop's order (step by step)."""
+
+    def __init__(self, num_layers: int, slots: list[int], warm: list[list[int]],
+                 last_evict: dict[tuple[int, int, int], int], rng: np.random.Generator) -> None:
+        super().__init__(num_layers, slots, warm, last_evict)
+        self.rng = rng
+
+    def new_pool(self, layer: int, experts: list[int]) -> Any:
+        """An insertion-ordered dict."""
+        return dict.fromkeys(experts)
+
+    def plan(self, seqs: list[list[list[int]]], idxs: list[int], misses: list[Any],
+             evictions: list[int]) -> int:
+        """See :meth:`Planner.plan`; decides iteration by iteration, layer by layer."""
+        draw = self.rng.integers
+        pools, slots, evicted_all = self.pools, self.slots, self.evicted
+        L = self.L
+        refetch = 0
+        k = 0
+        for s, idx in enumerate(idxs):
+            for layer in range(L):
+                exps = seqs[layer][s]
+                pool = pools[layer]
+                miss = [e for e in exps if e not in pool]
+                if miss:
+                    over = len(pool) + len(miss) - slots[layer]
+                    evicted = evicted_all[layer]
+                    if over > 0:
+                        for _ in range(over):
+                            cands = [v for v in pool if v not in exps]
+                            v = cands[int(draw(len(cands)))]
+                            del pool[v]
+                            evicted[v] = idx
+                        evictions[k] = over
+                    if evicted:
+                        refetch += _refetches(miss, evicted, idx)
+                    for e in miss:
+                        pool[e] = None
+                    misses[k] = miss
+                else:
+                    misses[k] = NO_MISS
+                k += 1
+        return refetch
+
+
+class BeladyPlanner(LayerPlanner):
+    """Belady's MIN: the victim is the unpinned resident whose next use lies farthest ahead
+    (never used again: the lowest expert id first), as ``BeladyCache`` picks it from the oracle
+    annotation. Next uses are positions in the layer's whole access sequence (steps in order,
+    each step's experts in access order), the order of the annotation's keys."""
+
+    def __init__(self, num_layers: int, slots: list[int], warm: list[list[int]],
+                 last_evict: dict[tuple[int, int, int], int], flat: list[np.ndarray]) -> None:
+        # next_use[l][p]: the position of the next access of the expert accessed at p
+        self.next_use: list[np.ndarray] = []
+        self.first_use: list[dict[int, int]] = []
+        self.never = max((len(f) for f in flat), default=0) + 1
+        for f in flat:
+            order = np.argsort(f, kind="stable")
+            nxt = np.full(len(f), self.never, dtype=np.int64)
+            same = f[order[1:]] == f[order[:-1]]
+            nxt[order[:-1][same]] = order[1:][same]
+            self.next_use.append(nxt)
+            starts = np.ones(len(f), dtype=bool)
+            starts[1:] = ~same
+            self.first_use.append(dict(zip(f[order[starts]].tolist(), order[starts].tolist(), strict=True)))
+        self.pos = [0] * num_layers
+        super().__init__(num_layers, slots, warm, last_evict)
+
+    def new_pool(self, layer: int, experts: list[int]) -> Any:
+        """Each resident's next use, and the heap of ``(-next use, expert)``."""
+        first = self.first_use[layer]
+        nu = {e: first.get(e, self.never) for e in experts}
+        heap = [(-u, e) for e, u in nu.items()]
+        heapq.heapify(heap)
+        return nu, heap
+
+    def resident(self) -> int:
+        """Experts resident in all pools now."""
+        return sum(len(p[0]) for p in self.pools)
+
+    def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
+                   evictions: list[int]) -> int:
+        """See :meth:`Planner.plan`."""
+        nu, heap = self.pools[layer]
+        cap = self.slots[layer]
+        evicted = self.evicted[layer]
+        p = self.pos[layer]
+        n_acc = sum(len(x) for x in seq)
+        nxt = self.next_use[layer][p:p + n_acc].tolist()
+        self.pos[layer] = p + n_acc
+        push, pop = heapq.heappush, heapq.heappop
+        L = self.L
+        k = layer
+        j = 0
+        refetch = 0
+        for s, exps in enumerate(seq):
+            miss = [e for e in exps if e not in nu]
+            if miss:
+                over = len(nu) + len(miss) - cap
+                if over > 0:
+                    idx = idxs[s]
+                    held = []
+                    n = 0
+                    while n < over:
+                        negu, v = pop(heap)
+                        if nu.get(v) != -negu:
+                            continue   # stale
+                        if v in exps:
+                            held.append((negu, v))
+                            continue
+                        del nu[v]
+                        evicted[v] = idx
+                        n += 1
+                    for x in held:
+                        push(heap, x)
+                    evictions[k] = over
+                if evicted:
+                    refetch += _refetches(miss, evicted, idxs[s])
+                misses[k] = miss
+            else:
+                misses[k] = NO_MISS
+            for e in exps:
+                u = nxt[j]
+                j += 1
+                nu[e] = u
+                push(heap, (-u, e))
+            k += L
+        if len(heap) > 4 * len(nu) + 64:   # drop the stale entries
+            heap[:] = [(-u, e) for e, u in nu.items()]
+            heapq.heapify(heap)
+        return refetch

@@ -28,6 +28,7 @@ from moesim.policies.compose import Composed
 from moesim.policies.parts.caches import BeladyCache, FIFOCache, LFUCache, LRUCache, RandomCache
 from moesim.sim.fastloads import compute_with_loads, uniform_loads
 from moesim.sim.fastplan import (
+    NO_MISS,
     BeladyPlanner,
     FifoPlanner,
     LfuPlanner,
@@ -193,34 +194,33 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
         b = _Block(experts, block, L, K, clean)
         idxs = [it.index for it in block]
         n = len(block) * L
-        misses: list[Any] = [None] * n
+        misses: list[Any] = [NO_MISS] * n
         evictions = [0] * n
         refetch += planner.plan(b.seqs, idxs, misses, evictions)
-        sizes = b.sizes
-        t_start: list[float] = []
-        t_route: list[float] = []
+        sizes = [K] * n if b.sizes is None else b.sizes
+        starts: list[float] = []     # each iteration's start (a step starts when the one before ends)
+        step_of: list[float] = []    # each iteration's non-MoE step (routing is known after it)
         t_end: list[float] = []
         stalls: list[float] = []
-        a_start, a_route, a_end, a_stall = t_start.append, t_route.append, t_end.append, stalls.append
+        a_end, a_stall = t_end.append, stalls.append
         k = 0
         for s, it in enumerate(block):
             st.start_iteration(it, now, batch_start)
+            starts.append(now)
             n_tok = it.n_tokens
             if n_tok == 1:
+                step_of.append(step1)
                 for _layer in range(L):
                     miss = misses[k]
-                    a_start(now)
                     now = now + step1
                     gpu += layer1
                     ovh += overhead_layer
-                    a_route(now)
-                    nk = K if sizes is None else sizes[k]
                     if miss:
                         m = len(miss)
                         stall = delays[evictions[k]]
                         if stall > 0:
                             now = now + stall
-                        h = nk - m
+                        h = sizes[k] - m
                         if m == 1:
                             landed = now + d
                             if h:
@@ -238,7 +238,7 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
                         stall_sum += stall
                         a_stall(stall)
                     else:
-                        dt = sums[nk]
+                        dt = sums[sizes[k]]
                         now = now + dt
                         gpu += dt
                         a_stall(0.0)
@@ -251,15 +251,14 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
             else:
                 layer_s = cost.layer_s(n_tok)
                 step_s = layer_s + overhead_layer
+                step_of.append(step_s)
                 for layer in range(L):
                     exps = b.seqs[layer][s]
                     counts = b.counts[(s, layer)]
                     miss = misses[k]
-                    a_start(now)
                     now = now + step_s
                     gpu += layer_s
                     ovh += overhead_layer
-                    a_route(now)
                     missing = set(miss)
                     need: list[tuple[float, Any]] = []
                     units: list[Any] = []
@@ -304,23 +303,27 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
         # the block's counters and step records
         n_miss = [len(x) for x in misses]
         m_total = sum(n_miss)
-        n_total = n * K if sizes is None else sum(sizes)
+        n_total = sum(sizes)
         st.hits += n_total - m_total
         st.misses += m_total
         st.fetch_needed += m_total
         st.demand_bytes += m_total * eb
         st.evictions += sum(evictions)
         if steps is not None:
+            ends = np.array(t_end, dtype=np.float64)
+            begins = np.empty(n, dtype=np.float64)
+            begins[1:] = ends[:-1]
+            begins[::L] = starts
             mm = np.array(n_miss, dtype=np.int64)
-            nn = np.full(n, K, dtype=np.int64) if sizes is None else np.array(sizes, dtype=np.int64)
+            nn = np.array(sizes, dtype=np.int64)
             zero = np.zeros(n, dtype=np.int64)
             steps.extend({
                 "iteration": np.repeat(np.array(idxs, dtype=np.int64), L),
                 "layer": np.tile(np.arange(L, dtype=np.int64), len(block)),
-                "t_start": t_start, "t_route": t_route, "t_end": t_end,
-                "n_experts": nn, "hits": nn - mm, "late": zero, "partial": zero, "misses": mm,
-                "cpu_experts": zero, "stall_s": stalls, "demand_bytes": mm * eb, "prefetch_bytes": zero,
-                "evictions": evictions,
+                "t_start": begins, "t_route": begins + np.repeat(np.array(step_of, dtype=np.float64), L),
+                "t_end": ends, "n_experts": nn, "hits": nn - mm, "late": zero, "partial": zero,
+                "misses": mm, "cpu_experts": zero, "stall_s": stalls, "demand_bytes": mm * eb,
+                "prefetch_bytes": zero, "evictions": evictions,
             }, n)
     st.gpu_busy_s = gpu
     st.overhead_s = ovh

@@ -12,7 +12,8 @@ expert)``; Belady: a heap of ``(-next use, expert)``). A step's accesses are app
 evictions, in access order, as ``on_access`` applies them after the demand loads were given room;
 the step's own experts are pinned (never victims). :meth:`Planner.plan` writes, for the step of
 block iteration ``s`` and layer ``l`` at ``k = s * L + l``, the list of missed experts
-(``misses[k]``, access order) and the number of evictions (``evictions[k]``), and returns how
+(``misses[k]``, access order; the caller fills the list with :data:`NO_MISS`) and the number of
+evictions (``evictions[k]``, filled with 0), and returns how
 many misses reload an expert evicted in this iteration or the one before (refetches).
 """
 
@@ -96,34 +97,42 @@ class LruPlanner(LayerPlanner):
         pool = self.pools[layer]
         cap = self.slots[layer]
         evicted = self.evicted[layer]
+        last_out = evicted.get
         to_end = pool.move_to_end
         pop = pool.popitem
         L = self.L
-        k = layer
+        k = layer - L
         refetch = 0
         for s, exps in enumerate(seq):
-            miss = [e for e in exps if e not in pool]
-            if miss:
-                over = len(pool) + len(miss) - cap
-                if over > 0:
-                    for e in exps:        # the hits go last: the oldest entries are unpinned
-                        if e in pool:
-                            to_end(e)
-                    idx = idxs[s]
-                    for _ in range(over):
-                        evicted[pop(last=False)[0]] = idx
-                    evictions[k] = over
-                if evicted:
-                    refetch += _refetches(miss, evicted, idxs[s])
-                for e in exps:
-                    pool[e] = None
-                    to_end(e)
-                misses[k] = miss
-            else:
-                for e in exps:
-                    to_end(e)
-                misses[k] = NO_MISS
             k += L
+            miss = None
+            for e in exps:
+                if e not in pool:
+                    if miss is None:
+                        miss = [e]
+                    else:
+                        miss.append(e)
+            if miss is None:
+                for e in exps:
+                    to_end(e)
+                continue
+            idx = idxs[s]
+            over = len(pool) + len(miss) - cap
+            if over > 0:
+                for e in exps:        # the hits go last: the oldest entries are unpinned
+                    if e in pool:
+                        to_end(e)
+                for _ in range(over):
+                    evicted[pop(False)[0]] = idx
+                evictions[k] = over
+            for e in miss:
+                w = last_out(e)
+                if w is not None and idx - w <= 1:
+                    refetch += 1
+            for e in exps:
+                pool[e] = None
+                to_end(e)
+            misses[k] = miss
         return refetch
 
 
@@ -160,8 +169,6 @@ class FifoPlanner(LayerPlanner):
                 for e in miss:
                     pool[e] = None
                 misses[k] = miss
-            else:
-                misses[k] = NO_MISS
             k += L
         return refetch
 
@@ -250,8 +257,6 @@ class LfuPlanner(LayerPlanner):
                 if evicted:
                     refetch += _refetches(miss, evicted, idxs[s])
                 misses[k] = miss
-            else:
-                misses[k] = NO_MISS
             pool.access(exps)
             k += L
         return refetch
@@ -298,8 +303,6 @@ class RandomPlanner(Planner):
                     for e in miss:
                         pool[e] = None
                     misses[k] = miss
-                else:
-                    misses[k] = NO_MISS
                 k += 1
         return refetch
 
@@ -379,8 +382,6 @@ class BeladyPlanner(LayerPlanner):
                 if evicted:
                     refetch += _refetches(miss, evicted, idxs[s])
                 misses[k] = miss
-            else:
-                misses[k] = NO_MISS
             for e in exps:
                 u = nxt[j]
                 j += 1

@@ -46,7 +46,7 @@ def _list_matrix(
     if wrong.size:
         i = int(wrong[0])
         raise TraceError(path, f"has {lengths[i]} entries, expected {width}", row=row0 + i, column=column)
-    values = to_numpy(arr.flatten())
+    values = to_numpy(arr.values)[offsets[0]:offsets[-1]] if n else to_numpy(arr.flatten())   # no nulls here
     return np.asarray(values, dtype=dtype).reshape(n, width)
 
 

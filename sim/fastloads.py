@@ -172,3 +172,52 @@ def uniform_loads(now: float, stall: float, gpu: float, h: int, m: int, n_lanes:
                 landed += 1
         now = t
         stall += now - ts
+
+
+def one_lane_loads(now: float, stall: float, gpu: float, h: int, m: int, d: float,
+                   sums: list[float]) -> tuple[float, float, float]:
+    """:func:`uniform_loads` on one copy lane (the catalog's hardware): the loads land one
+    after another, each issued when the one before lands, so only the load in flight matters:
+    it lands at ``t_next``; it was issued before the GPU's current timeout unless a landing
+    processed after that timeout was created issued it (then only an earlier time comes first)."""
+    t_next = now + d
+    landed = 0
+    done = 0
+    if h:   # the resident experts compute while the first loads land
+        t_end = now + sums[h]
+        if t_next <= t_end:
+            landed = 1
+            t_next = t_next + d
+            while landed < m and t_next < t_end:
+                landed += 1
+                t_next = t_next + d
+        gpu += sums[h]
+        now = t_end
+    while True:
+        if landed == done:
+            # nothing ready: wait for the next landing (with several experts left, through a
+            # condition event scheduled after it, which a load issued by it at the same
+            # instant precedes)
+            t = t_next
+            landed += 1
+            t_next = t + d
+            if landed < m and m - done > 1 and t_next == t:
+                landed += 1
+                t_next = t_next + d
+            stall += t - now
+            now = t
+        # compute what has landed while later loads land
+        ready = landed - done
+        dt = sums[ready]
+        t_end = now + dt
+        if landed < m and t_next <= t_end:
+            landed += 1
+            t_next = t_next + d
+            while landed < m and t_next < t_end:
+                landed += 1
+                t_next = t_next + d
+        now = t_end
+        gpu += dt
+        done += ready
+        if done == m:
+            return now, stall, gpu

@@ -26,7 +26,7 @@ import numpy as np
 from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT
 from moesim.policies.compose import Composed
 from moesim.policies.parts.caches import BeladyCache, FIFOCache, LFUCache, LRUCache, RandomCache
-from moesim.sim.fastloads import compute_with_loads, uniform_loads
+from moesim.sim.fastloads import compute_with_loads, one_lane_loads, uniform_loads
 from moesim.sim.fastplan import (
     NO_MISS,
     BeladyPlanner,
@@ -181,6 +181,7 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
     head1 = cost.head_s(1)
     over1 = cost.overhead_iteration_s(1)
     resident = _Resident()
+    one_lane = n_lanes == 1
     batch_start: dict[int, float] = {}
     exp_cost: dict[int, float] = {}
     dur_of: dict[int, float] = {}
@@ -232,6 +233,8 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
                                 now = landed
                             gpu += e1
                             now = now + e1
+                        elif one_lane:
+                            now, stall, gpu = one_lane_loads(now, stall, gpu, h, m, d, sums)
                         else:
                             now, stall, gpu = uniform_loads(now, stall, gpu, h, m, n_lanes, d, sums)
                         loads += m

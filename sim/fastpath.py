@@ -23,6 +23,7 @@ returns None and reports which path ran (``engine_path`` in the metrics). A poli
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING, Any
 
 from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
@@ -101,17 +102,25 @@ def run_fast(engine: Engine) -> None:
     the engine's counters, step records and clock (``engine.fast_now``) as the event loop would."""
     n_lanes = int(engine.cost.hardware.copy_engines)
     kind = None if engine.check_invariants else ordered_kind(engine)
-    if kind is not None:
-        engine.path = f"fast ({kind} kernel)"
-        replay_ordered(engine, kind, n_lanes)
-        return
-    tx = engine.transfers
-    lanes = tx.lanes
-    tx.lanes = _NoLanes(engine.policy.name)  # type: ignore[assignment]
+    # the replays allocate many short-lived lists and tuples and no reference cycles: the
+    # cyclic collector's passes over the trace and the records would only cost time
+    collect = gc.isenabled()
+    gc.disable()
     try:
-        _replay(engine, n_lanes)
+        if kind is not None:
+            engine.path = f"fast ({kind} kernel)"
+            replay_ordered(engine, kind, n_lanes)
+            return
+        tx = engine.transfers
+        lanes = tx.lanes
+        tx.lanes = _NoLanes(engine.policy.name)  # type: ignore[assignment]
+        try:
+            _replay(engine, n_lanes)
+        finally:
+            tx.lanes = lanes
     finally:
-        tx.lanes = lanes
+        if collect:
+            gc.enable()
 
 
 def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed

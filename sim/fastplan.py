@@ -119,19 +119,22 @@ class LruPlanner(LayerPlanner):
             idx = idxs[s]
             over = len(pool) + len(miss) - cap
             if over > 0:
-                for e in exps:        # the hits go last: the oldest entries are unpinned
-                    if e in pool:
-                        to_end(e)
-                for _ in range(over):
-                    evicted[pop(False)[0]] = idx
+                n = 0
+                while n < over:       # the oldest unpinned entries; a hit taken out goes back below
+                    v = pop(False)[0]
+                    if v not in exps:
+                        evicted[v] = idx
+                        n += 1
                 evictions[k] = over
             for e in miss:
                 w = last_out(e)
                 if w is not None and idx - w <= 1:
                     refetch += 1
-            for e in exps:
-                pool[e] = None
-                to_end(e)
+            for e in exps:            # the layer's experts, last, in access order
+                if e in pool:
+                    to_end(e)
+                else:
+                    pool[e] = None
             misses[k] = miss
         return refetch
 

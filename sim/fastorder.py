@@ -334,7 +334,7 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
     st.refetch_bytes += refetch * eb
     if loads:   # every landing adds the same copy time, one after another
         st.pcie_busy_s = float(np.add.accumulate(np.concatenate(([st.pcie_busy_s], np.full(loads, d))))[-1])
-    eng.transfers.last_evict_iter.update(planner.last_evictions())
+    planner.finish(eng.transfers.last_evict_iter)
     eng.vram.peak = max(eng.vram.peak, planner.resident() * eb)
     eng.cur_iter = iters[-1]
     eng.prev_iter = iters[-1]

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from moesim.sim.fastrandom import Draws, exact_draws
+
 NO_MISS: list[int] = []
 """The shared empty miss list of a step that hit every expert (never mutated)."""
 
@@ -57,9 +59,10 @@ class Planner(ABC):
         """Experts resident in all pools now."""
         return sum(len(p) for p in self.pools)
 
-    def last_evictions(self) -> dict[tuple[int, int, int], int]:
-        """Each evicted unit's iteration of last eviction (the engine's ``last_evict_iter``)."""
-        return {(layer, e, 0): idx for layer, ev in enumerate(self.evicted) for e, idx in ev.items()}
+    def finish(self, last_evict: dict[tuple[int, int, int], int]) -> None:
+        """After the last block: record each evicted unit's iteration of last eviction in
+        ``last_evict`` (the engine's ``last_evict_iter``)."""
+        last_evict.update({(layer, e, 0): idx for layer, ev in enumerate(self.evicted) for e, idx in ev.items()})
 
 
 def _refetches(miss: list[int], evicted: dict[int, int], idx: int) -> int:
@@ -93,7 +96,8 @@ class LruPlanner(LayerPlanner):
 
     def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
                    evictions: list[int]) -> int:
-        """See :meth:`Planner.plan`."""
+        """See :meth:`Planner.plan`. The step's experts go last in access order first (hits
+        moved, misses added); the victims are then the oldest entries, none of them pinned."""
         pool = self.pools[layer]
         cap = self.slots[layer]
         evicted = self.evicted[layer]
@@ -107,34 +111,25 @@ class LruPlanner(LayerPlanner):
             k += L
             miss = None
             for e in exps:
-                if e not in pool:
-                    if miss is None:
-                        miss = [e]
-                    else:
-                        miss.append(e)
-            if miss is None:
-                for e in exps:
-                    to_end(e)
-                continue
-            idx = idxs[s]
-            over = len(pool) + len(miss) - cap
-            if over > 0:
-                n = 0
-                while n < over:       # the oldest unpinned entries; a hit taken out goes back below
-                    v = pop(False)[0]
-                    if v not in exps:
-                        evicted[v] = idx
-                        n += 1
-                evictions[k] = over
-            for e in miss:
-                w = last_out(e)
-                if w is not None and idx - w <= 1:
-                    refetch += 1
-            for e in exps:            # the layer's experts, last, in access order
                 if e in pool:
                     to_end(e)
                 else:
                     pool[e] = None
+                    if miss is None:
+                        miss = [e]
+                        prev = idxs[s] - 1
+                    else:
+                        miss.append(e)
+                    if last_out(e, -2) >= prev:   # evicted in the previous iteration
+                        refetch += 1
+            if miss is None:
+                continue
+            over = len(pool) - cap
+            if over > 0:
+                idx = idxs[s]
+                for _ in range(over):
+                    evicted[pop(False)[0]] = idx
+                evictions[k] = over
             misses[k] = miss
         return refetch
 
@@ -273,6 +268,7 @@ class RandomPlanner(Planner):
                  last_evict: dict[tuple[int, int, int], int], rng: np.random.Generator) -> None:
         super().__init__(num_layers, slots, warm, last_evict)
         self.rng = rng
+        self.draws = Draws(rng) if exact_draws(rng) else None
 
     def new_pool(self, layer: int, experts: list[int]) -> Any:
         """An insertion-ordered dict."""
@@ -280,34 +276,50 @@ class RandomPlanner(Planner):
 
     def plan(self, seqs: list[list[list[int]]], idxs: list[int], misses: list[Any],
              evictions: list[int]) -> int:
-        """See :meth:`Planner.plan`; decides iteration by iteration, layer by layer."""
-        draw = self.rng.integers
+        """See :meth:`Planner.plan`; decides iteration by iteration, layer by layer. A step's
+        misses come in (last) before its victims are drawn among the others."""
+        rng = self.rng
+        draw = self.draws.draw if self.draws is not None else (lambda n: int(rng.integers(n)))
         pools, slots, evicted_all = self.pools, self.slots, self.evicted
         L = self.L
         refetch = 0
-        k = 0
+        k = -1
         for s, idx in enumerate(idxs):
+            prev = idx - 1
             for layer in range(L):
+                k += 1
                 exps = seqs[layer][s]
                 pool = pools[layer]
-                miss = [e for e in exps if e not in pool]
-                if miss:
-                    over = len(pool) + len(miss) - slots[layer]
-                    evicted = evicted_all[layer]
-                    if over > 0:
-                        for _ in range(over):
-                            cands = [v for v in pool if v not in exps]
-                            v = cands[int(draw(len(cands)))]
-                            del pool[v]
-                            evicted[v] = idx
-                        evictions[k] = over
-                    if evicted:
-                        refetch += _refetches(miss, evicted, idx)
-                    for e in miss:
+                miss = None
+                for e in exps:
+                    if e not in pool:
                         pool[e] = None
-                    misses[k] = miss
-                k += 1
+                        if miss is None:
+                            miss = [e]
+                            last_out = evicted_all[layer].get
+                        else:
+                            miss.append(e)
+                        if last_out(e, -2) >= prev:   # evicted in the previous iteration
+                            refetch += 1
+                if miss is None:
+                    continue
+                over = len(pool) - slots[layer]
+                if over > 0:
+                    evicted = evicted_all[layer]
+                    for _ in range(over):
+                        cands = [v for v in pool if v not in exps]
+                        v = cands[draw(len(cands))]
+                        del pool[v]
+                        evicted[v] = idx
+                    evictions[k] = over
+                misses[k] = miss
         return refetch
+
+    def finish(self, last_evict: dict[tuple[int, int, int], int]) -> None:
+        """See :meth:`Planner.finish`; also leaves the rule's generator as its own draws would."""
+        super().finish(last_evict)
+        if self.draws is not None:
+            self.draws.close()
 
 
 class BeladyPlanner(LayerPlanner):

@@ -65,15 +65,6 @@ class Planner(ABC):
         last_evict.update({(layer, e, 0): idx for layer, ev in enumerate(self.evicted) for e, idx in ev.items()})
 
 
-def _refetches(miss: list[int], evicted: dict[int, int], idx: int) -> int:
-    n = 0
-    for e in miss:
-        w = evicted.get(e)
-        if w is not None and idx - w <= 1:
-            n += 1
-    return n
-
-
 class LayerPlanner(Planner):
     """A planner whose pools decide one layer at a time over a block."""
 
@@ -139,35 +130,44 @@ class FifoPlanner(LayerPlanner):
 
     def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
                    evictions: list[int]) -> int:
-        """See :meth:`Planner.plan`."""
+        """See :meth:`Planner.plan`. The step's misses come in (last) first; the victims are
+        then the oldest entries that are not the step's hits."""
         pool = self.pools[layer]
         cap = self.slots[layer]
         evicted = self.evicted[layer]
+        last_out = evicted.get
         L = self.L
-        k = layer
+        k = layer - L
         refetch = 0
         for s, exps in enumerate(seq):
-            miss = [e for e in exps if e not in pool]
-            if miss:
-                over = len(pool) + len(miss) - cap
-                if over > 0:
-                    idx = idxs[s]
-                    gone = []
-                    for v in pool:
-                        if v not in exps:
-                            gone.append(v)
-                            if len(gone) == over:
-                                break
-                    for v in gone:
-                        del pool[v]
-                        evicted[v] = idx
-                    evictions[k] = over
-                if evicted:
-                    refetch += _refetches(miss, evicted, idxs[s])
-                for e in miss:
-                    pool[e] = None
-                misses[k] = miss
             k += L
+            miss = None
+            for e in exps:
+                if e not in pool:
+                    pool[e] = None
+                    if miss is None:
+                        miss = [e]
+                        prev = idxs[s] - 1
+                    else:
+                        miss.append(e)
+                    if last_out(e, -2) >= prev:   # evicted in the previous iteration
+                        refetch += 1
+            if miss is None:
+                continue
+            over = len(pool) - cap
+            if over > 0:
+                idx = idxs[s]
+                gone = []
+                for v in pool:
+                    if v not in exps:
+                        gone.append(v)
+                        if len(gone) == over:
+                            break
+                for v in gone:
+                    del pool[v]
+                    evicted[v] = idx
+                evictions[k] = over
+            misses[k] = miss
         return refetch
 
 
@@ -207,23 +207,6 @@ class _LfuPool:
             self.heap = [(count[e], last[e], e) for e in count]
             heapq.heapify(self.heap)
 
-    def evict(self, pinned: list[int]) -> int:
-        """Remove and return the unpinned resident of least (count, last)."""
-        heap, count, last = self.heap, self.count, self.last
-        held = []
-        while True:
-            c, t, e = heapq.heappop(heap)
-            if count.get(e) != c or last.get(e) != t:
-                continue   # stale
-            if e in pinned:
-                held.append((c, t, e))
-                continue
-            for x in held:
-                heapq.heappush(heap, x)
-            del count[e]
-            del last[e]
-            return e
-
 
 class LfuPlanner(LayerPlanner):
     """LFU: the victim is the unpinned resident of fewest accesses since it came in, ties to
@@ -235,28 +218,60 @@ class LfuPlanner(LayerPlanner):
 
     def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
                    evictions: list[int]) -> int:
-        """See :meth:`Planner.plan`."""
+        """See :meth:`Planner.plan` (the pool's bookkeeping inlined: this loop is the kernel)."""
         pool = self.pools[layer]
-        count = pool.count
+        count, last, heap = pool.count, pool.last, pool.heap
+        t = pool.t
+        push, pop = heapq.heappush, heapq.heappop
         cap = self.slots[layer]
         evicted = self.evicted[layer]
+        last_out = evicted.get
         L = self.L
-        k = layer
+        k = layer - L
         refetch = 0
         for s, exps in enumerate(seq):
-            miss = [e for e in exps if e not in count]
-            if miss:
+            k += L
+            miss = None
+            for e in exps:
+                if e not in count:
+                    if miss is None:
+                        miss = [e]
+                        prev = idxs[s] - 1
+                    else:
+                        miss.append(e)
+                    if last_out(e, -2) >= prev:   # evicted in the previous iteration
+                        refetch += 1
+            if miss is not None:
                 over = len(count) + len(miss) - cap
                 if over > 0:
+                    if len(heap) > 4 * len(count) + 64:   # drop the stale entries
+                        heap[:] = [(count[e], last[e], e) for e in count]
+                        heapq.heapify(heap)
                     idx = idxs[s]
-                    for _ in range(over):
-                        evicted[pool.evict(exps)] = idx
+                    held = []
+                    n = 0
+                    while n < over:   # the least (count, last) that is current and unpinned
+                        c, tc, v = pop(heap)
+                        if count.get(v) != c or last[v] != tc:
+                            continue
+                        if v in exps:
+                            held.append((c, tc, v))
+                            continue
+                        del count[v]
+                        del last[v]
+                        evicted[v] = idx
+                        n += 1
+                    for x in held:
+                        push(heap, x)
                     evictions[k] = over
-                if evicted:
-                    refetch += _refetches(miss, evicted, idxs[s])
                 misses[k] = miss
-            pool.access(exps)
-            k += L
+            for e in exps:   # the accesses, in order
+                t += 1
+                c = count.get(e, 0) + 1
+                count[e] = c
+                last[e] = t
+                push(heap, (c, t, e))
+        pool.t = t
         return refetch
 
 
@@ -369,13 +384,24 @@ class BeladyPlanner(LayerPlanner):
         nxt = self.next_use[layer][p:p + n_acc].tolist()
         self.pos[layer] = p + n_acc
         push, pop = heapq.heappush, heapq.heappop
+        last_out = evicted.get
         L = self.L
-        k = layer
+        k = layer - L
         j = 0
         refetch = 0
         for s, exps in enumerate(seq):
-            miss = [e for e in exps if e not in nu]
-            if miss:
+            k += L
+            miss = None
+            for e in exps:
+                if e not in nu:
+                    if miss is None:
+                        miss = [e]
+                        prev = idxs[s] - 1
+                    else:
+                        miss.append(e)
+                    if last_out(e, -2) >= prev:   # evicted in the previous iteration
+                        refetch += 1
+            if miss is not None:
                 over = len(nu) + len(miss) - cap
                 if over > 0:
                     idx = idxs[s]
@@ -394,15 +420,12 @@ class BeladyPlanner(LayerPlanner):
                     for x in held:
                         push(heap, x)
                     evictions[k] = over
-                if evicted:
-                    refetch += _refetches(miss, evicted, idxs[s])
                 misses[k] = miss
             for e in exps:
                 u = nxt[j]
                 j += 1
                 nu[e] = u
                 push(heap, (-u, e))
-            k += L
         if len(heap) > 4 * len(nu) + 64:   # drop the stale entries
             heap[:] = [(-u, e) for e, u in nu.items()]
             heapq.heapify(heap)

@@ -201,7 +201,7 @@ def one_lane_loads(now: float, stall: float, gpu: float, h: int, m: int, d: floa
             t = t_next
             landed += 1
             t_next = t + d
-            if landed < m and m - done > 1 and t_next == t:
+            if t_next == t and landed < m and m - done > 1:
                 landed += 1
                 t_next = t_next + d
             stall += t - now
@@ -210,7 +210,7 @@ def one_lane_loads(now: float, stall: float, gpu: float, h: int, m: int, d: floa
         ready = landed - done
         dt = sums[ready]
         t_end = now + dt
-        if landed < m and t_next <= t_end:
+        if t_next <= t_end and landed < m:
             landed += 1
             t_next = t_next + d
             while landed < m and t_next < t_end:

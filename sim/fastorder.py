@@ -12,8 +12,9 @@ iterations.
    several tokens builds its layer as the generic replay does.
 
 The kernels keep their own books (not :class:`~moesim.sim.vram.Vram`'s): used only for the
-registered ``lru``, ``fifo``, ``lfu``, ``random`` and ``belady`` as shipped (the exact classes,
-no hook overridden) on runs that the fast path accepts and that do not check the VRAM invariant.
+registered ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` and ``static`` (FIFO beside its
+static set, :mod:`moesim.sim.faststatic`) as shipped (the exact classes, no hook overridden) on
+runs that the fast path accepts and that do not check the VRAM invariant.
 ``tests/test_fastpath.py`` checks them against the event loop.
 """
 
@@ -36,6 +37,7 @@ from moesim.sim.fastplan import (
     Planner,
     RandomPlanner,
 )
+from moesim.sim.faststatic import static_sets
 from moesim.sim.plans import access_order
 from moesim.sim.records import STEP_CHUNK
 from moesim.sim.vram import Unit
@@ -62,10 +64,12 @@ def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> flo
 
 
 def ordered_kind(engine: Engine) -> str | None:
-    """``"lru"``, ``"fifo"``, ``"lfu"``, ``"random"`` or ``"belady"`` when ``engine``'s policy is
-    exactly that shipped cache (alone or in a composition of nothing else that overrides no
-    hook), else None."""
+    """``"lru"``, ``"fifo"``, ``"lfu"``, ``"random"``, ``"belady"`` or ``"static"`` when
+    ``engine``'s policy is exactly that shipped cache (alone or in a composition of nothing else
+    that overrides no hook), else None (call on runs the fast path accepted)."""
     policy = engine.policy
+    if static_sets(engine) is not None:   # the fast path took it: its set is resident
+        return "static"
     rule: Any = policy
     if isinstance(policy, Composed):
         if not policy.demand_only():
@@ -130,6 +134,8 @@ def _planner(eng: Engine, kind: str, clean: bool) -> Planner:
         return LruPlanner(L, slots, warm, last)
     if kind == "fifo":
         return FifoPlanner(L, slots, warm, last)
+    if kind == "static":
+        return FifoPlanner(L, slots, warm, last, static_sets(eng))
     if kind == "lfu":
         return LfuPlanner(L, slots, warm, last)
     rule: Any = eng.policy.cache if isinstance(eng.policy, Composed) else eng.policy

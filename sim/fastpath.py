@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
 from moesim.sim.fastloads import compute_with_loads
 from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
+from moesim.sim.faststatic import static_refusal, static_sets
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order
 from moesim.sim.transfers import PolicyError
@@ -44,7 +45,12 @@ def fast_path_refusal(engine: Engine) -> str | None:
     demand loads find room at once: each pool holds at least as many experts as one layer of an
     iteration can run (``min(tokens x top_k, experts)``)."""
     policy = engine.policy
-    if not policy.demand_only():
+    statics = static_sets(engine)
+    if statics is not None:
+        why = static_refusal(engine, statics)
+        if why is not None:
+            return why
+    elif not policy.demand_only():
         return f"policy {policy.name!r} is not demand-only"
     if policy.lossy or policy.decision_us:
         return "the policy plans or spends decision time"

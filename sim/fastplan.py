@@ -126,13 +126,28 @@ class LruPlanner(LayerPlanner):
 
 
 class FifoPlanner(LayerPlanner):
-    """FIFO: the victim is the unpinned resident that came in first; hits do not move."""
+    """FIFO: the victim is the unpinned resident that came in first; hits do not move.
+
+    With ``fixed`` (``static``: each layer's static set, resident from the start), those experts
+    always hit and never leave, and the rest of the pool is a FIFO cache of the slots left."""
+
+    def __init__(self, num_layers: int, slots: list[int], warm: list[list[int]],
+                 last_evict: dict[tuple[int, int, int], int], fixed: list[set[int]] | None = None) -> None:
+        self.fixed = fixed if fixed is not None else [set() for _ in range(num_layers)]
+        super().__init__(num_layers, [n - len(f) for n, f in zip(slots, self.fixed, strict=True)],
+                         [[e for e in w if e not in f] for w, f in zip(warm, self.fixed, strict=True)],
+                         last_evict)
+
+    def resident(self) -> int:
+        """Experts resident in all pools now (the fixed ones too)."""
+        return super().resident() + sum(len(f) for f in self.fixed)
 
     def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
                    evictions: list[int]) -> int:
         """See :meth:`Planner.plan`. The step's misses come in (last) first; the victims are
         then the oldest entries that are not the step's hits."""
         pool = self.pools[layer]
+        fixed = self.fixed[layer]
         cap = self.slots[layer]
         evicted = self.evicted[layer]
         last_out = evicted.get
@@ -143,7 +158,7 @@ class FifoPlanner(LayerPlanner):
             k += L
             miss = None
             for e in exps:
-                if e not in pool:
+                if e not in pool and e not in fixed:
                     pool[e] = None
                     if miss is None:
                         miss = [e]

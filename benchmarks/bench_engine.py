@@ -4,10 +4,11 @@ Mixtral-8x7B, batch 1, mixtral-offloading, on a synthetic trace of the generator
 preset (decode tokens only). Prints figures; asserts nothing.
 
     python benchmarks/bench_engine.py [--tokens 2000] [--policy mixtral-offloading] [--profile]
-                                      [--event-loop] [--model mixtral-8x7b]
+                                      [--event-loop] [--model mixtral-8x7b] [--initial popular]
 
-Demand-only policies (lru, lfu, fifo, random, belady) take the fast path unless
-``--event-loop`` forces SimPy; the line ``path:`` says which ran.
+Demand-only policies (lru, lfu, fifo, random, belady; static started warm with
+``--initial popular``) take the fast path unless ``--event-loop`` forces SimPy; the line
+``path:`` says which ran.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--experts-per-layer", type=float, default=2)
     ap.add_argument("--profile", action="store_true", help="print the 15 most expensive functions")
     ap.add_argument("--event-loop", action="store_true", help="force the SimPy event loop (no fast path)")
+    ap.add_argument("--initial", default="empty", help="cache.initial: empty, popular or random")
     ap.add_argument("--preset", default="mixtral-8x7b", help="synthetic trace preset (the model's shape)")
     ap.add_argument("--model", default=None,
                     help="catalog model whose shape the trace takes (default: the preset's), e.g. deepseek-v3")
@@ -53,7 +55,7 @@ def main() -> None:
     wl = build_workload(trace, batch_size=1, phases=["decode"])
     budget = int(args.experts_per_layer * model.num_layers) * model.expert_bytes
     engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget,
-                    fast_path=not args.event_loop)
+                    initial=args.initial, fast_path=not args.event_loop)
     prof = cProfile.Profile() if args.profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:

@@ -1,42 +1,52 @@
-"""Cache kernels of the fast path: LRU and FIFO replayed with one ordered dict per pool, LFU with
-a heap per pool, without policy objects, EvictionRequests or candidate lists.
+"""Cache kernels of the fast path: LRU, FIFO, LFU, Random and Belady replayed without policy
+objects, EvictionRequests, candidate lists or unit objects, in two passes over blocks of
+iterations.
 
-LRU's victim is the candidate (resident, unpinned unit of the pool) of oldest last access, FIFO's
-the one inserted longest ago (:class:`~moesim.policies.parts.caches.RecencyCache` keeps those
-times on a logical clock). Kept as an ordered dict of each pool's resident experts, oldest
-first, the victim is the first entry that is not pinned: the layer's own hits are the only
-pinned residents, so the search skips at most ``top_k x tokens`` entries, O(1) in the cache
-size. Accesses are applied after the layer's demand loads were given room, in access order, as
-``on_access`` applies them: LRU moves every accessed expert to the end, FIFO appends the new
-ones only. Time advances exactly as in :mod:`moesim.sim.fastpath`, whose layer timing this module
-reuses; ``tests/test_fastpath.py`` checks both against the event loop.
+1. Decisions (:mod:`moesim.sim.fastplan`): which accesses of each step hit, which miss, how many
+   residents each step evicts. A demand-only run never crosses layers, so most rules decide a
+   layer at a time in a tight loop.
+2. Timing: the steps in the event loop's order, with the same floating-point operations in the
+   same order as :mod:`moesim.sim.fastpath` (whose layer timing, :mod:`moesim.sim.fastloads`,
+   this module shares). A one-token step's experts all cost the same and its loads all take the
+   same time, so its layer needs only its hit and miss counts (:func:`uniform_loads`); a step of
+   several tokens builds its layer as the generic replay does.
 
-Random draws from the rule's own random stream among the unpinned residents listed in the order
-they came in (the engine's candidate order): O(C) per eviction, like the rule.
-
-LFU keeps each resident's in-cache count and last access time (a clock shared by all pools, as
-the rule's) and a lazily pruned heap: O(log C) per eviction.
-
-Used only for the registered ``lru``, ``fifo``, ``lfu`` and ``random`` policies as shipped (the exact classes, no
-hook overridden) on runs that the fast path accepts and that do not check the VRAM invariant
-(this kernel keeps its own books, not :class:`~moesim.sim.vram.Vram`'s).
+The kernels keep their own books (not :class:`~moesim.sim.vram.Vram`'s): used only for the
+registered ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` and ``static`` (FIFO beside its
+static set, :mod:`moesim.sim.faststatic`) as shipped (the exact classes, no hook overridden) on
+runs that the fast path accepts and that do not check the VRAM invariant.
+``tests/test_fastpath.py`` checks them against the event loop.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT
 from moesim.policies.compose import Composed
-from moesim.policies.parts.caches import FIFOCache, LFUCache, LRUCache, RandomCache
+from moesim.policies.parts.caches import BeladyCache, FIFOCache, LFUCache, LRUCache, RandomCache
+from moesim.sim.fastloads import compute_with_loads, one_lane_loads, uniform_loads
+from moesim.sim.fastplan import (
+    NO_MISS,
+    BeladyPlanner,
+    FifoPlanner,
+    LfuPlanner,
+    LruPlanner,
+    Planner,
+    RandomPlanner,
+)
+from moesim.sim.faststatic import static_sets
 from moesim.sim.plans import access_order
+from moesim.sim.records import STEP_CHUNK
 from moesim.sim.vram import Unit
 
 if TYPE_CHECKING:
     from moesim.sim.engine import Engine
+    from moesim.sim.workload import Iteration
 
+_RULES = {LRUCache: "lru", FIFOCache: "fifo", LFUCache: "lfu", RandomCache: "random", BeladyCache: "belady"}
 
 
 def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> float:
@@ -52,91 +62,27 @@ def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> flo
     st.end_iteration(it, now)
     return now
 
+
 def ordered_kind(engine: Engine) -> str | None:
-    """``"lru"``, ``"fifo"``, ``"lfu"`` or ``"random"`` when ``engine``'s policy is exactly that shipped cache (alone or
-    in a composition of nothing else that overrides no hook), else None."""
+    """``"lru"``, ``"fifo"``, ``"lfu"``, ``"random"``, ``"belady"`` or ``"static"`` when
+    ``engine``'s policy is exactly that shipped cache (alone or in a composition of nothing else
+    that overrides no hook), else None (call on runs the fast path accepted; None too with a
+    ``runtime.demand_load_us``, which the generic fast replay charges)."""
     policy = engine.policy
+    if engine.cost.demand_load_s():   # the kernels time demand loads without it; the generic replay charges it
+        return None
+    if static_sets(engine) is not None:   # the fast path took it: its set is resident
+        return "static"
     rule: Any = policy
     if isinstance(policy, Composed):
         if not policy.demand_only():
             return None
         rule = policy.cache
-    if type(rule) is LRUCache:
-        return "lru"
-    if type(rule) is FIFOCache:
-        return "fifo"
-    if type(rule) is LFUCache:
-        return "lfu"
-    if type(rule) is RandomCache:
-        return "random"
-    return None
-
-
-class _Clock:
-    """The logical clock of :class:`~moesim.policies.parts.caches.RecencyCache`: one tick per
-    access, shared by every pool."""
-
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = 0
-
-
-class _LfuPool:
-    """One pool of LFU: each resident expert's in-cache access count and last access time, and
-    a heap of ``(count, last, expert)`` whose stale entries are skipped (lazy deletion). The
-    victim is the unpinned resident of least ``(count, last)``, as ``LFUCache.victim`` picks it:
-    O(log C) per eviction, amortised."""
-
-    __slots__ = ("clock", "count", "last", "heap")
-
-    def __init__(self, clock: _Clock) -> None:
-        self.clock = clock
-        self.count: dict[int, int] = {}
-        self.last: dict[int, int] = {}
-        self.heap: list[tuple[int, int, int]] = []
-
-    def __contains__(self, e: int) -> bool:
-        return e in self.count
-
-    def __len__(self) -> int:
-        return len(self.count)
-
-    def __delitem__(self, e: int) -> None:
-        del self.count[e]
-        del self.last[e]
-
-    def access(self, exps: list[int]) -> None:
-        """Accesses in order: a new expert starts at count 1, a resident one counts one more."""
-        clock, count, last, heap = self.clock, self.count, self.last, self.heap
-        for e in exps:
-            clock.t += 1
-            c = count.get(e, 0) + 1
-            count[e] = c
-            last[e] = clock.t
-            heapq.heappush(heap, (c, clock.t, e))
-        if len(heap) > 4 * len(count) + 64:   # drop the stale entries
-            self.heap = [(count[e], last[e], e) for e in count]
-            heapq.heapify(self.heap)
-
-    def victim(self, pinned: Any) -> int:
-        """The unpinned resident of least (count, last); pinned entries go back on the heap."""
-        heap, count, last = self.heap, self.count, self.last
-        held = []
-        while True:
-            c, t, e = heapq.heappop(heap)
-            if count.get(e) != c or last.get(e) != t:
-                continue   # stale
-            if e in pinned:
-                held.append((c, t, e))
-                continue
-            for x in held:
-                heapq.heappush(heap, x)
-            return e   # the caller deletes it
+    return _RULES.get(type(rule))
 
 
 class _Resident:
-    """A stand-in for a resident unit in the layer timing (only its state is read)."""
+    """A stand-in for a resident unit in a several-token layer's timing (only its state is read)."""
 
     __slots__ = ("state",)
 
@@ -144,156 +90,262 @@ class _Resident:
         self.state = RESIDENT
 
 
-def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:
-    """Replay ``eng``'s workload with the ``kind`` ("lru", "fifo", "lfu" or "random") kernel."""
-    from moesim.sim.fastpath import compute_with_loads
+class _Block:
+    """The accesses of a block of iterations, per layer, in access order: ``seqs[l][s]`` the
+    experts of layer ``l`` at block iteration ``s``; ``counts[(s, l)]`` their token counts for
+    an iteration of several tokens; ``sizes`` the experts of each step (``s * L + l``) when not
+    every step runs ``top_k`` of them."""
 
-    cost = eng.cost
+    def __init__(self, experts: np.ndarray, block: list[Iteration], L: int, K: int, clean: bool) -> None:
+        self.seqs: list[list[list[int]]] = []
+        self.counts: dict[tuple[int, int], list[int]] = {}
+        self.sizes: list[int] | None = None
+        if clean and all(it.rows0.shape[0] == 1 for it in block):
+            rows = np.concatenate([it.rows0 for it in block])
+            self.seqs = [experts[rows + layer].tolist() for layer in range(L)]
+            return
+        self.seqs = [[] for _ in range(L)]
+        sizes: list[int] = []
+        for s, it in enumerate(block):
+            for layer in range(L):
+                flat = experts[it.rows0 + layer].reshape(-1)
+                if it.rows0.shape[0] == 1:
+                    exps = [x for x in flat.tolist() if x >= 0]
+                else:
+                    exps, counts = access_order(flat[flat >= 0])
+                    self.counts[(s, layer)] = counts
+                self.seqs[layer].append(exps)
+                sizes.append(len(exps))
+        if any(n != K for n in sizes):
+            self.sizes = sizes
+
+
+def _blocks(iters: list[Iteration], L: int) -> list[list[Iteration]]:
+    per = max(1, STEP_CHUNK // L)
+    return [iters[i:i + per] for i in range(0, len(iters), per)]
+
+
+def _planner(eng: Engine, kind: str, clean: bool) -> Planner:
     L = eng.L
+    eb = eng.expert_bytes
+    slots = [c // eb for c in eng.vram.capacity]
+    warm: list[list[int]] = [[] for _ in range(L)]
+    for (layer, e, _p) in eng.vram.units:
+        warm[layer].append(e)
+    last = eng.transfers.last_evict_iter
+    if kind == "lru":
+        return LruPlanner(L, slots, warm, last)
+    if kind == "fifo":
+        return FifoPlanner(L, slots, warm, last)
+    if kind == "static":
+        return FifoPlanner(L, slots, warm, last, static_sets(eng))
+    if kind == "lfu":
+        return LfuPlanner(L, slots, warm, last)
+    rule: Any = eng.policy.cache if isinstance(eng.policy, Composed) else eng.policy
+    if kind == "random":
+        return RandomPlanner(L, slots, warm, last, rule._rng)   # the rule's own stream (the run's policy seed)
+    # belady: each layer's whole access sequence, for the next uses
+    experts = eng.trace.experts
+    iters = eng.workload.iterations
+    if clean and all(it.rows0.shape[0] == 1 for it in iters):
+        rows = np.concatenate([it.rows0 for it in iters])
+        flat = [experts[rows + layer].reshape(-1).astype(np.int64) for layer in range(L)]
+    else:
+        parts: list[list[int]] = [[] for _ in range(L)]
+        for block in _blocks(iters, L):
+            b = _Block(experts, block, L, eng.K, clean)
+            for layer in range(L):
+                for exps in b.seqs[layer]:
+                    parts[layer].extend(exps)
+        flat = [np.array(p, dtype=np.int64) for p in parts]
+    return BeladyPlanner(L, slots, warm, last, flat)
+
+
+def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
+    """Replay ``eng``'s workload with the ``kind`` kernel (see the module docstring)."""
+    cost = eng.cost
+    L, K = eng.L, eng.K
     st = eng.stats
-    tx = eng.transfers
-    vram = eng.vram
     steps = eng.steps if eng.record_steps else None
     iters = eng.workload.iterations
     n_iters = len(iters)
-    trace_experts = eng.trace.experts
+    experts = eng.trace.experts
     progress = eng.progress
-    lru = kind == "lru"
-    lfu = kind == "lfu"
-    rule: Any = eng.policy.cache if isinstance(eng.policy, Composed) else eng.policy
-    rng = rule._rng if kind == "random" else None   # the rule's own stream (the run's policy seed)
     eb = eng.expert_bytes
-    slots = [c // eb for c in vram.capacity]
+    clean = not bool((experts < 0).any())
+    planner = _planner(eng, kind, clean)
     evict_s = cost.hardware.evict_us * 1e-6
-    demand_s = cost.demand_load_s()
     overhead_layer = cost.overhead_layer_s()
     transfer_s = cost.transfer_s
-    last_evict: dict[tuple[int, int, int], int] = tx.last_evict_iter
-    # each pool's resident experts, oldest first: the warm start in the order it was placed
-    clock = _Clock()
-    res: list[Any] = [_LfuPool(clock) if lfu else OrderedDict() for _ in range(L)]
-    for (layer, e, _p) in vram.units:
-        if lfu:
-            res[layer].access([e])
-        else:
-            res[layer][e] = None
-    total = sum(len(r) for r in res)
-    peak = vram.peak
+    d = transfer_s(eb)
+    e1 = cost.expert_s(1)
+    # sums[c]: c one-token experts, summed as the event loop sums a batch of ready experts
+    width = max(K, max(slots_ for slots_ in (c // eb for c in eng.vram.capacity))) + 1
+    sums: list[Any] = [sum([e1] * c) for c in range(width)]
+    delays = [0.0]   # delays[n]: n evictions' cost, added one at a time
+    for _ in range(width):
+        delays.append(delays[-1] + evict_s)
+    layer1 = cost.layer_s(1)
+    step1 = layer1 + overhead_layer
+    head1 = cost.head_s(1)
+    over1 = cost.overhead_iteration_s(1)
     resident = _Resident()
+    one_lane = n_lanes == 1
     batch_start: dict[int, float] = {}
     exp_cost: dict[int, float] = {}
     dur_of: dict[int, float] = {}
     now = 0.0
-    for it in iters:
-        eng.cur_iter = it
-        idx = it.index
-        st.start_iteration(it, now, batch_start)
-        n_tok = it.n_tokens
-        layer_s = cost.layer_s(n_tok)
-        step_s = layer_s + overhead_layer
-        single = n_tok == 1
-        row0 = int(it.rows0[0]) if single else 0
-        for layer in range(L):
-            t0 = now
-            now = now + step_s
-            st.gpu_busy_s += layer_s
-            st.overhead_s += overhead_layer
-            if single:
-                exps = [x for x in trace_experts[row0 + layer].tolist() if x >= 0]
-                counts = [1] * len(exps)
-            else:
-                flat = trace_experts[it.rows0 + layer].reshape(-1)
-                exps, counts = access_order(flat[flat >= 0])
-            pool = res[layer]
-            cap = slots[layer]
-            need: list[tuple[float, Any]] = []
-            misses: list[Any] = []
-            miss_e: list[int] = []
-            hits = 0
-            for i, e in enumerate(exps):
-                c = counts[i]
-                t_exp = exp_cost.get(c)
-                if t_exp is None:
-                    t_exp = exp_cost[c] = cost.expert_s(c)
-                if e in pool:
-                    hits += 1
-                    need.append((t_exp, resident))
-                else:
-                    u = Unit((layer, e, 0), eb, layer, True)
-                    misses.append(u)
-                    miss_e.append(e)
-                    need.append((t_exp, u))
-            n_miss = len(misses)
-            st.hits += hits
-            st.misses += n_miss
-            st.fetch_needed += n_miss
-            stall = 0.0
-            evictions = 0
-            if misses:
-                delay = 0.0
-                held = len(pool)
-                pinned = set(exps) if len(exps) > 8 else exps   # the layer's experts: never victims
-                for _ in misses:
-                    n = 0
-                    while held + 1 > cap:
-                        if lfu:
-                            victim = pool.victim(pinned)
-                        elif rng is not None:
-                            cands = [k for k in pool if k not in pinned]
-                            victim = cands[int(rng.integers(len(cands)))]
+    gpu = st.gpu_busy_s
+    ovh = st.overhead_s
+    stall_sum = st.stall_s
+    loads = 0              # one-token steps' demand loads (their copy time is added at the end)
+    refetch = 0
+    for block in _blocks(iters, L):
+        b = _Block(experts, block, L, K, clean)
+        idxs = [it.index for it in block]
+        n = len(block) * L
+        misses: list[Any] = [NO_MISS] * n
+        evictions = [0] * n
+        refetch += planner.plan(b.seqs, idxs, misses, evictions)
+        sizes = [K] * n if b.sizes is None else b.sizes
+        starts: list[float] = []     # each iteration's start (a step starts when the one before ends)
+        step_of: list[float] = []    # each iteration's non-MoE step (routing is known after it)
+        t_end: list[float] = []
+        stalls: list[float] = []
+        a_end, a_stall = t_end.append, stalls.append
+        k = 0
+        for s, it in enumerate(block):
+            st.start_iteration(it, now, batch_start)
+            starts.append(now)
+            n_tok = it.n_tokens
+            if n_tok == 1:
+                step_of.append(step1)
+                for _layer in range(L):
+                    miss = misses[k]
+                    now = now + step1
+                    gpu += layer1
+                    ovh += overhead_layer
+                    if miss:
+                        m = len(miss)
+                        stall = delays[evictions[k]]
+                        if stall > 0:
+                            now = now + stall
+                        h = sizes[k] - m
+                        if m == 1:
+                            landed = now + d
+                            if h:
+                                dt = sums[h]
+                                now = now + dt
+                                gpu += dt
+                            if landed > now:
+                                stall += landed - now
+                                now = landed
+                            gpu += e1
+                            now = now + e1
+                        elif one_lane:
+                            now, stall, gpu = one_lane_loads(now, stall, gpu, h, m, d, sums)
                         else:
-                            for victim in pool:
-                                if victim not in pinned:
-                                    break
-                        del pool[victim]
-                        last_evict[(layer, victim, 0)] = idx
-                        held -= 1
-                        n += 1
-                    held += 1
-                    delay += n * evict_s
-                    if demand_s:
-                        delay += demand_s
-                    evictions += n
-                total += n_miss - evictions
-                if total * eb > peak:
-                    peak = total * eb
-                if delay > 0:
-                    now = now + delay
-                stall += delay
-                for j, u in enumerate(misses):
-                    key = u.key
-                    was = last_evict.get(key)
-                    if was is not None and idx - was <= 1:
-                        st.refetch_bytes += eb
-                    st.demand_bytes += eb
-                    u.state = INFLIGHT if j < n_lanes else QUEUED
-                st.evictions += evictions
-            # the layer's accesses, in access order (on_access)
-            if lru:
-                for e in exps:
-                    if e in pool:
-                        pool.move_to_end(e)
+                            now, stall, gpu = uniform_loads(now, stall, gpu, h, m, n_lanes, d, sums)
+                        loads += m
+                        stall_sum += stall
+                        a_stall(stall)
                     else:
-                        pool[e] = None
-            elif lfu:
-                pool.access(exps)
+                        dt = sums[sizes[k]]
+                        now = now + dt
+                        gpu += dt
+                        a_stall(0.0)
+                    a_end(now)
+                    k += 1
+                if head1 + over1 > 0:
+                    now = now + (head1 + over1)
+                    gpu += head1
+                    ovh += over1
             else:
-                for e in miss_e:
-                    pool[e] = None
-            if not misses:
-                dt = sum([x[0] for x in need])
-                now = now + dt
-                st.gpu_busy_s += dt
-            else:
-                now, stall = compute_with_loads(st, need, misses, n_lanes, now, stall, transfer_s, dur_of)
-            st.stall_s += stall
-            if steps is not None:
-                steps.append((idx, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, n_miss, 0,
-                              stall, n_miss * eb, 0, evictions))
-        now = finish_iteration(st, cost, it, n_tok, now)
-        eng.prev_iter = it
-        if progress is not None:
-            progress(idx + 1, n_iters)
-    vram.peak = peak
+                layer_s = cost.layer_s(n_tok)
+                step_s = layer_s + overhead_layer
+                step_of.append(step_s)
+                for layer in range(L):
+                    exps = b.seqs[layer][s]
+                    counts = b.counts[(s, layer)]
+                    miss = misses[k]
+                    now = now + step_s
+                    gpu += layer_s
+                    ovh += overhead_layer
+                    missing = set(miss)
+                    need: list[tuple[float, Any]] = []
+                    units: list[Any] = []
+                    for i, e in enumerate(exps):
+                        c = counts[i]
+                        t_exp = exp_cost.get(c)
+                        if t_exp is None:
+                            t_exp = exp_cost[c] = cost.expert_s(c)
+                        if e in missing:
+                            u = Unit((layer, e, 0), eb, layer, True)
+                            u.state = INFLIGHT if len(units) < n_lanes else QUEUED
+                            units.append(u)
+                            need.append((t_exp, u))
+                        else:
+                            need.append((t_exp, resident))
+                    stall = 0.0
+                    if units:
+                        delay = delays[evictions[k]]
+                        if delay > 0:
+                            now = now + delay
+                        stall += delay
+                        st.gpu_busy_s = gpu
+                        now, stall = compute_with_loads(st, need, units, n_lanes, now, stall, transfer_s, dur_of)
+                        gpu = st.gpu_busy_s
+                    else:
+                        dt = sum([x[0] for x in need])
+                        now = now + dt
+                        gpu += dt
+                    stall_sum += stall
+                    a_stall(stall)
+                    a_end(now)
+                    k += 1
+                head = cost.head_s(n_tok)
+                over = cost.overhead_iteration_s(n_tok)
+                if head + over > 0:
+                    now = now + (head + over)
+                    gpu += head
+                    ovh += over
+            st.end_iteration(it, now)
+            if progress is not None:
+                progress(it.index + 1, n_iters)
+        # the block's counters and step records
+        n_miss = [len(x) for x in misses]
+        m_total = sum(n_miss)
+        n_total = sum(sizes)
+        st.hits += n_total - m_total
+        st.misses += m_total
+        st.fetch_needed += m_total
+        st.demand_bytes += m_total * eb
+        st.evictions += sum(evictions)
+        if steps is not None:
+            ends = np.array(t_end, dtype=np.float64)
+            begins = np.empty(n, dtype=np.float64)
+            begins[1:] = ends[:-1]
+            begins[::L] = starts
+            mm = np.array(n_miss, dtype=np.int64)
+            nn = np.array(sizes, dtype=np.int64)
+            zero = np.zeros(n, dtype=np.int64)
+            steps.extend({
+                "iteration": np.repeat(np.array(idxs, dtype=np.int64), L),
+                "layer": np.tile(np.arange(L, dtype=np.int64), len(block)),
+                "t_start": begins, "t_route": begins + np.repeat(np.array(step_of, dtype=np.float64), L),
+                "t_end": ends, "n_experts": nn, "hits": nn - mm, "late": zero, "partial": zero,
+                "misses": mm, "cpu_experts": zero, "stall_s": stalls, "demand_bytes": mm * eb,
+                "prefetch_bytes": zero, "evictions": evictions,
+            }, n)
+    st.gpu_busy_s = gpu
+    st.overhead_s = ovh
+    st.stall_s = stall_sum
+    st.refetch_bytes += refetch * eb
+    if loads:   # every landing adds the same copy time, one after another
+        st.pcie_busy_s = float(np.add.accumulate(np.concatenate(([st.pcie_busy_s], np.full(loads, d))))[-1])
+    planner.finish(eng.transfers.last_evict_iter)
+    eng.vram.peak = max(eng.vram.peak, planner.resident() * eb)
+    eng.cur_iter = iters[-1]
+    eng.prev_iter = iters[-1]
     eng.cur_layer = L
     eng.fast_now = now

@@ -23,11 +23,13 @@ returns None and reports which path ran (``engine_path`` in the metrics). A poli
 
 from __future__ import annotations
 
-import heapq
+import gc
 from typing import TYPE_CHECKING, Any
 
-from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, RESIDENT, Outcome
+from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
+from moesim.sim.fastloads import compute_with_loads
 from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
+from moesim.sim.faststatic import static_refusal, static_sets
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order
 from moesim.sim.transfers import PolicyError
@@ -43,7 +45,14 @@ def fast_path_refusal(engine: Engine) -> str | None:
     demand loads find room at once: each pool holds at least as many experts as one layer of an
     iteration can run (``min(tokens x top_k, experts)``)."""
     policy = engine.policy
-    if not policy.demand_only():
+    statics = static_sets(engine)
+    if statics is not None:
+        why = static_refusal(engine, statics)
+        if why is not None:
+            return why
+        if engine.cost.demand_load_s():
+            return "static's kernel does not charge runtime.demand_load_us"
+    elif not policy.demand_only():
         return f"policy {policy.name!r} is not demand-only"
     if policy.lossy or policy.decision_us:
         return "the policy plans or spends decision time"
@@ -101,17 +110,25 @@ def run_fast(engine: Engine) -> None:
     the engine's counters, step records and clock (``engine.fast_now``) as the event loop would."""
     n_lanes = int(engine.cost.hardware.copy_engines)
     kind = None if engine.check_invariants else ordered_kind(engine)
-    if kind is not None:
-        engine.path = f"fast ({kind} kernel)"
-        replay_ordered(engine, kind, n_lanes)
-        return
-    tx = engine.transfers
-    lanes = tx.lanes
-    tx.lanes = _NoLanes(engine.policy.name)  # type: ignore[assignment]
+    # the replays allocate many short-lived lists and tuples and no reference cycles: the
+    # cyclic collector's passes over the trace and the records would only cost time
+    collect = gc.isenabled()
+    gc.disable()
     try:
-        _replay(engine, n_lanes)
+        if kind is not None:
+            engine.path = f"fast ({kind} kernel)"
+            replay_ordered(engine, kind, n_lanes)
+            return
+        tx = engine.transfers
+        lanes = tx.lanes
+        tx.lanes = _NoLanes(engine.policy.name)  # type: ignore[assignment]
+        try:
+            _replay(engine, n_lanes)
+        finally:
+            tx.lanes = lanes
     finally:
-        tx.lanes = lanes
+        if collect:
+            gc.enable()
 
 
 def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
@@ -270,98 +287,3 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
         if progress is not None:
             progress(it.index + 1, n_iters)
     eng.fast_now = now
-
-
-def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any], n_lanes: int,
-                        now: float, stall: float, transfer_s: Any, dur_of: dict[int, float]
-                        ) -> tuple[float, float]:
-    """One layer's experts computing while its demand loads land, as the event loop orders it.
-
-    Events are ``(time, creation order, kind, index)``: a landing (kind 0) or the GPU's compute
-    step ending (kind 1), processed in SimPy's order. ``loads`` were issued at ``now`` in order;
-    load ``j`` takes lane ``j % n_lanes`` (the lanes hand out their lowest free id) or waits for
-    the load ``n_lanes`` ahead of it to land. Returns the new time and the layer's stall."""
-    if len(loads) == 1:
-        # one load (the common case): the layer's hits compute in one step while it lands; it
-        # is resident when that step ends if it landed by then (it was issued before the step)
-        u = loads[0]
-        d = dur_of.get(u.nbytes)
-        if d is None:
-            d = dur_of[u.nbytes] = transfer_s(u.nbytes)
-        landed = now + d
-        st.pcie_busy_s += d
-        u.state = RESIDENT
-        first = [x[0] for x in need if x[1] is not u]
-        if first:
-            dt = sum(first)
-            now = now + dt
-            st.gpu_busy_s += dt
-        if landed > now:
-            stall += landed - now
-            now = landed
-        dt = sum([x[0] for x in need if x[1] is u])
-        st.gpu_busy_s += dt
-        return now + dt, stall
-    seq = 0
-    heap: list[tuple[float, int, int, int]] = []
-    durs = []
-    for u in loads:
-        d = dur_of.get(u.nbytes)
-        if d is None:
-            d = dur_of[u.nbytes] = transfer_s(u.nbytes)
-        durs.append(d)
-    m = len(loads)
-    for j in range(min(n_lanes, m)):
-        heapq.heappush(heap, (now + durs[j], seq, 0, j))
-        seq += 1
-    next_load = min(n_lanes, m)
-
-    def land(t: float, j: int) -> None:
-        nonlocal seq, next_load
-        u = loads[j]
-        u.state = RESIDENT
-        st.pcie_busy_s += durs[j]
-        if next_load < m:   # the lane starts the next queued load
-            k = next_load
-            next_load += 1
-            loads[k].state = INFLIGHT
-            heapq.heappush(heap, (t + durs[k], seq, 0, k))
-            seq += 1
-
-    remaining = need
-    while remaining:
-        ready = [x for x in remaining if x[1].state == RESIDENT]
-        if ready:
-            dt = sum([x[0] for x in ready])
-            t_end = now + dt
-            g = seq   # the GPU's timeout, created now
-            seq += 1
-            while heap and (heap[0][0], heap[0][1]) < (t_end, g):
-                t, _, _, j = heapq.heappop(heap)
-                land(t, j)
-            now = t_end
-            st.gpu_busy_s += dt
-            if len(ready) == len(remaining):
-                remaining = []
-            else:
-                done = set(id(x) for x in ready)
-                remaining = [x for x in remaining if id(x) not in done]
-            continue
-        # nothing ready: the GPU waits for the first landing of its remaining units; with
-        # several it resumes through a condition event scheduled after every landing of that
-        # instant, with one right after that landing
-        ts = now
-        several = len(remaining) > 1   # none is resident: each one's load is still to land
-        t, _, _, j = heapq.heappop(heap)
-        land(t, j)
-        if several:
-            cond = seq
-            seq += 1
-            while heap and (heap[0][0], heap[0][1]) < (t, cond):
-                t2, _, _, j2 = heapq.heappop(heap)
-                land(t2, j2)
-        now = t
-        stall += now - ts
-    return now, stall
-
-

@@ -18,6 +18,7 @@ from rich.table import Table
 from moesim.sim.atomic import atomic_folder
 from moesim.sim.records import STEP_FIELDS
 from moesim.sim.runner import RunResult
+from moesim.traces.arrow_numpy import from_numpy
 
 
 def steps_table(result: RunResult) -> pa.Table:
@@ -27,9 +28,9 @@ def steps_table(result: RunResult) -> pa.Table:
         col = result.steps[name]
         if name in ("t_start", "t_route", "t_end", "stall_s"):
             key = "stall_us" if name == "stall_s" else f"{name}_us"
-            out[key] = pa.array(np.asarray(col, dtype=np.float64) * 1e6, type=pa.float64())
+            out[key] = from_numpy(np.asarray(col, dtype=np.float64) * 1e6)
         else:
-            out[name] = pa.array(np.asarray(col, dtype=np.int64), type=pa.int64())
+            out[name] = from_numpy(np.asarray(col, dtype=np.int64))
     return pa.table(out)
 
 

@@ -60,6 +60,16 @@ class StepRecords:
             self._chunks.append(np.array(self.rows, dtype=self._dtype))
             self.rows = []
 
+    def extend(self, columns: dict[str, Any], n: int) -> None:
+        """Append ``n`` steps given as one sequence per field (every field of
+        :data:`STEP_FIELDS`), after the rows appended so far: a replay that computes whole
+        blocks of steps at once adds them as one chunk."""
+        self.pack()
+        chunk = np.empty(n, dtype=self._dtype)
+        for name, _ in STEP_FIELDS:
+            chunk[name] = columns[name]
+        self._chunks.append(chunk)
+
     def __len__(self) -> int:
         return sum(len(c) for c in self._chunks) + len(self.rows)
 

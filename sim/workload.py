@@ -148,20 +148,49 @@ class Future:
 
     def __init__(self, workload: Workload) -> None:
         tr = workload.trace
-        L, E = tr.model.num_layers, tr.model.num_experts
-        self._uses: list[list[list[float]]] = [[[] for _ in range(E)] for _ in range(L)]
+        self._workload = workload
         self._experts = tr.experts
         self._iters = workload.iterations
-        for it in workload.iterations:
+        self.num_layers = tr.model.num_layers
+        self._built: list[list[list[float]]] | None = None   # built on the first next_use
+
+    @property
+    def _uses(self) -> list[list[list[float]]]:
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
+    def _build(self) -> list[list[list[float]]]:
+        tr = self._workload.trace
+        L, E = tr.model.num_layers, tr.model.num_experts
+        iters = self._iters
+        experts = tr.experts
+        if iters and all(it.rows0.shape[0] == 1 for it in iters) and not (experts < 0).any():
+            # one token per step, its top-k experts distinct: rank j of k, the same keys as below
+            rows = np.concatenate([it.rows0 for it in iters])
+            idx = np.array([it.index for it in iters], dtype=np.int64)
+            k = experts.shape[1]
+            frac = (np.arange(k, dtype=np.int64) + 1) / (k + 1)
+            out: list[list[list[float]]] = []
             for layer in range(L):
-                flat = tr.experts[it.rows0 + layer].reshape(-1)
+                ex = experts[rows + layer].astype(np.int64).reshape(-1)
+                keys = ((idx * L + layer).astype(np.float64)[:, None] + frac[None, :]).reshape(-1)
+                order = np.argsort(ex, kind="stable")
+                bounds = np.searchsorted(ex[order], np.arange(E + 1))
+                ks = keys[order].tolist()
+                out.append([ks[bounds[e]:bounds[e + 1]] for e in range(E)])
+            return out
+        uses: list[list[list[float]]] = [[[] for _ in range(E)] for _ in range(L)]
+        for it in iters:
+            for layer in range(L):
+                flat = experts[it.rows0 + layer].reshape(-1)
                 _, first = np.unique(flat, return_index=True)
                 order = np.sort(first)
                 denom = len(order) + 1
                 base = it.index * L + layer
                 for rank, pos in enumerate(order):
-                    self._uses[layer][int(flat[pos])].append(base + (rank + 1) / denom)
-        self.num_layers = L
+                    uses[layer][int(flat[pos])].append(base + (rank + 1) / denom)
+        return uses
 
     def step_key(self, iteration: int, layer: int) -> float:
         """The key just after every access of step (iteration, layer)."""

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.sim.atomic import TMP_TAG, clean_stale
+from moesim.traces.arrow_numpy import to_numpy
 from moesim.traces.column_types import EXPECTED_KIND, kind_problem
 from moesim.traces.schema import (
     ALL_COLUMNS,
@@ -110,13 +111,13 @@ def _embedding_cols(batch: pa.RecordBatch, row0: int, path: Any) -> dict[str, np
     if emb.null_count == batch.num_rows:
         return {}
     vals = emb.drop_null()
-    lengths = np.diff(np.asarray(vals.offsets))
+    lengths = np.diff(to_numpy(vals.offsets))
     if lengths.size and (lengths != lengths[0]).any():
         raise TraceError(path, "embeddings of different lengths", column="embedding")
-    mat = np.asarray(vals.flatten().to_numpy(zero_copy_only=False), dtype=np.float16)
+    mat = np.asarray(to_numpy(vals.flatten()), dtype=np.float16)
     mat = mat.reshape(len(vals), int(lengths[0]) if lengths.size else 0)
     rows = np.flatnonzero(~np.asarray(emb.is_null())) + row0
-    layer = np.asarray(batch.column("layer").to_numpy(zero_copy_only=False))[rows - row0]
+    layer = to_numpy(batch.column("layer"))[rows - row0]
     if (layer != 0).any():
         raise TraceError(path, "embedding on a row whose layer is not 0",
                          row=int(rows[first_bad_row(layer != 0)]), column="embedding")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from moesim.traces.arrow_numpy import to_numpy
 from moesim.traces.schema import DECODE, PHASES, PREFILL, REQUIRED_COLUMNS, TraceError, TraceMeta
 
 
@@ -39,13 +40,13 @@ def _list_matrix(
     if arr.null_count:
         bad = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
         raise TraceError(path, "null value in a required list", row=row0 + bad, column=column)
-    offsets = np.asarray(arr.offsets)
+    offsets = to_numpy(arr.offsets)
     lengths = np.diff(offsets)
     wrong = np.flatnonzero(lengths != width)
     if wrong.size:
         i = int(wrong[0])
         raise TraceError(path, f"has {lengths[i]} entries, expected {width}", row=row0 + i, column=column)
-    values = arr.flatten().to_numpy(zero_copy_only=False)
+    values = to_numpy(arr.values)[offsets[0]:offsets[-1]] if n else to_numpy(arr.flatten())   # no nulls here
     return np.asarray(values, dtype=dtype).reshape(n, width)
 
 
@@ -81,7 +82,7 @@ def validate_batch(
         arr = batch.column(col)
         if arr.null_count:
             raise TraceError(path, "null value", row=row0 + first_bad_row(np.asarray(arr.is_null())), column=col)
-        out[col] = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
+        out[col] = np.asarray(to_numpy(arr), dtype=np.int64)
     for col in ("request_id", "token_idx"):
         neg = out[col] < 0
         if neg.any():
@@ -97,11 +98,11 @@ def validate_batch(
         raise TraceError(path, "null value", row=row0 + first_bad_row(np.asarray(ph.is_null())), column="phase")
     if pa.types.is_dictionary(ph.type):
         ph_dict = [str(v) for v in ph.dictionary.to_pylist()]
-        ph_idx = np.asarray(ph.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        ph_idx = np.asarray(to_numpy(ph.indices), dtype=np.int64)
     else:
         enc = ph.dictionary_encode()
         ph_dict = [str(v) for v in enc.dictionary.to_pylist()]
-        ph_idx = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        ph_idx = np.asarray(to_numpy(enc.indices), dtype=np.int64)
     lut = np.empty(len(ph_dict), dtype=np.int8)
     for j, name in enumerate(ph_dict):
         if name not in PHASES:
@@ -146,7 +147,7 @@ def validate_batch(
             if arr.null_count:
                 raise TraceError(path, "null value in a partly filled column",
                                  row=row0 + first_bad_row(np.asarray(arr.is_null())), column="token_id")
-            out["token_id"] = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int32)
+            out["token_id"] = np.asarray(to_numpy(arr), dtype=np.int32)
 
     # Ordering: strictly increasing (request, token, layer); each (request, token) holds
     # layers 0..L-1 in order; within a request no prefill row follows a decode row.

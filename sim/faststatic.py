@@ -1,0 +1,55 @@
+"""When ``static`` may take the fast path: the policy pins its static set with one round of
+prefetches at the first iteration (behind the demand loads, on the same lanes), so it is not
+demand-only in general. When the run starts warm with that set already resident
+(``cache.initial: popular`` places the most popular experts, a superset of the static set, and
+the rule's ``warm`` drops the rest), those prefetches find every unit present and do nothing;
+the rule then only evicts the oldest resident outside the static set, as FIFO over the
+staging room does, and the run is a demand-only one whenever each layer's staging room holds
+what one step can miss (a full static set otherwise refuses the victims a demand load needs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from moesim.policies.base import RESIDENT
+from moesim.policies.caching import Static
+from moesim.policies.parts.caches import StaticCache
+
+if TYPE_CHECKING:
+    from moesim.sim.engine import Engine
+
+
+def static_sets(engine: Engine) -> list[set[int]] | None:
+    """Each layer's static experts when ``engine``'s policy is exactly the shipped ``static``
+    (its composition of the rule alone, no hook overridden), else None."""
+    policy = engine.policy
+    if type(policy) is not Static or type(policy.cache) is not StaticCache:
+        return None
+    if policy.prefetcher is not None or policy.planner is not None:
+        return None
+    sets: list[set[int]] = [set() for _ in range(engine.L)]
+    for layer, e, _p in policy.cache.static:
+        sets[layer].add(e)
+    return sets
+
+
+def static_refusal(engine: Engine, sets: list[set[int]]) -> str | None:
+    """Why a ``static`` run cannot take the fast path (see the module docstring), or None."""
+    units = engine.vram.units
+    for layer, static in enumerate(sets):
+        for e in static:
+            u = units.get((layer, e, 0))
+            if u is None or u.state != RESIDENT:
+                return ("policy 'static' loads its static set at the first iteration (start warm "
+                        "with cache.initial: popular for the fast path)")
+    if engine.global_pool:
+        return "the policy uses one global pool"
+    widest = max((it.n_tokens for it in engine.workload.iterations), default=0)
+    for layer, static in enumerate(sets):
+        room = engine.vram.capacity[layer] // engine.expert_bytes - len(static)
+        need = min(widest * engine.K, engine.E - len(static))
+        if need > room:
+            return (f"policy 'static' stages up to {need} experts of layer {layer} in {room} slots "
+                    "(demand loads could wait for room)")
+    return None

@@ -112,6 +112,7 @@ class Engine:
         caps = [int(budget_bytes)] if self.global_pool else [int(budget_bytes) // self.L] * self.L
         self.vram = Vram(caps, buffer_bytes)
         self.fractions: list[tuple[float, ...]] = [(1.0,)] * self.L
+        self._policy_splits = policy.uses_hook("part_fractions")
         self.stats = RunStats()
         self.transfers = Transfers(self.env, self.vram, policy, self.view, cost, self.stats, self.timeline,
                                    num_layers=self.L, num_experts=self.E, global_pool=self.global_pool,
@@ -186,6 +187,8 @@ class Engine:
         self.fractions[layer] = fractions
 
     def _apply_fractions(self) -> None:
+        if not self._policy_splits:   # part_fractions not overridden: every layer keeps (1.0,)
+            return
         for layer in range(self.L):
             fr = tuple(float(f) for f in self.policy.part_fractions(layer))
             if fr != self.fractions[layer]:

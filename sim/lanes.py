@@ -75,10 +75,9 @@ class CopyLanes:
 
     def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
         """Queue ``unit``; it starts at once if a lane is free."""
-        self._seq += 1
+        seq = self._seq = self._seq + 1
         unit.state = self.QUEUED
-        entry = (0, 0.0, self._seq, unit) if self.fifo else (cls, -priority, self._seq, unit)
-        heapq.heappush(self.queue, (entry[0], entry[1], entry[2], (unit, cls)))
+        heapq.heappush(self.queue, (0, 0.0, seq, (unit, cls)) if self.fifo else (cls, -priority, seq, (unit, cls)))
         if self.idle:
             self._next(self.idle.pop())
 

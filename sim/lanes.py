@@ -72,6 +72,7 @@ class CopyLanes:
         self.inflight_count = 0
         self._seq = 0
         self._dur: dict[int, float] = {}   # duration by size (``duration`` is a pure function of it)
+        self._timeout = env.timeout   # SimPy makes a new bound constructor at each env.timeout
 
     def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
         """Queue ``unit``; it starts at once if a lane is free."""
@@ -94,7 +95,7 @@ class CopyLanes:
             start = self.env.now
             self.inflight_count += 1
             self.on_start(u, cls, lane)
-            ev = self.env.timeout(dur)
+            ev = self._timeout(dur)
             assert ev.callbacks is not None
             ev.callbacks.append(partial(self._on_timeout, u, cls, lane, start, dur))
             if u.event is None:

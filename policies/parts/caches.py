@@ -77,12 +77,13 @@ class RecencyCache(CacheRule):
 
     def refresh(self, key: UnitKey) -> None:
         """Record an access of ``key`` now."""
-        self._clock += 1
-        if key not in self._inserted:
-            self._inserted[key] = self._clock
-            self._count[key] = 0
-        self._last[key] = self._clock
-        self._count[key] += 1
+        clock = self._clock = self._clock + 1
+        if key in self._inserted:   # _inserted and _count hold the same keys
+            self._count[key] += 1
+        else:
+            self._inserted[key] = clock
+            self._count[key] = 1
+        self._last[key] = clock
 
     def warm(self, view: View, units: list[UnitKey]) -> None:
         """Warm-start units count as accessed, in order."""
@@ -92,6 +93,20 @@ class RecencyCache(CacheRule):
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Record the layer's GPU accesses in order."""
         nparts = len(self.part_fractions(layer))
+        if nparts == 1 and type(self).refresh is RecencyCache.refresh:
+            # refresh((layer, e, 0)) for each expert, inlined (once per layer)
+            clock, ins, last, count = self._clock, self._inserted, self._last, self._count
+            for e in outcome.experts:
+                key = (layer, e, 0)
+                clock += 1
+                if key in ins:
+                    count[key] += 1
+                else:
+                    ins[key] = clock
+                    count[key] = 1
+                last[key] = clock
+            self._clock = clock
+            return
         for e in outcome.experts:
             for p in range(nparts):
                 self.refresh((layer, e, p))

@@ -176,6 +176,9 @@ class AutoPredictor(Predictor):
             ctx.warn("the trace has no lookahead_logits: the prefetcher predicts from the previous "
                      "token's routing instead (predictor: auto)")
         self.inner.setup(ctx)
+        # the chosen source answers directly (no forwarding frame per call)
+        self.predict = self.inner.predict   # type: ignore[method-assign]
+        self.token_scores = self.inner.token_scores   # type: ignore[method-assign]
 
     def predict(self, view: View, layer: int, k: int) -> list[tuple[int, float]]:
         """The chosen source's prediction."""

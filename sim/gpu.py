@@ -160,7 +160,9 @@ def gpu_process(eng: Engine) -> Any:
                 cpu_exps, cpu_counts = access_order(plan_m[cmask])
                 exps, counts = access_order(plan_m[gmask])
             elif n_tok == 1:
-                exps = [x for x in plan_m.reshape(-1).tolist() if x >= 0]
+                exps = plan_m.reshape(-1).tolist()
+                if -1 in exps:   # slots a plan dropped (plans hold -1..E-1, the trace 0..E-1)
+                    exps = [x for x in exps if x >= 0]
                 counts = [1] * len(exps)
             else:
                 flat = plan_m.reshape(-1)
@@ -173,7 +175,8 @@ def gpu_process(eng: Engine) -> Any:
             miss_units: list[Unit] = []
             hits = late = part = miss = miss_bytes = 0
             if nparts == 1:
-                pinned.update([(layer, e, 0) for e in exps])
+                for e in exps:
+                    pinned.add((layer, e, 0))
             else:
                 for e in exps:
                     for p in range(nparts):
@@ -263,10 +266,20 @@ def gpu_process(eng: Engine) -> Any:
             # GPU experts compute as their parts become resident, ready ones first
             remaining = need
             while remaining:
-                ready = [x for x in remaining if x[2].state == RESIDENT]
+                # plain loops: a comprehension is a call of its own, and these lists are short
+                ready: list[tuple[int, float, Unit]] = []
+                rest: list[tuple[int, float, Unit]] = []   # the others, in order
+                for x in remaining:
+                    if x[2].state == RESIDENT:
+                        ready.append(x)
+                    else:
+                        rest.append(x)
                 if ready:
-                    if tx.waiting:
-                        ready = ready[:1]   # memory is tight: free pins one expert at a time
+                    if tx.waiting and len(ready) > 1:
+                        # memory is tight: free pins one expert at a time
+                        first = ready[0]
+                        ready = [first]
+                        rest = [x for x in remaining if x is not first]
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])   # 0 + a is a
                     tc = env._now
                     if not advance_alone(env, dt):
@@ -275,11 +288,7 @@ def gpu_process(eng: Engine) -> Any:
                     if timeline is not None:
                         timeline.append(("GPU", f"L{layer} experts", tc, dt,
                                          {"experts": [exps[x[0]] for x in ready]}))
-                    if len(ready) == len(remaining):
-                        remaining = []
-                    else:
-                        done = set(id(x) for x in ready)
-                        remaining = [x for x in remaining if id(x) not in done]
+                    remaining = rest
                     for x in ready:
                         bu = x[2]
                         pinned.discard(bu.key)
@@ -294,7 +303,10 @@ def gpu_process(eng: Engine) -> Any:
                     continue
                 # nothing ready: wait for a transfer, or for room
                 ts = env._now
-                evs = [tx.landing(x[2]) for x in remaining if x[2].state in (QUEUED, INFLIGHT)]
+                evs = []
+                for x in remaining:
+                    if x[2].state in (QUEUED, INFLIGHT):
+                        evs.append(tx.landing(x[2]))
                 if evs:
                     yield evs[0] if len(evs) == 1 else any_of(env, evs)
                 elif tx.waiting:

@@ -138,8 +138,10 @@ class Transfers:
         n = 0
         while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
             pinned = vram.pinned
-            cands = [k for k, u in vram.pool_units[pool].items()
-                     if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+            cands = []   # a plain loop: a comprehension is a call of its own, and pools are small
+            for k, u in vram.pool_units[pool].items():
+                if u.state == RESIDENT and not u.in_buffer and k not in pinned:
+                    cands.append(k)
             if not cands:
                 break
             req = new_request(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)
@@ -150,12 +152,12 @@ class Transfers:
                                       f"{reason.value} eviction request; expected a victim or "
                                       f"{req.decline.value!r}")
                 break
-            u = vram.units.get(victim)
-            if u is None or u.state != RESIDENT or victim in pinned:
+            gone = vram.units.get(victim)
+            if gone is None or gone.state != RESIDENT or victim in pinned:
                 raise PolicyError(f"policy {self.policy.name!r} chose victim {victim}, which is not an unpinned resident")
             self.stats.evictions += 1
             self.layer_evictions += 1
-            self.drop(u)
+            self.drop(gone)
             n += 1
         return vram.capacity[pool] - used[pool] >= nbytes, n
 

@@ -44,8 +44,13 @@ class CacheRule(Policy):
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """The rule's victim among the candidates that are not protected."""
         cands = request.candidates
-        if self.protected:
-            cands = [k for k in cands if k not in self.protected]
+        protected = self.protected
+        if protected:
+            kept = []   # a plain loop: a comprehension is a call of its own, and the list is short
+            for k in cands:
+                if k not in protected:
+                    kept.append(k)
+            cands = kept
         if not cands:
             return request.decline
         return self.victim(view, request, cands)
@@ -141,9 +146,13 @@ class LRUCache(RecencyCache):
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used longest ago."""
-        if len(candidates) == 1:   # a small pool's common case: no key function to call
+        n = len(candidates)
+        if n == 1:   # a small pool's common cases: no key function to call
             return candidates[0]
         last = self._last
+        if n == 2:   # min keeps the first of equal keys
+            a, b = candidates
+            return b if last.get(b, 0) < last.get(a, 0) else a
         return min(candidates, key=lambda k: last.get(k, 0))
 
 

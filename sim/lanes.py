@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 import simpy
+from simpy.events import PENDING
 
 DEMAND_CLASS, PREFETCH_CLASS = 0, 1
 ORDERS = ("priority", "fifo")
@@ -108,7 +109,9 @@ class CopyLanes:
         self.inflight_count -= 1
         ev = u.event
         self.on_land(u, cls, lane, start, dur)
-        if ev is not None and not ev.triggered:   # a waiter made its own event while it was queued
+        # a waiter made its own event while it was queued; ev._value is PENDING: not ev.triggered,
+        # without the property call
+        if ev is not None and ev._value is PENDING:
             ev.succeed()
         self._next(lane)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import simpy
+from simpy.events import PENDING
 
 from moesim.policies.base import (
     ABSENT,
@@ -93,7 +94,7 @@ class Transfers:
         return u.event
 
     def wake(self) -> None:
-        if not self.space_event.triggered:
+        if self.space_event._value is PENDING:   # not triggered (without the property call)
             self.space_event.succeed()
 
     # ------------------------------------------------------------------------------------------
@@ -107,7 +108,7 @@ class Transfers:
         del vram.pool_units[u.pool][key]
         if self.d2h is None:
             vram.release(u)
-            if not self.space_event.triggered:   # self.wake()
+            if self.space_event._value is PENDING:   # self.wake()
                 self.space_event.succeed()
         else:
             vram.start_drain(u)

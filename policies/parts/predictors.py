@@ -48,7 +48,10 @@ def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
         row = scores[0].tolist()
         # sorted(..., reverse=True)[:k] is what heapq.nlargest is defined as (ties keep index
         # order) and is faster on a router's few dozen scores
-        return [(e, row[e]) for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]]
+        out = []   # a plain loop: a comprehension is a call of its own, and k is small
+        for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]:
+            out.append((e, row[e]))
+        return out
     best: dict[int, float] = {}
     idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     for t in range(scores.shape[0]):

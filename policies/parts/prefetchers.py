@@ -24,7 +24,9 @@ class Prefetcher(Policy):
         in the lane). Members already present count as used now; no prefetch of the set may evict
         another member of it (one that would have to is not issued). Returns how many were issued."""
         cache = self.cache
-        keys = [(layer, e, 0) for e, _ in experts]
+        keys = []   # a plain loop: a comprehension is a call of its own, and sets are small
+        for e, _ in experts:
+            keys.append((layer, e, 0))
         is_present, prefetch = view.is_present, view.prefetch
         if cache is not None:
             refresh = cache.refresh

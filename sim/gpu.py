@@ -160,7 +160,7 @@ def gpu_process(eng: Engine) -> Any:
                 cpu_exps, cpu_counts = access_order(plan_m[cmask])
                 exps, counts = access_order(plan_m[gmask])
             elif n_tok == 1:
-                exps = plan_m.reshape(-1).tolist()
+                exps = plan_m.tolist()[0]   # [1, k]: its one row, without a reshaped view
                 if -1 in exps:   # slots a plan dropped (plans hold -1..E-1, the trace 0..E-1)
                     exps = [x for x in exps if x >= 0]
                 counts = [1] * len(exps)

@@ -93,7 +93,7 @@ class CopyLanes:
             dur = self._dur.get(u.nbytes)
             if dur is None:
                 dur = self._dur[u.nbytes] = self.duration(u.nbytes)
-            start = self.env.now
+            start = self.env._now   # env.now without the property call
             self.inflight_count += 1
             self.on_start(u, cls, lane)
             ev = self._timeout(dur)

@@ -58,6 +58,23 @@ class Composed(Policy):
             prefetcher.cache = cache
         self._parts: list[Policy] = [p for p in (cache, prefetcher, planner) if p is not None]
         self._by_hook = {hook: [getattr(p, hook) for p in self._parts if p.uses_hook(hook)] for hook in _DISPATCHED}
+        self._bind_direct()
+
+    def _bind_direct(self) -> None:
+        """Where a hook this class does not override reaches one part only, make the part's
+        bound method the instance's hook: the engine then calls it without the dispatch frame
+        (these hooks run for every layer, transfer and eviction). Same calls, same order."""
+        own = type(self)
+        for hook in (*_DISPATCHED, "choose_victim", "admit", "on_routed"):
+            self.__dict__.pop(hook, None)   # a second assemble starts afresh
+        direct: dict[str, Any] = {h: hooks[0] for h, hooks in self._by_hook.items() if len(hooks) == 1}
+        direct["choose_victim"] = self.cache.choose_victim
+        direct["admit"] = self.cache.admit
+        if self.planner is not None:
+            direct["on_routed"] = self.planner.on_routed
+        for hook, fn in direct.items():
+            if getattr(own, hook) is getattr(Composed, hook):
+                setattr(self, hook, fn)
 
     def parts(self) -> list[Policy]:
         """The parts, in hook order."""

@@ -2,7 +2,8 @@
 an optional CPU for experts and the policy's hooks called in contract order.
 
 The hook order and semantics are stated once, in :mod:`moesim.policies.base`; this module
-implements them. Its parts live beside it: :mod:`~moesim.sim.vram` (byte accounting),
+implements them. Its parts live beside it: :mod:`~moesim.sim.gpu` (the GPU stream's process,
+the per-layer loop below), :mod:`~moesim.sim.vram` (byte accounting),
 :mod:`~moesim.sim.lanes` (H2D and D2H copy lanes), :mod:`~moesim.sim.view` (the causal view),
 :mod:`~moesim.sim.records` (counters, step records, timeline).
 
@@ -19,23 +20,16 @@ lane before its room frees; a prefetch whose room still drains waits for it (``W
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import simpy
 
 from moesim.policies.base import (
-    HIT,
     INFLIGHT,
-    LATE,
-    MISS,
     OPTIONAL_COLUMNS,
-    PARTIAL,
     QUEUED,
     RESIDENT,
-    WAITING,
     Context,
-    Outcome,
     Policy,
     Profile,
     Reason,
@@ -43,12 +37,11 @@ from moesim.policies.base import (
     UnitKey,
     check_columns,
 )
-from moesim.sim.clock import advance_alone
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
 from moesim.sim.fastpath import fast_path_refusal, run_fast
-from moesim.sim.plans import access_order, check_plan, count_lossy
-from moesim.sim.records import STEP_CHUNK, RunStats, StepRecords, TimelineEvent
+from moesim.sim.gpu import gpu_process
+from moesim.sim.records import RunStats, StepRecords, TimelineEvent
 from moesim.sim.transfers import PolicyError, Transfers
 from moesim.sim.view import EngineView
 from moesim.sim.vram import Unit, Vram
@@ -112,6 +105,7 @@ class Engine:
         caps = [int(budget_bytes)] if self.global_pool else [int(budget_bytes) // self.L] * self.L
         self.vram = Vram(caps, buffer_bytes)
         self.fractions: list[tuple[float, ...]] = [(1.0,)] * self.L
+        self._policy_splits = policy.uses_hook("part_fractions")
         self.stats = RunStats()
         self.transfers = Transfers(self.env, self.vram, policy, self.view, cost, self.stats, self.timeline,
                                    num_layers=self.L, num_experts=self.E, global_pool=self.global_pool,
@@ -186,6 +180,8 @@ class Engine:
         self.fractions[layer] = fractions
 
     def _apply_fractions(self) -> None:
+        if not self._policy_splits:   # part_fractions not overridden: every layer keeps (1.0,)
+            return
         for layer in range(self.L):
             fr = tuple(float(f) for f in self.policy.part_fractions(layer))
             if fr != self.fractions[layer]:
@@ -193,28 +189,6 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------
     # processes
-    def _charge(self) -> Any:
-        """Process fragment: the GPU stream waits for policy CPU time spent since the last charge."""
-        dt = self.spent_s
-        if dt > 0:
-            self.spent_s = 0.0
-            t0 = self.env.now
-            yield self.env.timeout(dt)
-            self.stats.policy_cpu_s += dt
-            if self.record_timeline:
-                self.timeline.append(("CPU policy", "decision", t0, dt, {}))
-
-    def _wait_prefetches(self) -> Any:
-        """Process fragment (``sync_prefetch``): the GPU waits for every prefetch issued so far."""
-        pending = [self.transfers.landing(u) for u in self.vram.units.values()
-                   if not u.demand and u.state in (WAITING, QUEUED, INFLIGHT)]
-        if pending:
-            t0 = self.env.now
-            yield self.env.all_of(pending)
-            dt = self.env.now - t0
-            self.stats.stall_s += dt
-            self.stats.sync_stall_s += dt
-
     def _initial_fill(self) -> list[UnitKey]:
         if self.initial == "empty":
             return []
@@ -244,297 +218,6 @@ class Engine:
                     vram.add(u)
                     placed.append(key)
         return placed
-
-    def _gpu(self) -> Any:
-        env = self.env
-        cost = self.cost
-        L = self.L
-        st = self.stats
-        policy = self.policy
-        view = self.view
-        vram = self.vram
-        tx = self.transfers
-        units = vram.units
-        pinned = vram.pinned
-        timeline = self.timeline if self.record_timeline else None
-        steps = self.steps
-        step_rows = steps.rows if self.record_steps else None   # appended inline (see StepRecords)
-        iters = self.workload.iterations
-        n_iters = len(iters)
-        batch_start: dict[int, float] = {}
-        exp_cost: dict[int, float] = {}
-        cpu_cost: dict[int, float] = {}
-        # skip calls of hooks a policy does not override (the hot path runs per layer)
-        has_before = policy.uses_hook("before_layer")
-        has_routed = policy.uses_hook("on_routed")
-        has_access = policy.uses_hook("on_access")
-        has_after = policy.uses_hook("after_layer")
-        has_end = policy.uses_hook("on_layer_end")
-        lossy = policy.lossy
-        decision_s = float(policy.decision_us) * 1e-6
-        overhead_layer = cost.overhead_layer_s()
-        timeout = env.timeout
-        tr_experts, tr_weights = self.trace.experts, self.trace.weights
-        for it in iters:
-            self.cur_iter = it
-            tx.iteration = it.index
-            self.cur_layer = -1
-            self.routed_upto = -1
-            st.start_iteration(it, env.now, batch_start)
-            policy.on_iteration_start(view)
-            if self.spent_s:
-                yield from self._charge()
-            n_tok = it.n_tokens
-            row0 = int(it.rows0[0]) if n_tok == 1 else -1
-            layer_s = cost.layer_s(n_tok)
-            for layer in range(L):
-                self.cur_layer = layer
-                tx.layer_evictions = 0
-                tx.layer_prefetch_bytes = 0
-                if self.sync_prefetch:
-                    yield from self._wait_prefetches()
-                t0 = env.now
-                if has_before:
-                    policy.before_layer(view, layer)
-                    if self.spent_s:
-                        yield from self._charge()
-                # non-MoE compute, and the runtime's per-layer overhead
-                if not advance_alone(env, layer_s + overhead_layer):
-                    yield timeout(layer_s + overhead_layer)
-                st.gpu_busy_s += layer_s
-                st.overhead_s += overhead_layer
-                if timeline is not None:
-                    timeline.append(("GPU", f"L{layer} attn", env.now - layer_s - overhead_layer,
-                                     layer_s + overhead_layer, {"iteration": it.index}))
-                # routing known: the plan
-                self.routed_upto = layer
-                # the routing (as routing_of gives it; a one-row slice view for one token)
-                rows: slice | np.ndarray = slice(row0 + layer, row0 + layer + 1) if row0 >= 0 else it.rows0 + layer
-                routing = Routing(layer, tr_experts[rows], None if tr_weights is None else tr_weights[rows])
-                plan = policy.on_routed(view, layer, routing) if has_routed else None
-                on_cpu = None
-                if plan is None:
-                    plan_m = routing.experts
-                    if lossy:
-                        count_lossy(st, routing, None)
-                else:
-                    plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy, num_experts=self.E,
-                                        where=f"iteration {it.index}, layer {layer}")
-                    on_cpu = None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
-                    if lossy:
-                        count_lossy(st, routing, plan_m)
-                if decision_s:
-                    self.spent_s += decision_s
-                if self.spent_s:
-                    yield from self._charge()
-                t_route = env.now
-                # experts that run on the GPU (access order) and on the CPU, with token counts
-                cpu_exps: list[int] = []
-                cpu_counts: list[int] = []
-                if on_cpu is not None and on_cpu.any():
-                    gmask = (plan_m >= 0) & ~on_cpu
-                    cmask = (plan_m >= 0) & on_cpu
-                    cpu_exps, cpu_counts = access_order(plan_m[cmask])
-                    exps, counts = access_order(plan_m[gmask])
-                elif n_tok == 1:
-                    exps = [x for x in plan_m.reshape(-1).tolist() if x >= 0]
-                    counts = [1] * len(exps)
-                else:
-                    flat = plan_m.reshape(-1)
-                    exps, counts = access_order(flat[flat >= 0])
-                fr = self.fractions[layer]
-                nparts = len(fr)
-                pool = 0 if self.global_pool else layer
-                status: list[int] = []
-                need: list[tuple[int, float, Unit]] = []  # (expert index, compute seconds, unit)
-                miss_units: list[Unit] = []
-                hits = late = part = miss = miss_bytes = 0
-                for e in exps:
-                    for p in range(nparts):
-                        pinned.add((layer, e, p))
-                for i, e in enumerate(exps):
-                    c = counts[i]
-                    t_exp = exp_cost.get(c)
-                    if t_exp is None:
-                        t_exp = exp_cost[c] = cost.expert_s(c)
-                    n_res = n_abs = 0
-                    fetched = covered = False
-                    for p in range(nparts):
-                        key = (layer, e, p)
-                        u = units.get(key)
-                        if u is not None and u.state == WAITING and not u.demand:
-                            tx.demand_instead(u)
-                            u = None
-                        if u is None:
-                            n_abs += 1
-                            u = Unit(key, tx.part_bytes(layer, p), pool, True)
-                            vram.add(u)
-                            miss_units.append(u)
-                            miss_bytes += u.nbytes
-                        elif u.state == RESIDENT:
-                            n_res += 1
-                        if not u.used:
-                            # brought in since its previous use: by a prefetch, or on demand
-                            fetched = True
-                            if not u.demand:
-                                covered = True
-                                st.prefetch_used += 1
-                            u.used = True
-                        need.append((i, t_exp * fr[p], u))
-                    if n_res == nparts:
-                        status.append(HIT)
-                        hits += 1
-                    elif n_abs == 0:
-                        status.append(LATE)
-                        late += 1
-                    elif n_res:
-                        status.append(PARTIAL)
-                        part += 1
-                    else:
-                        status.append(MISS)
-                        miss += 1
-                    if fetched:
-                        st.fetch_needed += 1
-                        if covered:
-                            st.fetch_covered += 1
-                st.hits += hits
-                st.late += late
-                st.partial += part
-                st.misses += miss
-                # CPU experts start now, one after another on the host
-                cpu_done = 0.0
-                if cpu_exps:
-                    start = max(env.now, self.cpu_free_at)
-                    tc = start
-                    for e, c in zip(cpu_exps, cpu_counts, strict=True):
-                        dt = cpu_cost.get(c)
-                        if dt is None:
-                            dt = cpu_cost[c] = cost.cpu_expert_s(c)
-                        if timeline is not None:
-                            timeline.append(("CPU experts", f"L{layer} E{e}", tc, dt, {"tokens": c}))
-                        tc += dt
-                    st.cpu_busy_s += tc - start
-                    st.cpu_accesses += len(cpu_exps)
-                    self.cpu_free_at = cpu_done = tc
-                # demand loads for absent parts, ahead of queued prefetches
-                stall = 0.0
-                if miss_units:
-                    tx.waiting.extend(miss_units)
-                if tx.waiting:
-                    granted, delay = tx.grant_waiting()
-                    if delay > 0:
-                        yield timeout(delay)
-                        stall += delay
-                    tx.queue_demand(granted)
-                if has_access or has_after:
-                    outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
-                    if has_access:
-                        policy.on_access(view, layer, outcome)
-                    if has_after:
-                        policy.after_layer(view, layer, outcome)
-                    if self.spent_s:
-                        yield from self._charge()
-                # GPU experts compute as their parts become resident, ready ones first
-                remaining = need
-                while remaining:
-                    ready = [x for x in remaining if x[2].state == RESIDENT]
-                    if ready:
-                        if tx.waiting:
-                            ready = ready[:1]   # memory is tight: free pins one expert at a time
-                        dt = sum([x[1] for x in ready])
-                        tc = env.now
-                        if not advance_alone(env, dt):
-                            yield timeout(dt)
-                        st.gpu_busy_s += dt
-                        if timeline is not None:
-                            timeline.append(("GPU", f"L{layer} experts", tc, dt,
-                                             {"experts": [exps[x[0]] for x in ready]}))
-                        if len(ready) == len(remaining):
-                            remaining = []
-                        else:
-                            done = set(id(x) for x in ready)
-                            remaining = [x for x in remaining if id(x) not in done]
-                        for x in ready:
-                            bu = x[2]
-                            pinned.discard(bu.key)
-                            if bu.in_buffer:   # free the staging room at once
-                                self._settle(bu)
-                        if tx.waiting:
-                            granted, delay = tx.grant_waiting()
-                            if delay > 0:
-                                yield timeout(delay)
-                                stall += delay
-                            tx.queue_demand(granted)
-                        continue
-                    # nothing ready: wait for a transfer, or for room
-                    ts = env.now
-                    evs = [tx.landing(x[2]) for x in remaining if x[2].state in (QUEUED, INFLIGHT)]
-                    if evs:
-                        yield evs[0] if len(evs) == 1 else self._any_of(evs)
-                    elif tx.waiting:
-                        if tx.space_event.triggered:   # room was freed since we last tried
-                            tx.space_event = env.event()
-                            granted, delay = tx.grant_waiting()
-                            if delay > 0:
-                                yield timeout(delay)
-                            tx.queue_demand(granted)
-                        else:
-                            self._check_deadlock(layer)
-                            yield tx.space_event
-                    else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
-                        raise AssertionError("expert part neither present nor waiting")
-                    stall += env.now - ts
-                if cpu_done > env.now:   # the layer also waits for its CPU experts
-                    wait = cpu_done - env.now
-                    yield timeout(wait)
-                    st.cpu_wait_s += wait
-                pinned.clear()
-                st.stall_s += stall
-                if vram.buffer_used:
-                    self._settle_buffer(layer)
-                if has_end:
-                    policy.on_layer_end(view, layer)
-                if self.check_invariants:
-                    vram.check()
-                if step_rows is not None:
-                    step_rows.append((it.index, layer, t0, t_route, env.now, len(exps), hits, late, part,
-                                  miss, len(cpu_exps), stall, miss_bytes, tx.layer_prefetch_bytes,
-                                  tx.layer_evictions))
-                    if len(step_rows) >= STEP_CHUNK:
-                        steps.pack()
-                        step_rows = steps.rows
-            head = cost.head_s(n_tok)
-            over = cost.overhead_iteration_s(n_tok)
-            if head + over > 0:
-                if not advance_alone(env, head + over):
-                    yield timeout(head + over)
-                st.gpu_busy_s += head
-                st.overhead_s += over
-            now = env.now
-            st.end_iteration(it, now)
-            self.cur_layer = L
-            policy.on_iteration_end(view)
-            if self.spent_s:
-                yield from self._charge()
-            self._apply_fractions()
-            self.prev_iter = it
-            if self.progress is not None:
-                self.progress(it.index + 1, n_iters)
-
-    def _any_of(self, events: list[simpy.Event]) -> simpy.Event:
-        """An event that succeeds when the first of ``events`` (untriggered landings) is
-        processed: what ``env.any_of`` gives, scheduled at the same instant and in the same order
-        (one ``succeed`` from the first callback), without building a condition value."""
-        any_ev = self.env.event()
-
-        def fire(_ev: simpy.Event) -> None:
-            if not any_ev.triggered:
-                any_ev.succeed()
-
-        for ev in events:
-            assert ev.callbacks is not None   # not yet processed: the unit is queued or in flight
-            ev.callbacks.append(fire)
-        return any_ev
 
     def _check_deadlock(self, layer: int) -> None:
         busy = (any(u.state in (QUEUED, INFLIGHT) for u in self.vram.units.values())
@@ -600,7 +283,7 @@ class Engine:
     def _run_events(self) -> None:
         """The SimPy event loop over the whole workload."""
         policy = self.policy
-        gpu = self.env.process(self._gpu())
+        gpu = self.env.process(gpu_process(self))
         try:
             self.env.run(until=gpu)
         except RuntimeError as exc:

@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 import simpy
+from simpy.events import PENDING
 
 DEMAND_CLASS, PREFETCH_CLASS = 0, 1
 ORDERS = ("priority", "fifo")
@@ -72,13 +73,13 @@ class CopyLanes:
         self.inflight_count = 0
         self._seq = 0
         self._dur: dict[int, float] = {}   # duration by size (``duration`` is a pure function of it)
+        self._timeout = env.timeout   # SimPy makes a new bound constructor at each env.timeout
 
     def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
         """Queue ``unit``; it starts at once if a lane is free."""
-        self._seq += 1
+        seq = self._seq = self._seq + 1
         unit.state = self.QUEUED
-        entry = (0, 0.0, self._seq, unit) if self.fifo else (cls, -priority, self._seq, unit)
-        heapq.heappush(self.queue, (entry[0], entry[1], entry[2], (unit, cls)))
+        heapq.heappush(self.queue, (0, 0.0, seq, (unit, cls)) if self.fifo else (cls, -priority, seq, (unit, cls)))
         if self.idle:
             self._next(self.idle.pop())
 
@@ -92,10 +93,10 @@ class CopyLanes:
             dur = self._dur.get(u.nbytes)
             if dur is None:
                 dur = self._dur[u.nbytes] = self.duration(u.nbytes)
-            start = self.env.now
+            start = self.env._now   # env.now without the property call
             self.inflight_count += 1
             self.on_start(u, cls, lane)
-            ev = self.env.timeout(dur)
+            ev = self._timeout(dur)
             assert ev.callbacks is not None
             ev.callbacks.append(partial(self._on_timeout, u, cls, lane, start, dur))
             if u.event is None:
@@ -108,7 +109,9 @@ class CopyLanes:
         self.inflight_count -= 1
         ev = u.event
         self.on_land(u, cls, lane, start, dur)
-        if ev is not None and not ev.triggered:   # a waiter made its own event while it was queued
+        # a waiter made its own event while it was queued; ev._value is PENDING: not ev.triggered,
+        # without the property call
+        if ev is not None and ev._value is PENDING:
             ev.succeed()
         self._next(lane)
 

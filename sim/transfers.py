@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import simpy
+from simpy.events import PENDING
 
 from moesim.policies.base import (
     ABSENT,
@@ -28,11 +29,14 @@ from moesim.policies.base import (
 )
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
+from moesim.sim.frozen import slot_maker
 from moesim.sim.lanes import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
 from moesim.sim.records import RunStats, TimelineEvent
 from moesim.sim.vram import Unit, Vram
 
 SWAP_QUEUED, SWAPPING = 5, 6   # an evicted unit being copied back to the host (not in vram.units)
+
+new_request = slot_maker(EvictionRequest)   # EvictionRequest(...) at a third of the cost
 
 
 class PolicyError(MoesimError, ValueError):
@@ -90,7 +94,7 @@ class Transfers:
         return u.event
 
     def wake(self) -> None:
-        if not self.space_event.triggered:
+        if self.space_event._value is PENDING:   # not triggered (without the property call)
             self.space_event.succeed()
 
     # ------------------------------------------------------------------------------------------
@@ -99,18 +103,21 @@ class Transfers:
         """``u`` leaves VRAM: free its room (at once, or when its swap-out lands), account a
         prefetch never used, remember when (refetch accounting), tell the policy."""
         vram = self.vram
-        vram.remove(u)
+        key = u.key
+        del vram.units[key]   # vram.remove(u), inlined (once per eviction)
+        del vram.pool_units[u.pool][key]
         if self.d2h is None:
             vram.release(u)
-            self.wake()
+            if self.space_event._value is PENDING:   # self.wake()
+                self.space_event.succeed()
         else:
             vram.start_drain(u)
             u.event = None
             self.d2h.submit(u, DEMAND_CLASS)
         if not u.used and not u.demand:
             self.stats.wasted_prefetch_bytes += u.nbytes
-        self.last_evict_iter[u.key] = self.iteration
-        self.policy.on_evict(self.view, u.key)
+        self.last_evict_iter[key] = self.iteration
+        self.policy.on_evict(self.view, key)
 
     def evict_key(self, key: UnitKey) -> bool:
         """Evict a resident, unpinned unit; False if ``key`` is not one."""
@@ -127,25 +134,31 @@ class Transfers:
         draining to the host as coming; returns (fits now, evictions)."""
         vram = self.vram
         used, draining, claimed = vram.used, vram.draining, vram.claimed
-        # room_to_come, free and candidates inlined: this runs for every prefetch and demand load
+        # room_to_come, free, candidates and evict_key inlined: this runs for every prefetch and
+        # demand load
         n = 0
-        policy, view = self.policy, self.view
         while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
             pinned = vram.pinned
-            cands = [k for k, u in vram.pool_units[pool].items()
-                     if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+            cands = []   # a plain loop: a comprehension is a call of its own, and pools are small
+            for k, u in vram.pool_units[pool].items():
+                if u.state == RESIDENT and not u.in_buffer and k not in pinned:
+                    cands.append(k)
             if not cands:
                 break
-            req = EvictionRequest(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)
-            victim = policy.choose_victim(view, req)
+            req = new_request(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)
+            victim = self.policy.choose_victim(self.view, req)
             if isinstance(victim, Decline):
                 if victim is not req.decline:
-                    raise PolicyError(f"policy {policy.name!r} answered {victim.value!r} to a "
+                    raise PolicyError(f"policy {self.policy.name!r} answered {victim.value!r} to a "
                                       f"{reason.value} eviction request; expected a victim or "
                                       f"{req.decline.value!r}")
                 break
-            if not self.evict_key(victim):
-                raise PolicyError(f"policy {policy.name!r} chose victim {victim}, which is not an unpinned resident")
+            gone = vram.units.get(victim)
+            if gone is None or gone.state != RESIDENT or victim in pinned:
+                raise PolicyError(f"policy {self.policy.name!r} chose victim {victim}, which is not an unpinned resident")
+            self.stats.evictions += 1
+            self.layer_evictions += 1
+            self.drop(gone)
             n += 1
         return vram.capacity[pool] - used[pool] >= nbytes, n
 
@@ -218,8 +231,9 @@ class Transfers:
         if not (0 <= layer < self.L and 0 <= expert < self.E):
             raise PolicyError(f"policy {self.policy.name!r} prefetched expert {expert} of layer "
                               f"{layer}; the model has {self.L} layers x {self.E} experts")
-        nbytes = self.part_bytes(layer, part)
-        pool = self.pool_of(layer)
+        sizes = self._sizes.get(self.fractions[layer])
+        nbytes = sizes[part] if sizes is not None and 0 <= part < len(sizes) else self.part_bytes(layer, part)
+        pool = 0 if self.global_pool else layer
         if self.waiting and any(w.pool == pool for w in self.waiting):
             return False  # demand loads waiting for room in this pool come first
         u = Unit(key, nbytes, pool, False)
@@ -227,8 +241,8 @@ class Transfers:
             if not vram.take_buffer(u):
                 return False
         else:
-            ok, _ = self._allocate(u, True, Reason.PREFETCH)
-            if not ok:
+            self.make_room(pool, nbytes, Reason.PREFETCH, key)
+            if not vram.take_room(u, True):
                 if vram.room_to_come(pool) < nbytes:
                     return False
                 # its room is being copied back to the host (swap_out): claim it and wait

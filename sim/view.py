@@ -82,10 +82,17 @@ class EngineView:
     def lookahead_logits(self, layer: int) -> np.ndarray | None:
         """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
         router input of ``layer``, once ``layer`` is routed."""
-        self._known(layer, "lookahead")
         e = self._e
+        if layer > e.routed_upto:
+            self._known(layer, "lookahead")   # raises
         la = e.trace.lookahead_logits
-        return None if la is None else la[e.rows_of(e.cur_iter, layer)]
+        if la is None:
+            return None
+        rows0 = e.cur_iter.rows0
+        if rows0.shape[0] == 1:   # e.rows_of(e.cur_iter, layer), inlined: once per layer
+            r = int(rows0[0]) + layer
+            return la[r:r + 1]
+        return la[rows0 + layer]
 
     def previous_lookahead_logits(self) -> np.ndarray | None:
         """Lookahead of the last layer of the previous iteration: a cross-token prediction of

@@ -44,8 +44,13 @@ class CacheRule(Policy):
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """The rule's victim among the candidates that are not protected."""
         cands = request.candidates
-        if self.protected:
-            cands = [k for k in cands if k not in self.protected]
+        protected = self.protected
+        if protected:
+            kept = []   # a plain loop: a comprehension is a call of its own, and the list is short
+            for k in cands:
+                if k not in protected:
+                    kept.append(k)
+            cands = kept
         if not cands:
             return request.decline
         return self.victim(view, request, cands)
@@ -77,12 +82,13 @@ class RecencyCache(CacheRule):
 
     def refresh(self, key: UnitKey) -> None:
         """Record an access of ``key`` now."""
-        self._clock += 1
-        if key not in self._inserted:
-            self._inserted[key] = self._clock
-            self._count[key] = 0
-        self._last[key] = self._clock
-        self._count[key] += 1
+        clock = self._clock = self._clock + 1
+        if key in self._inserted:   # _inserted and _count hold the same keys
+            self._count[key] += 1
+        else:
+            self._inserted[key] = clock
+            self._count[key] = 1
+        self._last[key] = clock
 
     def warm(self, view: View, units: list[UnitKey]) -> None:
         """Warm-start units count as accessed, in order."""
@@ -92,6 +98,20 @@ class RecencyCache(CacheRule):
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Record the layer's GPU accesses in order."""
         nparts = len(self.part_fractions(layer))
+        if nparts == 1 and type(self).refresh is RecencyCache.refresh:
+            # refresh((layer, e, 0)) for each expert, inlined (once per layer)
+            clock, ins, last, count = self._clock, self._inserted, self._last, self._count
+            for e in outcome.experts:
+                key = (layer, e, 0)
+                clock += 1
+                if key in ins:
+                    count[key] += 1
+                else:
+                    ins[key] = clock
+                    count[key] = 1
+                last[key] = clock
+            self._clock = clock
+            return
         for e in outcome.experts:
             for p in range(nparts):
                 self.refresh((layer, e, p))
@@ -107,7 +127,9 @@ class RecencyCache(CacheRule):
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         """An evicted unit's counts are forgotten."""
-        self._forget(unit)
+        self._inserted.pop(unit, None)   # self._forget(unit), inlined: once per eviction
+        self._last.pop(unit, None)
+        self._count.pop(unit, None)
 
     def on_cancel(self, view: View, unit: UnitKey) -> None:
         """A prefetch refreshed at issue and withdrawn leaves no entry behind."""
@@ -124,9 +146,13 @@ class LRUCache(RecencyCache):
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used longest ago."""
-        if len(candidates) == 1:   # a small pool's common case: no key function to call
+        n = len(candidates)
+        if n == 1:   # a small pool's common cases: no key function to call
             return candidates[0]
         last = self._last
+        if n == 2:   # min keeps the first of equal keys
+            a, b = candidates
+            return b if last.get(b, 0) < last.get(a, 0) else a
         return min(candidates, key=lambda k: last.get(k, 0))
 
 

@@ -24,6 +24,7 @@ from moesim.policies.base import Context, PolicySetupError, Profile, View
 from moesim.policies.parts.linear_router import LinearRouter, fit_linear_router
 
 PREDICTORS = ("auto", "lookahead", "previous-token", "trained")
+_EXACT_IN_F32 = (np.dtype(np.float16), np.dtype(np.float32))   # scores float32 holds exactly
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
@@ -38,13 +39,19 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
 def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     """Union over tokens of each token's ``k`` best experts by ``scores`` (``[n, E]``), ordered by
     the best score any token gives them (descending, then expert id)."""
-    scores = np.asarray(scores, dtype=np.float32)
+    if not (isinstance(scores, np.ndarray) and scores.shape[0] == 1 and scores.dtype in _EXACT_IN_F32):
+        # one row of float16 or float32 gives the same Python floats unconverted; several rows
+        # are converted, as argpartition's order among ties depends on the dtype
+        scores = np.asarray(scores, dtype=np.float32)
     k = min(k, scores.shape[1])
     if scores.shape[0] == 1:  # the common batch-1 case: plain Python beats numpy on one row
         row = scores[0].tolist()
         # sorted(..., reverse=True)[:k] is what heapq.nlargest is defined as (ties keep index
         # order) and is faster on a router's few dozen scores
-        return [(e, row[e]) for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]]
+        out = []   # a plain loop: a comprehension is a call of its own, and k is small
+        for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]:
+            out.append((e, row[e]))
+        return out
     best: dict[int, float] = {}
     idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     for t in range(scores.shape[0]):
@@ -172,6 +179,9 @@ class AutoPredictor(Predictor):
             ctx.warn("the trace has no lookahead_logits: the prefetcher predicts from the previous "
                      "token's routing instead (predictor: auto)")
         self.inner.setup(ctx)
+        # the chosen source answers directly (no forwarding frame per call)
+        self.predict = self.inner.predict   # type: ignore[method-assign]
+        self.token_scores = self.inner.token_scores   # type: ignore[method-assign]
 
     def predict(self, view: View, layer: int, k: int) -> list[tuple[int, float]]:
         """The chosen source's prediction."""

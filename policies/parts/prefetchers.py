@@ -7,6 +7,8 @@ from moesim.policies.base import Context, Outcome, Policy, View
 from moesim.policies.parts.caches import CacheRule
 from moesim.policies.parts.predictors import Predictor
 
+_NOTHING: frozenset = frozenset()   # no protected set
+
 
 class Prefetcher(Policy):
     """Base of the prefetchers. ``cache`` is set by :meth:`Composed.assemble`."""
@@ -22,22 +24,26 @@ class Prefetcher(Policy):
         in the lane). Members already present count as used now; no prefetch of the set may evict
         another member of it (one that would have to is not issued). Returns how many were issued."""
         cache = self.cache
-        keys = [(layer, e, 0) for e, _ in experts]
+        keys = []   # a plain loop: a comprehension is a call of its own, and sets are small
+        for e, _ in experts:
+            keys.append((layer, e, 0))
+        is_present, prefetch = view.is_present, view.prefetch
         if cache is not None:
+            refresh = cache.refresh
             for key in keys:
-                if view.is_present(*key):
-                    cache.refresh(key)
+                if is_present(*key):
+                    refresh(key)
             cache.protected = frozenset(keys)
         issued = 0
         try:
-            for key, (_, score) in zip(keys, experts, strict=True):
-                if not view.is_present(*key) and view.prefetch(*key, priority=score):
+            for key, (e, score) in zip(keys, experts, strict=True):
+                if not is_present(layer, e, 0) and prefetch(layer, e, 0, score):
                     if cache is not None:
-                        cache.refresh(key)
+                        refresh(key)
                     issued += 1
         finally:
             if cache is not None:
-                cache.protected = frozenset()
+                cache.protected = _NOTHING
         return issued
 
 

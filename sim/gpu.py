@@ -1,0 +1,376 @@
+"""The GPU stream of the event loop: one SimPy process over iterations x MoE layers, calling
+the policy's hooks in contract order (:mod:`moesim.policies.base`) on an
+:class:`~moesim.sim.engine.Engine`'s state.
+
+Per layer: the policy's ``before_layer``; the non-MoE compute (plus the runtime's overhead);
+routing known, ``on_routed`` returns the plan; each planned expert part is resident (hit),
+issued (late) or absent (a demand load, ahead of queued prefetches under priority order);
+``on_access`` and ``after_layer`` run while the loads are under way; expert parts compute as
+they become resident (ready ones first) on the GPU, CPU slots on the CPU; ``on_layer_end``.
+A demand load that finds no room waits (a stall), after the engine has withdrawn queued
+prefetches of that pool.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+
+from moesim.policies.base import (
+    HIT,
+    INFLIGHT,
+    LATE,
+    MISS,
+    PARTIAL,
+    QUEUED,
+    RESIDENT,
+    WAITING,
+    Outcome,
+    Routing,
+)
+from moesim.sim.clock import advance_alone
+from moesim.sim.frozen import slot_maker
+from moesim.sim.plans import access_order, check_plan, count_lossy
+from moesim.sim.records import STEP_CHUNK
+from moesim.sim.vram import Unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from moesim.sim.engine import Engine
+
+new_routing = slot_maker(Routing)   # Routing(layer, experts, weights), once per layer
+
+
+def charge(eng: Engine) -> Any:
+    """Process fragment: the GPU stream waits for policy CPU time spent since the last charge."""
+    dt = eng.spent_s
+    if dt > 0:
+        eng.spent_s = 0.0
+        t0 = eng.env.now
+        yield eng.env.timeout(dt)
+        eng.stats.policy_cpu_s += dt
+        if eng.record_timeline:
+            eng.timeline.append(("CPU policy", "decision", t0, dt, {}))
+
+def wait_prefetches(eng: Engine) -> Any:
+    """Process fragment (``sync_prefetch``): the GPU waits for every prefetch issued so far."""
+    pending = [eng.transfers.landing(u) for u in eng.vram.units.values()
+               if not u.demand and u.state in (WAITING, QUEUED, INFLIGHT)]
+    if pending:
+        t0 = eng.env.now
+        yield eng.env.all_of(pending)
+        dt = eng.env.now - t0
+        eng.stats.stall_s += dt
+        eng.stats.sync_stall_s += dt
+
+
+def gpu_process(eng: Engine) -> Any:
+    """The GPU stream of a run, as a SimPy process (see the module docstring). It reads the
+    clock as ``env._now`` (what ``env.now`` returns, without the property call; the loop reads
+    it about ten times per layer), as :func:`~moesim.sim.clock.advance_alone` does."""
+    env = eng.env
+    cost = eng.cost
+    L = eng.L
+    st = eng.stats
+    policy = eng.policy
+    view = eng.view
+    vram = eng.vram
+    tx = eng.transfers
+    units = vram.units
+    pinned = vram.pinned
+    timeline = eng.timeline if eng.record_timeline else None
+    steps = eng.steps
+    step_rows = steps.rows if eng.record_steps else None   # appended inline (see StepRecords)
+    iters = eng.workload.iterations
+    n_iters = len(iters)
+    batch_start: dict[int, float] = {}
+    exp_cost: dict[int, float] = {}
+    cpu_cost: dict[int, float] = {}
+    # skip calls of hooks a policy does not override (the hot path runs per layer)
+    has_before = policy.uses_hook("before_layer")
+    has_routed = policy.uses_hook("on_routed")
+    has_access = policy.uses_hook("on_access")
+    has_after = policy.uses_hook("after_layer")
+    has_end = policy.uses_hook("on_layer_end")
+    lossy = policy.lossy
+    decision_s = float(policy.decision_us) * 1e-6
+    overhead_layer = cost.overhead_layer_s()
+    timeout = env.timeout
+    tr_experts, tr_weights = eng.trace.experts, eng.trace.weights
+    for it in iters:
+        eng.cur_iter = it
+        tx.iteration = it.index
+        eng.cur_layer = -1
+        eng.routed_upto = -1
+        st.start_iteration(it, env._now, batch_start)
+        policy.on_iteration_start(view)
+        if eng.spent_s:
+            yield from charge(eng)
+        n_tok = it.n_tokens
+        row0 = int(it.rows0[0]) if n_tok == 1 else -1
+        layer_s = cost.layer_s(n_tok)
+        for layer in range(L):
+            eng.cur_layer = layer
+            tx.layer_evictions = 0
+            tx.layer_prefetch_bytes = 0
+            if eng.sync_prefetch:
+                yield from wait_prefetches(eng)
+            t0 = env._now
+            if has_before:
+                policy.before_layer(view, layer)
+                if eng.spent_s:
+                    yield from charge(eng)
+            # non-MoE compute, and the runtime's per-layer overhead
+            if not advance_alone(env, layer_s + overhead_layer):
+                yield timeout(layer_s + overhead_layer)
+            st.gpu_busy_s += layer_s
+            st.overhead_s += overhead_layer
+            if timeline is not None:
+                timeline.append(("GPU", f"L{layer} attn", env._now - layer_s - overhead_layer,
+                                 layer_s + overhead_layer, {"iteration": it.index}))
+            # routing known: the plan
+            eng.routed_upto = layer
+            # the routing (as routing_of gives it; a one-row slice view for one token)
+            rows: slice | np.ndarray = slice(row0 + layer, row0 + layer + 1) if row0 >= 0 else it.rows0 + layer
+            routing = new_routing(layer, tr_experts[rows], None if tr_weights is None else tr_weights[rows])
+            plan = policy.on_routed(view, layer, routing) if has_routed else None
+            on_cpu = None
+            if plan is None:
+                plan_m = routing.experts
+                if lossy:
+                    count_lossy(st, routing, None)
+            else:
+                plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy, num_experts=eng.E,
+                                    where=f"iteration {it.index}, layer {layer}")
+                on_cpu = None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
+                if lossy:
+                    count_lossy(st, routing, plan_m)
+            if decision_s:
+                eng.spent_s += decision_s
+            if eng.spent_s:
+                yield from charge(eng)
+            t_route = env._now
+            # experts that run on the GPU (access order) and on the CPU, with token counts
+            cpu_exps: list[int] = []
+            cpu_counts: list[int] = []
+            if on_cpu is not None and on_cpu.any():
+                gmask = (plan_m >= 0) & ~on_cpu
+                cmask = (plan_m >= 0) & on_cpu
+                cpu_exps, cpu_counts = access_order(plan_m[cmask])
+                exps, counts = access_order(plan_m[gmask])
+            elif n_tok == 1:
+                exps = plan_m.tolist()[0]   # [1, k]: its one row, without a reshaped view
+                if -1 in exps:   # slots a plan dropped (plans hold -1..E-1, the trace 0..E-1)
+                    exps = [x for x in exps if x >= 0]
+                counts = [1] * len(exps)
+            else:
+                flat = plan_m.reshape(-1)
+                exps, counts = access_order(flat[flat >= 0])
+            fr = eng.fractions[layer]
+            nparts = len(fr)
+            pool = 0 if eng.global_pool else layer
+            status: list[int] = []
+            need: list[tuple[int, float, Unit]] = []  # (expert index, compute seconds, unit)
+            miss_units: list[Unit] = []
+            hits = late = part = miss = miss_bytes = 0
+            if nparts == 1:
+                for e in exps:
+                    pinned.add((layer, e, 0))
+            else:
+                for e in exps:
+                    for p in range(nparts):
+                        pinned.add((layer, e, p))
+            for i, e in enumerate(exps):
+                c = counts[i]
+                t_exp = exp_cost.get(c)
+                if t_exp is None:
+                    t_exp = exp_cost[c] = cost.expert_s(c)
+                n_res = n_abs = 0
+                fetched = covered = False
+                for p in range(nparts):
+                    key = (layer, e, p)
+                    u = units.get(key)
+                    if u is not None and u.state == WAITING and not u.demand:
+                        tx.demand_instead(u)
+                        u = None
+                    if u is None:
+                        n_abs += 1
+                        u = Unit(key, tx.part_bytes(layer, p), pool, True)
+                        vram.add(u)
+                        miss_units.append(u)
+                        miss_bytes += u.nbytes
+                    elif u.state == RESIDENT:
+                        n_res += 1
+                    if not u.used:
+                        # brought in since its previous use: by a prefetch, or on demand
+                        fetched = True
+                        if not u.demand:
+                            covered = True
+                            st.prefetch_used += 1
+                        u.used = True
+                    need.append((i, t_exp * fr[p], u))
+                if n_res == nparts:
+                    status.append(HIT)
+                    hits += 1
+                elif n_abs == 0:
+                    status.append(LATE)
+                    late += 1
+                elif n_res:
+                    status.append(PARTIAL)
+                    part += 1
+                else:
+                    status.append(MISS)
+                    miss += 1
+                if fetched:
+                    st.fetch_needed += 1
+                    if covered:
+                        st.fetch_covered += 1
+            st.hits += hits
+            st.late += late
+            st.partial += part
+            st.misses += miss
+            # CPU experts start now, one after another on the host
+            cpu_done = 0.0
+            if cpu_exps:
+                start = max(env._now, eng.cpu_free_at)
+                tc = start
+                for e, c in zip(cpu_exps, cpu_counts, strict=True):
+                    dt = cpu_cost.get(c)
+                    if dt is None:
+                        dt = cpu_cost[c] = cost.cpu_expert_s(c)
+                    if timeline is not None:
+                        timeline.append(("CPU experts", f"L{layer} E{e}", tc, dt, {"tokens": c}))
+                    tc += dt
+                st.cpu_busy_s += tc - start
+                st.cpu_accesses += len(cpu_exps)
+                eng.cpu_free_at = cpu_done = tc
+            # demand loads for absent parts, ahead of queued prefetches
+            stall = 0.0
+            if miss_units:
+                tx.waiting.extend(miss_units)
+            if tx.waiting:
+                granted, delay = tx.grant_waiting()
+                if delay > 0:
+                    yield timeout(delay)
+                    stall += delay
+                tx.queue_demand(granted)
+            if has_access or has_after:
+                outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
+                if has_access:
+                    policy.on_access(view, layer, outcome)
+                if has_after:
+                    policy.after_layer(view, layer, outcome)
+                if eng.spent_s:
+                    yield from charge(eng)
+            # GPU experts compute as their parts become resident, ready ones first
+            remaining = need
+            while remaining:
+                # plain loops: a comprehension is a call of its own, and these lists are short
+                ready: list[tuple[int, float, Unit]] = []
+                rest: list[tuple[int, float, Unit]] = []   # the others, in order
+                for x in remaining:
+                    if x[2].state == RESIDENT:
+                        ready.append(x)
+                    else:
+                        rest.append(x)
+                if ready:
+                    if tx.waiting and len(ready) > 1:
+                        # memory is tight: free pins one expert at a time
+                        first = ready[0]
+                        ready = [first]
+                        rest = [x for x in remaining if x is not first]
+                    dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])   # 0 + a is a
+                    tc = env._now
+                    if not advance_alone(env, dt):
+                        yield timeout(dt)
+                    st.gpu_busy_s += dt
+                    if timeline is not None:
+                        timeline.append(("GPU", f"L{layer} experts", tc, dt,
+                                         {"experts": [exps[x[0]] for x in ready]}))
+                    remaining = rest
+                    for x in ready:
+                        bu = x[2]
+                        pinned.discard(bu.key)
+                        if bu.in_buffer:   # free the staging room at once
+                            eng._settle(bu)
+                    if tx.waiting:
+                        granted, delay = tx.grant_waiting()
+                        if delay > 0:
+                            yield timeout(delay)
+                            stall += delay
+                        tx.queue_demand(granted)
+                    continue
+                # nothing ready: wait for a transfer, or for room
+                ts = env._now
+                evs = []
+                for x in remaining:
+                    if x[2].state in (QUEUED, INFLIGHT):
+                        evs.append(tx.landing(x[2]))
+                if evs:
+                    yield evs[0] if len(evs) == 1 else any_of(env, evs)
+                elif tx.waiting:
+                    if tx.space_event.triggered:   # room was freed since we last tried
+                        tx.space_event = env.event()
+                        granted, delay = tx.grant_waiting()
+                        if delay > 0:
+                            yield timeout(delay)
+                        tx.queue_demand(granted)
+                    else:
+                        eng._check_deadlock(layer)
+                        yield tx.space_event
+                else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
+                    raise AssertionError("expert part neither present nor waiting")
+                stall += env._now - ts
+            if cpu_done > env._now:   # the layer also waits for its CPU experts
+                wait = cpu_done - env._now
+                yield timeout(wait)
+                st.cpu_wait_s += wait
+            pinned.clear()
+            st.stall_s += stall
+            if vram.buffer_used:
+                eng._settle_buffer(layer)
+            if has_end:
+                policy.on_layer_end(view, layer)
+            if eng.check_invariants:
+                vram.check()
+            if step_rows is not None:
+                step_rows.append((it.index, layer, t0, t_route, env._now, len(exps), hits, late, part,
+                              miss, len(cpu_exps), stall, miss_bytes, tx.layer_prefetch_bytes,
+                              tx.layer_evictions))
+                if len(step_rows) >= STEP_CHUNK:
+                    steps.pack()
+                    step_rows = steps.rows
+        head = cost.head_s(n_tok)
+        over = cost.overhead_iteration_s(n_tok)
+        if head + over > 0:
+            if not advance_alone(env, head + over):
+                yield timeout(head + over)
+            st.gpu_busy_s += head
+            st.overhead_s += over
+        now = env._now
+        st.end_iteration(it, now)
+        eng.cur_layer = L
+        policy.on_iteration_end(view)
+        if eng.spent_s:
+            yield from charge(eng)
+        eng._apply_fractions()
+        eng.prev_iter = it
+        if eng.progress is not None:
+            eng.progress(it.index + 1, n_iters)
+
+
+def any_of(env: simpy.Environment, events: list[simpy.Event]) -> simpy.Event:
+    """An event that succeeds when the first of ``events`` (untriggered landings) is
+    processed: what ``env.any_of`` gives, scheduled at the same instant and in the same order
+    (one ``succeed`` from the first callback), without building a condition value."""
+    any_ev = env.event()
+
+    def fire(_ev: simpy.Event) -> None:
+        if not any_ev.triggered:
+            any_ev.succeed()
+
+    for ev in events:
+        assert ev.callbacks is not None   # not yet processed: the unit is queued or in flight
+        ev.callbacks.append(fire)
+    return any_ev

@@ -34,13 +34,13 @@ from moesim.policies.base import (
     Profile,
     Reason,
     Routing,
-    UnitKey,
     check_columns,
 )
 from moesim.sim.cost import CostModel
 from moesim.sim.errors import MoesimError
 from moesim.sim.fastpath import fast_path_refusal, run_fast
 from moesim.sim.gpu import gpu_process
+from moesim.sim.placement import initial_fill, replayed_frequency
 from moesim.sim.records import RunStats, StepRecords, TimelineEvent
 from moesim.sim.transfers import PolicyError, Transfers
 from moesim.sim.view import EngineView
@@ -189,36 +189,6 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------
     # processes
-    def _initial_fill(self) -> list[UnitKey]:
-        if self.initial == "empty":
-            return []
-        L, E = self.L, self.E
-        vram = self.vram
-        placed: list[UnitKey] = []
-        freq = self.ctx.offline_frequency() if self.initial == "popular" else None
-        for layer in range(L):
-            if freq is not None:
-                order = np.argsort(-freq[layer], kind="stable")
-            elif self.initial == "random":
-                order = self.rng.permutation(E)
-            else:
-                raise MoesimError(f"cache.initial: unknown value {self.initial!r} (empty, popular or random)")
-            pool = self.pool_of(layer)
-            share = vram.capacity[pool] if not self.global_pool else vram.capacity[0] // L * (layer + 1)
-            for e in order:
-                for p in range(len(self.fractions[layer])):
-                    key = (layer, int(e), p)
-                    nbytes = self.part_bytes(layer, p)
-                    if vram.used[pool] + nbytes > min(vram.capacity[pool], share):
-                        break
-                    u = Unit(key, nbytes, pool, True)
-                    u.state = RESIDENT
-                    u.used = True
-                    vram.take_room(u, allow_buffer=False)
-                    vram.add(u)
-                    placed.append(key)
-        return placed
-
     def _check_deadlock(self, layer: int) -> None:
         busy = (any(u.state in (QUEUED, INFLIGHT) for u in self.vram.units.values())
                 or self.vram.draining_any())
@@ -249,7 +219,7 @@ class Engine:
         """Run the whole workload; returns the raw counters (also in ``self.stats``)."""
         policy = self.policy
         check_columns(policy, self.ctx.columns, self.trace.model.name)
-        self.ctx.replayed_frequency = self._frequencies()
+        self.ctx.replayed_frequency = replayed_frequency(self.workload, self.trace, self.L, self.E)
         policy.setup(self.ctx)
         self._apply_fractions()
         need = max(self.part_bytes(layer, p) for layer in range(self.L) for p in range(len(self.fractions[layer])))
@@ -258,7 +228,7 @@ class Engine:
             raise BudgetError(
                 f"the expert budget holds {per:.2f} experts per {'pool' if self.global_pool else 'layer'}; "
                 "at least one expert is needed (raise cache.rate or cache.buffer_experts)")
-        placed = self._initial_fill()
+        placed = initial_fill(self)
         self.stats.vram_peak_bytes = self.vram.peak
         policy.warm(self.view, placed)
         refusal = fast_path_refusal(self) if self.allow_fast_path else "the fast path is turned off"
@@ -292,14 +262,4 @@ class Engine:
             it, layer = self.cur_iter.index, self.cur_layer
             raise PolicyError(f"the simulation stalled at iteration {it}, layer {layer}: the GPU waits "
                               f"for an event that nothing will trigger (policy {policy.name!r})") from None
-
-    def _frequencies(self) -> np.ndarray:
-        """[L, E] access counts over the replayed workload."""
-        L, E = self.L, self.E
-        freq = np.zeros((L, E), dtype=np.int64)
-        rows0 = np.concatenate([it.rows0 for it in self.workload.iterations])
-        for layer in range(L):
-            ex = self.trace.experts[rows0 + layer].reshape(-1)
-            freq[layer] = np.bincount(ex.astype(np.int64), minlength=E)
-        return freq
 

@@ -32,7 +32,7 @@ from moesim.policies.base import (
 )
 from moesim.sim.clock import advance_alone
 from moesim.sim.frozen import slot_maker
-from moesim.sim.plans import access_order, check_plan, count_lossy
+from moesim.sim.plans import access_order, check_plan, count_lossy, next_in_fixed_order
 from moesim.sim.records import STEP_CHUNK
 from moesim.sim.vram import Unit
 
@@ -265,21 +265,31 @@ def gpu_process(eng: Engine) -> Any:
                     yield from charge(eng)
             # GPU experts compute as their parts become resident, ready ones first
             remaining = need
+            early: set[int] | None = None
+            watch = remaining
             while remaining:
                 # plain loops: a comprehension is a call of its own, and these lists are short
                 ready: list[tuple[int, float, Unit]] = []
                 rest: list[tuple[int, float, Unit]] = []   # the others, in order
-                for x in remaining:
-                    if x[2].state == RESIDENT:
-                        ready.append(x)
-                    else:
-                        rest.append(x)
+                if tx.waiting:
+                    # memory is tight: one expert part at a time, in a fixed order, so that the
+                    # room each frees does not depend on when copies land (sim/plans.py)
+                    if early is None:
+                        fresh = {id(u) for u in miss_units}
+                        early = {id(x) for x in need if id(x[2]) not in fresh}
+                    head = next_in_fixed_order(remaining, early)
+                    watch = [head]
+                    if head[2].state == RESIDENT:
+                        ready = [head]
+                        rest = [x for x in remaining if x is not head]
+                else:
+                    watch = remaining
+                    for x in remaining:
+                        if x[2].state == RESIDENT:
+                            ready.append(x)
+                        else:
+                            rest.append(x)
                 if ready:
-                    if tx.waiting and len(ready) > 1:
-                        # memory is tight: free pins one expert at a time
-                        first = ready[0]
-                        ready = [first]
-                        rest = [x for x in remaining if x is not first]
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])   # 0 + a is a
                     tc = env._now
                     if not advance_alone(env, dt):
@@ -304,7 +314,7 @@ def gpu_process(eng: Engine) -> Any:
                 # nothing ready: wait for a transfer, or for room
                 ts = env._now
                 evs = []
-                for x in remaining:
+                for x in watch:
                     if x[2].state in (QUEUED, INFLIGHT):
                         evs.append(tx.landing(x[2]))
                 if evs:

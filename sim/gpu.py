@@ -6,7 +6,9 @@ Per layer: the policy's ``before_layer``; the non-MoE compute (plus the runtime'
 routing known, ``on_routed`` returns the plan; each planned expert part is resident (hit),
 issued (late) or absent (a demand load, ahead of queued prefetches under priority order);
 ``on_access`` and ``after_layer`` run while the loads are under way; expert parts compute as
-they become resident (ready ones first) on the GPU, CPU slots on the CPU; ``on_layer_end``.
+they become resident (ready ones first; while demand loads wait for room, one at a time in the
+fixed order of :func:`moesim.sim.plans.next_in_fixed_order`) on the GPU, CPU slots on the CPU;
+``on_layer_end``.
 A demand load that finds no room waits (a stall), after the engine has withdrawn queued
 prefetches of that pool.
 """

@@ -9,7 +9,8 @@ layer computes attention and the router, then :meth:`Executor.moe` asks ``on_rou
 plan, classifies each planned expert (hit / late / miss as seen at that instant), issues demand
 copies (victims from ``choose_victim``, the simulator's own VRAM accounting), calls
 ``on_access`` and ``after_layer`` (prefetches become copies), computes the experts as their
-copies land (ready ones first), and calls ``on_layer_end``; then ``on_iteration_end``.
+copies land (ready ones first; one at a time in a fixed order while demand loads wait for room:
+:func:`moesim.sim.plans.next_in_fixed_order`), and calls ``on_layer_end``; then ``on_iteration_end``.
 Copies run on the copy engine (:mod:`.copier`); unit states change only on the main thread,
 when the executor looks (so every policy callback runs on the main thread).
 """

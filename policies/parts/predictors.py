@@ -24,7 +24,6 @@ from moesim.policies.base import Context, PolicySetupError, Profile, View
 from moesim.policies.parts.linear_router import LinearRouter, fit_linear_router
 
 PREDICTORS = ("auto", "lookahead", "previous-token", "trained")
-_EXACT_IN_F32 = (np.dtype(np.float16), np.dtype(np.float32))   # scores float32 holds exactly
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
@@ -39,13 +38,13 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
 def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     """Union over tokens of each token's ``k`` best experts by ``scores`` (``[n, E]``), ordered by
     the best score any token gives them (descending, then expert id)."""
-    if not (isinstance(scores, np.ndarray) and scores.shape[0] == 1 and scores.dtype in _EXACT_IN_F32):
-        # one row of float16 or float32 gives the same Python floats unconverted; several rows
-        # are converted, as argpartition's order among ties depends on the dtype
+    if not (isinstance(scores, np.ndarray) and scores.shape[0] == 1 and scores.dtype.char in "ef"):
+        # one row of float16 ('e') or float32 ('f') gives the same Python floats unconverted;
+        # several rows are converted, as argpartition's order among ties depends on the dtype
         scores = np.asarray(scores, dtype=np.float32)
     k = min(k, scores.shape[1])
     if scores.shape[0] == 1:  # the common batch-1 case: plain Python beats numpy on one row
-        row = scores[0].tolist()
+        row = scores.tolist()[0]   # its one row, without a row view
         # sorted(..., reverse=True)[:k] is what heapq.nlargest is defined as (ties keep index
         # order) and is faster on a router's few dozen scores
         out = []   # a plain loop: a comprehension is a call of its own, and k is small

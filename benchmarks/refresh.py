@@ -95,8 +95,11 @@ def main() -> None:
     engine_runs = [
         ("engine only, lru (fast path, lru kernel), Mixtral", ["--policy", "lru"], ">= 300,000"),
         ("engine only, lfu (fast path, lfu kernel), Mixtral", ["--policy", "lfu"], ">= 300,000"),
+        ("engine only, fifo (fast path, fifo kernel), Mixtral", ["--policy", "fifo"], ">= 300,000"),
         ("engine only, random (fast path, random kernel), Mixtral", ["--policy", "random"], ">= 300,000"),
-        ("engine only, belady (fast path, generic: policy objects), Mixtral", ["--policy", "belady"], ">= 300,000"),
+        ("engine only, belady (fast path, belady kernel), Mixtral", ["--policy", "belady"], ">= 300,000"),
+        ("engine only, static with its set placed at the start (fast path, static kernel), Mixtral, 4 experts "
+         "per layer", ["--policy", "static", "--initial", "popular", "--experts-per-layer", "4"], ">= 300,000"),
         ("engine only, lru forced through the SimPy event loop, Mixtral", ["--policy", "lru", "--event-loop"],
          "(reference)"),
         ("engine only, mixtral-offloading (event loop), Mixtral", ["--policy", "mixtral-offloading"], ">= 100,000"),

@@ -1,6 +1,6 @@
 """Simulator against the real executor on this machine's CPU: policies x cache rates.
 
-Calibrates once (``simctl calibrate`` on the scenario's model shape), then for each policy and
+Calibrates (``simctl calibrate`` on the scenario's model shape) before and after the executor runs and simulates with the calibration during which the machine was least disturbed; for each policy and
 cache rate runs ``scenarios/validate-cpu.yaml`` on the executor (the scenario's model: the bundled
 trained tiny MoE by default, ``--model random`` for random weights of its shape; copies on a copy
 thread) and in the simulator with the calibrated profile, and prints one markdown
@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,11 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     """Print the validation table."""
     import torch
 
+    from moesim.sim.calibration.awake import cpus_awake
     from moesim.sim.calibration.profile import calibrate, write_profile
     from moesim.sim.executor.model import load, model_argument
     from moesim.sim.runner import load_trace
     from moesim.sim.scenario import load_scenario
-    from moesim.sim.validate import calibration_inputs, compare, execute_repeated, simulate
+    from moesim.sim.validate import best_of_runs, calibration_inputs, compare, execute, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default=str(ROOT / "scenarios/validate-cpu.yaml"))
@@ -47,10 +49,27 @@ def main(argv: list[str] | None = None) -> int:
     trace = load_trace(base)
     ref, spec = model_argument(args.model, base.model_spec(trace.model.name))
     om = load(ref, spec, torch.device("cpu"))
-    t0 = time.time()
     context, routing = calibration_inputs(base, trace)
-    prof = calibrate(om, quick=args.quick, context=context, routing=routing)
-    path = write_profile(prof, args.profile, force=True)   # a benchmark run recalibrates
+    points = [(pol, rate) for pol in args.policies for rate in args.rates]
+    scenarios = {pt: load_scenario(args.scenario, [f"policy={pt[0]}", f"cache.rate={pt[1]}"]) for pt in points}
+    # calibrated before and after the executor runs; the calibration during which the machine was
+    # least disturbed (the faster resident executor step it measured) is the one simulated
+    t0 = time.time()
+    before = calibrate(om, quick=args.quick, context=context, routing=routing)
+    cal_s = time.time() - t0
+    path = write_profile(before, args.profile, force=True)   # a benchmark run recalibrates
+    # rounds over all points (a slow spell of the machine falls on one round of several points,
+    # not on every run of one point); each point keeps its best round
+    runs: dict[tuple[str, float], list[dict[str, Any]]] = {pt: [] for pt in points}
+    with cpus_awake():
+        for _ in range(args.repeats):
+            for pt in points:
+                runs[pt].append(execute(scenarios[pt], om, path, trace))
+    after = calibrate(om, quick=args.quick, context=context, routing=routing)
+    steps = [c["measurements"]["executor_step_s"] for c in (before, after)]
+    prof = before if steps[0] <= steps[1] else after
+    path = write_profile(prof, args.profile, force=True)
+    write_profile(after if prof is before else before, Path(args.profile).with_suffix(".other.yaml"), force=True)
     hw, rt = prof["hardware"], prof["runtime"]
     print(f"# Simulator vs executor on CPU\n\ncommand: `python benchmarks/{Path(__file__).name} {' '.join(argv or sys.argv[1:])}`  ")
     print(f"device: {prof['provenance']['device']}, torch {prof['provenance']['torch']}, "
@@ -59,34 +78,37 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {om.spec.name} ({weights}), Mixtral architecture, {om.spec.num_layers} layers x {om.spec.num_experts} experts, top-{om.spec.top_k}, "
           f"hidden {om.hidden}, intermediate {om.inter}, {str(om.dtype).replace('torch.', '')} "
           f"({om.spec.expert_bytes / 1e6:.1f} MB per expert)  ")
+    print(f"executor: {args.repeats} rounds over the {len(points)} points, each point's best round; calibrated "
+          f"before and after them ({cal_s:.0f} s each), resident executor step {steps[0] * 1e3:.3f} / "
+          f"{steps[1] * 1e3:.3f} ms: the {'first' if prof is before else 'second'} calibration is used  ")
     c = hw["costs"]
-    print(f"calibrated ({time.time() - t0:.0f} s): copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.0f} us; "
+    print(f"calibrated: copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.0f} us; "
           f"expert {c['expert_us']:.0f} us; layer {c['layer_us']:.0f} us; head {c['head_us']:.0f} us; "
-          f"overhead {rt['layer_us']:.0f} us/layer + {rt['iteration_us']:.0f} us/iteration\n")
+          f"overhead {rt['layer_us']:.0f} us/layer + {rt['iteration_us']:.0f} us/iteration; "
+          f"{rt['demand_load_us']:.0f} us per demand load\n")
     print("| policy | rate | hit sim | hit real | TPOT p50 sim | real | err | TPOT mean sim | real | err | TTFT sim | real | err | H2D GB sim | real |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     p50_errs = []
     identical = True
     runs_same = runs_all = 0
-    for pol in args.policies:
-        for rate in args.rates:
-            loaded = load_scenario(args.scenario, [f"policy={pol}", f"cache.rate={rate}"])
-            real = execute_repeated(loaded, om, path, trace, repeats=args.repeats)
-            sim = simulate(loaded, om.spec, path, trace)
-            rows = {r["key"]: r for r in compare(sim, real)}
-            h, p50, mean, ttft, gb = (rows[k] for k in ("hit_rate", "tpot_ms.p50", "tpot_ms.mean", "ttft_ms.mean", "h2d_gb"))
-            same = sum(x == h["predicted"] for x in real["hit_rate_runs"])
-            identical &= same == len(real["hit_rate_runs"])
-            runs_same += same
-            runs_all += len(real["hit_rate_runs"])
-            p50_errs.append(abs(p50["error_pct"]))
-            print(f"| {pol} | {rate:g} | {h['predicted']:.4f} | {h['measured']:.4f} | {p50['predicted']:.2f} | "
-                  f"{p50['measured']:.2f} | {p50['error_pct']:+.1f}% | {mean['predicted']:.2f} | {mean['measured']:.2f} | "
-                  f"{mean['error_pct']:+.1f}% | {ttft['predicted']:.2f} | {ttft['measured']:.2f} | {ttft['error_pct']:+.1f}% | "
-                  f"{gb['predicted']:.3f} | {gb['measured']:.3f} |", flush=True)
+    for pol, rate in points:
+        loaded = scenarios[(pol, rate)]
+        real = best_of_runs(runs[(pol, rate)])
+        sim = simulate(loaded, om.spec, path, trace)
+        rows = {r["key"]: r for r in compare(sim, real)}
+        h, p50, mean, ttft, gb = (rows[k] for k in ("hit_rate", "tpot_ms.p50", "tpot_ms.mean", "ttft_ms.mean", "h2d_gb"))
+        same = sum(x == h["predicted"] for x in real["hit_rate_runs"])
+        identical &= same == len(real["hit_rate_runs"])
+        runs_same += same
+        runs_all += len(real["hit_rate_runs"])
+        p50_errs.append(abs(p50["error_pct"]))
+        print(f"| {pol} | {rate:g} | {h['predicted']:.4f} | {h['measured']:.4f} | {p50['predicted']:.2f} | "
+              f"{p50['measured']:.2f} | {p50['error_pct']:+.1f}% | {mean['predicted']:.2f} | {mean['measured']:.2f} | "
+              f"{mean['error_pct']:+.1f}% | {ttft['predicted']:.2f} | {ttft['measured']:.2f} | {ttft['error_pct']:+.1f}% | "
+              f"{gb['predicted']:.3f} | {gb['measured']:.3f} |", flush=True)
     print(f"\nhit rates identical in every run: {'yes' if identical else 'NO'} ({runs_same} of {runs_all} executor runs)  ")
     print(f"TPOT p50 |error|: median {statistics.median(p50_errs):.1f}%, max {max(p50_errs):.1f}% "
-          f"over {len(p50_errs)} runs (goal: median <= 5%)")
+          f"over {len(p50_errs)} points (goal: median <= 5%)")
     return 0
 
 

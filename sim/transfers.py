@@ -268,12 +268,12 @@ class Transfers:
 
     def _drop_queued(self, keep: Callable[[Unit], bool]) -> int:
         """Withdraw queued prefetches for which ``keep`` is False; never a demand load, never a
-        pinned unit (none under fifo order)."""
-        if not self.lanes.can_withdraw:
-            return 0
+        pinned unit. Under fifo order nothing issued to a lane can be withdrawn, but a prefetch
+        still waiting for draining room has not been issued: it holds a claim, and gives it up."""
         vram = self.vram
         pinned = vram.pinned
-        dropped = self.lanes.cancel(lambda u, cls: cls != PREFETCH_CLASS or u.key in pinned or keep(u))
+        dropped = (self.lanes.cancel(lambda u, cls: cls != PREFETCH_CLASS or u.key in pinned or keep(u))
+                   if self.lanes.can_withdraw else [])
         for u in dropped:
             u.state = ABSENT
             vram.remove(u)

@@ -43,27 +43,34 @@ recorded routing of later steps; they are labelled as bounds in every output.
 
 from __future__ import annotations
 
-import enum
 import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-UnitKey = tuple[int, int, int]
-"""(layer, expert, part). ``part`` 0 is the whole expert unless the policy splits experts into
-segments (MoEpic: part 0 = top segment, part 1 = bottom segment)."""
-
-# Residency of a unit, as :meth:`View.state` reports it.
-ABSENT, WAITING, QUEUED, INFLIGHT, RESIDENT = 0, 1, 2, 3, 4
-"""``ABSENT``: not in VRAM; ``WAITING``: issued, waiting for room still being copied back to the
-host; ``QUEUED``: holds its room, its transfer has not started; ``INFLIGHT``: being copied;
-``RESIDENT``: in VRAM."""
-
-# Status of one access, as :class:`Outcome` reports it.
-HIT, LATE, PARTIAL, MISS = 0, 1, 2, 3
-STATUS_NAMES = ("hit", "late", "partial", "miss")
+# the contract's data types live in hook_data; every name is re-exported here
+from moesim.policies.hook_data import (  # noqa: F401
+    ABSENT,
+    HIT,
+    INFLIGHT,
+    LATE,
+    MISS,
+    PARTIAL,
+    QUEUED,
+    RESIDENT,
+    STATUS_NAMES,
+    WAITING,
+    Decline,
+    EvictionRequest,
+    Outcome,
+    Plan,
+    Reason,
+    Routing,
+    UnitKey,
+    VictimChoice,
+)
+from moesim.policies.view import IterationInfo, View  # noqa: F401  (re-exported)
 
 # Trace columns a policy may need beside ``experts`` (see :meth:`Policy.required_columns`).
 OPTIONAL_COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
@@ -90,107 +97,6 @@ def check_columns(policy: Policy, columns: frozenset[str] | set[str], trace_name
     if missing:
         raise MissingColumnsError(f"policy {policy.name!r} needs trace column(s) {', '.join(missing)}, "
                                   f"which the trace ({trace_name}) lacks")
-
-
-@dataclass(frozen=True, slots=True)
-class Routing:
-    """What the router of one layer decided for the tokens of the current iteration.
-
-    ``experts`` is ``[n_tokens, top_k]`` (highest probability first); ``weights`` the router
-    probabilities of those experts (softmax over all E, not renormalised), or ``None`` when the
-    trace has none.
-    """
-
-    layer: int
-    experts: np.ndarray
-    weights: np.ndarray | None
-
-    @property
-    def n_tokens(self) -> int:
-        """Tokens in the iteration."""
-        return int(self.experts.shape[0])
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What runs at one layer, per token slot: ``experts`` ``[n_tokens, k]`` (-1 = dropped; an id
-    other than the routed one = substituted). ``on_cpu`` (same shape, optional) marks slots
-    computed on the CPU instead of loading the expert (Fiddler, llama.cpp ``--n-cpu-moe``).
-    ``weights`` (optional) are the combination weights the slots run with, for the quality
-    harness; the simulator's timing does not depend on them. ``k`` may be smaller than the
-    routing's top-k (dynamic top-k) or larger (a policy that runs more experts)."""
-
-    experts: np.ndarray
-    on_cpu: np.ndarray | None = None
-    weights: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        ex = np.asarray(self.experts)
-        if ex.ndim != 2:
-            raise ValueError(f"a plan is [n_tokens, k]; got shape {ex.shape}")
-        if self.on_cpu is not None and np.shape(self.on_cpu) != ex.shape:
-            raise ValueError(f"plan.on_cpu has shape {np.shape(self.on_cpu)}, experts {ex.shape}")
-        if self.weights is not None and np.shape(self.weights) != ex.shape:
-            raise ValueError(f"plan.weights has shape {np.shape(self.weights)}, experts {ex.shape}")
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What happened at one layer, given to ``on_access``, ``after_layer``.
-
-    ``experts`` lists the experts that run on the GPU in access order (tokens in order, each
-    token's experts highest probability first, first occurrence); ``status`` holds for each one
-    ``HIT``, ``LATE``, ``PARTIAL`` or ``MISS``, as seen when the routing became known.
-    ``cpu_experts`` lists those computed on the CPU (no transfer). ``plan`` is the ``[n_tokens,
-    k]`` matrix of experts that ran (-1 = dropped), ``routing`` what the router chose.
-    """
-
-    layer: int
-    routing: Routing
-    plan: np.ndarray
-    experts: list[int]
-    status: list[int]
-    cpu_experts: list[int]
-
-
-class Reason(enum.Enum):
-    """Why a transfer needs room (see :class:`EvictionRequest`)."""
-
-    DEMAND = "demand"        # a planned expert is absent: the layer waits for it
-    PREFETCH = "prefetch"    # the policy asked for a prefetch
-    ADMIT = "admit"          # a unit staged in the transfer buffer moves into its pool
-
-
-class Decline(enum.Enum):
-    """A policy's answer when it names no victim.
-
-    ``WAIT`` (demand loads only): evict nothing now; the load takes room in the transfer buffer
-    if it has some, else waits until room frees (a stall the metrics show). ``GIVE_UP``
-    (prefetches and admissions only): the prefetch is not issued, the staged unit is dropped."""
-
-    WAIT = "wait"
-    GIVE_UP = "give-up"
-
-
-@dataclass(frozen=True, slots=True)
-class EvictionRequest:
-    """A transfer needs room in ``pool``: ``unit`` (``need_bytes`` more than are free or coming)
-    for ``reason``. ``candidates`` are the pool's resident, unpinned units outside the buffer."""
-
-    reason: Reason
-    unit: UnitKey
-    pool: int
-    need_bytes: int
-    candidates: Sequence[UnitKey]
-
-    @property
-    def decline(self) -> Decline:
-        """The answer that names no victim, for this request's reason."""
-        return Decline.WAIT if self.reason is Reason.DEMAND else Decline.GIVE_UP
-
-
-VictimChoice = tuple[int, int, int] | Decline
-"""A victim's key, or a :class:`Decline`."""
 
 
 @dataclass(frozen=True)
@@ -321,171 +227,6 @@ class Context:
     def has_embedding(self) -> bool:
         """The trace has iteration ``embedding``s."""
         return "embedding" in self.columns
-
-
-class IterationInfo(Protocol):
-    """The iteration being replayed."""
-
-    index: int
-    phase: int              # 0 prefill, 1 decode
-    request_ids: np.ndarray  # per token
-    batch: int
-
-    @property
-    def n_tokens(self) -> int:
-        """Tokens in the iteration."""
-        ...
-
-    @property
-    def phase_name(self) -> str:
-        """``prefill`` or ``decode``."""
-        ...
-
-
-class View(Protocol):
-    """What a policy may see and do, only about the present and the past. Reads of a layer's
-    routing, logits or lookahead before that layer is routed raise :class:`CausalityError`."""
-
-    # -- time and position
-    @property
-    def now(self) -> float:
-        """Simulated time in seconds."""
-        ...
-
-    @property
-    def iteration(self) -> IterationInfo:
-        """The current iteration."""
-        ...
-
-    @property
-    def iteration_index(self) -> int:
-        """Index of the current iteration."""
-        ...
-
-    @property
-    def layer(self) -> int:
-        """The layer being processed (-1 before layer 0, L after the last)."""
-        ...
-
-    @property
-    def num_layers(self) -> int:
-        """MoE layers of the model."""
-        ...
-
-    # -- present and past routing
-    def routing(self, layer: int) -> Routing:
-        """Routing of ``layer`` in the current iteration, once it is known."""
-        ...
-
-    def logits(self, layer: int) -> np.ndarray | None:
-        """``[n_tokens, E]`` router logits of ``layer``, once it is routed (None without them)."""
-        ...
-
-    def lookahead_logits(self, layer: int) -> np.ndarray | None:
-        """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
-        router input of ``layer``, once ``layer`` is routed (None without them)."""
-        ...
-
-    def previous_lookahead_logits(self) -> np.ndarray | None:
-        """The last layer's lookahead of the previous iteration (a cross-token prediction of
-        layer 0), or None."""
-        ...
-
-    def previous_routing(self, layer: int) -> np.ndarray | None:
-        """``[n_tokens, k]`` routing of ``layer`` in the previous iteration, or None."""
-        ...
-
-    def embedding(self) -> np.ndarray | None:
-        """Embedding of the current iteration (its first token's row), or None."""
-        ...
-
-    def embeddings(self) -> np.ndarray | None:
-        """``[n_requests, h]`` embedding of each request's part of the iteration (in the order
-        of ``dict.fromkeys(iteration.request_ids)``), or None."""
-        ...
-
-    # -- residency
-    def state(self, layer: int, expert: int, part: int = 0) -> int:
-        """``ABSENT``, ``WAITING``, ``QUEUED``, ``INFLIGHT`` or ``RESIDENT``."""
-        ...
-
-    def is_resident(self, layer: int, expert: int) -> bool:
-        """Every part of the expert is resident."""
-        ...
-
-    def is_present(self, layer: int, expert: int, part: int = 0) -> bool:
-        """The unit is resident or issued."""
-        ...
-
-    def resident_units(self, pool: int | None = None) -> list[UnitKey]:
-        """Resident units (of ``pool``, or all)."""
-        ...
-
-    def units_of_layer(self, layer: int) -> list[UnitKey]:
-        """Units of ``layer`` resident or issued (not those draining to the host)."""
-        ...
-
-    def pinned(self, layer: int, expert: int) -> bool:
-        """Some part of the expert is planned for the current layer and not yet computed."""
-        ...
-
-    def pool_of(self, layer: int) -> int:
-        """The pool that holds ``layer``'s units."""
-        ...
-
-    def capacity(self, pool: int) -> int:
-        """Bytes of ``pool``."""
-        ...
-
-    def used(self, pool: int) -> int:
-        """Bytes of ``pool`` held (resident, issued or draining)."""
-        ...
-
-    def free(self, pool: int) -> int:
-        """Bytes of ``pool`` free now."""
-        ...
-
-    def draining(self, pool: int) -> int:
-        """Bytes of ``pool`` being copied back to the host (``cache.swap_out``)."""
-        ...
-
-    def part_bytes(self, layer: int, part: int = 0) -> int:
-        """Bytes of one part of an expert of ``layer``."""
-        ...
-
-    def buffer_free(self) -> int:
-        """Free bytes in the transfer buffer."""
-        ...
-
-    def in_buffer(self, layer: int, expert: int, part: int = 0) -> bool:
-        """The unit holds room in the transfer buffer rather than in its pool."""
-        ...
-
-    # -- actions
-    def prefetch(self, layer: int, expert: int, part: int = 0, priority: float = 0.0,
-                 into_buffer: bool = False) -> bool:
-        """Issue a prefetch; False (doing nothing) when it is present or gets no room."""
-        ...
-
-    def reprioritize(self, layer: int, expert: int, part: int = 0, priority: float = 0.0) -> bool:
-        """Change the priority of a queued prefetch (``pcie.order: priority`` only)."""
-        ...
-
-    def evict(self, layer: int, expert: int, part: int = 0) -> bool:
-        """Drop a resident, unpinned unit; False if it is not one."""
-        ...
-
-    def cancel_prefetches(self, layer: int | None = None) -> int:
-        """Withdraw queued prefetches (of ``layer``, or all); how many. None under fifo order."""
-        ...
-
-    def set_layer_budgets(self, budgets: list[int]) -> None:
-        """Re-split the budget among layers (bytes), at an idle point, usage fitting."""
-        ...
-
-    def spend_cpu(self, seconds: float) -> None:
-        """Charge policy computation on the critical path (the GPU stream waits for it)."""
-        ...
 
 
 class Policy:

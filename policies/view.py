@@ -1,0 +1,178 @@
+"""The :class:`View`: what a policy may see and do at a hook, only about the present and the
+past (the engine and the executor implement it; reads ahead of routing raise
+:class:`~moesim.policies.base.CausalityError`), and :class:`IterationInfo`, the current
+iteration as the view describes it. :mod:`moesim.policies.base` re-exports both.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from moesim.policies.hook_data import Routing, UnitKey
+
+
+class IterationInfo(Protocol):
+    """The iteration being replayed."""
+
+    index: int
+    phase: int              # 0 prefill, 1 decode
+    request_ids: np.ndarray  # per token
+    batch: int
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the iteration."""
+        ...
+
+    @property
+    def phase_name(self) -> str:
+        """``prefill`` or ``decode``."""
+        ...
+
+
+class View(Protocol):
+    """What a policy may see and do, only about the present and the past. Reads of a layer's
+    routing, logits or lookahead before that layer is routed raise :class:`~moesim.policies.base.CausalityError`."""
+
+    # -- time and position
+    @property
+    def now(self) -> float:
+        """Simulated time in seconds."""
+        ...
+
+    @property
+    def iteration(self) -> IterationInfo:
+        """The current iteration."""
+        ...
+
+    @property
+    def iteration_index(self) -> int:
+        """Index of the current iteration."""
+        ...
+
+    @property
+    def layer(self) -> int:
+        """The layer being processed (-1 before layer 0, L after the last)."""
+        ...
+
+    @property
+    def num_layers(self) -> int:
+        """MoE layers of the model."""
+        ...
+
+    # -- present and past routing
+    def routing(self, layer: int) -> Routing:
+        """Routing of ``layer`` in the current iteration, once it is known."""
+        ...
+
+    def logits(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, E]`` router logits of ``layer``, once it is routed (None without them)."""
+        ...
+
+    def lookahead_logits(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
+        router input of ``layer``, once ``layer`` is routed (None without them)."""
+        ...
+
+    def previous_lookahead_logits(self) -> np.ndarray | None:
+        """The last layer's lookahead of the previous iteration (a cross-token prediction of
+        layer 0), or None."""
+        ...
+
+    def previous_routing(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, k]`` routing of ``layer`` in the previous iteration, or None."""
+        ...
+
+    def embedding(self) -> np.ndarray | None:
+        """Embedding of the current iteration (its first token's row), or None."""
+        ...
+
+    def embeddings(self) -> np.ndarray | None:
+        """``[n_requests, h]`` embedding of each request's part of the iteration (in the order
+        of ``dict.fromkeys(iteration.request_ids)``), or None."""
+        ...
+
+    # -- residency
+    def state(self, layer: int, expert: int, part: int = 0) -> int:
+        """``ABSENT``, ``WAITING``, ``QUEUED``, ``INFLIGHT`` or ``RESIDENT``."""
+        ...
+
+    def is_resident(self, layer: int, expert: int) -> bool:
+        """Every part of the expert is resident."""
+        ...
+
+    def is_present(self, layer: int, expert: int, part: int = 0) -> bool:
+        """The unit is resident or issued."""
+        ...
+
+    def resident_units(self, pool: int | None = None) -> list[UnitKey]:
+        """Resident units (of ``pool``, or all)."""
+        ...
+
+    def units_of_layer(self, layer: int) -> list[UnitKey]:
+        """Units of ``layer`` resident or issued (not those draining to the host)."""
+        ...
+
+    def pinned(self, layer: int, expert: int) -> bool:
+        """Some part of the expert is planned for the current layer and not yet computed."""
+        ...
+
+    def pool_of(self, layer: int) -> int:
+        """The pool that holds ``layer``'s units."""
+        ...
+
+    def capacity(self, pool: int) -> int:
+        """Bytes of ``pool``."""
+        ...
+
+    def used(self, pool: int) -> int:
+        """Bytes of ``pool`` held (resident, issued or draining)."""
+        ...
+
+    def free(self, pool: int) -> int:
+        """Bytes of ``pool`` free now."""
+        ...
+
+    def draining(self, pool: int) -> int:
+        """Bytes of ``pool`` being copied back to the host (``cache.swap_out``)."""
+        ...
+
+    def part_bytes(self, layer: int, part: int = 0) -> int:
+        """Bytes of one part of an expert of ``layer``."""
+        ...
+
+    def buffer_free(self) -> int:
+        """Free bytes in the transfer buffer."""
+        ...
+
+    def in_buffer(self, layer: int, expert: int, part: int = 0) -> bool:
+        """The unit holds room in the transfer buffer rather than in its pool."""
+        ...
+
+    # -- actions
+    def prefetch(self, layer: int, expert: int, part: int = 0, priority: float = 0.0,
+                 into_buffer: bool = False) -> bool:
+        """Issue a prefetch; False (doing nothing) when it is present or gets no room."""
+        ...
+
+    def reprioritize(self, layer: int, expert: int, part: int = 0, priority: float = 0.0) -> bool:
+        """Change the priority of a queued prefetch (``pcie.order: priority`` only)."""
+        ...
+
+    def evict(self, layer: int, expert: int, part: int = 0) -> bool:
+        """Drop a resident, unpinned unit; False if it is not one."""
+        ...
+
+    def cancel_prefetches(self, layer: int | None = None) -> int:
+        """Withdraw queued prefetches (of ``layer``, or all); how many. None under fifo order."""
+        ...
+
+    def set_layer_budgets(self, budgets: list[int]) -> None:
+        """Re-split the budget among layers (bytes), at an idle point, usage fitting."""
+        ...
+
+    def spend_cpu(self, seconds: float) -> None:
+        """Charge policy computation on the critical path (the GPU stream waits for it)."""
+        ...

@@ -123,16 +123,23 @@ class RunStats:
     def start_iteration(self, it: Any, now: float, batch_start: dict[int, float]) -> None:
         """Record the start of the requests that begin at iteration ``it``: the time their batch
         first ran (``batch_start``, filled here on the batch's first iteration)."""
-        start = batch_start.setdefault(it.batch, now)
-        for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
-            if first:
-                self.request_start[int(r)] = start
+        record_request_starts(self.request_start, it, now, batch_start)
 
     def end_iteration(self, it: Any, now: float) -> None:
         """Record that iteration ``it`` ended at ``now``: one output token for each request in it."""
         self.iteration_end.append(now)
         for r in dict.fromkeys(it.request_ids.tolist()):
             self.token_end.setdefault(int(r), []).append(now)
+
+
+def record_request_starts(request_start: dict[int, float], it: Any, now: float, batch_start: dict[int, float]) -> None:
+    """Into ``request_start``: the start of each request that begins at iteration ``it``, the
+    time its batch first ran (``batch_start``, set to ``now`` on the batch's first iteration).
+    The simulator's counters and the executor's both record starts this way."""
+    start = batch_start.setdefault(it.batch, now)
+    for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
+        if first:
+            request_start[int(r)] = start
 
 
 TimelineEvent = tuple[str, str, float, float, dict[str, Any]]

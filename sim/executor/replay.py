@@ -14,6 +14,7 @@ import torch
 
 from moesim.policies.base import check_columns
 from moesim.sim.placement import initial_fill, replayed_frequency
+from moesim.sim.records import record_request_starts
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.executor.runner import Executor
@@ -76,11 +77,7 @@ def replay(ex: Executor, warmup: int) -> ExecStats:
                 caches[r] = ex._context(r, int(it.rows0[0]))
             ex.mode = "offload"
             ex.cur_iter, ex.cur_layer, ex.routed_upto = it, -1, -1
-            if it.batch not in batch_start:
-                batch_start[it.batch] = view.now
-            for rid, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
-                if first:
-                    st.request_start[int(rid)] = batch_start[it.batch]
+            record_request_starts(st.request_start, it, view.now, batch_start)
             t0 = view.now
             policy.on_iteration_start(view)
             ex._charge()

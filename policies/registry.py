@@ -26,6 +26,7 @@ _MODULES = (
     "moesim.policies.speculative",
     "moesim.policies.lcp",
     "moesim.policies.moepic",
+    "moesim.policies.moepic_variants",
     "moesim.policies.adapmoe",
     "moesim.policies.moe_infinity",
     "moesim.policies.pregated",

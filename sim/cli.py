@@ -251,11 +251,11 @@ def calibrate(
     om = load(ref, spec, resolve_device(device))
     routing = None
     if routed is not None:
+        from moesim.sim.profile import trace_requests
         from moesim.sim.runner import check_shapes
 
         check_shapes(routed, om.spec, f"--trace {trace}")
-        L = routed.model.num_layers
-        routing = (routed, list(dict.fromkeys(int(r) for r in routed.request_id[::L].tolist()))[-2:])
+        routing = (routed, trace_requests(routed)[-2:])
     cmd = (f"simctl calibrate --out {out} --device {device} --context {context} --threads {threads}"
            + (f" --model {shlex.quote(model)}" if model else "") + (f" --trace {trace}" if trace else "")
            + (" --quick" if quick else ""))

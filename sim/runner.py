@@ -207,21 +207,7 @@ def prepare_run(
             f"{source}: cache.{scen.cache.given}: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
-    profile, remaining = split_profile(loaded, tr)
-    req_spec = scen.workload.requests
-    if scen.profile is not None and scen.profile.trace is None:
-        if isinstance(req_spec, list):
-            overlap = sorted(set(req_spec) - set(remaining))
-            if overlap:
-                raise ScenarioError(f"{source}: workload.requests: request {overlap[0]} belongs to the profile split")
-            requests: Any = req_spec
-        else:
-            if req_spec != "all" and req_spec > len(remaining):
-                raise ScenarioError(f"{source}: workload.requests: {req_spec} requests asked for, "
-                                    f"{len(remaining)} remain after the profile split")
-            requests = remaining if req_spec == "all" else remaining[:req_spec]
-    else:
-        requests = req_spec
+    profile, requests = select_requests(loaded, tr)
     try:
         wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
                             requests=requests)
@@ -234,6 +220,28 @@ def prepare_run(
                     check_invariants=check_invariants, progress=progress)
     return PreparedRun(loaded=loaded, engine=engine, model=model, hardware=hw, runtime=runtime,
                        profile=profile, budget=budget, buffer=buffer)
+
+
+def select_requests(loaded: LoadedScenario, trace: Trace) -> tuple[Profile | None, Any]:
+    """The profile split and the requests the workload replays: ``workload.requests``, taken
+    from what the split leaves when the profile comes from the trace itself (a request of the
+    split asked for by id, or more requests than remain, is one line naming the key). The
+    simulator's run and the executor's (``simctl validate``) select them here alike."""
+    scen = loaded.scenario
+    source = loaded.source or "scenario"
+    profile, remaining = split_profile(loaded, trace)
+    req_spec = scen.workload.requests
+    if scen.profile is None or scen.profile.trace is not None:
+        return profile, req_spec
+    if isinstance(req_spec, list):
+        overlap = sorted(set(req_spec) - set(remaining))
+        if overlap:
+            raise ScenarioError(f"{source}: workload.requests: request {overlap[0]} belongs to the profile split")
+        return profile, req_spec
+    if req_spec != "all" and req_spec > len(remaining):
+        raise ScenarioError(f"{source}: workload.requests: {req_spec} requests asked for, "
+                            f"{len(remaining)} remain after the profile split")
+    return profile, remaining if req_spec == "all" else remaining[:req_spec]
 
 
 def run_loaded(

@@ -59,7 +59,7 @@ def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy:
     from moesim.sim.catalog import get_hardware, get_runtime, load_spec_file
     from moesim.sim.cost import CostModel
     from moesim.sim.executor.runner import Executor
-    from moesim.sim.runner import check_shapes, split_profile
+    from moesim.sim.runner import check_shapes, select_requests
     from moesim.sim.workload import build_workload
 
     scen = loaded.scenario
@@ -73,8 +73,8 @@ def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy:
         load_plugin(plugin)
     pspec = scen.policy_spec
     policy = make_policy(pspec.name, pspec.params)
-    prof, _ = split_profile(loaded, trace)
-    wl = build_workload(trace, batch_size=1, phases=scen.workload.phases, requests=_requests(loaded, trace))
+    prof, requests = select_requests(loaded, trace)
+    wl = build_workload(trace, batch_size=1, phases=scen.workload.phases, requests=requests)
     cost = CostModel(om.spec, get_hardware(load_spec_file(profile, "hardware")),
                      get_runtime(load_spec_file(profile, "runtime")))
     ex = Executor(wl, policy, om, cost, budget_bytes=scen.cache.budget_bytes(om.spec),
@@ -94,10 +94,10 @@ def execute_repeated(loaded: LoadedScenario, om: Any, profile: Path, trace: Any,
     the best over the runs (lowest time, highest tokens/s): a shared machine only adds time, in
     spells that can cover a whole run, and the calibration measures the machine undisturbed
     the same way. Every run's TPOT p50 and hit rate are kept (``tpot_p50_ms_runs``,
-    ``hit_rate_runs``). Counters are the first run's. They agree across runs unless a layer
-    needs more experts than its pool holds (a prefill at a low cache rate): then which expert
-    waits for which room depends on when copies land, in the executor as on a real GPU.
-    On CPU the runs keep every processor awake (:mod:`moesim.sim.calibration.awake`)."""
+    ``hit_rate_runs``). Counters are the first run's; they agree across runs, even where a layer
+    needs more experts than its pool holds, since both sides then compute in the fixed order of
+    :func:`moesim.sim.plans.next_in_fixed_order`. On CPU the runs keep every processor awake
+    (:mod:`moesim.sim.calibration.awake`)."""
     if repeats < 1:
         raise MoesimError(f"--repeats must be >= 1, got {repeats}")
     from moesim.sim.calibration.awake import cpus_awake
@@ -123,18 +123,6 @@ def best_of_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _requests(loaded: LoadedScenario, trace: Any) -> Any:
-    """The scenario's ``workload.requests`` as the executor replays them (after a profile split)."""
-    from moesim.sim.runner import split_profile
-
-    scen = loaded.scenario
-    _, remaining = split_profile(loaded, trace)
-    req = scen.workload.requests
-    if scen.profile is not None and scen.profile.trace is None and not isinstance(req, list):
-        req = remaining if req == "all" else remaining[:req]
-    return req
-
-
 def calibration_inputs(loaded: LoadedScenario, trace: Any, *, n_requests: int = 2) -> tuple[int, tuple[Any, list[int]] | None]:
     """What the calibration before a validation measures on: ``(context, routing)``.
 
@@ -145,15 +133,18 @@ def calibration_inputs(loaded: LoadedScenario, trace: Any, *, n_requests: int = 
     validated requests' mean decode position."""
     import numpy as np
 
+    from moesim.sim.profile import trace_requests
+    from moesim.sim.runner import select_requests
     from moesim.sim.workload import build_workload
     from moesim.traces.format import DECODE
 
-    validated = build_workload(trace, batch_size=1, phases=("prefill", "decode"), requests=_requests(loaded, trace))
+    validated = build_workload(trace, batch_size=1, phases=("prefill", "decode"),
+                               requests=select_requests(loaded, trace)[1])
     used = {int(r) for it in validated.iterations for r in it.request_ids.tolist()}
     L = trace.model.num_layers
     rows0 = np.arange(0, trace.num_rows, L)
     req = np.asarray(trace.request_id[rows0])
-    spare = [int(r) for r in dict.fromkeys(req.tolist()) if int(r) not in used][-n_requests:]
+    spare = [r for r in trace_requests(trace) if r not in used][-n_requests:]
     decode = np.asarray(trace.phase[rows0]) == DECODE
     pick = np.isin(req, spare if spare else sorted(used)) & decode
     pos = np.asarray(trace.token_idx[rows0])[pick]

@@ -266,7 +266,7 @@ def calibrate(
     _console().print(f"{prof['provenance']['device']}: copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.1f} us, "
                      f"expert {c['expert_us']:.1f} us (+{c['expert_us_per_token']:.1f}/token), layer {c['layer_us']:.1f} us, "
                      f"head {c['head_us']:.1f} us, overhead {rt['layer_us']:.1f} us/layer + {rt['iteration_us']:.1f} us/iteration, "
-                     f"{rt['demand_load_us']:.1f} us per demand load")
+                     f"{rt['demand_load_us']:.1f} us per demand load, {rt['prefetch_issue_us']:.1f} us per prefetch issued")
     _console().print(f"wrote {out}")
 
 

@@ -14,7 +14,7 @@ from moesim.sim.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 
 US = 1e-6
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
-                         source="no overhead")
+                         prefetch_issue_us=0.0, source="no overhead")
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,11 @@ class CostModel:
         """The runtime's host-side cost of one demand load on the critical path (beyond the
         copy): issuing the load, blocking on it and resuming the layer."""
         return self.runtime.demand_load_us * US
+
+    def prefetch_issue_s(self) -> float:
+        """The runtime's host-side cost of issuing one prefetch (beyond the copy), charged on
+        the GPU stream at the next hook boundary."""
+        return self.runtime.prefetch_issue_us * US
 
     def overhead_iteration_s(self, n_tokens: int) -> float:
         """The runtime's framework overhead per forward pass of ``n_tokens`` tokens."""

@@ -111,7 +111,9 @@ class Engine:
                                    num_layers=self.L, num_experts=self.E, global_pool=self.global_pool,
                                    fractions=self.fractions, swap_out=swap_out, pcie_order=pcie_order,
                                    record_timeline=record_timeline)
-        self.spent_s = 0.0            # policy CPU time not yet charged on the GPU stream
+        self.spent_s = 0.0            # host time (policy CPU, prefetch issue) not yet charged on the GPU stream
+        self.issue_spent_s = 0.0      # the part of spent_s that is runtime.prefetch_issue_us
+        self.transfers.spend_issue = self._spend_issue
         self.cpu_free_at = 0.0        # when the CPU finishes the experts queued on it
         self.cur_layer = -1
         self.routed_upto = -1
@@ -199,6 +201,11 @@ class Engine:
                 f"{u.key[1]} but its pool holds {self.vram.capacity[u.pool]} bytes and policy "
                 f"{self.policy.name!r} can evict none of them (pinned or refused); raise "
                 "cache.rate or cache.buffer_experts")
+
+    def _spend_issue(self, seconds: float) -> None:
+        """A prefetch was issued: its host cost waits in ``spent_s`` for the next charge."""
+        self.spent_s += seconds
+        self.issue_spent_s += seconds
 
     def _settle(self, u: Unit) -> None:
         """A resident unit in the transfer buffer whose layer is done with it: it moves into its

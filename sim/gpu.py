@@ -45,15 +45,25 @@ new_routing = slot_maker(Routing)   # Routing(layer, experts, weights), once per
 
 
 def charge(eng: Engine) -> Any:
-    """Process fragment: the GPU stream waits for policy CPU time spent since the last charge."""
+    """Process fragment: the GPU stream waits for the host time spent since the last charge:
+    policy CPU time (``policy_cpu_s``) and the runtime's prefetch issue cost (``overhead_s``)."""
     dt = eng.spent_s
     if dt > 0:
         eng.spent_s = 0.0
+        issue = eng.issue_spent_s
         t0 = eng.env.now
         yield eng.env.timeout(dt)
-        eng.stats.policy_cpu_s += dt
+        if issue:
+            eng.issue_spent_s = 0.0
+            eng.stats.overhead_s += issue
+            eng.stats.policy_cpu_s += dt - issue
+        else:
+            eng.stats.policy_cpu_s += dt
         if eng.record_timeline:
-            eng.timeline.append(("CPU policy", "decision", t0, dt, {}))
+            if issue:
+                eng.timeline.append(("CPU runtime", "prefetch issue", t0, issue, {}))
+            if dt - issue > 0:
+                eng.timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
 
 def wait_prefetches(eng: Engine) -> Any:
     """Process fragment (``sync_prefetch``): the GPU waits for every prefetch issued so far."""

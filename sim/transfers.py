@@ -71,6 +71,8 @@ class Transfers:
         self.layer_evictions = 0      # counters of the layer being replayed, for its step record
         self.layer_prefetch_bytes = 0
         self._has_on_loaded = policy.uses_hook("on_loaded")
+        self.issue_s = cost.prefetch_issue_s()   # runtime.prefetch_issue_us, per prefetch issued
+        self.spend_issue: Callable[[float], None] | None = None   # where the engine takes that cost
         self._sizes: dict[tuple[float, ...], tuple[int, ...]] = {}   # part split -> bytes of each part
 
     def pool_of(self, layer: int) -> int:
@@ -223,7 +225,9 @@ class Transfers:
         self.waiting_prefetch = left
 
     def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
-        """A policy's prefetch (see :meth:`EngineView.prefetch`)."""
+        """A policy's prefetch (see :meth:`EngineView.prefetch`). One that is issued (True)
+        costs the host ``runtime.prefetch_issue_us``, handed to :attr:`spend_issue` (the engine
+        charges it on the GPU stream at the next hook boundary); the copy is queued at once."""
         vram = self.vram
         if key in vram.units:
             return False
@@ -249,9 +253,13 @@ class Transfers:
                 vram.claim(u)
                 vram.add(u)
                 self.waiting_prefetch.append((u, priority))
+                if self.issue_s and self.spend_issue is not None:
+                    self.spend_issue(self.issue_s)
                 return True
         vram.add(u)
         self.lanes.submit(u, PREFETCH_CLASS, priority)
+        if self.issue_s and self.spend_issue is not None:
+            self.spend_issue(self.issue_s)
         return True
 
     def reprioritize(self, key: UnitKey, priority: float) -> bool:

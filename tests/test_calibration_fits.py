@@ -15,6 +15,8 @@ from moesim.sim.calibration.awake import can_keep_awake, cpus_awake
 from moesim.sim.calibration.executor_runs import (
     calibration_workload,
     demand_load_cost,
+    prefetch_issue_cost,
+    simulated_run,
     simulated_tpot,
 )
 from moesim.sim.calibration.timing import best_of, fit_anchored
@@ -61,6 +63,27 @@ def test_demand_load_cost_makes_the_simulator_reproduce_the_measured_gap() -> No
     # a measured gap below the model's is clipped at 0, not a negative cost
     low = demand_load_cost(spec, wl, dict(runs, demand_s=res), HW, dict(RT, demand_load_us=0.0))
     assert low["demand_load_us"] == 0.0
+
+
+def test_prefetch_issue_cost_makes_the_simulator_reproduce_the_measured_gap() -> None:
+    """The defining property: with the fitted prefetch_issue_us, the simulator's TPOT difference
+    between the prefetch run (oracle-prefetch, one layer's experts per pool) and the resident
+    run is the measured one; the prefetches arrive in time, so without a cost the simulator
+    predicts no difference at all."""
+    spec = get_model("tiny-moe")
+    wl = calibration_workload(spec, None, context=8, tokens=6, seed=1)
+    rt = dict(RT, demand_load_us=40.0)
+    res = simulated_tpot(spec, wl, "resident", HW, rt, 1)
+    pre, issued = simulated_run(spec, wl, "prefetch", HW, rt, 1)
+    assert issued > 0 and pre == pytest.approx(res, rel=1e-12)
+    runs = {"seed": 1, "resident_s": res, "prefetch_s": res + 400e-6}
+    fit = prefetch_issue_cost(spec, wl, runs, HW, rt)
+    assert fit["predicted_gap_us"] == pytest.approx(0.0, abs=1e-6) and fit["prefetch_issue_us"] > 0
+    with_cost = dict(rt, prefetch_issue_us=fit["prefetch_issue_us"])
+    gap = simulated_tpot(spec, wl, "prefetch", HW, with_cost, 1) - simulated_tpot(spec, wl, "resident", HW, with_cost, 1)
+    assert gap == pytest.approx(400e-6, rel=1e-6)
+    # a measured gap the model already explains gives no cost
+    assert prefetch_issue_cost(spec, wl, dict(runs, prefetch_s=res), HW, rt)["prefetch_issue_us"] == 0.0
 
 
 def test_validation_calibrates_on_requests_it_does_not_validate() -> None:

@@ -1,5 +1,6 @@
-"""The executor's own decode step, measured in two runs: every expert resident (no copy at all)
-and every access a demand load (``no-cache``).
+"""The executor's own decode step, measured in three runs: every expert resident (no copy at
+all), every access a demand load (``no-cache``), and every access covered by a prefetch issued
+while the layer before computes (``oracle-prefetch`` with one layer's experts per pool).
 
 The routing of both runs is the decode of requests of a trace recorded from the model (its
 natural routing: ``simctl validate`` takes requests of the scenario's trace that it does not
@@ -14,8 +15,11 @@ simulator, given the copy and compute fits, predicts part of it (the copies that
 compute cannot hide). The rest, spread over the demand loads of a step, is the runtime's
 ``demand_load_us``: on the CPU executor, the hand-off to the copy thread and back (a thread
 wake-up on each side, the interpreter lock passing between the two threads, the queue's
-bookkeeping); on a GPU, the host blocking on the copy's event and relaunching the layer. The
-runs alternate (resident, demand, resident, ...) so that a slow spell of a shared machine
+bookkeeping); on a GPU, the host blocking on the copy's event and relaunching the layer. In
+the same way the prefetch run, against the resident one, gives ``prefetch_issue_us``: what
+issuing a prefetch costs the executor's compute thread beyond the copy (the policy's victim
+and bookkeeping, the hand-off to the copy thread, and on a CPU the copy thread's wake-ups and
+interpreter lock taken from the compute thread while the copy lands). The runs alternate (resident, demand, resident, ...) so that a slow spell of a shared machine
 falls on both, and each figure is the lowest of its runs.
 """
 
@@ -48,6 +52,7 @@ RUNS = {
     # name: (policy, budget in experts per layer (None: all), initial fill)
     "resident": ("lru", None, "popular"),
     "demand": ("no-cache", "top_k", "empty"),
+    "prefetch": ("oracle-prefetch", "top_k", "empty"),
 }
 
 
@@ -84,12 +89,18 @@ def executor_tpot(om: Any, workload: Any, run: str, seed: int) -> dict[str, floa
     ex.run()
     met = ex.metrics()
     return {"tpot_p50_s": met["tpot_ms"]["p50"] / 1e3, "tpot_mean_s": met["tpot_ms"]["mean"] / 1e3,
-            "misses": float(met["misses"])}
+            "misses": float(met["misses"]), "late": float(met["late"]), "h2d_gb": float(met["h2d_gb"])}
 
 
 def simulated_tpot(spec: Any, workload: Any, run: str, hardware: dict[str, Any], runtime: dict[str, Any],
                    seed: int) -> float:
     """The simulator's TPOT p50 (seconds) for the same run with the given profile sections."""
+    return simulated_run(spec, workload, run, hardware, runtime, seed)[0]
+
+
+def simulated_run(spec: Any, workload: Any, run: str, hardware: dict[str, Any], runtime: dict[str, Any],
+                  seed: int) -> tuple[float, int]:
+    """The simulator's TPOT p50 (seconds) and its prefetches issued, for one of :data:`RUNS`."""
     from moesim.policies.registry import make_policy
     from moesim.sim.catalog import get_hardware, get_runtime
     from moesim.sim.cost import CostModel
@@ -101,7 +112,7 @@ def simulated_tpot(spec: Any, workload: Any, run: str, hardware: dict[str, Any],
     eng = Engine(workload, make_policy(policy, {}), cost, budget_bytes=_budget(spec, per_layer),
                  initial=initial, seed=seed)
     eng.run()
-    return float(compute_metrics(eng)["tpot_ms"]["p50"]) / 1e3
+    return float(compute_metrics(eng)["tpot_ms"]["p50"]) / 1e3, int(eng.stats.prefetch_units)
 
 
 def measure_runs(om: Any, workload: Any, seed: int, repeats: int) -> dict[str, Any]:
@@ -133,3 +144,39 @@ def demand_load_cost(spec: Any, workload: Any, runs: dict[str, Any], hardware: d
     return {"demand_load_us": max(0.0, (measured - predicted) / per_step * 1e6),
             "measured_gap_us": measured * 1e6, "predicted_gap_us": predicted * 1e6,
             "sim_resident_us": sim_res * 1e6, "loads_per_step": float(per_step)}
+
+
+def prefetch_issue_cost(spec: Any, workload: Any, runs: dict[str, Any], hardware: dict[str, Any],
+                        runtime: dict[str, Any]) -> dict[str, float]:
+    """``prefetch_issue_us`` such that the simulator's TPOT difference between the ``prefetch``
+    run (``oracle-prefetch``, each layer's pool holding one layer's experts: every step's
+    experts arrive by prefetch, issued while the previous layer computes) and the resident run
+    equals the executor's. The simulator's TPOT p50 grows with the cost (it is charged on the
+    GPU stream), so the value is found by bisection; 0 when the measured difference is within
+    what the simulator already predicts. ``runtime`` carries the fitted ``demand_load_us``."""
+    measured = runs["prefetch_s"] - runs["resident_s"]
+    seed = runs["seed"]
+    sim_res = simulated_tpot(spec, workload, "resident", hardware, dict(runtime, prefetch_issue_us=0.0), seed)
+
+    def gap(us: float) -> tuple[float, int]:
+        t, n = simulated_run(spec, workload, "prefetch", hardware, dict(runtime, prefetch_issue_us=us), seed)
+        return t - sim_res, n
+
+    predicted, issued = gap(0.0)
+    steps = max(1, len(workload.iterations))
+    out = {"measured_gap_us": measured * 1e6, "predicted_gap_us": predicted * 1e6,
+           "prefetches_per_step": issued / steps, "sim_resident_us": sim_res * 1e6}
+    if measured <= predicted or issued == 0:
+        return dict(out, prefetch_issue_us=0.0)
+    lo, hi = 0.0, 2e6 * (measured - predicted) / (issued / steps)
+    for _ in range(30):   # the p50 step may carry fewer prefetches than the mean
+        if gap(hi)[0] >= measured:
+            break
+        lo, hi = hi, 2 * hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if gap(mid)[0] < measured:
+            lo = mid
+        else:
+            hi = mid
+    return dict(out, prefetch_issue_us=hi)

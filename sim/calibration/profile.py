@@ -20,7 +20,10 @@ and ``measurements:`` (every raw timing, so a reader can redo the fits). Fits:
   and ``runtime.token_us`` (embedding, masks, rotary tables, the loop);
 * demand loads: the executor's step with every access a demand load, against the resident
   one: what the simulator does not already predict from the copy and compute fits, per load
-  -> ``runtime.demand_load_us``.
+  -> ``runtime.demand_load_us``;
+* prefetches: the executor's step with every expert brought in by an exact next-layer
+  prefetch, against the resident one: the per-prefetch cost with which the simulator's step
+  difference equals the measured one -> ``runtime.prefetch_issue_us``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from moesim.sim.calibration.executor_runs import (
     calibration_workload,
     demand_load_cost,
     measure_runs,
+    prefetch_issue_cost,
 )
 from moesim.sim.calibration.timing import best_of, fit_anchored, fit_line
 from moesim.sim.catalog import GIB, ModelSpec, get_hardware, get_runtime
@@ -200,17 +204,22 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         del hw["cpu"]
     runtime = {"name": f"calibrated-{device.type}", "layer_us": round(moe_overhead_s * us, 3),
                "iteration_us": round(iteration_s * us, 3), "token_us": round(token_s * us, 3),
-               "demand_load_us": 0.0, "source": ""}
+               "demand_load_us": 0.0, "prefetch_issue_us": 0.0, "source": ""}
     get_hardware(dict(hw))   # validate before the simulator uses it
     demand = demand_load_cost(m, workload, runs, hw, runtime)
     runtime["demand_load_us"] = round(demand["demand_load_us"], 3)
+    issue = prefetch_issue_cost(m, workload, runs, hw, runtime)
+    runtime["prefetch_issue_us"] = round(issue["prefetch_issue_us"], 3)
     runtime["source"] = (
         f"{where}; layer_us: the executor's decode step with every expert resident ({step * us:.1f} us, "
         f"{runs['routing']}) minus layers, experts and head; iteration_us, token_us: the stubbed forward "
         f"minus its layers and head, against tokens; demand_load_us: the executor's step with every access a demand "
         f"load ({runs['demand_s'] * us:.1f} us) exceeds the resident one by {demand['measured_gap_us']:.1f} us, the "
         f"simulator predicts {demand['predicted_gap_us']:.1f} us from the copy and compute fits; the rest over "
-        f"{demand['loads_per_step']:.0f} demand loads per step")
+        f"{demand['loads_per_step']:.0f} demand loads per step; prefetch_issue_us: the executor's step with every "
+        f"expert prefetched by oracle-prefetch ({runs['prefetch_s'] * us:.1f} us) exceeds the resident one by "
+        f"{issue['measured_gap_us']:.1f} us, the simulator predicts {issue['predicted_gap_us']:.1f} us without an "
+        f"issue cost; the cost per prefetch ({issue['prefetches_per_step']:.2f} per step) that makes them equal")
     get_runtime(dict(runtime))
     return {
         "provenance": prov,
@@ -220,7 +229,7 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         "measurements": {
             "copies": copies, "experts": experts, "roofline": roof, "layers": layer_rows, "rounds": per_round,
             "head_s": head, "stub_forward_s": stub, "executor_step_s": step, "context": context,
-            "executor_runs": runs, "demand_load_fit": demand,
+            "executor_runs": runs, "demand_load_fit": demand, "prefetch_issue_fit": issue,
             "layer_context_slope_us_per_token": ctx_slope * us,
         },
     }

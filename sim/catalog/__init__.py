@@ -126,7 +126,7 @@ class CpuSpec(BaseModel):
 class RuntimeSpec(BaseModel):
     """Framework overhead of the inference runtime, on the GPU stream's critical path (kernel
     launches and Python dispatch that the roofline has not): per MoE layer, per forward pass,
-    per token of a forward pass and per demand load, in microseconds."""
+    per token of a forward pass, per demand load and per prefetch issued, in microseconds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -135,6 +135,7 @@ class RuntimeSpec(BaseModel):
     iteration_us: float = Field(0.0, ge=0, description="overhead per forward pass (scheduling, sampling)")
     token_us: float = Field(0.0, ge=0, description="overhead per token of a forward pass")
     demand_load_us: float = Field(0.0, ge=0, description="host-side cost of each demand load on the critical path, beyond the copy (issuing it, blocking on it, resuming the layer); paid before the load is queued")
+    prefetch_issue_us: float = Field(0.0, ge=0, description="host-side cost of issuing each prefetch on the critical path, beyond the copy (the bookkeeping, handing the copy to its stream or thread, the interference of its landing); paid on the GPU stream at the next hook boundary while the copy starts at once")
     source: str = Field("", description="where the numbers come from")
 
 

@@ -19,12 +19,32 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.curve import curve_cmd
 from moesim.sim.errors import MoesimError
-from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
-from moesim.traces.cli import app as trace_app
-from moesim.traces.model_cli import app as model_app
-from moesim.traces.quality_cli import quality
+from moesim.sim.lazy_commands import LazyCommand, lazy_group
+
+# Commands of other modules, imported and built only when named (simctl run never needs them);
+# `simctl --help` lists them where they were registered: quality first, the others last.
+_FIRST = [
+    # `quality` needs the optional torch extra; the command imports it only when it runs
+    LazyCommand("quality", "moesim.traces.quality_cli", "quality",
+                help="Run a lossy policy's plans on a real model: KL, next-token agreement, perplexity (extra: tracer)."),
+]
+_LAST = [
+    LazyCommand("sweep", "moesim.sim.study_cli", "sweep_cmd"),
+    LazyCommand("compare", "moesim.sim.study_cli", "compare_cmd"),
+    LazyCommand("plot", "moesim.sim.study_cli", "plot_cmd"),
+    LazyCommand("curve", "moesim.sim.curve", "curve_cmd"),
+    LazyCommand("trace", "moesim.traces.cli", "app", group=True,
+                help="Record, import, synthesise and inspect moe-trace files."),
+    LazyCommand("model", "moesim.traces.model_cli", "app", group=True,
+                help="The tiny MoE trained in this repository: train it, find it."),
+]
+
+
+def _app() -> typer.Typer:
+    """The app (the lazy commands are built with its settings)."""
+    return app
+
 
 app = typer.Typer(
     name="simctl",
@@ -32,11 +52,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=lazy_group(_app, _FIRST, _LAST),
 )
-app.add_typer(trace_app, name="trace", help="Record, import, synthesise and inspect moe-trace files.")
-# `quality` needs the optional torch extra; the command imports it only when it runs
-app.command("quality", help="Run a lossy policy's plans on a real model: KL, next-token agreement, perplexity (extra: tracer).")(quality)
-app.add_typer(model_app, name="model", help="The tiny MoE trained in this repository: train it, find it.")
 
 
 @app.command()
@@ -331,12 +348,6 @@ def validate(
     for r in format_rows(rows):
         t.add_row(*r)
     _console().print(t)
-
-
-app.command(name="sweep")(sweep_cmd)
-app.command(name="compare")(compare_cmd)
-app.command(name="plot")(plot_cmd)
-app.command(name="curve")(curve_cmd)
 
 
 def _console() -> Console:

@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from moesim.sim.blas_spin import quiet_blas_workers
 from moesim.sim.errors import MoesimError
 from moesim.sim.lazy_commands import LazyCommand, lazy_group
 
@@ -375,8 +376,10 @@ def _resume_gc() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``simctl`` console script. The cyclic collector pauses while the
     command line is parsed and the command's modules load (hundreds of thousands of objects, no
-    garbage; its passes cost a tenth of a short run) and resumes before the command works."""
+    garbage; its passes cost a tenth of a short run) and resumes before the command works;
+    numpy's BLAS workers, not yet started, will sleep instead of spinning (:mod:`.blas_spin`)."""
     global _gc_paused
+    quiet_blas_workers(sys.argv[1:] if argv is None else argv)
     if gc.isenabled():
         gc.disable()
         _gc_paused = True

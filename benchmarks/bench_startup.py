@@ -92,8 +92,10 @@ t2 = time.perf_counter()
 rc = cli.main(sys.argv[1:])
 t3 = time.perf_counter()
 sys.stdout.flush()
-print(json.dumps({"marks": marks, "t_main": t2, "t_end": t3, "rc": rc, "w0": w0, "w_end": time.time()}),
-      file=sys.stderr)
+import os
+pyc = bool(cli.__cached__) and os.path.exists(cli.__cached__)
+print(json.dumps({"marks": marks, "t_main": t2, "t_end": t3, "rc": rc, "w0": w0, "w_end": time.time(),
+                  "pyc": pyc}), file=sys.stderr)
 """
 
 
@@ -123,6 +125,7 @@ def _run_once(python: str, scenario: Path, out: Path) -> dict[str, float]:
         "summary": m["printed"] - m["written"],
         "exit": w1 - data["w_end"],
         "wall": w1 - w0,
+        "pyc": float(data["pyc"]),
     }
 
 
@@ -146,10 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         _run_once(args.python, scenario, d / "out")   # warm-up (file cache)
         runs = [_run_once(args.python, scenario, d / "out") for _ in range(args.runs)]
     load = os.getloadavg()[0]
+    pyc = all(r.pop("pyc") for r in runs)
     med = {n: _median([r[n] for r in runs]) for n in runs[0]}
     steps = (args.tokens // 4) * 4 * 32
     print(f"simctl run --out, policy {args.policy}, {steps:,} layer-steps; median of {args.runs} processes; "
           f"load {load:.2f} on {os.cpu_count()} cores")
+    if not pyc:
+        print("  (no bytecode cache for moesim's modules: each process compiles them from source, "
+              "as under PYTHONDONTWRITEBYTECODE=1 with an editable install)")
     for n, v in med.items():
         if n != "wall":
             print(f"  {n:18s} {v * 1e3:8.1f} ms")

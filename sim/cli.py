@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import json
-import shlex
 import sys
 import time
 import traceback
@@ -19,12 +18,35 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.curve import curve_cmd
+from moesim.sim.blas_spin import quiet_blas_workers
 from moesim.sim.errors import MoesimError
-from moesim.sim.study_cli import compare_cmd, plot_cmd, sweep_cmd
-from moesim.traces.cli import app as trace_app
-from moesim.traces.model_cli import app as model_app
-from moesim.traces.quality_cli import quality
+from moesim.sim.lazy_commands import LazyCommand, lazy_group
+
+# Commands of other modules, imported and built only when named (simctl run never needs them);
+# `simctl --help` lists them where they were registered: quality first, the others last.
+_FIRST = [
+    # `quality` needs the optional torch extra; the command imports it only when it runs
+    LazyCommand("quality", "moesim.traces.quality_cli", "quality",
+                help="Run a lossy policy's plans on a real model: KL, next-token agreement, perplexity (extra: tracer)."),
+]
+_LAST = [
+    LazyCommand("calibrate", "moesim.sim.real_cli", "calibrate"),
+    LazyCommand("validate", "moesim.sim.real_cli", "validate"),
+    LazyCommand("sweep", "moesim.sim.study_cli", "sweep_cmd"),
+    LazyCommand("compare", "moesim.sim.study_cli", "compare_cmd"),
+    LazyCommand("plot", "moesim.sim.study_cli", "plot_cmd"),
+    LazyCommand("curve", "moesim.sim.curve", "curve_cmd"),
+    LazyCommand("trace", "moesim.traces.cli", "app", group=True,
+                help="Record, import, synthesise and inspect moe-trace files."),
+    LazyCommand("model", "moesim.traces.model_cli", "app", group=True,
+                help="The tiny MoE trained in this repository: train it, find it."),
+]
+
+
+def _app() -> typer.Typer:
+    """The app (the lazy commands are built with its settings)."""
+    return app
+
 
 app = typer.Typer(
     name="simctl",
@@ -32,11 +54,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=lazy_group(_app, _FIRST, _LAST),
 )
-app.add_typer(trace_app, name="trace", help="Record, import, synthesise and inspect moe-trace files.")
-# `quality` needs the optional torch extra; the command imports it only when it runs
-app.command("quality", help="Run a lossy policy's plans on a real model: KL, next-token agreement, perplexity (extra: tracer).")(quality)
-app.add_typer(model_app, name="model", help="The tiny MoE trained in this repository: train it, find it.")
 
 
 @app.command()
@@ -207,138 +226,6 @@ def _print_runtime_section(path: str) -> None:
     _console().print(f"source: {rt.source or 'no source stated'}")
 
 
-def require_tracer(command: str) -> None:
-    """One line and exit 2, instead of an import traceback, when a command that runs a real
-    model is used without the optional ``tracer`` extra (torch, transformers, safetensors)."""
-    import importlib.util
-
-    missing = [m for m in ("torch", "transformers", "safetensors") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise MoesimError(f"simctl {command} needs the tracer extra ({', '.join(missing)} not installed): "
-                          "pip install 'torch==2.13.0' && pip install 'moesim[tracer]'")
-
-
-@app.command()
-def calibrate(
-    out: Annotated[Path, typer.Option("--out", "-o", help="profile YAML to write (use it as hardware: and runtime: in a scenario)")],
-    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON, catalog model name (tiny-moe: the bundled trained model; others: random weights of that shape), or an inline YAML spec (default: tiny-moe)")] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")] = "cpu",
-    quick: Annotated[bool, typer.Option("--quick", help="fewer sizes and repeats (seconds)")] = False,
-    context: Annotated[int, typer.Option("--context", min=1, help="context length of the non-MoE layer fit")] = 32,
-    threads: Annotated[int, typer.Option("--threads", min=1, help="torch threads on CPU")] = 1,
-    trace: Annotated[Path | None, typer.Option("--trace", help="a trace recorded from this model: the executor-step runs replay the decode of its last 2 requests (default: random routing)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="replace an existing profile file")] = False,
-) -> None:
-    """Measure copies, expert and layer compute, and framework overhead with torch; write a profile."""
-    require_tracer("calibrate")
-    from moesim.sim.atomic import check_target
-    from moesim.sim.calibration.profile import calibrate as run_calibration
-    from moesim.sim.calibration.profile import write_profile
-    from moesim.sim.executor.model import load, model_argument
-    from moesim.traces.model_loading import resolve_device
-
-    if out.suffix.lower() not in (".yaml", ".yml"):
-        raise MoesimError(f"--out {out}: a profile file must end in .yaml or .yml")
-    from moesim.sim.catalog import get_model
-
-    check_target(out, option="--out", folder=False, force=force)
-    ref, spec = model_argument(model, get_model("tiny-moe"))
-    routed = None
-    if trace is not None:
-        from moesim.traces.format import read_trace
-
-        routed = read_trace(trace)   # a missing or malformed trace is one line, before the model loads
-    om = load(ref, spec, resolve_device(device))
-    routing = None
-    if routed is not None:
-        from moesim.sim.profile import trace_requests
-        from moesim.sim.runner import check_shapes
-
-        check_shapes(routed, om.spec, f"--trace {trace}")
-        routing = (routed, trace_requests(routed)[-2:])
-    cmd = (f"simctl calibrate --out {out} --device {device} --context {context} --threads {threads}"
-           + (f" --model {shlex.quote(model)}" if model else "") + (f" --trace {trace}" if trace else "")
-           + (" --quick" if quick else ""))
-    prof = run_calibration(om, quick=quick, context=context, threads=threads, command=cmd, routing=routing)
-    write_profile(prof, out, force=force)
-    hw, rt = prof["hardware"], prof["runtime"]
-    c = hw["costs"]
-    _console().print(f"{prof['provenance']['device']}: copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.1f} us, "
-                     f"expert {c['expert_us']:.1f} us (+{c['expert_us_per_token']:.1f}/token), layer {c['layer_us']:.1f} us, "
-                     f"head {c['head_us']:.1f} us, overhead {rt['layer_us']:.1f} us/layer + {rt['iteration_us']:.1f} us/iteration, "
-                     f"{rt['demand_load_us']:.1f} us per demand load, {rt['prefetch_issue_us']:.1f} us per prefetch issued")
-    _console().print(f"wrote {out}")
-
-
-@app.command()
-def validate(
-    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override a key (repeatable)")] = None,
-    profile: Annotated[Path | None, typer.Option("--profile", help="an existing calibration profile (default: calibrate first)")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON, catalog name, or 'random' (default: the scenario's model: the bundled trained tiny-moe for model tiny-moe, else a random Mixtral of its shape)")] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")] = "cpu",
-    out: Annotated[Path, typer.Option("--out", "-o", help="folder for the profile and validation.json")] = Path("runs/validate"),
-    quick: Annotated[bool, typer.Option("--quick", help="quick calibration")] = False,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="executor runs; each timing is the best of them")] = 3,
-    json_out: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
-    force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
-) -> None:
-    """Run a scenario in the simulator (calibrated) and on the real executor; print both and the error."""
-    require_tracer("validate")
-    from moesim.sim.atomic import atomic_folder, check_target
-    from moesim.sim.calibration.profile import calibrate as run_calibration
-    from moesim.sim.calibration.profile import write_profile
-    from moesim.sim.catalog import load_spec_file
-    from moesim.sim.executor.model import load, model_argument
-    from moesim.sim.runner import load_trace
-    from moesim.sim.scenario import load_scenario
-    from moesim.sim.validate import (
-        calibration_inputs,
-        compare,
-        execute_repeated,
-        format_rows,
-        simulate,
-    )
-    from moesim.traces.model_loading import resolve_device
-
-    loaded = load_scenario(scenario, set_ or [])
-    check_target(out, option="--out", folder=True, force=force)
-    if profile is not None:
-        load_spec_file(profile, "hardware")   # a missing or malformed file is one line, before any work
-    trace = load_trace(loaded)
-    ref, spec = model_argument(model, loaded.model_spec(trace.model.name))
-    om = load(ref, spec, resolve_device(device))
-    with atomic_folder(out, option="--out", force=force) as tmp:
-        used = profile
-        if profile is None:
-            cmd = f"simctl validate {scenario} --device {device}" + (" --quick" if quick else "")
-            context, routing = calibration_inputs(loaded, trace)
-            used = write_profile(run_calibration(om, quick=quick, command=cmd, context=context, routing=routing),
-                                 tmp / "profile.yaml")
-            profile = out / "profile.yaml"
-        assert used is not None
-        real = execute_repeated(loaded, om, used, trace, repeats=repeats)
-        sim = simulate(loaded, om.spec, used, trace)
-        rows = compare(sim, real)
-        (tmp / "validation.json").write_text(json.dumps({"scenario": str(scenario), "profile": str(profile),
-                                                          "rows": rows, "simulated": sim, "measured": real},
-                                                         indent=2, default=str))
-    if json_out:
-        print(json.dumps(rows, indent=2))
-        return
-    t = Table("metric", "simulated", "measured (best of runs)", "error", "", title=f"{loaded.scenario.name}: policy {real['policy']}, {repeats} executor run(s), "
-              f"profile {profile}, {real['device']} ({real['copy_engine']} copies)")
-    for r in format_rows(rows):
-        t.add_row(*r)
-    _console().print(t)
-
-
-app.command(name="sweep")(sweep_cmd)
-app.command(name="compare")(compare_cmd)
-app.command(name="plot")(plot_cmd)
-app.command(name="curve")(curve_cmd)
-
-
 def _console() -> Console:
     """stdout console; wide when piped, so tables are not cut to 80 columns."""
     return Console() if sys.stdout.isatty() else Console(width=200)
@@ -364,8 +251,10 @@ def _resume_gc() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``simctl`` console script. The cyclic collector pauses while the
     command line is parsed and the command's modules load (hundreds of thousands of objects, no
-    garbage; its passes cost a tenth of a short run) and resumes before the command works."""
+    garbage; its passes cost a tenth of a short run) and resumes before the command works;
+    numpy's BLAS workers, not yet started, will sleep instead of spinning (:mod:`.blas_spin`)."""
     global _gc_paused
+    quiet_blas_workers(sys.argv[1:] if argv is None else argv)
     if gc.isenabled():
         gc.disable()
         _gc_paused = True

@@ -76,7 +76,7 @@ def build_workload(
     req = trace.request_id[rows0]
     ph = trace.phase[rows0]
     keep = np.isin(ph, list(want))
-    present = list(dict.fromkeys(int(r) for r in req))
+    present = list(dict.fromkeys(req.tolist()))
     if requests == "all":
         chosen = present
     elif isinstance(requests, int):
@@ -126,10 +126,11 @@ def build_workload(
                 iters.append(Iteration(len(iters), PREFILL, pre, np.full(len(pre), r), b,
                                        np.array([True] + [False] * (len(pre) - 1)), emb(int(pre[0]))))
                 seen.add(r)
-        longest = max(len(by_req[r][1]) for r in group)
+        decode = [(r, by_req[r][1].tolist()) for r in group]   # Python ints: no numpy scalars per row
+        longest = max(len(d) for _, d in decode)
         for j in range(longest):
-            rows = [int(by_req[r][1][j]) for r in group if j < len(by_req[r][1])]
-            rids = [r for r in group if j < len(by_req[r][1])]
+            rows = [d[j] for _, d in decode if j < len(d)]
+            rids = [r for r, d in decode if j < len(d)]
             first = np.array([r not in seen for r in rids])
             seen.update(rids)
             iters.append(Iteration(len(iters), DECODE, np.array(rows, dtype=np.int64),

@@ -92,13 +92,16 @@ def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
         raise TraceError(path, f"not a Parquet file ({_first_line(exc)})") from None
 
 
-def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
-    """Read and check the file-level metadata of a trace (cheap: footer only)."""
-    pf = _open(path)
+def _meta(pf: pq.ParquetFile, path: Any) -> TraceMeta:
     kv = pf.schema_arrow.metadata or {}
     if META_KEY not in kv:
         raise TraceError(path, f"no {META_KEY.decode()!r} metadata: not a moe-trace file")
     return TraceMeta.from_json(kv[META_KEY], path)
+
+
+def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
+    """Read and check the file-level metadata of a trace (cheap: footer only)."""
+    return _meta(_open(path), path)
 
 
 def num_rows(path: str | os.PathLike[str]) -> int:
@@ -139,7 +142,13 @@ def iter_batches(
     ordering checks need them). Memory stays in proportion to ``batch_rows``.
     """
     pf = _open(path)
-    meta = read_meta(path)
+    yield from _batches(pf, _meta(pf, path), path, columns, batch_rows)
+
+
+def _batches(
+    pf: pq.ParquetFile, meta: TraceMeta, path: Any, columns: Sequence[str] | None, batch_rows: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """:func:`iter_batches` of a file already open, its metadata read."""
     present = set(pf.schema_arrow.names)
     for col in REQUIRED_COLUMNS:
         if col not in present:
@@ -232,8 +241,9 @@ def read_trace(
     batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> Trace:
     """Read and validate a whole trace into a :class:`Trace` (only the columns asked for)."""
-    meta = read_meta(path)
-    return _collect(meta, iter_batches(path, columns, batch_rows=batch_rows), path)
+    pf = _open(path)
+    meta = _meta(pf, path)
+    return _collect(meta, _batches(pf, meta, path, columns, batch_rows), path)
 
 
 def trace_from_columns(columns: Mapping[str, Any], meta: TraceMeta) -> Trace:

@@ -1,5 +1,6 @@
-"""One registry of policies, keyed by name. Adding a policy touches one file: its module
-decorates the class with :func:`register` and is listed in ``_MODULES``; a policy of your own,
+"""One registry of policies, keyed by name. Adding a policy touches one file besides its own:
+its module decorates the class with :func:`register` and is listed in ``_MODULES`` with the
+names it registers (looking one name up imports only its module); a policy of your own,
 outside the package, registers itself the same way from a file a scenario lists under
 ``plugins:`` (:func:`load_plugin`)."""
 
@@ -20,24 +21,27 @@ from moesim.policies.base import Policy
 from moesim.sim.errors import MoesimError
 
 _REGISTRY: dict[str, type[Policy]] = {}
-_MODULES = (
-    "moesim.policies.caching",
-    "moesim.policies.belady",
-    "moesim.policies.speculative",
-    "moesim.policies.lcp",
-    "moesim.policies.moepic",
-    "moesim.policies.moepic_variants",
-    "moesim.policies.adapmoe",
-    "moesim.policies.moe_infinity",
-    "moesim.policies.pregated",
-    "moesim.policies.random_substitute",
-    "moesim.policies.activeevict",
-    "moesim.policies.moe_apex",
-    "moesim.policies.fmoe",
-    "moesim.policies.promoe",
-    "moesim.policies.buddymoe",
-    "moesim.policies.commitmoe",
-)
+_MODULES: dict[str, tuple[str, ...]] = {
+    # module: the names it registers (a lookup imports only the module that holds the name;
+    # tests/test_registry_modules.py checks this table against the classes themselves)
+    "moesim.policies.caching": ("lru", "lfu", "fifo", "random", "static", "no-cache"),
+    "moesim.policies.belady": ("belady",),
+    "moesim.policies.speculative": ("mixtral-offloading", "oracle-prefetch"),
+    "moesim.policies.lcp": ("lcp",),
+    "moesim.policies.moepic": ("moepic",),
+    "moesim.policies.moepic_variants": ("moepic-cache-only", "moepic-prefetch-only"),
+    "moesim.policies.adapmoe": ("adapmoe",),
+    "moesim.policies.moe_infinity": ("moe-infinity",),
+    "moesim.policies.pregated": ("pregated",),
+    "moesim.policies.random_substitute": ("random-substitute",),
+    "moesim.policies.activeevict": ("activeevict",),
+    "moesim.policies.moe_apex": ("moe-apex-style",),
+    "moesim.policies.fmoe": ("fmoe",),
+    "moesim.policies.promoe": ("promoe-style",),
+    "moesim.policies.buddymoe": ("buddymoe",),
+    "moesim.policies.commitmoe": ("commitmoe", "prefetch-fallback"),
+}
+_MODULE_OF = {name: mod for mod, names in _MODULES.items() for name in names}
 _loaded = False
 
 P = TypeVar("P", bound=type[Policy])
@@ -103,7 +107,12 @@ def policy_names() -> list[str]:
 
 
 def policy_class(name: str) -> type[Policy]:
-    _load_all()
+    """The class registered as ``name``: importing only the module that holds a built-in
+    policy; an unknown name is one line with the closest known name."""
+    if name not in _REGISTRY and name in _MODULE_OF:
+        importlib.import_module(_MODULE_OF[name])
+    if name not in _REGISTRY:
+        _load_all()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(_REGISTRY))}"

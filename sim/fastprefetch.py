@@ -1,0 +1,523 @@
+"""The mixtral-offloading kernel of the fast path: LRU expert caches per layer with speculative
+next-layer prefetch over one copy lane, replayed without SimPy and without policy objects, with
+the event loop's exact metrics and step records.
+
+The event loop's run of :class:`~moesim.policies.speculative.MixtralOffloading` is one GPU
+process and one copy lane driven by callbacks. The kernel keeps the same state in flat form: per
+layer, the units present (expert -> :class:`_U`: state, loaded on demand, used since it came)
+and the LRU clock of each (the policy's ``_last``); the lane's transfer in flight, with its
+landing time and creation order, and its queue ``(class, -priority, order, unit)`` (demand loads
+before prefetches, a prefetch's priority its score). Time advances as the GPU process advances
+it: each GPU timeout has a creation order, and every landing that SimPy would process before the
+GPU resumes (by ``(time, creation order)``) is processed first, with the GPU's state of that
+moment (iteration for the refetch accounting, layer for the step record's prefetch bytes). A
+GPU that waits for one landing resumes right after it; one that waits for several (SimPy's
+condition event) or for room resumes as :mod:`moesim.sim.gpu` resumes.
+
+The rules reproduced (:mod:`moesim.sim.transfers`, :mod:`moesim.sim.gpu`): a routed expert is
+a hit (resident), late (queued or in flight) or a miss (a demand load); demand loads get room in
+access order from LRU victims among the pool's resident, unpinned units, withdrawing the pool's
+queued prefetches when there is none, else wait (the layer then computes one expert at a time in
+:func:`~moesim.sim.plans.next_in_fixed_order`); ``hardware.evict_us`` and
+``runtime.demand_load_us`` delay them; after the accesses refresh the LRU, the lookahead's top-k
+of the next layer are refreshed where present and prefetched where not (never evicting a member
+of the set, never into a pool where a demand load waits). Counters: prefetch_used,
+fetch_needed/covered, wasted prefetch bytes (evicted unused), refetch bytes (a transfer of a unit
+evicted this iteration or the one before), prefetch units and bytes, per-layer evictions.
+
+Eligibility (:func:`prefetch_refusal`) is honest: the exact shipped classes with a lookahead
+predictor, per-layer pools, one copy lane in priority order, whole experts, no swap-out, buffer,
+timeline, synchronous prefetch or invariant check. ``tests/test_fastprefetch.py`` compares the
+kernel with the event loop on random traces.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT, WAITING
+from moesim.policies.compose import Composed
+from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.predictors import AutoPredictor, LookaheadPredictor, top_experts
+from moesim.policies.parts.prefetchers import NextLayerPrefetcher
+from moesim.policies.speculative import MixtralOffloading
+from moesim.sim.plans import access_order, next_in_fixed_order
+from moesim.sim.records import STEP_CHUNK
+
+if TYPE_CHECKING:
+    from moesim.sim.engine import Engine
+
+KIND = "mixtral-offloading"
+
+
+def is_prefetch_policy(engine: Engine) -> bool:
+    """The run's policy is the shipped mixtral-offloading as such (no subclass, no part
+    replaced): the kernel's policy, whether or not the rest of the run suits it."""
+    p = engine.policy
+    return (type(p) is MixtralOffloading and isinstance(p, Composed) and type(p.cache) is LRUCache
+            and type(p.prefetcher) is NextLayerPrefetcher and p.planner is None)
+
+
+def prefetch_refusal(engine: Engine) -> str | None:
+    """Why the mixtral-offloading kernel cannot replay ``engine``'s run exactly, or None (call
+    after the policy's ``setup`` and the initial fill, on a run whose policy
+    :func:`is_prefetch_policy` accepted)."""
+    policy: Any = engine.policy
+    pf = policy.prefetcher
+    pred = pf.predictor
+    if isinstance(pred, AutoPredictor):
+        pred = pred.inner
+    if type(pred) is not LookaheadPredictor:
+        return f"the kernel predicts from the lookahead only (predictor {policy.predictor!r})"
+    la = engine.trace.lookahead_logits
+    if la is None:
+        return "the trace has no lookahead_logits"
+    if la.dtype.kind != "f" or bool(np.isnan(la).any()):
+        return "the lookahead logits are not plain floats (or hold NaN)"
+    if policy.lossy or policy.decision_us:
+        return "the policy plans or spends decision time"
+    if engine.global_pool:
+        return "the policy uses one global pool"
+    if engine.record_timeline:
+        return "the timeline is recorded"
+    if engine.check_invariants:
+        return "the VRAM invariant is checked"
+    tx = engine.transfers
+    if tx.d2h is not None:
+        return "cache.swap_out is on"
+    if not tx.lanes.can_withdraw:
+        return "pcie.order is fifo"
+    if engine.vram.buffer_capacity:
+        return "a transfer buffer is set"
+    if engine.sync_prefetch:
+        return "pcie.sync_prefetch is on"
+    if int(engine.cost.hardware.copy_engines) != 1:
+        return "the kernel models one copy engine"
+    if any(len(fr) != 1 for fr in engine.fractions):
+        return "experts are split into parts"
+    if any(u.state != RESIDENT or not u.used for u in engine.vram.units.values()):
+        return "the run starts with transfers under way"
+    return None
+
+
+class _U:
+    """A unit present in a layer's pool: its expert, state, whether it was loaded on demand
+    and whether it was used since it came."""
+
+    __slots__ = ("layer", "e", "state", "demand", "used")
+
+    def __init__(self, layer: int, e: int, state: int, demand: bool, used: bool) -> None:
+        self.layer = layer
+        self.e = e
+        self.state = state
+        self.demand = demand
+        self.used = used
+
+
+def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat for speed
+    """Replay ``eng``'s workload with the mixtral-offloading kernel (see the module docstring);
+    leaves the counters, step records and clock as the event loop would."""
+    cost = eng.cost
+    L, E = eng.L, eng.E
+    st = eng.stats
+    tx = eng.transfers
+    vram = eng.vram
+    policy: Any = eng.policy
+    cache = policy.cache
+    pf = policy.prefetcher
+    eb = eng.expert_bytes
+    steps = eng.steps if eng.record_steps else None
+    step_rows = steps.rows if steps is not None else None
+    iters = eng.workload.iterations
+    n_iters = len(iters)
+    progress = eng.progress
+    experts = eng.trace.experts
+    la = eng.trace.lookahead_logits
+    assert la is not None
+    la32 = la if la.dtype.char in "ef" else la.astype(np.float32)
+    kp = min(int(pf._k), E)
+    cross = bool(pf.cross_token)
+    if kp > 0:   # each row's top-k by lookahead, ties to the lower expert (as top_experts on one row)
+        top_idx = np.argsort(-la32, axis=1, kind="stable")[:, :kp]
+        top_val = np.take_along_axis(la32, top_idx, axis=1)
+    evict_s = cost.hardware.evict_us * 1e-6
+    demand_s = cost.demand_load_s()
+    overhead_layer = cost.overhead_layer_s()
+    d = cost.transfer_s(eb)
+    exp_cost: dict[int, float] = {}
+    batch_start: dict[int, float] = {}
+
+    cap = list(vram.capacity)
+    used = list(vram.used)
+    total = vram.total
+    peak = vram.peak
+    pools: list[dict[int, _U]] = [{} for _ in range(L)]
+    for (layer, e, _p), u0 in vram.units.items():
+        pools[layer][e] = _U(layer, e, RESIDENT, u0.demand, u0.used)
+    lru: list[dict[int, int]] = [{} for _ in range(L)]
+    for (layer, e, _p), c in cache._last.items():
+        lru[layer][e] = c
+    clock = cache._clock
+    last_evict: dict[int, int] = {k[0] * E + k[1]: v for k, v in tx.last_evict_iter.items()}
+
+    # the copy lane: the transfer in flight (None: idle), its landing (time, creation order)
+    cur: _U | None = None
+    t_land = 0.0
+    q_land = 0
+    lq: list[tuple[int, float, int, _U]] = []   # queued: (class, -priority, order, unit)
+    lseq = 0
+    q = 1              # creation order of the next event (SimPy's event ids, relative)
+    space = bool(tx.space_event.triggered)   # room freed since the GPU last looked
+    waiting: list[_U] = []
+    it_index = 0
+    layer_ev = 0
+    layer_pf = 0
+    cur_layer = -1
+    pinned: set[int] = set()   # experts of the current layer not yet computed
+    pcie = st.pcie_busy_s
+    now = 0.0
+
+    def start_next(t: float) -> None:
+        """The lane takes its next queued transfer at ``t`` (or goes idle)."""
+        nonlocal cur, t_land, q_land, q, layer_pf
+        if not lq:
+            cur = None
+            return
+        u = heapq.heappop(lq)[3]
+        u.state = INFLIGHT
+        r = last_evict.get(u.layer * E + u.e)
+        if r is not None and it_index - r <= 1:
+            st.refetch_bytes += eb
+        if u.demand:
+            st.demand_bytes += eb
+        else:
+            st.prefetch_bytes += eb
+            st.prefetch_units += 1
+            layer_pf += eb
+        cur = u
+        t_land = t + d
+        q_land = q
+        q += 1
+
+    def land() -> float:
+        """The transfer in flight lands; the lane starts the next. Returns the landing time."""
+        nonlocal pcie, space
+        u = cur
+        assert u is not None
+        t = t_land
+        u.state = RESIDENT
+        pcie += d
+        if waiting:
+            space = True
+        start_next(t)
+        return t
+
+    def advance(T: float) -> None:
+        """A GPU timeout to ``T``: every landing SimPy processes before it, in order."""
+        nonlocal q
+        g = q
+        q += 1
+        while cur is not None and (t_land < T or (t_land == T and q_land < g)):
+            land()
+
+    def submit(u: _U, cls: int, prio: float) -> None:
+        nonlocal lseq
+        lseq += 1
+        u.state = QUEUED
+        heapq.heappush(lq, (cls, -prio, lseq, u))
+        if cur is None:
+            start_next(now)
+
+    def evict_lru(p: int, protected: Any) -> bool:
+        """Evict the LRU resident, unpinned (and unprotected) unit of pool ``p``; False if none."""
+        nonlocal total, space, layer_ev
+        pool = pools[p]
+        last = lru[p]
+        pin = pinned if p == cur_layer else ()
+        best = -1
+        bc = 0
+        for e, u in pool.items():
+            if u.state == RESIDENT and e not in pin and (protected is None or e not in protected):
+                c = last[e]
+                if best < 0 or c < bc:
+                    best, bc = e, c
+        if best < 0:
+            return False
+        u = pool.pop(best)
+        del last[best]
+        st.evictions += 1
+        layer_ev += 1
+        used[p] -= eb
+        total -= eb
+        space = True
+        if not u.used and not u.demand:
+            st.wasted_prefetch_bytes += eb
+        last_evict[p * E + best] = it_index
+        return True
+
+    def take(p: int) -> bool:
+        nonlocal total, peak
+        if cap[p] - used[p] >= eb:
+            used[p] += eb
+            total += eb
+            if total > peak:
+                peak = total
+            return True
+        return False
+
+    def cancel_pool(p: int) -> int:
+        """Withdraw the queued prefetches of pool ``p`` (not pinned ones)."""
+        nonlocal lq, total, space
+        pin = pinned if p == cur_layer else ()
+        kept = []
+        n = 0
+        for entry in lq:
+            u = entry[3]
+            if entry[0] == 1 and u.layer == p and u.e not in pin:
+                u.state = 0
+                del pools[p][u.e]
+                lru[p].pop(u.e, None)
+                used[p] -= eb
+                total -= eb
+                n += 1
+            else:
+                kept.append(entry)
+        if n:
+            heapq.heapify(kept)
+            lq = kept
+            space = True
+        return n
+
+    def grant() -> tuple[list[_U], float]:
+        """Room for waiting demand loads, in order (Transfers.grant_waiting)."""
+        delay = 0.0
+        granted = []
+        while waiting:
+            u = waiting[0]
+            p = u.layer
+            n = 0
+            while cap[p] - used[p] < eb and evict_lru(p, None):
+                n += 1
+            ok = take(p)
+            if not ok and cancel_pool(p):
+                while cap[p] - used[p] < eb and evict_lru(p, None):
+                    n += 1
+                ok = take(p)
+            delay += n * evict_s
+            if not ok:
+                break
+            waiting.pop(0)
+            u.state = QUEUED
+            granted.append(u)
+            if demand_s:
+                delay += demand_s
+        return granted, delay
+
+    def gpu_wait(T: float) -> None:
+        nonlocal now
+        advance(T)
+        now = T
+
+    for it in iters:
+        eng.cur_iter = it
+        it_index = it.index
+        cur_layer = -1
+        st.start_iteration(it, now, batch_start)
+        n_tok = it.n_tokens
+        layer_s = cost.layer_s(n_tok)
+        step_s = layer_s + overhead_layer
+        single = n_tok == 1
+        if single:
+            row0 = int(it.rows0[0])
+            ex_rows = experts[row0:row0 + L].tolist()
+            if kp:
+                ti = top_idx[row0:row0 + L].tolist()
+                tv = top_val[row0:row0 + L].tolist()
+        for layer in range(L):
+            cur_layer = layer
+            layer_ev = 0
+            layer_pf = 0
+            t0 = now
+            gpu_wait(now + step_s)
+            st.gpu_busy_s += layer_s
+            st.overhead_s += overhead_layer
+            t_route = now
+            if single:
+                exps = ex_rows[layer]
+                if -1 in exps:
+                    exps = [x for x in exps if x >= 0]
+                counts = [1] * len(exps)
+            else:
+                flat = experts[it.rows0 + layer].reshape(-1)
+                exps, counts = access_order(flat[flat >= 0])
+            pool = pools[layer]
+            pinned = set(exps)
+            need: list[tuple[int, float, _U]] = []
+            miss_units: list[_U] = []
+            hits = late = miss = miss_bytes = 0
+            for i, e in enumerate(exps):
+                c = counts[i]
+                t_exp = exp_cost.get(c)
+                if t_exp is None:
+                    t_exp = exp_cost[c] = cost.expert_s(c)
+                u = pool.get(e)
+                if u is None:
+                    u = pool[e] = _U(layer, e, WAITING, True, False)
+                    miss_units.append(u)
+                    miss_bytes += eb
+                    miss += 1
+                elif u.state == RESIDENT:
+                    hits += 1
+                else:
+                    late += 1
+                if not u.used:
+                    st.fetch_needed += 1
+                    if not u.demand:
+                        st.fetch_covered += 1
+                        st.prefetch_used += 1
+                    u.used = True
+                need.append((i, t_exp, u))
+            st.hits += hits
+            st.late += late
+            st.misses += miss
+            stall = 0.0
+            if miss_units:
+                waiting.extend(miss_units)
+                granted, delay = grant()
+                if delay > 0:
+                    gpu_wait(now + delay)
+                    stall += delay
+                for u in granted:
+                    submit(u, 0, 0.0)
+            # on_access: the LRU records the accesses in order
+            last = lru[layer]
+            for e in exps:
+                clock += 1
+                last[e] = clock
+            # after_layer: prefetch the lookahead's guess for the next layer
+            tgt = layer + 1 if layer + 1 < L else (0 if cross else -1)
+            if kp and tgt >= 0:
+                if single:
+                    preds = list(zip(ti[layer], tv[layer], strict=True))
+                else:
+                    preds = top_experts(la[it.rows0 + layer], kp)
+                tpool = pools[tgt]
+                tlast = lru[tgt]
+                for e, _s in preds:
+                    if e in tpool:
+                        clock += 1
+                        tlast[e] = clock
+                protected = {e for e, _s in preds}
+                blocked = any(w.layer == tgt for w in waiting) if waiting else False
+                for e, score in preds:
+                    if e in tpool or blocked:
+                        continue
+                    while cap[tgt] - used[tgt] < eb and evict_lru(tgt, protected):
+                        pass
+                    if not take(tgt):
+                        continue
+                    u = tpool[e] = _U(tgt, e, WAITING, False, False)
+                    submit(u, 1, score)
+                    clock += 1
+                    tlast[e] = clock
+            # the experts compute as they become resident, ready ones first
+            remaining = need
+            early: set[int] | None = None
+            while remaining:
+                ready: list[tuple[int, float, _U]] = []
+                rest: list[tuple[int, float, _U]] = []
+                if waiting:
+                    if early is None:
+                        fresh = {id(u) for u in miss_units}
+                        early = {id(x) for x in need if id(x[2]) not in fresh}
+                    head = next_in_fixed_order(remaining, early)
+                    watch = [head]
+                    if head[2].state == RESIDENT:
+                        ready = [head]
+                        rest = [x for x in remaining if x is not head]
+                else:
+                    watch = remaining
+                    for x in remaining:
+                        if x[2].state == RESIDENT:
+                            ready.append(x)
+                        else:
+                            rest.append(x)
+                if ready:
+                    dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
+                    gpu_wait(now + dt)
+                    st.gpu_busy_s += dt
+                    remaining = rest
+                    for x in ready:
+                        pinned.discard(x[2].e)
+                    if waiting:
+                        granted, delay = grant()
+                        if delay > 0:
+                            gpu_wait(now + delay)
+                            stall += delay
+                        for u in granted:
+                            submit(u, 0, 0.0)
+                    continue
+                ts = now
+                evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
+                if evs:
+                    if len(evs) == 1:
+                        w = evs[0]
+                        while w.state != RESIDENT:
+                            now = land()
+                    else:
+                        while True:
+                            u = cur
+                            t = land()
+                            if u in evs:
+                                break
+                        g = q   # the condition event, scheduled after that landing
+                        q += 1
+                        while cur is not None and (t_land < t or (t_land == t and q_land < g)):
+                            land()
+                        now = t
+                elif waiting:
+                    if space:
+                        space = False
+                        granted, delay = grant()
+                        if delay > 0:
+                            gpu_wait(now + delay)
+                        for u in granted:
+                            submit(u, 0, 0.0)
+                    else:
+                        if cur is None:   # pragma: no cover - the event loop raises BudgetError
+                            raise AssertionError("demand loads wait for room that nothing will free")
+                        now = land()
+                else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
+                    raise AssertionError("expert part neither present nor waiting")
+                stall += now - ts
+            pinned = set()
+            st.stall_s += stall
+            if step_rows is not None:
+                step_rows.append((it_index, layer, t0, t_route, now, len(exps), hits, late, 0, miss, 0,
+                                  stall, miss_bytes, layer_pf, layer_ev))
+                if len(step_rows) >= STEP_CHUNK:
+                    assert steps is not None
+                    steps.pack()
+                    step_rows = steps.rows
+        head = cost.head_s(n_tok)
+        over = cost.overhead_iteration_s(n_tok)
+        if head + over > 0:
+            gpu_wait(now + (head + over))
+            st.gpu_busy_s += head
+            st.overhead_s += over
+        st.end_iteration(it, now)
+        cur_layer = L
+        eng.prev_iter = it
+        if progress is not None:
+            progress(it.index + 1, n_iters)
+    # the GPU process ends at ``now``: SimPy processes every landing due by then first
+    while cur is not None and t_land <= now:
+        land()
+    st.pcie_busy_s = pcie
+    tx.last_evict_iter.update({(k // E, k % E, 0): v for k, v in last_evict.items()})
+    vram.peak = max(vram.peak, peak)
+    eng.cur_layer = L
+    eng.fast_now = now

@@ -30,7 +30,8 @@ from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
 from moesim.sim.fastloads import compute_with_loads
 from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
 from moesim.sim.fastprefetch import KIND as PREFETCH_KIND
-from moesim.sim.fastprefetch import is_prefetch_policy, prefetch_refusal, replay_prefetch
+from moesim.sim.fastprefetch import replay_prefetch
+from moesim.sim.fastprefetch_check import is_prefetch_policy, prefetch_refusal
 from moesim.sim.faststatic import static_refusal, static_sets
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order

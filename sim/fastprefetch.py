@@ -1,34 +1,27 @@
 """The mixtral-offloading kernel of the fast path: LRU expert caches per layer with speculative
-next-layer prefetch over one copy lane, replayed without SimPy and without policy objects, with
-the event loop's exact metrics and step records.
+next-layer prefetch over one copy lane, replayed without SimPy or policy objects, with the event
+loop's exact metrics and step records.
 
-The event loop's run of :class:`~moesim.policies.speculative.MixtralOffloading` is one GPU
-process and one copy lane driven by callbacks. The kernel keeps the same state in flat form: per
-layer, the units present (expert -> :class:`_U`: state, loaded on demand, used since it came)
-and the LRU clock of each (the policy's ``_last``); the lane's transfer in flight, with its
-landing time and creation order, and its queue ``(class, -priority, order, unit)`` (demand loads
-before prefetches, a prefetch's priority its score). Time advances as the GPU process advances
-it: each GPU timeout has a creation order, and every landing that SimPy would process before the
-GPU resumes (by ``(time, creation order)``) is processed first, with the GPU's state of that
-moment (iteration for the refetch accounting, layer for the step record's prefetch bytes). A
-GPU that waits for one landing resumes right after it; one that waits for several (SimPy's
-condition event) or for room resumes as :mod:`moesim.sim.gpu` resumes.
+The event loop's run is one GPU process and one copy lane driven by callbacks; the kernel keeps
+their state flat: per layer the units present (:class:`_U`) and their LRU clocks (the policy's
+``_last``); the lane's transfer in flight with its landing (time, creation order) and its queue
+``(class, -priority, order, unit)`` (demand loads first; a prefetch's priority is its score).
+Every landing SimPy would process before the GPU resumes (by time, then creation order) is
+processed first, with the GPU's state of that moment (iteration for refetch accounting, layer
+for the step record's prefetch bytes); a GPU waiting for one landing resumes right after it,
+one waiting for several (a condition event) or for room as :mod:`moesim.sim.gpu` resumes.
 
-The rules reproduced (:mod:`moesim.sim.transfers`, :mod:`moesim.sim.gpu`): a routed expert is
-a hit (resident), late (queued or in flight) or a miss (a demand load); demand loads get room in
-access order from LRU victims among the pool's resident, unpinned units, withdrawing the pool's
-queued prefetches when there is none, else wait (the layer then computes one expert at a time in
-:func:`~moesim.sim.plans.next_in_fixed_order`); ``hardware.evict_us`` and
-``runtime.demand_load_us`` delay them; after the accesses refresh the LRU, the lookahead's top-k
-of the next layer are refreshed where present and prefetched where not (never evicting a member
-of the set, never into a pool where a demand load waits). Counters: prefetch_used,
-fetch_needed/covered, wasted prefetch bytes (evicted unused), refetch bytes (a transfer of a unit
-evicted this iteration or the one before), prefetch units and bytes, per-layer evictions.
+Rules (:mod:`moesim.sim.transfers`, :mod:`moesim.sim.gpu`): a routed expert is a hit, late
+(queued or in flight) or a miss (a demand load); demand loads get room in access order from LRU
+victims among the pool's resident, unpinned units, withdrawing its queued prefetches when there
+is none, else wait (the layer then computes in :func:`~moesim.sim.plans.next_in_fixed_order`),
+delayed by ``hardware.evict_us`` and ``runtime.demand_load_us``; after the accesses refresh the
+LRU, the lookahead's top-k of the next layer are refreshed where present, else prefetched (never
+evicting a member of the set, never into a pool where a demand load waits). The counters follow:
+prefetch_used, fetch_needed/covered, wasted prefetch bytes, refetch bytes, per-layer evictions.
 
-Eligibility (:func:`prefetch_refusal`) is honest: the exact shipped classes with a lookahead
-predictor, per-layer pools, one copy lane in priority order, whole experts, no swap-out, buffer,
-timeline, synchronous prefetch or invariant check. ``tests/test_fastprefetch.py`` compares the
-kernel with the event loop on random traces.
+Which runs it takes: :mod:`moesim.sim.fastprefetch_check`; ``tests/test_fastprefetch.py``
+compares the kernel with the event loop on random traces.
 """
 
 from __future__ import annotations
@@ -39,11 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT, WAITING
-from moesim.policies.compose import Composed
-from moesim.policies.parts.caches import LRUCache
-from moesim.policies.parts.predictors import AutoPredictor, LookaheadPredictor, top_experts
-from moesim.policies.parts.prefetchers import NextLayerPrefetcher
-from moesim.policies.speculative import MixtralOffloading
+from moesim.policies.parts.predictors import top_experts
 from moesim.sim.plans import access_order, next_in_fixed_order
 from moesim.sim.records import STEP_CHUNK
 
@@ -51,56 +40,6 @@ if TYPE_CHECKING:
     from moesim.sim.engine import Engine
 
 KIND = "mixtral-offloading"
-
-
-def is_prefetch_policy(engine: Engine) -> bool:
-    """The run's policy is the shipped mixtral-offloading as such (no subclass, no part
-    replaced): the kernel's policy, whether or not the rest of the run suits it."""
-    p = engine.policy
-    return (type(p) is MixtralOffloading and isinstance(p, Composed) and type(p.cache) is LRUCache
-            and type(p.prefetcher) is NextLayerPrefetcher and p.planner is None)
-
-
-def prefetch_refusal(engine: Engine) -> str | None:
-    """Why the mixtral-offloading kernel cannot replay ``engine``'s run exactly, or None (call
-    after the policy's ``setup`` and the initial fill, on a run whose policy
-    :func:`is_prefetch_policy` accepted)."""
-    policy: Any = engine.policy
-    pf = policy.prefetcher
-    pred = pf.predictor
-    if isinstance(pred, AutoPredictor):
-        pred = pred.inner
-    if type(pred) is not LookaheadPredictor:
-        return f"the kernel predicts from the lookahead only (predictor {policy.predictor!r})"
-    la = engine.trace.lookahead_logits
-    if la is None:
-        return "the trace has no lookahead_logits"
-    if la.dtype.kind != "f" or bool(np.isnan(la).any()):
-        return "the lookahead logits are not plain floats (or hold NaN)"
-    if policy.lossy or policy.decision_us:
-        return "the policy plans or spends decision time"
-    if engine.global_pool:
-        return "the policy uses one global pool"
-    if engine.record_timeline:
-        return "the timeline is recorded"
-    if engine.check_invariants:
-        return "the VRAM invariant is checked"
-    tx = engine.transfers
-    if tx.d2h is not None:
-        return "cache.swap_out is on"
-    if not tx.lanes.can_withdraw:
-        return "pcie.order is fifo"
-    if engine.vram.buffer_capacity:
-        return "a transfer buffer is set"
-    if engine.sync_prefetch:
-        return "pcie.sync_prefetch is on"
-    if int(engine.cost.hardware.copy_engines) != 1:
-        return "the kernel models one copy engine"
-    if any(len(fr) != 1 for fr in engine.fractions):
-        return "experts are split into parts"
-    if any(u.state != RESIDENT or not u.used for u in engine.vram.units.values()):
-        return "the run starts with transfers under way"
-    return None
 
 
 class _U:
@@ -137,16 +76,18 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
     experts = eng.trace.experts
     la = eng.trace.lookahead_logits
     assert la is not None
-    la32 = la if la.dtype.char in "ef" else la.astype(np.float32)
     kp = min(int(pf._k), E)
     cross = bool(pf.cross_token)
-    if kp > 0:   # each row's top-k by lookahead, ties to the lower expert (as top_experts on one row)
+    if kp > 0:   # each row's top-k by lookahead, ties to the lower expert (top_experts on one row)
+        la32 = la if la.dtype.char in "ef" else la.astype(np.float32)
         top_idx = np.argsort(-la32, axis=1, kind="stable")[:, :kp]
         top_val = np.take_along_axis(la32, top_idx, axis=1)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
     overhead_layer = cost.overhead_layer_s()
     d = cost.transfer_s(eb)
+    e1 = cost.expert_s(1)
+    sums = [sum([e1] * c) for c in range(E + 1)]   # c one-token experts, summed as the event loop sums them
     exp_cost: dict[int, float] = {}
     batch_start: dict[int, float] = {}
 
@@ -178,15 +119,14 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
     cur_layer = -1
     pinned: set[int] = set()   # experts of the current layer not yet computed
     pcie = st.pcie_busy_s
+    gpu = st.gpu_busy_s
+    ovh = st.overhead_s
+    stall_sum = st.stall_s
     now = 0.0
 
-    def start_next(t: float) -> None:
-        """The lane takes its next queued transfer at ``t`` (or goes idle)."""
+    def start(u: _U, t: float) -> None:
+        """The lane starts ``u`` at ``t`` (Transfers._on_transfer_start's books)."""
         nonlocal cur, t_land, q_land, q, layer_pf
-        if not lq:
-            cur = None
-            return
-        u = heapq.heappop(lq)[3]
         u.state = INFLIGHT
         r = last_evict.get(u.layer * E + u.e)
         if r is not None and it_index - r <= 1:
@@ -204,7 +144,7 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
 
     def land() -> float:
         """The transfer in flight lands; the lane starts the next. Returns the landing time."""
-        nonlocal pcie, space
+        nonlocal cur, pcie, space
         u = cur
         assert u is not None
         t = t_land
@@ -212,7 +152,10 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
         pcie += d
         if waiting:
             space = True
-        start_next(t)
+        if lq:
+            start(heapq.heappop(lq)[3], t)
+        else:
+            cur = None
         return t
 
     def advance(T: float) -> None:
@@ -229,7 +172,7 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
         u.state = QUEUED
         heapq.heappush(lq, (cls, -prio, lseq, u))
         if cur is None:
-            start_next(now)
+            start(heapq.heappop(lq)[3], now)
 
     def evict_lru(p: int, protected: Any) -> bool:
         """Evict the LRU resident, unpinned (and unprotected) unit of pool ``p``; False if none."""
@@ -240,7 +183,7 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
         best = -1
         bc = 0
         for e, u in pool.items():
-            if u.state == RESIDENT and e not in pin and (protected is None or e not in protected):
+            if u.state == RESIDENT and e not in pin and e not in protected:
                 c = last[e]
                 if best < 0 or c < bc:
                     best, bc = e, c
@@ -291,19 +234,21 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
             space = True
         return n
 
-    def grant() -> tuple[list[_U], float]:
-        """Room for waiting demand loads, in order (Transfers.grant_waiting)."""
+    def grant() -> float:
+        """Room for waiting demand loads, in order (Transfers.grant_waiting), then the wait
+        for their delay and their queueing; returns the delay."""
+        nonlocal now
         delay = 0.0
         granted = []
         while waiting:
             u = waiting[0]
             p = u.layer
             n = 0
-            while cap[p] - used[p] < eb and evict_lru(p, None):
+            while cap[p] - used[p] < eb and evict_lru(p, ()):
                 n += 1
             ok = take(p)
             if not ok and cancel_pool(p):
-                while cap[p] - used[p] < eb and evict_lru(p, None):
+                while cap[p] - used[p] < eb and evict_lru(p, ()):
                     n += 1
                 ok = take(p)
             delay += n * evict_s
@@ -314,12 +259,13 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
             granted.append(u)
             if demand_s:
                 delay += demand_s
-        return granted, delay
-
-    def gpu_wait(T: float) -> None:
-        nonlocal now
-        advance(T)
-        now = T
+        if delay > 0:
+            T = now + delay
+            advance(T)
+            now = T
+        for u in granted:
+            submit(u, 0, 0.0)
+        return delay
 
     for it in iters:
         eng.cur_iter = it
@@ -341,33 +287,30 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
             layer_ev = 0
             layer_pf = 0
             t0 = now
-            gpu_wait(now + step_s)
-            st.gpu_busy_s += layer_s
-            st.overhead_s += overhead_layer
+            T = now + step_s
+            if cur is not None and t_land <= T:   # else nothing is due first: no event needed
+                advance(T)
+            now = T
+            gpu += layer_s
+            ovh += overhead_layer
             t_route = now
             if single:
                 exps = ex_rows[layer]
                 if -1 in exps:
                     exps = [x for x in exps if x >= 0]
-                counts = [1] * len(exps)
             else:
                 flat = experts[it.rows0 + layer].reshape(-1)
                 exps, counts = access_order(flat[flat >= 0])
             pool = pools[layer]
             pinned = set(exps)
-            need: list[tuple[int, float, _U]] = []
+            us: list[_U] = []
             miss_units: list[_U] = []
-            hits = late = miss = miss_bytes = 0
-            for i, e in enumerate(exps):
-                c = counts[i]
-                t_exp = exp_cost.get(c)
-                if t_exp is None:
-                    t_exp = exp_cost[c] = cost.expert_s(c)
+            hits = late = miss = 0
+            for e in exps:
                 u = pool.get(e)
                 if u is None:
                     u = pool[e] = _U(layer, e, WAITING, True, False)
                     miss_units.append(u)
-                    miss_bytes += eb
                     miss += 1
                 elif u.state == RESIDENT:
                     hits += 1
@@ -379,19 +322,14 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
                         st.fetch_covered += 1
                         st.prefetch_used += 1
                     u.used = True
-                need.append((i, t_exp, u))
+                us.append(u)
             st.hits += hits
             st.late += late
             st.misses += miss
             stall = 0.0
             if miss_units:
                 waiting.extend(miss_units)
-                granted, delay = grant()
-                if delay > 0:
-                    gpu_wait(now + delay)
-                    stall += delay
-                for u in granted:
-                    submit(u, 0, 0.0)
+                stall += grant()
             # on_access: the LRU records the accesses in order
             last = lru[layer]
             for e in exps:
@@ -401,103 +339,143 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
             tgt = layer + 1 if layer + 1 < L else (0 if cross else -1)
             if kp and tgt >= 0:
                 if single:
-                    preds = list(zip(ti[layer], tv[layer], strict=True))
+                    tix = ti[layer]
+                    tvx = tv[layer]
                 else:
                     preds = top_experts(la[it.rows0 + layer], kp)
+                    tix = [x[0] for x in preds]
+                    tvx = [x[1] for x in preds]
                 tpool = pools[tgt]
                 tlast = lru[tgt]
-                for e, _s in preds:
+                for e in tix:
                     if e in tpool:
                         clock += 1
                         tlast[e] = clock
-                protected = {e for e, _s in preds}
-                blocked = any(w.layer == tgt for w in waiting) if waiting else False
-                for e, score in preds:
-                    if e in tpool or blocked:
-                        continue
-                    while cap[tgt] - used[tgt] < eb and evict_lru(tgt, protected):
-                        pass
-                    if not take(tgt):
-                        continue
-                    u = tpool[e] = _U(tgt, e, WAITING, False, False)
-                    submit(u, 1, score)
-                    clock += 1
-                    tlast[e] = clock
+                if not waiting or not any(w.layer == tgt for w in waiting):
+                    for j, e in enumerate(tix):
+                        if e in tpool:
+                            continue
+                        while cap[tgt] - used[tgt] < eb and evict_lru(tgt, tix):
+                            pass
+                        if not take(tgt):
+                            continue
+                        u = tpool[e] = _U(tgt, e, WAITING, False, False)
+                        submit(u, 1, tvx[j])
+                        clock += 1
+                        tlast[e] = clock
             # the experts compute as they become resident, ready ones first
-            remaining = need
-            early: set[int] | None = None
-            while remaining:
-                ready: list[tuple[int, float, _U]] = []
-                rest: list[tuple[int, float, _U]] = []
-                if waiting:
-                    if early is None:
-                        fresh = {id(u) for u in miss_units}
-                        early = {id(x) for x in need if id(x[2]) not in fresh}
-                    head = next_in_fixed_order(remaining, early)
-                    watch = [head]
-                    if head[2].state == RESIDENT:
-                        ready = [head]
-                        rest = [x for x in remaining if x is not head]
-                else:
-                    watch = remaining
-                    for x in remaining:
-                        if x[2].state == RESIDENT:
-                            ready.append(x)
+            if single and not waiting:
+                rem = us
+                while rem:
+                    ready = 0
+                    rest = []
+                    for u in rem:
+                        if u.state == RESIDENT:
+                            ready += 1
                         else:
-                            rest.append(x)
-                if ready:
-                    dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
-                    gpu_wait(now + dt)
-                    st.gpu_busy_s += dt
-                    remaining = rest
-                    for x in ready:
-                        pinned.discard(x[2].e)
-                    if waiting:
-                        granted, delay = grant()
-                        if delay > 0:
-                            gpu_wait(now + delay)
-                            stall += delay
-                        for u in granted:
-                            submit(u, 0, 0.0)
-                    continue
-                ts = now
-                evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
-                if evs:
-                    if len(evs) == 1:
-                        w = evs[0]
+                            rest.append(u)
+                    if ready:
+                        dt = sums[ready]
+                        T = now + dt
+                        if cur is not None and t_land <= T:
+                            advance(T)
+                        now = T
+                        gpu += dt
+                        rem = rest
+                        continue
+                    ts = now
+                    if len(rem) == 1:
+                        w = rem[0]
                         while w.state != RESIDENT:
                             now = land()
                     else:
                         while True:
                             u = cur
                             t = land()
-                            if u in evs:
+                            if u in rem:
                                 break
                         g = q   # the condition event, scheduled after that landing
                         q += 1
                         while cur is not None and (t_land < t or (t_land == t and q_land < g)):
                             land()
                         now = t
-                elif waiting:
-                    if space:
-                        space = False
-                        granted, delay = grant()
-                        if delay > 0:
-                            gpu_wait(now + delay)
-                        for u in granted:
-                            submit(u, 0, 0.0)
+                    stall += now - ts
+            else:
+                need: list[tuple[int, float, _U]] = []
+                for i, u in enumerate(us):
+                    c = 1 if single else counts[i]
+                    t_exp = exp_cost.get(c)
+                    if t_exp is None:
+                        t_exp = exp_cost[c] = cost.expert_s(c)
+                    need.append((i, t_exp, u))
+                remaining = need
+                early: set[int] | None = None
+                while remaining:
+                    ready_x: list[tuple[int, float, _U]] = []
+                    rest_x: list[tuple[int, float, _U]] = []
+                    if waiting:
+                        # room is short: one expert at a time, in the fixed order (sim/plans.py)
+                        if early is None:
+                            fresh = {id(u) for u in miss_units}
+                            early = {id(x) for x in need if id(x[2]) not in fresh}
+                        head = next_in_fixed_order(remaining, early)
+                        watch = [head]
+                        if head[2].state == RESIDENT:
+                            ready_x = [head]
+                            rest_x = [x for x in remaining if x is not head]
                     else:
-                        if cur is None:   # pragma: no cover - the event loop raises BudgetError
-                            raise AssertionError("demand loads wait for room that nothing will free")
-                        now = land()
-                else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
-                    raise AssertionError("expert part neither present nor waiting")
-                stall += now - ts
+                        watch = remaining
+                        for x in remaining:
+                            if x[2].state == RESIDENT:
+                                ready_x.append(x)
+                            else:
+                                rest_x.append(x)
+                    if ready_x:
+                        dt = ready_x[0][1] if len(ready_x) == 1 else sum([x[1] for x in ready_x])
+                        T = now + dt
+                        advance(T)
+                        now = T
+                        gpu += dt
+                        remaining = rest_x
+                        for x in ready_x:
+                            pinned.discard(x[2].e)
+                        if waiting:
+                            stall += grant()
+                        continue
+                    ts = now
+                    evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
+                    if evs:
+                        if len(evs) == 1:
+                            w = evs[0]
+                            while w.state != RESIDENT:
+                                now = land()
+                        else:
+                            while True:
+                                u = cur
+                                t = land()
+                                if u in evs:
+                                    break
+                            g = q
+                            q += 1
+                            while cur is not None and (t_land < t or (t_land == t and q_land < g)):
+                                land()
+                            now = t
+                    elif waiting:
+                        if space:
+                            space = False
+                            grant()
+                        else:
+                            if cur is None:   # pragma: no cover - the event loop raises BudgetError
+                                raise AssertionError("demand loads wait for room that nothing will free")
+                            now = land()
+                    else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
+                        raise AssertionError("expert neither present nor waiting")
+                    stall += now - ts
             pinned = set()
-            st.stall_s += stall
+            stall_sum += stall
             if step_rows is not None:
                 step_rows.append((it_index, layer, t0, t_route, now, len(exps), hits, late, 0, miss, 0,
-                                  stall, miss_bytes, layer_pf, layer_ev))
+                                  stall, miss * eb, layer_pf, layer_ev))
                 if len(step_rows) >= STEP_CHUNK:
                     assert steps is not None
                     steps.pack()
@@ -505,9 +483,11 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
         head = cost.head_s(n_tok)
         over = cost.overhead_iteration_s(n_tok)
         if head + over > 0:
-            gpu_wait(now + (head + over))
-            st.gpu_busy_s += head
-            st.overhead_s += over
+            T = now + (head + over)
+            advance(T)
+            now = T
+            gpu += head
+            ovh += over
         st.end_iteration(it, now)
         cur_layer = L
         eng.prev_iter = it
@@ -517,6 +497,9 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
     while cur is not None and t_land <= now:
         land()
     st.pcie_busy_s = pcie
+    st.gpu_busy_s = gpu
+    st.overhead_s = ovh
+    st.stall_s = stall_sum
     tx.last_evict_iter.update({(k // E, k % E, 0): v for k, v in last_evict.items()})
     vram.peak = max(vram.peak, peak)
     eng.cur_layer = L

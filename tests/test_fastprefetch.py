@@ -143,7 +143,7 @@ def test_hand_timeline() -> None:
     ({"buffer_bytes": 3_000_000}, "buffer"),
     ({"sync_prefetch": True}, "sync_prefetch"),
     ({"hw": tiny_hw(copy_engines=2)}, "copy engine"),
-    ({"params": {"predictor": "previous-token"}}, "lookahead only"),
+    ({"params": {"predictor": "previous-token"}}, "lookahead_logits only"),
 ])
 def test_refusals_are_reported(kw: dict[str, Any], why: str) -> None:
     """Runs the kernel does not reproduce take the event loop and say why."""

@@ -1,0 +1,76 @@
+"""Eligibility of the mixtral-offloading kernel (:mod:`moesim.sim.fastprefetch`): which runs it
+replays exactly, and why it refuses the others (reported as the run's ``engine_path`` reason).
+
+It takes the shipped :class:`~moesim.policies.speculative.MixtralOffloading` as such (LRU cache,
+next-layer prefetcher, no planner, no subclass) predicting from the trace's lookahead logits, on
+per-layer pools with one copy lane in priority order and whole experts; no swap-out, transfer
+buffer, timeline, synchronous prefetch or VRAM invariant check, and a run that starts with every
+present unit resident.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from moesim.policies.base import RESIDENT
+from moesim.policies.compose import Composed
+from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.predictors import AutoPredictor, LookaheadPredictor
+from moesim.policies.parts.prefetchers import NextLayerPrefetcher
+from moesim.policies.speculative import MixtralOffloading
+
+if TYPE_CHECKING:
+    from moesim.sim.engine import Engine
+
+
+def is_prefetch_policy(engine: Engine) -> bool:
+    """The run's policy is the shipped mixtral-offloading as such (no subclass, no part
+    replaced): the kernel's policy, whether or not the rest of the run suits it."""
+    p = engine.policy
+    return (type(p) is MixtralOffloading and isinstance(p, Composed) and type(p.cache) is LRUCache
+            and type(p.prefetcher) is NextLayerPrefetcher and p.planner is None)
+
+
+def prefetch_refusal(engine: Engine) -> str | None:
+    """Why the mixtral-offloading kernel cannot replay ``engine``'s run exactly, or None (call
+    after the policy's ``setup`` and the initial fill, on a run whose policy
+    :func:`is_prefetch_policy` accepted)."""
+    policy: Any = engine.policy
+    pf = policy.prefetcher
+    pred = pf.predictor
+    if isinstance(pred, AutoPredictor):
+        pred = pred.inner
+    if type(pred) is not LookaheadPredictor:
+        source = getattr(pf.predictor, "source", policy.predictor)
+        return f"the kernel predicts from lookahead_logits only (this run's predictor: {source})"
+    la = engine.trace.lookahead_logits
+    if la is None:
+        return "the trace has no lookahead_logits"
+    if la.dtype.kind != "f" or bool(np.isnan(la).any()):
+        return "the lookahead logits are not plain floats (or hold NaN)"
+    if policy.lossy or policy.decision_us:
+        return "the policy plans or spends decision time"
+    if engine.global_pool:
+        return "the policy uses one global pool"
+    if engine.record_timeline:
+        return "the timeline is recorded"
+    if engine.check_invariants:
+        return "the VRAM invariant is checked"
+    tx = engine.transfers
+    if tx.d2h is not None:
+        return "cache.swap_out is on"
+    if not tx.lanes.can_withdraw:
+        return "pcie.order is fifo"
+    if engine.vram.buffer_capacity:
+        return "a transfer buffer is set"
+    if engine.sync_prefetch:
+        return "pcie.sync_prefetch is on"
+    if int(engine.cost.hardware.copy_engines) != 1:
+        return "the kernel models one copy engine"
+    if any(len(fr) != 1 for fr in engine.fractions):
+        return "experts are split into parts"
+    if any(u.state != RESIDENT or not u.used for u in engine.vram.units.values()):
+        return "the run starts with transfers under way"
+    return None

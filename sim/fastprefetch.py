@@ -117,25 +117,28 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
     layer_ev = 0
     layer_pf = 0
     cur_layer = -1
-    pinned: set[int] = set()   # experts of the current layer not yet computed
+    no_pins: set[int] = set()   # never filled
+    pinned = no_pins   # experts of the current layer not yet computed
     pcie = st.pcie_busy_s
+    n_refetch = n_demand = n_pf = n_pfu = n_ev = n_waste = 0   # byte and unit counters of the run
     gpu = st.gpu_busy_s
     ovh = st.overhead_s
     stall_sum = st.stall_s
+    n_hits = n_late = n_miss = n_needed = n_covered = 0
     now = 0.0
 
     def start(u: _U, t: float) -> None:
         """The lane starts ``u`` at ``t`` (Transfers._on_transfer_start's books)."""
-        nonlocal cur, t_land, q_land, q, layer_pf
+        nonlocal cur, t_land, q_land, q, layer_pf, n_refetch, n_demand, n_pf, n_pfu
         u.state = INFLIGHT
         r = last_evict.get(u.layer * E + u.e)
         if r is not None and it_index - r <= 1:
-            st.refetch_bytes += eb
+            n_refetch += eb
         if u.demand:
-            st.demand_bytes += eb
+            n_demand += eb
         else:
-            st.prefetch_bytes += eb
-            st.prefetch_units += 1
+            n_pf += eb
+            n_pfu += 1
             layer_pf += eb
         cur = u
         t_land = t + d
@@ -176,7 +179,7 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
 
     def evict_lru(p: int, protected: Any) -> bool:
         """Evict the LRU resident, unpinned (and unprotected) unit of pool ``p``; False if none."""
-        nonlocal total, space, layer_ev
+        nonlocal total, space, layer_ev, n_ev, n_waste
         pool = pools[p]
         last = lru[p]
         pin = pinned if p == cur_layer else ()
@@ -191,13 +194,13 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
             return False
         u = pool.pop(best)
         del last[best]
-        st.evictions += 1
+        n_ev += 1
         layer_ev += 1
         used[p] -= eb
         total -= eb
         space = True
         if not u.used and not u.demand:
-            st.wasted_prefetch_bytes += eb
+            n_waste += eb
         last_evict[p * E + best] = it_index
         return True
 
@@ -302,7 +305,6 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
                 flat = experts[it.rows0 + layer].reshape(-1)
                 exps, counts = access_order(flat[flat >= 0])
             pool = pools[layer]
-            pinned = set(exps)
             us: list[_U] = []
             miss_units: list[_U] = []
             hits = late = miss = 0
@@ -317,16 +319,18 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
                 else:
                     late += 1
                 if not u.used:
-                    st.fetch_needed += 1
+                    n_needed += 1
                     if not u.demand:
-                        st.fetch_covered += 1
-                        st.prefetch_used += 1
+                        n_covered += 1
                     u.used = True
                 us.append(u)
-            st.hits += hits
-            st.late += late
-            st.misses += miss
+            n_hits += hits
+            n_late += late
+            n_miss += miss
             stall = 0.0
+            # pins matter where this layer's pool may lose units: its demand loads, a prefetch
+            # into it (one layer), the general compute loop
+            pinned = set(exps) if miss_units or L == 1 or not single else no_pins
             if miss_units:
                 waiting.extend(miss_units)
                 stall += grant()
@@ -355,12 +359,21 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
                     for j, e in enumerate(tix):
                         if e in tpool:
                             continue
-                        while cap[tgt] - used[tgt] < eb and evict_lru(tgt, tix):
-                            pass
-                        if not take(tgt):
-                            continue
-                        u = tpool[e] = _U(tgt, e, WAITING, False, False)
-                        submit(u, 1, tvx[j])
+                        if cap[tgt] - used[tgt] < eb:
+                            while cap[tgt] - used[tgt] < eb and evict_lru(tgt, tix):
+                                pass
+                            if cap[tgt] - used[tgt] < eb:
+                                continue
+                        used[tgt] += eb   # take its room (Vram.take_room)
+                        total += eb
+                        if total > peak:
+                            peak = total
+                        u = tpool[e] = _U(tgt, e, QUEUED, False, False)
+                        lseq += 1
+                        if cur is None:   # the lane is idle, its queue empty: it starts at once
+                            start(u, now)
+                        else:
+                            heapq.heappush(lq, (1, -tvx[j], lseq, u))
                         clock += 1
                         tlast[e] = clock
             # the experts compute as they become resident, ready ones first
@@ -471,7 +484,7 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
                     else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
                         raise AssertionError("expert neither present nor waiting")
                     stall += now - ts
-            pinned = set()
+            pinned = no_pins
             stall_sum += stall
             if step_rows is not None:
                 step_rows.append((it_index, layer, t0, t_route, now, len(exps), hits, late, 0, miss, 0,
@@ -497,6 +510,18 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
     while cur is not None and t_land <= now:
         land()
     st.pcie_busy_s = pcie
+    st.hits += n_hits
+    st.late += n_late
+    st.misses += n_miss
+    st.fetch_needed += n_needed
+    st.fetch_covered += n_covered
+    st.prefetch_used += n_covered   # a unit first used since a prefetch brought it
+    st.refetch_bytes += n_refetch
+    st.demand_bytes += n_demand
+    st.prefetch_bytes += n_pf
+    st.prefetch_units += n_pfu
+    st.evictions += n_ev
+    st.wasted_prefetch_bytes += n_waste
     st.gpu_busy_s = gpu
     st.overhead_s = ovh
     st.stall_s = stall_sum

@@ -29,9 +29,8 @@ from typing import TYPE_CHECKING, Any
 from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
 from moesim.sim.fastloads import compute_with_loads
 from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
-from moesim.sim.fastprefetch import KIND as PREFETCH_KIND
 from moesim.sim.fastprefetch import replay_prefetch
-from moesim.sim.fastprefetch_check import is_prefetch_policy, prefetch_refusal
+from moesim.sim.fastprefetch_check import is_prefetch_policy, prefetch_refusal, prefetch_source
 from moesim.sim.faststatic import static_refusal, static_sets
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order
@@ -121,8 +120,10 @@ def run_fast(engine: Engine) -> None:
     gc.disable()
     try:
         if is_prefetch_policy(engine):
-            engine.path = f"fast ({PREFETCH_KIND} kernel)"
-            replay_prefetch(engine)
+            engine.path = f"fast ({engine.policy.name} kernel)"
+            source = prefetch_source(engine)
+            assert source is not None
+            replay_prefetch(engine, source)
             return
         if kind is not None:
             engine.path = f"fast ({kind} kernel)"

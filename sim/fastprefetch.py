@@ -29,17 +29,13 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT, WAITING
-from moesim.policies.parts.predictors import top_experts
+from moesim.sim.fastprefetch_guess import GuessMaker
 from moesim.sim.plans import access_order, next_in_fixed_order
 from moesim.sim.records import STEP_CHUNK
 
 if TYPE_CHECKING:
     from moesim.sim.engine import Engine
-
-KIND = "mixtral-offloading"
 
 
 class _U:
@@ -56,9 +52,10 @@ class _U:
         self.used = used
 
 
-def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat for speed
-    """Replay ``eng``'s workload with the mixtral-offloading kernel (see the module docstring);
-    leaves the counters, step records and clock as the event loop would."""
+def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
+    """Replay ``eng``'s workload with the kernel (see the module docstring), the prefetcher
+    guessing from ``source`` (:class:`~moesim.sim.fastprefetch_guess.GuessMaker`); leaves the
+    counters, step records and clock as the event loop would."""
     cost = eng.cost
     L, E = eng.L, eng.E
     st = eng.stats
@@ -74,14 +71,9 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
     n_iters = len(iters)
     progress = eng.progress
     experts = eng.trace.experts
-    la = eng.trace.lookahead_logits
-    assert la is not None
-    kp = min(int(pf._k), E)
+    kp = int(pf._k)
     cross = bool(pf.cross_token)
-    if kp > 0:   # each row's top-k by lookahead, ties to the lower expert (top_experts on one row)
-        la32 = la if la.dtype.char in "ef" else la.astype(np.float32)
-        top_idx = np.argsort(-la32, axis=1, kind="stable")[:, :kp]
-        top_val = np.take_along_axis(la32, top_idx, axis=1)
+    guess = GuessMaker(source, eng.trace, iters, L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
     overhead_layer = cost.overhead_layer_s()
@@ -270,7 +262,7 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
             submit(u, 0, 0.0)
         return delay
 
-    for it in iters:
+    for pos, it in enumerate(iters):
         eng.cur_iter = it
         it_index = it.index
         cur_layer = -1
@@ -282,9 +274,8 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
         if single:
             row0 = int(it.rows0[0])
             ex_rows = experts[row0:row0 + L].tolist()
-            if kp:
-                ti = top_idx[row0:row0 + L].tolist()
-                tv = top_val[row0:row0 + L].tolist()
+        if kp:
+            ti, tv = guess.guesses(pos)
         for layer in range(L):
             cur_layer = layer
             layer_ev = 0
@@ -342,13 +333,8 @@ def replay_prefetch(eng: Engine) -> None:  # noqa: C901 - one loop, kept flat fo
             # after_layer: prefetch the lookahead's guess for the next layer
             tgt = layer + 1 if layer + 1 < L else (0 if cross else -1)
             if kp and tgt >= 0:
-                if single:
-                    tix = ti[layer]
-                    tvx = tv[layer]
-                else:
-                    preds = top_experts(la[it.rows0 + layer], kp)
-                    tix = [x[0] for x in preds]
-                    tvx = [x[1] for x in preds]
+                tix = ti[layer]
+                tvx = tv[layer]
                 tpool = pools[tgt]
                 tlast = lru[tgt]
                 for e in tix:

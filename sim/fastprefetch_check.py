@@ -1,10 +1,11 @@
-"""Eligibility of the mixtral-offloading kernel (:mod:`moesim.sim.fastprefetch`): which runs it
-replays exactly, and why it refuses the others (reported as the run's ``engine_path`` reason).
+"""Eligibility of the next-layer prefetch kernel (:mod:`moesim.sim.fastprefetch`): which runs
+it replays exactly, and why it refuses the others (reported as the run's ``engine_path`` reason).
 
-It takes the shipped :class:`~moesim.policies.speculative.MixtralOffloading` as such (LRU cache,
-next-layer prefetcher, no planner, no subclass) predicting from the trace's lookahead logits, on
-per-layer pools with one copy lane in priority order and whole experts; no swap-out, transfer
-buffer, timeline, synchronous prefetch or VRAM invariant check, and a run that starts with every
+It takes the shipped :class:`~moesim.policies.speculative.MixtralOffloading` and
+:class:`~moesim.policies.speculative.OraclePrefetch` as such (LRU cache, next-layer prefetcher,
+no planner, no subclass) with a lookahead, previous-token or oracle predictor, on per-layer
+pools with one copy lane in priority order and whole experts; no swap-out, transfer buffer,
+timeline, synchronous prefetch or VRAM invariant check, and a run that starts with every
 present unit resident.
 """
 
@@ -17,39 +18,54 @@ import numpy as np
 from moesim.policies.base import RESIDENT
 from moesim.policies.compose import Composed
 from moesim.policies.parts.caches import LRUCache
-from moesim.policies.parts.predictors import AutoPredictor, LookaheadPredictor
+from moesim.policies.parts.predictors import (
+    AutoPredictor,
+    LookaheadPredictor,
+    OraclePredictor,
+    PreviousTokenPredictor,
+)
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
-from moesim.policies.speculative import MixtralOffloading
+from moesim.policies.speculative import MixtralOffloading, OraclePrefetch
 
 if TYPE_CHECKING:
     from moesim.sim.engine import Engine
 
+_SOURCES = {LookaheadPredictor: "lookahead", PreviousTokenPredictor: "previous-token", OraclePredictor: "oracle"}
+
 
 def is_prefetch_policy(engine: Engine) -> bool:
-    """The run's policy is the shipped mixtral-offloading as such (no subclass, no part
-    replaced): the kernel's policy, whether or not the rest of the run suits it."""
+    """The run's policy is the shipped mixtral-offloading or oracle-prefetch as such (no
+    subclass, no part replaced): the kernel's policies, whether or not the rest of the run
+    suits it."""
     p = engine.policy
-    return (type(p) is MixtralOffloading and isinstance(p, Composed) and type(p.cache) is LRUCache
-            and type(p.prefetcher) is NextLayerPrefetcher and p.planner is None)
+    return (type(p) in (MixtralOffloading, OraclePrefetch) and isinstance(p, Composed)
+            and type(p.cache) is LRUCache and type(p.prefetcher) is NextLayerPrefetcher and p.planner is None)
+
+
+def prefetch_source(engine: Engine) -> str | None:
+    """What the run's prefetcher predicts from: ``lookahead``, ``previous-token`` or ``oracle``
+    (None: a predictor the kernel does not reproduce)."""
+    pred: Any = engine.policy.prefetcher.predictor   # type: ignore[attr-defined]
+    if isinstance(pred, AutoPredictor):
+        pred = pred.inner
+    return _SOURCES.get(type(pred))
 
 
 def prefetch_refusal(engine: Engine) -> str | None:
-    """Why the mixtral-offloading kernel cannot replay ``engine``'s run exactly, or None (call
-    after the policy's ``setup`` and the initial fill, on a run whose policy
-    :func:`is_prefetch_policy` accepted)."""
+    """Why the kernel cannot replay ``engine``'s run exactly, or None (call after the policy's
+    ``setup`` and the initial fill, on a run whose policy :func:`is_prefetch_policy` accepted)."""
     policy: Any = engine.policy
-    pf = policy.prefetcher
-    pred = pf.predictor
-    if isinstance(pred, AutoPredictor):
-        pred = pred.inner
-    if type(pred) is not LookaheadPredictor:
-        source = getattr(pf.predictor, "source", policy.predictor)
-        return f"the kernel predicts from lookahead_logits only (this run's predictor: {source})"
-    la = engine.trace.lookahead_logits
-    if la is None:
-        return "the trace has no lookahead_logits"
-    if la.dtype.kind != "f" or bool(np.isnan(la).any()):
-        return "the lookahead logits are not plain floats (or hold NaN)"
+    source = prefetch_source(engine)
+    if source is None:
+        return f"the kernel does not reproduce predictor {policy.prefetcher.predictor.__class__.__name__}"
+    if source == "lookahead":
+        la = engine.trace.lookahead_logits
+        if la is None:
+            return "the trace has no lookahead_logits"
+        if la.dtype.kind != "f" or bool(np.isnan(la).any()):
+            return "the lookahead logits are not plain floats (or hold NaN)"
+    if source == "oracle" and bool((engine.trace.experts < 0).any()):
+        return "the trace has dropped routing slots (the oracle would prefetch expert -1)"
     if policy.lossy or policy.decision_us:
         return "the policy plans or spends decision time"
     if engine.global_pool:

@@ -22,17 +22,18 @@ from moesim.traces.format import DECODE, PREFILL
 from tests.util import make_trace, tiny_hw, tiny_model
 
 KERNEL = "fast (mixtral-offloading kernel)"
+ORACLE = "fast (oracle-prefetch kernel)"
 EXAMPLES = int(os.environ.get("MOESIM_FASTPREFETCH_EXAMPLES", "150"))
 
 
 def _run(trace: Any, *, fast: bool, budget: int, batch: int = 1, hw: Any = None, params: Any = None,
-         initial: str = "empty", seed: int = 0, runtime: Any = None, **kw: Any
-         ) -> tuple[Engine, dict[str, Any]]:
+         initial: str = "empty", seed: int = 0, runtime: Any = None, policy: str = "mixtral-offloading",
+         **kw: Any) -> tuple[Engine, dict[str, Any]]:
     m = trace.model
     model = tiny_model(m.num_layers, m.num_experts, m.top_k)
     runtime = get_runtime(runtime or {"name": "none"})
     wl = build_workload(trace, batch_size=batch, phases=["prefill", "decode"])
-    eng = Engine(wl, make_policy("mixtral-offloading", params), CostModel(model, hw or tiny_hw(), runtime),
+    eng = Engine(wl, make_policy(policy, params), CostModel(model, hw or tiny_hw(), runtime),
                  budget_bytes=budget * model.expert_bytes, seed=seed, initial=initial, fast_path=fast, **kw)
     eng.run()
     return eng, compute_metrics(eng)
@@ -42,8 +43,9 @@ def _assert_same(trace: Any, **kw: Any) -> Engine:
     slow, ms = _run(trace, fast=False, **kw)
     assert slow.path == "event" and ms.pop("engine_path") == "event"
     fast, mf = _run(trace, fast=True, **kw)
-    assert fast.path == KERNEL, fast.path_reason
-    assert mf.pop("engine_path") == KERNEL
+    want = ORACLE if kw.get("policy") == "oracle-prefetch" else KERNEL
+    assert fast.path == want, fast.path_reason
+    assert mf.pop("engine_path") == want
     assert mf == ms
     cs, cf = slow.steps.columns(), fast.steps.columns()
     for name in cs:
@@ -61,17 +63,20 @@ def _assert_same(trace: Any, **kw: Any) -> Engine:
     evict_us=hs.sampled_from([0.0, 0.0, 5.0]), demand_load_us=hs.sampled_from([0.0, 0.0, 20.0]),
     overhead_us=hs.sampled_from([0.0, 0.0, 10.0, 100.0]),
     prefetch=hs.sampled_from([None, None, 0, 1, 3]), cross=hs.booleans(),
+    source=hs.sampled_from(["auto", "lookahead", "previous-token", "no-lookahead", "oracle"]),
     ties=hs.booleans(), initial=hs.sampled_from(["empty", "random", "popular"]), seed=hs.integers(0, 10**6),
 )
 def test_kernel_equals_event_loop(layers: int, experts: int, top_k: int, tokens: int, requests: int,
                                   prompt: int, batch: int, slots: int, gbps: float, latency_us: float,
                                   layer_us: float, expert_us: float, evict_us: float,
                                   demand_load_us: float, overhead_us: float, prefetch: int | None,
-                                  cross: bool, ties: bool,
+                                  cross: bool, source: str, ties: bool,
                                   initial: str, seed: int) -> None:
-    """Random traces (prefill iterations included), tight and roomy pools, slow and fast links:
-    round cost figures make copies land at exactly the instant compute ends, and small integer
-    logits make the lookahead's top-k tie; both must resolve as the event loop resolves them."""
+    """Random traces (prefill iterations included), tight and roomy pools, slow and fast links,
+    every predictor (``no-lookahead``: ``auto`` on a trace without lookahead logits falls back to
+    the previous token; ``oracle``: oracle-prefetch): round cost figures make copies land at
+    exactly the instant compute ends, and small integer logits make the lookahead's top-k tie;
+    both must resolve as the event loop resolves them."""
     top_k = min(top_k, experts)
     rng = np.random.default_rng(seed)
     ex = np.stack([np.stack([rng.choice(experts, top_k, replace=False) for _ in range(layers)])
@@ -86,13 +91,17 @@ def test_kernel_equals_event_loop(layers: int, experts: int, top_k: int, tokens:
         phases = [DECODE] * tokens
     look = (rng.integers(0, 3, (tokens, layers, experts)) if ties
             else rng.normal(size=(tokens, layers, experts))).astype(np.float16)
-    trace = make_trace(ex, num_experts=experts, requests=req.tolist(), phases=phases, lookahead=look)
+    trace = make_trace(ex, num_experts=experts, requests=req.tolist(), phases=phases,
+                       lookahead=None if source == "no-lookahead" else look)
     hw = tiny_hw(pcie_gbps=gbps, latency_us=latency_us, layer_us=layer_us, expert_us=expert_us,
                  evict_us=evict_us)
-    params: dict[str, Any] = {"cross_token": cross}
+    params: dict[str, Any] = {"cross_token": cross, "predictor": "auto" if source == "no-lookahead" else source}
     if prefetch is not None:
         params["prefetch_experts"] = prefetch
-    _assert_same(trace, budget=layers * slots, batch=batch, hw=hw, params=params, initial=initial,
+    policy = "mixtral-offloading"
+    if source == "oracle":
+        policy, params = "oracle-prefetch", {}
+    _assert_same(trace, policy=policy, budget=layers * slots, batch=batch, hw=hw, params=params, initial=initial,
                  seed=seed, runtime={"name": "t", "demand_load_us": demand_load_us, "layer_us": overhead_us / 2,
                                      "iteration_us": overhead_us, "token_us": overhead_us / 10})
 
@@ -143,7 +152,6 @@ def test_hand_timeline() -> None:
     ({"buffer_bytes": 3_000_000}, "buffer"),
     ({"sync_prefetch": True}, "sync_prefetch"),
     ({"hw": tiny_hw(copy_engines=2)}, "copy engine"),
-    ({"params": {"predictor": "previous-token"}}, "lookahead_logits only"),
 ])
 def test_refusals_are_reported(kw: dict[str, Any], why: str) -> None:
     """Runs the kernel does not reproduce take the event loop and say why."""

@@ -296,10 +296,15 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
                 flat = experts[it.rows0 + layer].reshape(-1)
                 exps, counts = access_order(flat[flat >= 0])
             pool = pools[layer]
+            last = lru[layer]
             us: list[_U] = []
             miss_units: list[_U] = []
             hits = late = miss = 0
             for e in exps:
+                # on_access's LRU refresh, in access order, done here: the demand loads' room
+                # below comes from unpinned units, whose clocks it does not read or change
+                clock += 1
+                last[e] = clock
                 u = pool.get(e)
                 if u is None:
                     u = pool[e] = _U(layer, e, WAITING, True, False)
@@ -325,11 +330,6 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
             if miss_units:
                 waiting.extend(miss_units)
                 stall += grant()
-            # on_access: the LRU records the accesses in order
-            last = lru[layer]
-            for e in exps:
-                clock += 1
-                last[e] = clock
             # after_layer: prefetch the lookahead's guess for the next layer
             tgt = layer + 1 if layer + 1 < L else (0 if cross else -1)
             if kp and tgt >= 0:
@@ -337,14 +337,16 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
                 tvx = tv[layer]
                 tpool = pools[tgt]
                 tlast = lru[tgt]
-                for e in tix:
+                absent = []   # issuing never evicts a member of the set: absent ones stay absent
+                for j, e in enumerate(tix):
                     if e in tpool:
                         clock += 1
                         tlast[e] = clock
-                if not waiting or not any(w.layer == tgt for w in waiting):
-                    for j, e in enumerate(tix):
-                        if e in tpool:
-                            continue
+                    else:
+                        absent.append(j)
+                if absent and (not waiting or not any(w.layer == tgt for w in waiting)):
+                    for j in absent:
+                        e = tix[j]
                         if cap[tgt] - used[tgt] < eb:
                             while cap[tgt] - used[tgt] < eb and evict_lru(tgt, tix):
                                 pass

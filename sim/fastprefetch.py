@@ -497,22 +497,13 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     # the GPU process ends at ``now``: SimPy processes every landing due by then first
     while cur is not None and t_land <= now:
         land()
-    st.pcie_busy_s = pcie
-    st.hits += n_hits
-    st.late += n_late
-    st.misses += n_miss
-    st.fetch_needed += n_needed
-    st.fetch_covered += n_covered
-    st.prefetch_used += n_covered   # a unit first used since a prefetch brought it
-    st.refetch_bytes += n_refetch
-    st.demand_bytes += n_demand
-    st.prefetch_bytes += n_pf
-    st.prefetch_units += n_pfu
-    st.evictions += n_ev
-    st.wasted_prefetch_bytes += n_waste
-    st.gpu_busy_s = gpu
-    st.overhead_s = ovh
-    st.stall_s = stall_sum
+    st.pcie_busy_s, st.gpu_busy_s, st.overhead_s, st.stall_s = pcie, gpu, ovh, stall_sum
+    # prefetch_used: units first used since a prefetch brought them, as fetch_covered
+    for name, n in (("hits", n_hits), ("late", n_late), ("misses", n_miss), ("fetch_needed", n_needed),
+                    ("fetch_covered", n_covered), ("prefetch_used", n_covered), ("refetch_bytes", n_refetch),
+                    ("demand_bytes", n_demand), ("prefetch_bytes", n_pf), ("prefetch_units", n_pfu),
+                    ("evictions", n_ev), ("wasted_prefetch_bytes", n_waste)):
+        setattr(st, name, getattr(st, name) + n)
     tx.last_evict_iter.update({(k // E, k % E, 0): v for k, v in last_evict.items()})
     vram.peak = max(vram.peak, peak)
     eng.cur_layer = L

@@ -5,7 +5,8 @@ loop's exact metrics and step records.
 The event loop's run is one GPU process and one copy lane driven by callbacks; the kernel keeps
 their state flat: per layer the units present (:class:`_U`) and their LRU clocks (the policy's
 ``_last``); the lane's transfer in flight with its landing (time, creation order) and its queue
-``(class, -priority, order, unit)`` (demand loads first; a prefetch's priority is its score).
+``(class, -priority, order, unit)`` (demand loads first; a prefetch's priority is its score;
+under ``pcie.order: fifo`` issue order, and nothing is withdrawn).
 Every landing SimPy would process before the GPU resumes (by time, then creation order) is
 processed first, with the GPU's state of that moment (iteration for refetch accounting, layer
 for the step record's prefetch bytes); a GPU waiting for one landing resumes right after it,
@@ -101,6 +102,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     t_land = 0.0
     q_land = 0
     lq: list[tuple[int, float, int, _U]] = []   # queued: (class, -priority, order, unit)
+    fifo = not tx.lanes.can_withdraw   # pcie.order fifo: (0, 0.0, order, unit), issue order
     lseq = 0
     q = 1              # creation order of the next event (SimPy's event ids, relative)
     space = bool(tx.space_event.triggered)   # room freed since the GPU last looked
@@ -165,7 +167,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
         nonlocal lseq
         lseq += 1
         u.state = QUEUED
-        heapq.heappush(lq, (cls, -prio, lseq, u))
+        heapq.heappush(lq, (0, 0.0, lseq, u) if fifo else (cls, -prio, lseq, u))
         if cur is None:
             start(heapq.heappop(lq)[3], now)
 
@@ -209,6 +211,8 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     def cancel_pool(p: int) -> int:
         """Withdraw the queued prefetches of pool ``p`` (not pinned ones)."""
         nonlocal lq, total, space
+        if fifo:   # an issued copy cannot be withdrawn
+            return 0
         pin = pinned if p == cur_layer else ()
         kept = []
         n = 0
@@ -361,7 +365,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
                         if cur is None:   # the lane is idle, its queue empty: it starts at once
                             start(u, now)
                         else:
-                            heapq.heappush(lq, (1, -tvx[j], lseq, u))
+                            heapq.heappush(lq, (0, 0.0, lseq, u) if fifo else (1, -tvx[j], lseq, u))
                         clock += 1
                         tlast[e] = clock
             # the experts compute as they become resident, ready ones first

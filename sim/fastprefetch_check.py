@@ -4,7 +4,7 @@ it replays exactly, and why it refuses the others (reported as the run's ``engin
 It takes the shipped :class:`~moesim.policies.speculative.MixtralOffloading` and
 :class:`~moesim.policies.speculative.OraclePrefetch` as such (LRU cache, next-layer prefetcher,
 no planner, no subclass) with a lookahead, previous-token or oracle predictor, on per-layer
-pools with one copy lane in priority order and whole experts; no swap-out, transfer buffer,
+pools with one copy lane (priority or fifo order) and whole experts; no swap-out, transfer buffer,
 timeline, synchronous prefetch or VRAM invariant check, and a run that starts with every
 present unit resident.
 """
@@ -77,8 +77,6 @@ def prefetch_refusal(engine: Engine) -> str | None:
     tx = engine.transfers
     if tx.d2h is not None:
         return "cache.swap_out is on"
-    if not tx.lanes.can_withdraw:
-        return "pcie.order is fifo"
     if engine.vram.buffer_capacity:
         return "a transfer buffer is set"
     if engine.sync_prefetch:

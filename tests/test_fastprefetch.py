@@ -64,13 +64,13 @@ def _assert_same(trace: Any, **kw: Any) -> Engine:
     overhead_us=hs.sampled_from([0.0, 0.0, 10.0, 100.0]),
     prefetch=hs.sampled_from([None, None, 0, 1, 3]), cross=hs.booleans(),
     source=hs.sampled_from(["auto", "lookahead", "previous-token", "no-lookahead", "oracle"]),
-    ties=hs.booleans(), initial=hs.sampled_from(["empty", "random", "popular"]), seed=hs.integers(0, 10**6),
+    ties=hs.booleans(), order=hs.sampled_from(["priority", "priority", "fifo"]), initial=hs.sampled_from(["empty", "random", "popular"]), seed=hs.integers(0, 10**6),
 )
 def test_kernel_equals_event_loop(layers: int, experts: int, top_k: int, tokens: int, requests: int,
                                   prompt: int, batch: int, slots: int, gbps: float, latency_us: float,
                                   layer_us: float, expert_us: float, evict_us: float,
                                   demand_load_us: float, overhead_us: float, prefetch: int | None,
-                                  cross: bool, source: str, ties: bool,
+                                  cross: bool, source: str, ties: bool, order: str,
                                   initial: str, seed: int) -> None:
     """Random traces (prefill iterations included), tight and roomy pools, slow and fast links,
     every predictor (``no-lookahead``: ``auto`` on a trace without lookahead logits falls back to
@@ -102,7 +102,7 @@ def test_kernel_equals_event_loop(layers: int, experts: int, top_k: int, tokens:
     if source == "oracle":
         policy, params = "oracle-prefetch", {}
     _assert_same(trace, policy=policy, budget=layers * slots, batch=batch, hw=hw, params=params, initial=initial,
-                 seed=seed, runtime={"name": "t", "demand_load_us": demand_load_us, "layer_us": overhead_us / 2,
+                 pcie_order=order, seed=seed, runtime={"name": "t", "demand_load_us": demand_load_us, "layer_us": overhead_us / 2,
                                      "iteration_us": overhead_us, "token_us": overhead_us / 10})
 
 
@@ -148,7 +148,6 @@ def test_hand_timeline() -> None:
     ({"record_timeline": True}, "timeline"),
     ({"check_invariants": True}, "invariant"),
     ({"swap_out": True}, "swap_out"),
-    ({"pcie_order": "fifo"}, "fifo"),
     ({"buffer_bytes": 3_000_000}, "buffer"),
     ({"sync_prefetch": True}, "sync_prefetch"),
     ({"hw": tiny_hw(copy_engines=2)}, "copy engine"),

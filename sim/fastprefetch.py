@@ -1,25 +1,20 @@
-"""The mixtral-offloading kernel of the fast path: LRU expert caches per layer with speculative
-next-layer prefetch over one copy lane, replayed without SimPy or policy objects, with the event
+"""The next-layer prefetch kernel of the fast path (mixtral-offloading, oracle-prefetch): LRU
+caches per layer and one copy lane, replayed without SimPy or policy objects, with the event
 loop's exact metrics and step records.
 
-The event loop's run is one GPU process and one copy lane driven by callbacks; the kernel keeps
-their state flat: per layer the units present (:class:`_U`) and their LRU clocks (the policy's
+State is kept flat: per layer the units present (:class:`_U`) and their LRU clocks (the cache's
 ``_last``); the lane's transfer in flight with its landing (time, creation order) and its queue
-``(class, -priority, order, unit)`` (demand loads first; a prefetch's priority is its score;
-under ``pcie.order: fifo`` issue order, and nothing is withdrawn).
-Every landing SimPy would process before the GPU resumes (by time, then creation order) is
-processed first, with the GPU's state of that moment (iteration for refetch accounting, layer
-for the step record's prefetch bytes); a GPU waiting for one landing resumes right after it,
-one waiting for several (a condition event) or for room as :mod:`moesim.sim.gpu` resumes.
-
-Rules (:mod:`moesim.sim.transfers`, :mod:`moesim.sim.gpu`): a routed expert is a hit, late
-(queued or in flight) or a miss (a demand load); demand loads get room in access order from LRU
-victims among the pool's resident, unpinned units, withdrawing its queued prefetches when there
-is none, else wait (the layer then computes in :func:`~moesim.sim.plans.next_in_fixed_order`),
-delayed by ``hardware.evict_us`` and ``runtime.demand_load_us``; after the accesses refresh the
-LRU, the lookahead's top-k of the next layer are refreshed where present, else prefetched (never
-evicting a member of the set, never into a pool where a demand load waits). The counters follow:
-prefetch_used, fetch_needed/covered, wasted prefetch bytes, refetch bytes, per-layer evictions.
+``(class, -priority, order, unit)`` (demand loads first, a prefetch's priority its score; under
+``pcie.order: fifo`` issue order, nothing withdrawn). Each landing SimPy would process before
+the GPU resumes (by time, then creation order) is processed first, with the GPU's state of that
+moment (iteration for refetches, layer for the step's prefetch bytes); a GPU waiting for one
+landing resumes right after it, for several (a condition event) or for room as
+:mod:`moesim.sim.gpu` does. The rules of :mod:`moesim.sim.transfers` follow: hits, late (queued
+or in flight) and misses; demand loads get room in access order from LRU victims among resident,
+unpinned units, withdrawing queued prefetches of the pool, else wait (computing then in
+:func:`~moesim.sim.plans.next_in_fixed_order`), delayed by ``evict_us`` and ``demand_load_us``;
+the guess (:mod:`moesim.sim.fastprefetch_guess`) is refreshed where present, else prefetched,
+never evicting a member of the set nor into a pool where a demand load waits.
 
 Which runs it takes: :mod:`moesim.sim.fastprefetch_check`; ``tests/test_fastprefetch.py``
 compares the kernel with the event loop on random traces.
@@ -57,20 +52,16 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     """Replay ``eng``'s workload with the kernel (see the module docstring), the prefetcher
     guessing from ``source`` (:class:`~moesim.sim.fastprefetch_guess.GuessMaker`); leaves the
     counters, step records and clock as the event loop would."""
-    cost = eng.cost
+    cost, st, tx, vram = eng.cost, eng.stats, eng.transfers, eng.vram
     L, E = eng.L, eng.E
-    st = eng.stats
-    tx = eng.transfers
-    vram = eng.vram
     policy: Any = eng.policy
     cache = policy.cache
     pf = policy.prefetcher
     eb = eng.expert_bytes
     steps = eng.steps if eng.record_steps else None
     step_rows = steps.rows if steps is not None else None
-    iters = eng.workload.iterations
+    iters, progress = eng.workload.iterations, eng.progress
     n_iters = len(iters)
-    progress = eng.progress
     experts = eng.trace.experts
     kp = int(pf._k)
     cross = bool(pf.cross_token)
@@ -86,8 +77,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
 
     cap = list(vram.capacity)
     used = list(vram.used)
-    total = vram.total
-    peak = vram.peak
+    total, peak = vram.total, vram.peak
     pools: list[dict[int, _U]] = [{} for _ in range(L)]
     for (layer, e, _p), u0 in vram.units.items():
         pools[layer][e] = _U(layer, e, RESIDENT, u0.demand, u0.used)
@@ -99,25 +89,18 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
 
     # the copy lane: the transfer in flight (None: idle), its landing (time, creation order)
     cur: _U | None = None
-    t_land = 0.0
-    q_land = 0
+    t_land, q_land = 0.0, 0
     lq: list[tuple[int, float, int, _U]] = []   # queued: (class, -priority, order, unit)
     fifo = not tx.lanes.can_withdraw   # pcie.order fifo: (0, 0.0, order, unit), issue order
-    lseq = 0
-    q = 1              # creation order of the next event (SimPy's event ids, relative)
+    lseq, q = 0, 1   # queue order; creation order of the next event (SimPy's event ids, relative)
     space = bool(tx.space_event.triggered)   # room freed since the GPU last looked
     waiting: list[_U] = []
-    it_index = 0
-    layer_ev = 0
-    layer_pf = 0
+    it_index = layer_ev = layer_pf = 0   # the GPU's iteration; the layer's evictions, prefetch bytes
     cur_layer = -1
     no_pins: set[int] = set()   # never filled
     pinned = no_pins   # experts of the current layer not yet computed
-    pcie = st.pcie_busy_s
+    pcie, gpu, ovh, stall_sum = st.pcie_busy_s, st.gpu_busy_s, st.overhead_s, st.stall_s
     n_refetch = n_demand = n_pf = n_pfu = n_ev = n_waste = 0   # byte and unit counters of the run
-    gpu = st.gpu_busy_s
-    ovh = st.overhead_s
-    stall_sum = st.stall_s
     n_hits = n_late = n_miss = n_needed = n_covered = 0
     now = 0.0
 

@@ -78,9 +78,13 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     cap = list(vram.capacity)
     used = list(vram.used)
     total, peak = vram.total, vram.peak
+    # one unit object per (layer, expert), reused each time it comes back: a unit that left
+    # is referenced nowhere (not queued, not waiting, and its layer's lists are gone)
+    objs = [[_U(layer, e, 0, False, False) for e in range(E)] for layer in range(L)]
     pools: list[dict[int, _U]] = [{} for _ in range(L)]
     for (layer, e, _p), u0 in vram.units.items():
-        pools[layer][e] = _U(layer, e, RESIDENT, u0.demand, u0.used)
+        u = pools[layer][e] = objs[layer][e]
+        u.state, u.demand, u.used = RESIDENT, u0.demand, u0.used
     lru: list[dict[int, int]] = [{} for _ in range(L)]
     for (layer, e, _p), c in cache._last.items():
         lru[layer][e] = c
@@ -294,7 +298,8 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
                 last[e] = clock
                 u = pool.get(e)
                 if u is None:
-                    u = pool[e] = _U(layer, e, WAITING, True, False)
+                    u = pool[e] = objs[layer][e]
+                    u.state, u.demand, u.used = WAITING, True, False
                     miss_units.append(u)
                     miss += 1
                 elif u.state == RESIDENT:
@@ -343,7 +348,8 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
                         total += eb
                         if total > peak:
                             peak = total
-                        u = tpool[e] = _U(tgt, e, QUEUED, False, False)
+                        u = tpool[e] = objs[tgt][e]
+                        u.state, u.demand, u.used = QUEUED, False, False
                         lseq += 1
                         if cur is None:   # the lane is idle, its queue empty: it starts at once
                             start(u, now)

@@ -83,8 +83,8 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     objs = [[_U(layer, e, 0, False, False) for e in range(E)] for layer in range(L)]
     pools: list[dict[int, _U]] = [{} for _ in range(L)]
     for (layer, e, _p), u0 in vram.units.items():
-        u = pools[layer][e] = objs[layer][e]
-        u.state, u.demand, u.used = RESIDENT, u0.demand, u0.used
+        w0 = pools[layer][e] = objs[layer][e]
+        w0.state, w0.demand, w0.used = RESIDENT, u0.demand, u0.used
     lru: list[dict[int, int]] = [{} for _ in range(L)]
     for (layer, e, _p), c in cache._last.items():
         lru[layer][e] = c

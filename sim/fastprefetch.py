@@ -78,8 +78,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     cap = list(vram.capacity)
     used = list(vram.used)
     total, peak = vram.total, vram.peak
-    # one unit object per (layer, expert), reused each time it comes back: a unit that left
-    # is referenced nowhere (not queued, not waiting, and its layer's lists are gone)
+    # one unit object per (layer, expert), reused when it comes back (one that left is referenced nowhere)
     objs = [[_U(layer, e, 0, False, False) for e in range(E)] for layer in range(L)]
     pools: list[dict[int, _U]] = [{} for _ in range(L)]
     for (layer, e, _p), u0 in vram.units.items():
@@ -292,8 +291,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
             miss_units: list[_U] = []
             hits = late = miss = 0
             for e in exps:
-                # on_access's LRU refresh, in access order, done here: the demand loads' room
-                # below comes from unpinned units, whose clocks it does not read or change
+                # on_access's LRU refresh, here: demand loads evict unpinned units only, not these
                 clock += 1
                 last[e] = clock
                 u = pool.get(e)
@@ -316,8 +314,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
             n_late += late
             n_miss += miss
             stall = 0.0
-            # pins matter where this layer's pool may lose units: its demand loads, a prefetch
-            # into it (one layer), the general compute loop
+            # pins matter where this layer's pool may lose units (demand loads, a one-layer prefetch)
             pinned = set(exps) if miss_units or L == 1 or not single else no_pins
             if miss_units:
                 waiting.extend(miss_units)

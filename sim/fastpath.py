@@ -19,6 +19,10 @@ every policy that declares itself demand-only.
 Eligibility is decided by :func:`fast_path_refusal`; the engine takes this path only when it
 returns None and reports which path ran (``engine_path`` in the metrics). A policy that declares
 ``demand_only`` but issues a prefetch or spends CPU time is stopped with one line.
+
+The shipped next-layer prefetchers ``mixtral-offloading`` and ``oracle-prefetch`` are not
+demand-only; their runs go to their own kernel (:mod:`moesim.sim.fastprefetch`, eligibility in
+:mod:`moesim.sim.fastprefetch_check`), which replays prefetches crossing layers on one copy lane.
 """
 
 from __future__ import annotations

@@ -64,6 +64,13 @@ class GuessMaker:
 
     def _oracle(self, pos: int) -> Guesses:
         it = self.iters[pos]
+        if it.rows0.shape[0] == 1:   # one token: this iteration's next rows as lists, at once
+            r = int(it.rows0[0])
+            nxt = self.iters[pos + 1].rows0 if pos + 1 < len(self.iters) else None
+            rows = self.experts[r + 1:r + self.L].tolist()
+            rows.append([] if nxt is None else self.experts[nxt].reshape(-1).tolist())
+            orders = [list(dict.fromkeys(x)) for x in rows]
+            return orders, [[float(-rank) for rank in range(len(x))] for x in orders]
         steps: list[Any] = [it.rows0 + layer for layer in range(1, self.L)]
         steps.append(self.iters[pos + 1].rows0 if pos + 1 < len(self.iters) else None)
         ti: list[list[int]] = []

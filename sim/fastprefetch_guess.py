@@ -85,35 +85,42 @@ class GuessMaker:
         L = self.L
         it = self.iters[pos]
         prev = self.iters[pos - 1] if pos > 0 else None
+        one = None   # the previous iteration's rows as lists, when it ran one token
+        if prev is not None and prev.rows0.shape[0] == 1:
+            r = int(prev.rows0[0])
+            one = self.experts[r:r + L].tolist()
         ti: list[list[int]] = []
         tv: list[list[float]] = []
         for layer in range(L):
-            if layer + 1 < L:
-                if prev is None:
-                    ti.append([])
-                    tv.append([])
-                    continue
-                rows = prev.rows0 + (layer + 1)
+            src = it if layer + 1 == L else prev   # after the last layer: this iteration's layer 0
+            if src is None:
+                ti.append([])
+                tv.append([])
+                continue
+            rows = src.rows0 + (layer + 1) % L
+            if src is prev and one is not None:
+                pairs = self._ranked(one[layer + 1])
             else:
-                rows = it.rows0
-            pairs = self._ranked(self.experts[rows])
+                pairs = self._ranked(self.experts[rows[0]].tolist() if len(rows) == 1 else self.experts[rows])
             ti.append([p[0] for p in pairs])
             tv.append([p[1] for p in pairs])
         return ti, tv
 
-    def _ranked(self, prev: np.ndarray) -> list[tuple[int, float]]:
-        """:meth:`PreviousTokenPredictor.predict` on the routing ``prev`` (``[n, top_k]``)."""
+    def _ranked(self, prev: Any) -> list[tuple[int, float]]:
+        """:meth:`PreviousTokenPredictor.predict` on the routing ``prev``: one token's experts
+        (a list), or ``[n, top_k]``."""
         E, k = self.E, self.k
-        K = prev.shape[1]
-        if prev.shape[0] == 1:
-            row = prev[0].tolist()
-            if min(row) >= 0 and len(set(row)) == K:   # distinct experts: the ranks, then zeros
+        if isinstance(prev, list):
+            K = len(prev)
+            if min(prev) >= 0 and len(set(prev)) == K:   # distinct experts: the ranks, then zeros
                 kk = min(k, E)
-                out = [(e, float(K - j)) for j, e in enumerate(row)][:kk]
+                out = [(e, float(K - j)) for j, e in enumerate(prev)][:kk]
                 if kk > K:
-                    seen = set(row)
+                    seen = set(prev)
                     out.extend([(e, 0.0) for e in range(E) if e not in seen][:kk - K])
                 return out
+            prev = np.array([prev], dtype=self.experts.dtype)
+        K = prev.shape[1]
         scores = np.zeros((prev.shape[0], E), dtype=np.float32)
         for t in range(prev.shape[0]):
             scores[t, prev[t]] = np.arange(K, 0, -1)

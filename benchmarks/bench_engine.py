@@ -7,7 +7,8 @@ preset (decode tokens only). Prints figures; asserts nothing.
                                       [--event-loop] [--model mixtral-8x7b] [--initial popular]
 
 Demand-only policies (lru, lfu, fifo, random, belady; static started warm with
-``--initial popular``) take the fast path unless ``--event-loop`` forces SimPy; the line
+``--initial popular``) and the next-layer prefetchers mixtral-offloading and oracle-prefetch
+(sim/fastprefetch.py) take the fast path unless ``--event-loop`` forces SimPy; the line
 ``path:`` says which ran.
 """
 

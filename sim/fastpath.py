@@ -19,6 +19,10 @@ every policy that declares itself demand-only.
 Eligibility is decided by :func:`fast_path_refusal`; the engine takes this path only when it
 returns None and reports which path ran (``engine_path`` in the metrics). A policy that declares
 ``demand_only`` but issues a prefetch or spends CPU time is stopped with one line.
+
+The shipped next-layer prefetchers ``mixtral-offloading`` and ``oracle-prefetch`` are not
+demand-only; their runs go to their own kernel (:mod:`moesim.sim.fastprefetch`, eligibility in
+:mod:`moesim.sim.fastprefetch_check`), which replays prefetches crossing layers on one copy lane.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
 from moesim.sim.fastloads import compute_with_loads
 from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
+from moesim.sim.fastprefetch import replay_prefetch
+from moesim.sim.fastprefetch_check import is_prefetch_policy, prefetch_refusal, prefetch_source
 from moesim.sim.faststatic import static_refusal, static_sets
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order
@@ -45,6 +51,8 @@ def fast_path_refusal(engine: Engine) -> str | None:
     demand loads find room at once: each pool holds at least as many experts as one layer of an
     iteration can run (``min(tokens x top_k, experts)``)."""
     policy = engine.policy
+    if is_prefetch_policy(engine):
+        return prefetch_refusal(engine)
     statics = static_sets(engine)
     if statics is not None:
         why = static_refusal(engine, statics)
@@ -109,12 +117,18 @@ def run_fast(engine: Engine) -> None:
     """Replay ``engine``'s whole workload on the fast path (see the module docstring). Leaves
     the engine's counters, step records and clock (``engine.fast_now``) as the event loop would."""
     n_lanes = int(engine.cost.hardware.copy_engines)
-    kind = None if engine.check_invariants else ordered_kind(engine)
+    kind = None if engine.check_invariants or is_prefetch_policy(engine) else ordered_kind(engine)
     # the replays allocate many short-lived lists and tuples and no reference cycles: the
     # cyclic collector's passes over the trace and the records would only cost time
     collect = gc.isenabled()
     gc.disable()
     try:
+        if is_prefetch_policy(engine):
+            engine.path = f"fast ({engine.policy.name} kernel)"
+            source = prefetch_source(engine)
+            assert source is not None
+            replay_prefetch(engine, source)
+            return
         if kind is not None:
             engine.path = f"fast ({kind} kernel)"
             replay_ordered(engine, kind, n_lanes)

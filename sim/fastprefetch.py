@@ -1,0 +1,500 @@
+"""The next-layer prefetch kernel of the fast path (mixtral-offloading, oracle-prefetch): LRU
+caches per layer and one copy lane, replayed without SimPy or policy objects, with the event
+loop's exact metrics and step records.
+
+State is kept flat: per layer the units present (:class:`_U`) and their LRU clocks (the cache's
+``_last``); the lane's transfer in flight with its landing (time, creation order) and its queue
+``(class, -priority, order, unit)`` (demand loads first, a prefetch's priority its score; under
+``pcie.order: fifo`` issue order, nothing withdrawn). Each landing SimPy would process before
+the GPU resumes (by time, then creation order) is processed first, with the GPU's state of that
+moment (iteration for refetches, layer for the step's prefetch bytes); a GPU waiting for one
+landing resumes right after it, for several (a condition event) or for room as
+:mod:`moesim.sim.gpu` does. The rules of :mod:`moesim.sim.transfers` follow: hits, late (queued
+or in flight) and misses; demand loads get room in access order from LRU victims among resident,
+unpinned units, withdrawing queued prefetches of the pool, else wait (computing then in
+:func:`~moesim.sim.plans.next_in_fixed_order`), delayed by ``evict_us`` and ``demand_load_us``;
+the guess (:mod:`moesim.sim.fastprefetch_guess`) is refreshed where present, else prefetched,
+never evicting a member of the set nor into a pool where a demand load waits.
+
+Which runs it takes: :mod:`moesim.sim.fastprefetch_check`; ``tests/test_fastprefetch.py``
+compares the kernel with the event loop on random traces.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT, WAITING
+from moesim.sim.fastprefetch_guess import GuessMaker
+from moesim.sim.plans import access_order, next_in_fixed_order
+from moesim.sim.records import STEP_CHUNK
+
+if TYPE_CHECKING:
+    from moesim.sim.engine import Engine
+
+
+class _U:
+    """A unit present in a layer's pool: its expert, state, whether it was loaded on demand
+    and whether it was used since it came."""
+
+    __slots__ = ("layer", "e", "state", "demand", "used")
+
+    def __init__(self, layer: int, e: int, state: int, demand: bool, used: bool) -> None:
+        self.layer = layer
+        self.e = e
+        self.state = state
+        self.demand = demand
+        self.used = used
+
+
+def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
+    """Replay ``eng``'s workload with the kernel (see the module docstring), the prefetcher
+    guessing from ``source`` (:class:`~moesim.sim.fastprefetch_guess.GuessMaker`); leaves the
+    counters, step records and clock as the event loop would."""
+    cost, st, tx, vram = eng.cost, eng.stats, eng.transfers, eng.vram
+    L, E = eng.L, eng.E
+    policy: Any = eng.policy
+    cache = policy.cache
+    pf = policy.prefetcher
+    eb = eng.expert_bytes
+    steps = eng.steps if eng.record_steps else None
+    step_rows = steps.rows if steps is not None else None
+    iters, progress = eng.workload.iterations, eng.progress
+    n_iters = len(iters)
+    experts = eng.trace.experts
+    kp = int(pf._k)
+    cross = bool(pf.cross_token)
+    guess = GuessMaker(source, eng.trace, iters, L, E, kp)
+    evict_s = cost.hardware.evict_us * 1e-6
+    demand_s = cost.demand_load_s()
+    overhead_layer = cost.overhead_layer_s()
+    d = cost.transfer_s(eb)
+    e1 = cost.expert_s(1)
+    sums = [sum([e1] * c) for c in range(E + 1)]   # c one-token experts, summed as the event loop sums them
+    exp_cost: dict[int, float] = {}
+    batch_start: dict[int, float] = {}
+
+    cap = list(vram.capacity)
+    used = list(vram.used)
+    total, peak = vram.total, vram.peak
+    # one unit object per (layer, expert), reused when it comes back (one that left is referenced nowhere)
+    objs = [[_U(layer, e, 0, False, False) for e in range(E)] for layer in range(L)]
+    pools: list[dict[int, _U]] = [{} for _ in range(L)]
+    for (layer, e, _p), u0 in vram.units.items():
+        w0 = pools[layer][e] = objs[layer][e]
+        w0.state, w0.demand, w0.used = RESIDENT, u0.demand, u0.used
+    lru: list[dict[int, int]] = [{} for _ in range(L)]
+    for (layer, e, _p), c in cache._last.items():
+        lru[layer][e] = c
+    clock = cache._clock
+    last_evict: dict[int, int] = {k[0] * E + k[1]: v for k, v in tx.last_evict_iter.items()}
+
+    # the copy lane: the transfer in flight (None: idle), its landing (time, creation order)
+    cur: _U | None = None
+    t_land, q_land = 0.0, 0
+    lq: list[tuple[int, float, int, _U]] = []   # queued: (class, -priority, order, unit)
+    fifo = not tx.lanes.can_withdraw   # pcie.order fifo: (0, 0.0, order, unit), issue order
+    lseq, q = 0, 1   # queue order; creation order of the next event (SimPy's event ids, relative)
+    space = bool(tx.space_event.triggered)   # room freed since the GPU last looked
+    waiting: list[_U] = []
+    it_index = layer_ev = layer_pf = 0   # the GPU's iteration; the layer's evictions, prefetch bytes
+    cur_layer = -1
+    no_pins: set[int] = set()   # never filled
+    pinned = no_pins   # experts of the current layer not yet computed
+    pcie, gpu, ovh, stall_sum = st.pcie_busy_s, st.gpu_busy_s, st.overhead_s, st.stall_s
+    n_refetch = n_demand = n_pf = n_pfu = n_ev = n_waste = 0   # byte and unit counters of the run
+    n_hits = n_late = n_miss = n_needed = n_covered = 0
+    now = 0.0
+
+    def start(u: _U, t: float) -> None:
+        """The lane starts ``u`` at ``t`` (Transfers._on_transfer_start's books)."""
+        nonlocal cur, t_land, q_land, q, layer_pf, n_refetch, n_demand, n_pf, n_pfu
+        u.state = INFLIGHT
+        r = last_evict.get(u.layer * E + u.e)
+        if r is not None and it_index - r <= 1:
+            n_refetch += eb
+        if u.demand:
+            n_demand += eb
+        else:
+            n_pf += eb
+            n_pfu += 1
+            layer_pf += eb
+        cur = u
+        t_land = t + d
+        q_land = q
+        q += 1
+
+    def land() -> float:
+        """The transfer in flight lands; the lane starts the next. Returns the landing time."""
+        nonlocal cur, pcie, space
+        u = cur
+        assert u is not None
+        t = t_land
+        u.state = RESIDENT
+        pcie += d
+        if waiting:
+            space = True
+        if lq:
+            start(heapq.heappop(lq)[3], t)
+        else:
+            cur = None
+        return t
+
+    def advance(T: float) -> None:
+        """A GPU timeout to ``T``: every landing SimPy processes before it, in order."""
+        nonlocal q
+        g = q
+        q += 1
+        while cur is not None and (t_land < T or (t_land == T and q_land < g)):
+            land()
+
+    def submit(u: _U, cls: int, prio: float) -> None:
+        nonlocal lseq
+        lseq += 1
+        u.state = QUEUED
+        heapq.heappush(lq, (0, 0.0, lseq, u) if fifo else (cls, -prio, lseq, u))
+        if cur is None:
+            start(heapq.heappop(lq)[3], now)
+
+    def evict_lru(p: int, protected: Any) -> bool:
+        """Evict the LRU resident, unpinned (and unprotected) unit of pool ``p``; False if none."""
+        nonlocal total, space, layer_ev, n_ev, n_waste
+        pool = pools[p]
+        last = lru[p]
+        pin = pinned if p == cur_layer else ()
+        best = -1
+        bc = 0
+        for e, u in pool.items():
+            if u.state == RESIDENT and e not in pin and e not in protected:
+                c = last[e]
+                if best < 0 or c < bc:
+                    best, bc = e, c
+        if best < 0:
+            return False
+        u = pool.pop(best)
+        del last[best]
+        n_ev += 1
+        layer_ev += 1
+        used[p] -= eb
+        total -= eb
+        space = True
+        if not u.used and not u.demand:
+            n_waste += eb
+        last_evict[p * E + best] = it_index
+        return True
+
+    def take(p: int) -> bool:
+        nonlocal total, peak
+        if cap[p] - used[p] >= eb:
+            used[p] += eb
+            total += eb
+            if total > peak:
+                peak = total
+            return True
+        return False
+
+    def cancel_pool(p: int) -> int:
+        """Withdraw the queued prefetches of pool ``p`` (not pinned ones)."""
+        nonlocal lq, total, space
+        if fifo:   # an issued copy cannot be withdrawn
+            return 0
+        pin = pinned if p == cur_layer else ()
+        kept = []
+        n = 0
+        for entry in lq:
+            u = entry[3]
+            if entry[0] == 1 and u.layer == p and u.e not in pin:
+                u.state = 0
+                del pools[p][u.e]
+                lru[p].pop(u.e, None)
+                used[p] -= eb
+                total -= eb
+                n += 1
+            else:
+                kept.append(entry)
+        if n:
+            heapq.heapify(kept)
+            lq = kept
+            space = True
+        return n
+
+    def grant() -> float:
+        """Room for waiting demand loads, in order (Transfers.grant_waiting), then the wait
+        for their delay and their queueing; returns the delay."""
+        nonlocal now
+        delay = 0.0
+        granted = []
+        while waiting:
+            u = waiting[0]
+            p = u.layer
+            n = 0
+            while cap[p] - used[p] < eb and evict_lru(p, ()):
+                n += 1
+            ok = take(p)
+            if not ok and cancel_pool(p):
+                while cap[p] - used[p] < eb and evict_lru(p, ()):
+                    n += 1
+                ok = take(p)
+            delay += n * evict_s
+            if not ok:
+                break
+            waiting.pop(0)
+            u.state = QUEUED
+            granted.append(u)
+            if demand_s:
+                delay += demand_s
+        if delay > 0:
+            T = now + delay
+            advance(T)
+            now = T
+        for u in granted:
+            submit(u, 0, 0.0)
+        return delay
+
+    for pos, it in enumerate(iters):
+        eng.cur_iter = it
+        it_index = it.index
+        cur_layer = -1
+        st.start_iteration(it, now, batch_start)
+        n_tok = it.n_tokens
+        layer_s = cost.layer_s(n_tok)
+        step_s = layer_s + overhead_layer
+        single = n_tok == 1
+        if single:
+            row0 = int(it.rows0[0])
+            ex_rows = experts[row0:row0 + L].tolist()
+        if kp:
+            ti, tv = guess.guesses(pos)
+        for layer in range(L):
+            cur_layer = layer
+            layer_ev = 0
+            layer_pf = 0
+            t0 = now
+            T = now + step_s
+            if cur is not None and t_land <= T:   # else nothing is due first: no event needed
+                advance(T)
+            now = T
+            gpu += layer_s
+            ovh += overhead_layer
+            t_route = now
+            if single:
+                exps = ex_rows[layer]
+                if -1 in exps:
+                    exps = [x for x in exps if x >= 0]
+            else:
+                flat = experts[it.rows0 + layer].reshape(-1)
+                exps, counts = access_order(flat[flat >= 0])
+            pool = pools[layer]
+            last = lru[layer]
+            us: list[_U] = []
+            miss_units: list[_U] = []
+            hits = late = miss = 0
+            for e in exps:
+                # on_access's LRU refresh, here: demand loads evict unpinned units only, not these
+                clock += 1
+                last[e] = clock
+                u = pool.get(e)
+                if u is None:
+                    u = pool[e] = objs[layer][e]
+                    u.state, u.demand, u.used = WAITING, True, False
+                    miss_units.append(u)
+                    miss += 1
+                elif u.state == RESIDENT:
+                    hits += 1
+                else:
+                    late += 1
+                if not u.used:
+                    n_needed += 1
+                    if not u.demand:
+                        n_covered += 1
+                    u.used = True
+                us.append(u)
+            n_hits += hits
+            n_late += late
+            n_miss += miss
+            stall = 0.0
+            # pins matter where this layer's pool may lose units (demand loads, a one-layer prefetch)
+            pinned = set(exps) if miss_units or L == 1 or not single else no_pins
+            if miss_units:
+                waiting.extend(miss_units)
+                stall += grant()
+            # after_layer: prefetch the lookahead's guess for the next layer
+            tgt = layer + 1 if layer + 1 < L else (0 if cross else -1)
+            if kp and tgt >= 0:
+                tix = ti[layer]
+                tvx = tv[layer]
+                tpool = pools[tgt]
+                tlast = lru[tgt]
+                absent = []   # issuing never evicts a member of the set: absent ones stay absent
+                for j, e in enumerate(tix):
+                    if e in tpool:
+                        clock += 1
+                        tlast[e] = clock
+                    else:
+                        absent.append(j)
+                if absent and (not waiting or not any(w.layer == tgt for w in waiting)):
+                    for j in absent:
+                        e = tix[j]
+                        if cap[tgt] - used[tgt] < eb:
+                            while cap[tgt] - used[tgt] < eb and evict_lru(tgt, tix):
+                                pass
+                            if cap[tgt] - used[tgt] < eb:
+                                continue
+                        used[tgt] += eb   # take its room (Vram.take_room)
+                        total += eb
+                        if total > peak:
+                            peak = total
+                        u = tpool[e] = objs[tgt][e]
+                        u.state, u.demand, u.used = QUEUED, False, False
+                        lseq += 1
+                        if cur is None:   # the lane is idle, its queue empty: it starts at once
+                            start(u, now)
+                        else:
+                            heapq.heappush(lq, (0, 0.0, lseq, u) if fifo else (1, -tvx[j], lseq, u))
+                        clock += 1
+                        tlast[e] = clock
+            # the experts compute as they become resident, ready ones first
+            if single and not waiting:
+                rem = us
+                while rem:
+                    ready = 0
+                    rest = []
+                    for u in rem:
+                        if u.state == RESIDENT:
+                            ready += 1
+                        else:
+                            rest.append(u)
+                    if ready:
+                        dt = sums[ready]
+                        T = now + dt
+                        if cur is not None and t_land <= T:
+                            advance(T)
+                        now = T
+                        gpu += dt
+                        rem = rest
+                        continue
+                    ts = now
+                    if len(rem) == 1:
+                        w = rem[0]
+                        while w.state != RESIDENT:
+                            now = land()
+                    else:
+                        while True:
+                            u = cur
+                            t = land()
+                            if u in rem:
+                                break
+                        g = q   # the condition event, scheduled after that landing
+                        q += 1
+                        while cur is not None and (t_land < t or (t_land == t and q_land < g)):
+                            land()
+                        now = t
+                    stall += now - ts
+            else:
+                need: list[tuple[int, float, _U]] = []
+                for i, u in enumerate(us):
+                    c = 1 if single else counts[i]
+                    t_exp = exp_cost.get(c)
+                    if t_exp is None:
+                        t_exp = exp_cost[c] = cost.expert_s(c)
+                    need.append((i, t_exp, u))
+                remaining = need
+                early: set[int] | None = None
+                while remaining:
+                    ready_x: list[tuple[int, float, _U]] = []
+                    rest_x: list[tuple[int, float, _U]] = []
+                    if waiting:
+                        # room is short: one expert at a time, in the fixed order (sim/plans.py)
+                        if early is None:
+                            fresh = {id(u) for u in miss_units}
+                            early = {id(x) for x in need if id(x[2]) not in fresh}
+                        head = next_in_fixed_order(remaining, early)
+                        watch = [head]
+                        if head[2].state == RESIDENT:
+                            ready_x = [head]
+                            rest_x = [x for x in remaining if x is not head]
+                    else:
+                        watch = remaining
+                        for x in remaining:
+                            if x[2].state == RESIDENT:
+                                ready_x.append(x)
+                            else:
+                                rest_x.append(x)
+                    if ready_x:
+                        dt = ready_x[0][1] if len(ready_x) == 1 else sum([x[1] for x in ready_x])
+                        T = now + dt
+                        advance(T)
+                        now = T
+                        gpu += dt
+                        remaining = rest_x
+                        for x in ready_x:
+                            pinned.discard(x[2].e)
+                        if waiting:
+                            stall += grant()
+                        continue
+                    ts = now
+                    evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
+                    if evs:
+                        if len(evs) == 1:
+                            w = evs[0]
+                            while w.state != RESIDENT:
+                                now = land()
+                        else:
+                            while True:
+                                u = cur
+                                t = land()
+                                if u in evs:
+                                    break
+                            g = q
+                            q += 1
+                            while cur is not None and (t_land < t or (t_land == t and q_land < g)):
+                                land()
+                            now = t
+                    elif waiting:
+                        if space:
+                            space = False
+                            grant()
+                        else:
+                            if cur is None:   # pragma: no cover - the event loop raises BudgetError
+                                raise AssertionError("demand loads wait for room that nothing will free")
+                            now = land()
+                    else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
+                        raise AssertionError("expert neither present nor waiting")
+                    stall += now - ts
+            pinned = no_pins
+            stall_sum += stall
+            if step_rows is not None:
+                step_rows.append((it_index, layer, t0, t_route, now, len(exps), hits, late, 0, miss, 0,
+                                  stall, miss * eb, layer_pf, layer_ev))
+                if len(step_rows) >= STEP_CHUNK:
+                    assert steps is not None
+                    steps.pack()
+                    step_rows = steps.rows
+        head = cost.head_s(n_tok)
+        over = cost.overhead_iteration_s(n_tok)
+        if head + over > 0:
+            T = now + (head + over)
+            advance(T)
+            now = T
+            gpu += head
+            ovh += over
+        st.end_iteration(it, now)
+        cur_layer = L
+        eng.prev_iter = it
+        if progress is not None:
+            progress(it.index + 1, n_iters)
+    # the GPU process ends at ``now``: SimPy processes every landing due by then first
+    while cur is not None and t_land <= now:
+        land()
+    st.pcie_busy_s, st.gpu_busy_s, st.overhead_s, st.stall_s = pcie, gpu, ovh, stall_sum
+    # prefetch_used: units first used since a prefetch brought them, as fetch_covered
+    for name, n in (("hits", n_hits), ("late", n_late), ("misses", n_miss), ("fetch_needed", n_needed),
+                    ("fetch_covered", n_covered), ("prefetch_used", n_covered), ("refetch_bytes", n_refetch),
+                    ("demand_bytes", n_demand), ("prefetch_bytes", n_pf), ("prefetch_units", n_pfu),
+                    ("evictions", n_ev), ("wasted_prefetch_bytes", n_waste)):
+        setattr(st, name, getattr(st, name) + n)
+    tx.last_evict_iter.update({(k // E, k % E, 0): v for k, v in last_evict.items()})
+    vram.peak = max(vram.peak, peak)
+    eng.cur_layer = L
+    eng.fast_now = now

@@ -1,0 +1,90 @@
+"""Eligibility of the next-layer prefetch kernel (:mod:`moesim.sim.fastprefetch`): which runs
+it replays exactly, and why it refuses the others (reported as the run's ``engine_path`` reason).
+
+It takes the shipped :class:`~moesim.policies.speculative.MixtralOffloading` and
+:class:`~moesim.policies.speculative.OraclePrefetch` as such (LRU cache, next-layer prefetcher,
+no planner, no subclass) with a lookahead, previous-token or oracle predictor, on per-layer
+pools with one copy lane (priority or fifo order) and whole experts; no swap-out, transfer buffer,
+timeline, synchronous prefetch or VRAM invariant check, and a run that starts with every
+present unit resident.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from moesim.policies.base import RESIDENT
+from moesim.policies.compose import Composed
+from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.predictors import (
+    AutoPredictor,
+    LookaheadPredictor,
+    OraclePredictor,
+    PreviousTokenPredictor,
+)
+from moesim.policies.parts.prefetchers import NextLayerPrefetcher
+from moesim.policies.speculative import MixtralOffloading, OraclePrefetch
+
+if TYPE_CHECKING:
+    from moesim.sim.engine import Engine
+
+_SOURCES = {LookaheadPredictor: "lookahead", PreviousTokenPredictor: "previous-token", OraclePredictor: "oracle"}
+
+
+def is_prefetch_policy(engine: Engine) -> bool:
+    """The run's policy is the shipped mixtral-offloading or oracle-prefetch as such (no
+    subclass, no part replaced): the kernel's policies, whether or not the rest of the run
+    suits it."""
+    p = engine.policy
+    return (type(p) in (MixtralOffloading, OraclePrefetch) and isinstance(p, Composed)
+            and type(p.cache) is LRUCache and type(p.prefetcher) is NextLayerPrefetcher and p.planner is None)
+
+
+def prefetch_source(engine: Engine) -> str | None:
+    """What the run's prefetcher predicts from: ``lookahead``, ``previous-token`` or ``oracle``
+    (None: a predictor the kernel does not reproduce)."""
+    pred: Any = engine.policy.prefetcher.predictor   # type: ignore[attr-defined]
+    if isinstance(pred, AutoPredictor):
+        pred = pred.inner
+    return _SOURCES.get(type(pred))
+
+
+def prefetch_refusal(engine: Engine) -> str | None:
+    """Why the kernel cannot replay ``engine``'s run exactly, or None (call after the policy's
+    ``setup`` and the initial fill, on a run whose policy :func:`is_prefetch_policy` accepted)."""
+    policy: Any = engine.policy
+    source = prefetch_source(engine)
+    if source is None:
+        return f"the kernel does not reproduce predictor {policy.prefetcher.predictor.__class__.__name__}"
+    if source == "lookahead":
+        la = engine.trace.lookahead_logits
+        if la is None:
+            return "the trace has no lookahead_logits"
+        if la.dtype.kind != "f" or bool(np.isnan(la).any()):
+            return "the lookahead logits are not plain floats (or hold NaN)"
+    if source == "oracle" and bool((engine.trace.experts < 0).any()):
+        return "the trace has dropped routing slots (the oracle would prefetch expert -1)"
+    if policy.lossy or policy.decision_us:
+        return "the policy plans or spends decision time"
+    if engine.global_pool:
+        return "the policy uses one global pool"
+    if engine.record_timeline:
+        return "the timeline is recorded"
+    if engine.check_invariants:
+        return "the VRAM invariant is checked"
+    tx = engine.transfers
+    if tx.d2h is not None:
+        return "cache.swap_out is on"
+    if engine.vram.buffer_capacity:
+        return "a transfer buffer is set"
+    if engine.sync_prefetch:
+        return "pcie.sync_prefetch is on"
+    if int(engine.cost.hardware.copy_engines) != 1:
+        return "the kernel models one copy engine"
+    if any(len(fr) != 1 for fr in engine.fractions):
+        return "experts are split into parts"
+    if any(u.state != RESIDENT or not u.used for u in engine.vram.units.values()):
+        return "the run starts with transfers under way"
+    return None

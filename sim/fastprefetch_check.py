@@ -81,6 +81,8 @@ def prefetch_refusal(engine: Engine) -> str | None:
         return "a transfer buffer is set"
     if engine.sync_prefetch:
         return "pcie.sync_prefetch is on"
+    if engine.cost.prefetch_issue_s():
+        return "runtime.prefetch_issue_us is set (the kernel does not charge it)"
     if int(engine.cost.hardware.copy_engines) != 1:
         return "the kernel models one copy engine"
     if any(len(fr) != 1 for fr in engine.fractions):

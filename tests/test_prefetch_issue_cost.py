@@ -20,14 +20,14 @@ TOKENS = [[[0]], [[1]], [[2]], [[3]]]   # one layer, four experts, top-1: every 
 
 
 def _run(issue_us: float, *, policy: str = "oracle-prefetch", timeline: bool = False,
-         experts: list[list[list[int]]] = TOKENS) -> tuple[Engine, dict[str, Any]]:
+         experts: list[list[list[int]]] = TOKENS, check: bool = True) -> tuple[Engine, dict[str, Any]]:
     trace = make_trace(experts, num_experts=4)
     m = trace.model
     model = tiny_model(m.num_layers, m.num_experts, m.top_k)
     wl = build_workload(trace, batch_size=1, phases=["decode"])
     # 30 GB/s: a 3 MB expert loads in 100 us; layer 100 us, expert 50 us
     cost = CostModel(model, tiny_hw(pcie_gbps=30.0), RuntimeSpec(name="t", prefetch_issue_us=issue_us))
-    eng = Engine(wl, make_policy(policy), cost, budget_bytes=2 * model.expert_bytes, check_invariants=True,
+    eng = Engine(wl, make_policy(policy), cost, budget_bytes=2 * model.expert_bytes, check_invariants=check,
                  record_timeline=timeline)
     eng.run()
     return eng, compute_metrics(eng)
@@ -74,3 +74,14 @@ def test_timeline_shows_the_issue_cost() -> None:
     eng, _ = _run(30.0, timeline=True)
     issues = [e for e in eng.timeline if e[0] == "CPU runtime"]
     assert [(round(e[2] * 1e6, 6), round(e[3] * 1e6, 6)) for e in issues] == [(100.0, 30.0), (350.0, 30.0), (530.0, 30.0)]
+
+
+def test_prefetch_kernel_leaves_issue_costs_to_the_event_loop() -> None:
+    """The prefetch kernel replays the run without a cost (same timeline) and hands a run with
+    one to the event loop, saying why."""
+    fast, m = _run(0.0, check=False)
+    assert m["engine_path"] == "fast (oracle-prefetch kernel)"
+    assert _durations(fast) == [250.0, 150.0, 150.0, 150.0]
+    slow, _ = _run(30.0, check=False)
+    assert not slow.path.startswith("fast") and "prefetch_issue_us" in (slow.path_reason or "")
+    assert _durations(slow) == [250.0, 180.0, 180.0, 150.0]

@@ -117,6 +117,7 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "gpu_busy_fraction": st.gpu_busy_s / sim_time if sim_time > 0 else 0.0,
         "warnings": list(engine.warnings),
         "engine_path": engine.path,
+        "engine_path_reason": engine.path_reason,   # why no fast replay ran ("" when one did)
     }
     report = policy.report()
     if report:

@@ -107,7 +107,8 @@ def summary_table(result: RunResult) -> Table:
     if m.get("policy_report"):
         t.add_row("policy", ", ".join(f"{k} {v}" for k, v in m["policy_report"].items()))
     if m.get("engine_path"):
-        t.add_row("engine", f"{m['engine_path']} replay")
+        why = m.get("engine_path_reason")
+        t.add_row("engine", f"{m['engine_path']} replay" + (f" (no fast replay: {escape(why)})" if why else ""))
     for w in m.get("warnings", []):
         t.add_row("[yellow]warning[/yellow]", escape(w))
     return t

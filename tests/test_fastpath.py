@@ -68,6 +68,7 @@ def test_fast_path_equals_event_loop(policy: str, layers: int, experts: int, top
                  expert_us=expert_us)
     slow, ms = _run(trace, policy, fast=False, budget=budget, batch=batch, hw=hw, initial=initial, seed=seed)
     assert slow.path == "event" and ms.pop("engine_path") == "event"
+    ms.pop("engine_path_reason")   # why the event loop ran, where it did
     cs = slow.steps.columns()
     # the generic fast replay (policy objects; VRAM invariant checked), and without the check
     # the cache kernels for lru, fifo, lfu, random and belady
@@ -77,6 +78,7 @@ def test_fast_path_equals_event_loop(policy: str, layers: int, experts: int, top
         assert fast.path.startswith("fast"), fast.path_reason
         assert ("kernel" in fast.path) == (not check and policy in ("lru", "fifo", "lfu", "random", "belady"))
         assert mf.pop("engine_path") == fast.path
+        mf.pop("engine_path_reason")   # why the event loop ran, where it did
         assert mf == ms
         cf = fast.steps.columns()
         for name in cf:
@@ -149,6 +151,7 @@ def test_static_started_warm_takes_the_fast_path(layers: int, experts: int, top_
     except Exception:   # a budget static cannot run with (the event loop's own one-line error)
         return
     ms.pop("engine_path")
+    ms.pop("engine_path_reason")   # why the event loop ran, where it did
     cs = slow.steps.columns()
     for check in (True, False):
         fast, mf = _run(trace, "static", fast=True, budget=budget, batch=batch, hw=hw, initial=initial,
@@ -157,6 +160,7 @@ def test_static_started_warm_takes_the_fast_path(layers: int, experts: int, top_
             assert fast.path == "event" and "static set" in fast.path_reason
         assert fast.path == "event" or fast.path == ("fast" if check else "fast (static kernel)")
         assert mf.pop("engine_path") == fast.path
+        mf.pop("engine_path_reason")   # why the event loop ran, where it did
         assert mf == ms
         cf = fast.steps.columns()
         for name in cf:

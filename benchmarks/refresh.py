@@ -192,7 +192,8 @@ def main() -> None:
         lines.append(f"| {fig} | {val} | {goal} | `{cmd}` | {at} |")
     lines += [
         "",
-        "Other scripts here print figures of their own (`bench_sweep.py`, `bench_traces.py`, `bench_tracer.py`) "
+        "Other scripts here print figures of their own (`bench_sweep.py`, `bench_traces.py`, `bench_tracer.py`, "
+        "`bench_eventpath_policies.py`, and `bench_startup.py`: the phases of one `simctl run --out` process) "
         "or reproduce papers' tables (`*_table.py`, `paper_runs.py`, `crosscheck_libcachesim.py`).",
         "",
     ]

@@ -35,6 +35,7 @@ from moesim.sim.fastloads import compute_with_loads
 from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
 from moesim.sim.fastprefetch import replay_prefetch
 from moesim.sim.fastprefetch_check import is_prefetch_policy, prefetch_refusal, prefetch_source
+from moesim.sim.fastrun import run_refusal
 from moesim.sim.faststatic import static_refusal, static_sets
 from moesim.sim.lanes import DEMAND_CLASS
 from moesim.sim.plans import access_order
@@ -62,21 +63,9 @@ def fast_path_refusal(engine: Engine) -> str | None:
             return "static's kernel does not charge runtime.demand_load_us"
     elif not policy.demand_only():
         return f"policy {policy.name!r} is not demand-only"
-    if policy.lossy or policy.decision_us:
-        return "the policy plans or spends decision time"
-    if engine.global_pool:
-        return "the policy uses one global pool"
-    if engine.record_timeline:
-        return "the timeline is recorded"
-    tx = engine.transfers
-    if tx.d2h is not None:
-        return "cache.swap_out is on"
-    if engine.vram.buffer_capacity:
-        return "a transfer buffer is set"
-    if engine.sync_prefetch:
-        return "pcie.sync_prefetch is on"
-    if any(len(fr) != 1 for fr in engine.fractions):
-        return "experts are split into parts"
+    why = run_refusal(engine)
+    if why is not None:
+        return why
     if policy.uses_hook("on_loaded") or policy.uses_hook("on_routed"):
         return "the policy reacts to landings or plans"
     per_pool = min(engine.vram.capacity) // engine.expert_bytes

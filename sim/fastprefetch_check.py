@@ -26,6 +26,7 @@ from moesim.policies.parts.predictors import (
 )
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
 from moesim.policies.speculative import MixtralOffloading, OraclePrefetch
+from moesim.sim.fastrun import run_refusal
 
 if TYPE_CHECKING:
     from moesim.sim.engine import Engine
@@ -66,27 +67,15 @@ def prefetch_refusal(engine: Engine) -> str | None:
             return "the lookahead logits are not plain floats (or hold NaN)"
     if source == "oracle" and bool((engine.trace.experts < 0).any()):
         return "the trace has dropped routing slots (the oracle would prefetch expert -1)"
-    if policy.lossy or policy.decision_us:
-        return "the policy plans or spends decision time"
-    if engine.global_pool:
-        return "the policy uses one global pool"
-    if engine.record_timeline:
-        return "the timeline is recorded"
+    why = run_refusal(engine)
+    if why is not None:
+        return why
     if engine.check_invariants:
         return "the VRAM invariant is checked"
-    tx = engine.transfers
-    if tx.d2h is not None:
-        return "cache.swap_out is on"
-    if engine.vram.buffer_capacity:
-        return "a transfer buffer is set"
-    if engine.sync_prefetch:
-        return "pcie.sync_prefetch is on"
     if engine.cost.prefetch_issue_s():
         return "runtime.prefetch_issue_us is set (the kernel does not charge it)"
     if int(engine.cost.hardware.copy_engines) != 1:
         return "the kernel models one copy engine"
-    if any(len(fr) != 1 for fr in engine.fractions):
-        return "experts are split into parts"
     if any(u.state != RESIDENT or not u.used for u in engine.vram.units.values()):
         return "the run starts with transfers under way"
     return None

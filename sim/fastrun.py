@@ -1,0 +1,32 @@
+"""What no fast replay reproduces: the features of a run that send it to the event loop
+whatever its policy (shared by :func:`moesim.sim.fastpath.fast_path_refusal` and
+:func:`moesim.sim.fastprefetch_check.prefetch_refusal`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moesim.sim.engine import Engine
+
+
+def run_refusal(engine: Engine) -> str | None:
+    """Why ``engine``'s run cannot take any fast replay, whatever kernel its policy has, or
+    None: a lossy plan or decision time, one global pool, the timeline, swap-out, a transfer
+    buffer, synchronous prefetch, experts split into parts."""
+    policy = engine.policy
+    if policy.lossy or policy.decision_us:
+        return "the policy plans or spends decision time"
+    if engine.global_pool:
+        return "the policy uses one global pool"
+    if engine.record_timeline:
+        return "the timeline is recorded"
+    if engine.transfers.d2h is not None:
+        return "cache.swap_out is on"
+    if engine.vram.buffer_capacity:
+        return "a transfer buffer is set"
+    if engine.sync_prefetch:
+        return "pcie.sync_prefetch is on"
+    if any(len(fr) != 1 for fr in engine.fractions):
+        return "experts are split into parts"
+    return None

@@ -15,6 +15,7 @@ prefetches of that pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from moesim.sim.vram import Unit
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.engine import Engine
+    from moesim.sim.transfers import Transfers
 
 new_routing = slot_maker(Routing)   # Routing(layer, experts, weights), once per layer
 
@@ -64,6 +66,16 @@ def charge(eng: Engine) -> Any:
                 eng.timeline.append(("CPU runtime", "prefetch issue", t0, issue, {}))
             if dt - issue > 0:
                 eng.timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
+
+def grant_demand(tx: Transfers, timeout: Callable[[float], simpy.Event]) -> Any:
+    """Process fragment: room for the waiting demand loads that can have it now; the GPU stream
+    pays their eviction and demand-load costs, then they are queued. Returns that delay."""
+    granted, delay = tx.grant_waiting()
+    if delay > 0:
+        yield timeout(delay)
+    tx.queue_demand(granted)
+    return delay
+
 
 def wait_prefetches(eng: Engine) -> Any:
     """Process fragment (``sync_prefetch``): the GPU waits for every prefetch issued so far."""
@@ -262,11 +274,7 @@ def gpu_process(eng: Engine) -> Any:
             if miss_units:
                 tx.waiting.extend(miss_units)
             if tx.waiting:
-                granted, delay = tx.grant_waiting()
-                if delay > 0:
-                    yield timeout(delay)
-                    stall += delay
-                tx.queue_demand(granted)
+                stall += yield from grant_demand(tx, timeout)
             if has_access or has_after:
                 outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
                 if has_access:
@@ -317,11 +325,7 @@ def gpu_process(eng: Engine) -> Any:
                         if bu.in_buffer:   # free the staging room at once
                             eng._settle(bu)
                     if tx.waiting:
-                        granted, delay = tx.grant_waiting()
-                        if delay > 0:
-                            yield timeout(delay)
-                            stall += delay
-                        tx.queue_demand(granted)
+                        stall += yield from grant_demand(tx, timeout)
                     continue
                 # nothing ready: wait for a transfer, or for room
                 ts = env._now
@@ -334,10 +338,7 @@ def gpu_process(eng: Engine) -> Any:
                 elif tx.waiting:
                     if tx.space_event.triggered:   # room was freed since we last tried
                         tx.space_event = env.event()
-                        granted, delay = tx.grant_waiting()
-                        if delay > 0:
-                            yield timeout(delay)
-                        tx.queue_demand(granted)
+                        yield from grant_demand(tx, timeout)   # its wait is in the stall measured around
                     else:
                         eng._check_deadlock(layer)
                         yield tx.space_event

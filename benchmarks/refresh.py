@@ -115,7 +115,6 @@ def main() -> None:
         ("engine only, mixtral-offloading forced through the SimPy event loop, Mixtral",
          ["--policy", "mixtral-offloading", "--event-loop"], "(reference)"),
     ]
-    rates: dict[str, float] = {}
     for label, extra, goal in engine_runs:
         cmd = [PY, str(HERE / "bench_engine.py"), "--tokens", str(tokens), *extra]
         at = load()
@@ -125,7 +124,6 @@ def main() -> None:
             walls.append(float(grab(r"([\d,]+) layer-steps/s", out).replace(",", "")))
             cpus.append(float(grab(r"([\d,]+) layer-steps per CPU second", out).replace(",", "")))
         wall_rate, cpu_rate = statistics.median(walls), statistics.median(cpus)
-        rates[label] = cpu_rate
         add(label + ": layer-steps/s (median of 3 runs)", f"{wall_rate:,.0f} wall, {cpu_rate:,.0f} per CPU s "
             f"(runs {min(cpus):,.0f}-{max(cpus):,.0f})", goal, cmd, at)
 

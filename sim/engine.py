@@ -110,10 +110,9 @@ class Engine:
         self.transfers = Transfers(self.env, self.vram, policy, self.view, cost, self.stats, self.timeline,
                                    num_layers=self.L, num_experts=self.E, global_pool=self.global_pool,
                                    fractions=self.fractions, swap_out=swap_out, pcie_order=pcie_order,
-                                   record_timeline=record_timeline)
+                                   record_timeline=record_timeline, spend_issue=self._spend_issue)
         self.spent_s = 0.0            # host time (policy CPU, prefetch issue) not yet charged on the GPU stream
         self.issue_spent_s = 0.0      # the part of spent_s that is runtime.prefetch_issue_us
-        self.transfers.spend_issue = self._spend_issue
         self.cpu_free_at = 0.0        # when the CPU finishes the experts queued on it
         self.cur_layer = -1
         self.routed_upto = -1

@@ -67,6 +67,7 @@ def charge(eng: Engine) -> Any:
             if dt - issue > 0:
                 eng.timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
 
+
 def grant_demand(tx: Transfers, timeout: Callable[[float], simpy.Event]) -> Any:
     """Process fragment: room for the waiting demand loads that can have it now; the GPU stream
     pays their eviction and demand-load costs, then they are queued. Returns that delay."""

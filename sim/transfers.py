@@ -50,7 +50,7 @@ class Transfers:
     def __init__(self, env: simpy.Environment, vram: Vram, policy: Policy, view: View, cost: CostModel,
                  stats: RunStats, timeline: list[TimelineEvent], *, num_layers: int, num_experts: int,
                  global_pool: bool, fractions: list[tuple[float, ...]], swap_out: bool,
-                 pcie_order: str, record_timeline: bool) -> None:
+                 pcie_order: str, record_timeline: bool, spend_issue: Callable[[float], None]) -> None:
         self.env, self.vram, self.policy, self.view, self.cost = env, vram, policy, view, cost
         self.stats, self.timeline, self.record_timeline = stats, timeline, record_timeline
         self.L, self.E = num_layers, num_experts
@@ -72,7 +72,7 @@ class Transfers:
         self.layer_prefetch_bytes = 0
         self._has_on_loaded = policy.uses_hook("on_loaded")
         self.issue_s = cost.prefetch_issue_s()   # runtime.prefetch_issue_us, per prefetch issued
-        self.spend_issue: Callable[[float], None] | None = None   # where the engine takes that cost
+        self.spend_issue = spend_issue   # where the engine takes that cost (its next hook boundary)
         self._sizes: dict[tuple[float, ...], tuple[int, ...]] = {}   # part split -> bytes of each part
 
     def pool_of(self, layer: int) -> int:
@@ -253,12 +253,12 @@ class Transfers:
                 vram.claim(u)
                 vram.add(u)
                 self.waiting_prefetch.append((u, priority))
-                if self.issue_s and self.spend_issue is not None:
+                if self.issue_s:
                     self.spend_issue(self.issue_s)
                 return True
         vram.add(u)
         self.lanes.submit(u, PREFETCH_CLASS, priority)
-        if self.issue_s and self.spend_issue is not None:
+        if self.issue_s:
             self.spend_issue(self.issue_s)
         return True
 

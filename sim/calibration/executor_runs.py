@@ -2,7 +2,7 @@
 all), every access a demand load (``no-cache``), and every access covered by a prefetch issued
 while the layer before computes (``oracle-prefetch`` with one layer's experts per pool).
 
-The routing of both runs is the decode of requests of a trace recorded from the model (its
+The routing of the runs is the decode of requests of a trace recorded from the model (its
 natural routing: ``simctl validate`` takes requests of the scenario's trace that it does not
 validate) or, without one, uniformly random routing of the model's shape. The routing matters
 on a CPU, where a small model's experts stay in the processor's caches when the routing
@@ -10,7 +10,7 @@ reuses them: uniformly random routing made the resident step of the bundled tiny
 slower than its recorded routing did.
 
 The resident run fixes the framework overhead per layer (what the executor spends around its
-kernels). The difference between the two runs is what a demand load costs the executor; the
+kernels). The difference between it and the demand run is what a demand load costs the executor; the
 simulator, given the copy and compute fits, predicts part of it (the copies that the layer's
 compute cannot hide). The rest, spread over the demand loads of a step, is the runtime's
 ``demand_load_us``: on the CPU executor, the hand-off to the copy thread and back (a thread
@@ -19,8 +19,9 @@ bookkeeping); on a GPU, the host blocking on the copy's event and relaunching th
 the same way the prefetch run, against the resident one, gives ``prefetch_issue_us``: what
 issuing a prefetch costs the executor's compute thread beyond the copy (the policy's victim
 and bookkeeping, the hand-off to the copy thread, and on a CPU the copy thread's wake-ups and
-interpreter lock taken from the compute thread while the copy lands). The runs alternate (resident, demand, resident, ...) so that a slow spell of a shared machine
-falls on both, and each figure is the lowest of its runs.
+interpreter lock taken from the compute thread while the copy lands). The runs alternate
+(resident, demand, prefetch, resident, ...) so that a slow spell of a shared machine falls on
+all of them, and each figure is the lowest of its runs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""ActiveEvict: budget-aware pre-eviction and dynamic top-k."""

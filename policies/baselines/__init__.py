@@ -1,0 +1,1 @@
+"""The baseline policies the papers compare against (demand caches, prefetchers, bounds)."""

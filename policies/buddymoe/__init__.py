@@ -1,0 +1,1 @@
+"""BuddyMoE (Wang et al., PPoPP 2026): buddy-expert substitution."""

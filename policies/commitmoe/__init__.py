@@ -1,0 +1,1 @@
+"""CommitMoE: the fallback-free commit router."""

@@ -1,0 +1,1 @@
+"""The policy contract: hooks, what passes at a hook, the view, and the registry."""

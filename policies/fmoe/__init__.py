@@ -1,0 +1,1 @@
+"""fMoE (Yu et al.): expert maps, semantic and trajectory prefetch."""

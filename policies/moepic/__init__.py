@@ -1,0 +1,1 @@
+"""MoEpic (Yan et al.): expert split, LCP cache, speculative prefetch and the cache configurator."""

@@ -1,0 +1,1 @@
+"""The ``simctl`` command-line interface."""

@@ -1,0 +1,1 @@
+"""Configuration: validated scenario files and the model, hardware and runtime catalogs."""

@@ -1,0 +1,1 @@
+"""Running one scenario: preparation, choosing the replay, metrics, warnings and outputs."""

@@ -1,0 +1,1 @@
+"""Routing statistics and hit-rate curves computed from a trace."""

@@ -1,0 +1,1 @@
+"""Importers that turn other tools' router logs into moe-trace files."""

@@ -1,0 +1,1 @@
+"""The tiny MoE trained in this repository: its corpus, training and location."""

@@ -1,0 +1,1 @@
+"""Recording moe-trace files from Hugging Face models (extra ``tracer``)."""

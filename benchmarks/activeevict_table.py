@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.paper_runs import run_scenario  # noqa: E402
-from moesim.policies.activeevict import ActiveEvict  # noqa: E402
+from moesim.policies.activeevict.policy import ActiveEvict  # noqa: E402
 
 # Table 3 (Alpaca rows): blocking, total I/O (no unit), GB/token, redundant %
 PAPER = {

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from moesim.sim.workload import build_workload
-from moesim.traces.curve import curves, next_use
-from moesim.traces.format import trace_from_columns
-from moesim.traces.synthetic import SynthParams, generate
+from moesim.sim.engine.workload import build_workload
+from moesim.traces.analysis.curve import curves, next_use
+from moesim.traces.format.trace_file import trace_from_columns
+from moesim.traces.synthetic.generator import SynthParams, generate
 
 ORACLE = np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 

@@ -8,7 +8,7 @@ preset (decode tokens only). Prints figures; asserts nothing.
 
 Demand-only policies (lru, lfu, fifo, random, belady; static started warm with
 ``--initial popular``) and the next-layer prefetchers mixtral-offloading and oracle-prefetch
-(sim/fastprefetch.py) take the fast path unless ``--event-loop`` forces SimPy; the line
+(sim/fast/prefetch.py) take the fast path unless ``--event-loop`` forces SimPy; the line
 ``path:`` says which ran.
 """
 
@@ -20,14 +20,15 @@ import io
 import pstats
 import time
 
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import get_hardware, get_model
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.workload import build_workload
-from moesim.traces.format import trace_from_columns
-from moesim.traces.synthetic import SynthParams, generate
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import get_hardware, get_model
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
+from moesim.traces.format.trace_file import trace_from_columns
+from moesim.traces.synthetic.generator import SynthParams, generate
 
 
 def main() -> None:
@@ -56,7 +57,7 @@ def main() -> None:
     wl = build_workload(trace, batch_size=1, phases=["decode"])
     budget = int(args.experts_per_layer * model.num_layers) * model.expert_bytes
     engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget,
-                    initial=args.initial, fast_path=not args.event_loop)
+                    initial=args.initial, fast_replay=None if args.event_loop else FAST_PATH)
     prof = cProfile.Profile() if args.profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:

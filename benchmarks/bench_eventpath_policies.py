@@ -1,7 +1,7 @@
 """Event-path speed per policy: layer-steps per CPU second of the SimPy event loop, engine only.
 
 Mixtral-8x7B shape, batch 1, decode tokens of the generator's Mixtral preset (4 requests), each
-policy forced through the event loop (``fast_path=False``), best of ``--repeat`` runs (the
+policy forced through the event loop (``fast_replay=None``), best of ``--repeat`` runs (the
 machine is shared: the best run is the least disturbed one). Prints figures; asserts nothing.
 
     python benchmarks/bench_eventpath_policies.py [--tokens 2000] [--hardware a100-pcie-80gb]
@@ -14,13 +14,13 @@ import argparse
 import os
 import time
 
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import get_hardware, get_model
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.workload import build_workload
-from moesim.traces.format import trace_from_columns
-from moesim.traces.synthetic import SynthParams, generate
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import get_hardware, get_model
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.traces.format.trace_file import trace_from_columns
+from moesim.traces.synthetic.generator import SynthParams, generate
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
         steps = 0
         for _ in range(args.repeat):
             engine = Engine(wl, make_policy(name), CostModel(model, hw), budget_bytes=budget,
-                            fast_path=False)
+                            fast_replay=None)
             t0, c0 = time.perf_counter(), time.process_time()
             engine.run()
             best_wall = min(best_wall, time.perf_counter() - t0)

@@ -28,7 +28,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "mixtral.parquet"
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "moesim.sim.cli", "trace", "synth", "--preset", "mixtral-8x7b",
+        subprocess.run([sys.executable, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b",
                         "--set", "requests=8", "--set", f"decode_len={tokens // 8}", "--set", "prompt_len=0",
                         "-o", str(trace)], check=True, stdout=subprocess.DEVNULL)
         size = trace.stat().st_size
@@ -40,7 +40,7 @@ def main() -> None:
             scen.write_text(f"trace: {trace}\nmodel: mixtral-8x7b\nhardware: a100-pcie-80gb\n"
                             f"cache: {{rate: 0.25}}\npolicy: {policy}\n")
             t0 = time.perf_counter()
-            child = subprocess.Popen([sys.executable, "-m", "moesim.sim.cli", "run", str(scen), "--json",
+            child = subprocess.Popen([sys.executable, "-m", "moesim.sim.cli.main", "run", str(scen), "--json",
                                       "--no-progress"], stdout=subprocess.DEVNULL,
                                      env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
             _, status, usage = os.wait4(child.pid, 0)

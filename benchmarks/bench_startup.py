@@ -11,7 +11,7 @@ perf counters around the phases (the functions that ``simctl run`` calls are wra
 modules load, nothing else changes):
 
 - ``start-up``: from starting the process to its first line (the interpreter and ``site``);
-- ``import cli``: ``import moesim.sim.cli`` (the command tree's modules);
+- ``import cli``: ``import moesim.sim.cli.main`` (the command tree's modules);
 - ``parse``: from :func:`main` to ``simctl run``'s function (typer's parsing);
 - ``import run path``: from there to the scenario being loaded: the modules that ``simctl run``
   imports when it runs (scenario, runner, outputs and theirs);
@@ -44,7 +44,7 @@ _DRIVER = r"""
 import time
 w0 = time.time()
 t0 = time.perf_counter()
-import moesim.sim.cli as cli
+import moesim.sim.cli.main as cli
 t1 = time.perf_counter()
 import functools, importlib.abc, importlib.util, json, sys
 marks = {"start": t0, "imported": t1}
@@ -63,9 +63,9 @@ def wrap(obj, name, after, before=None):
 
 # the run path's functions are wrapped as their modules load (simctl run imports them itself)
 WRAPS = {
-    "moesim.sim.scenario": lambda m: wrap(m, "load_scenario", "loaded", before="scenario"),
-    "moesim.sim.runner": lambda m: (wrap(m, "prepare_run", "prepared"), wrap(m.PreparedRun, "run", "ran")),
-    "moesim.sim.outputs": lambda m: (wrap(m, "write_outputs", "written"), wrap(m, "print_summary", "printed")),
+    "moesim.sim.config.scenario": lambda m: wrap(m, "load_scenario", "loaded", before="scenario"),
+    "moesim.sim.run.runner": lambda m: (wrap(m, "prepare_run", "prepared"), wrap(m.PreparedRun, "run", "ran")),
+    "moesim.sim.run.outputs": lambda m: (wrap(m, "write_outputs", "written"), wrap(m, "print_summary", "printed")),
 }
 
 class Hook(importlib.abc.MetaPathFinder):
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         d = Path(tmp)
         trace = d / "mixtral.parquet"
-        subprocess.run([args.python, "-m", "moesim.sim.cli", "trace", "synth", "--preset", "mixtral-8x7b",
+        subprocess.run([args.python, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b",
                         "--set", "requests=4", "--set", f"decode_len={args.tokens // 4}", "--set", "prompt_len=0",
                         "-o", str(trace)], check=True, capture_output=True)
         scenario = d / "scenario.yaml"

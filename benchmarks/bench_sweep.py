@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from moesim.policies.registry import make_policy, policy_names
-from moesim.sim.sweep import Sweep, SweepSpec, expand
-from moesim.sim.sweep_run import PointStore, run_sweep
+from moesim.policies.contract.registry import make_policy, policy_names
+from moesim.sim.study.sweep import Sweep, SweepSpec, expand
+from moesim.sim.study.sweep_run import PointStore, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -34,7 +34,7 @@ SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 def runnable_policies() -> list[str]:
     """Every registered policy whose required trace columns the FLAME sample has (policies
     that need ``lookahead_logits`` cannot run on it and would fail their points)."""
-    from moesim.traces.format import read_trace
+    from moesim.traces.format.trace_file import read_trace
 
     columns = set(read_trace(SAMPLE).columns())
     return [n for n in policy_names() if make_policy(n).required_columns() <= columns]
@@ -96,7 +96,7 @@ def bench_dask(points: int, requests: int, repeats: int) -> None:
     for n in (1, 2):
         with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                           dashboard_address=None, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-            client.run(lambda: __import__("moesim.sim.sweep_run"))
+            client.run(lambda: __import__("moesim.sim.study.sweep_run"))
             cpu[n] = {}
             walls = [timed(sw, cpu[n], dask=cluster.scheduler_address) for _ in range(repeats)]
         medians[n] = statistics.median(walls)

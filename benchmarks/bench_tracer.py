@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
 
-    from moesim.traces import tracer
+    from moesim.traces.tracer import tracer
 
     if args.threads:
         torch.set_num_threads(args.threads)

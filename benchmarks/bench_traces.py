@@ -30,8 +30,8 @@ def _rss_mib() -> float:
 
 def _phase(name: str, path: str, preset: str, requests: int, prompt: int, decode: int,
            queue: Any) -> None:
-    from moesim.traces.format import iter_batches, read_trace
-    from moesim.traces.synthetic import SynthParams, generate, synthesize
+    from moesim.traces.format.trace_file import iter_batches, read_trace
+    from moesim.traces.synthetic.generator import SynthParams, generate, synthesize
 
     params = SynthParams.from_preset(preset, requests=requests, prompt_len=prompt, decode_len=decode)
     base = _rss_mib()
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = str(Path(tmp) / "bench.parquet")
-        from moesim.traces.synthetic import SynthParams
+        from moesim.traces.synthetic.generator import SynthParams
 
         shape = SynthParams.from_preset(args.preset).shape()
         print(f"preset {args.preset}: {requests} requests x {per_req} tokens = {requests * per_req:,} tokens, "

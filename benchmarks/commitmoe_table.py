@@ -69,8 +69,8 @@ def measure(data: dict[str, Any]) -> dict[str, Any]:
 def misprediction_cost() -> None:
     """Section 1 / Fig. 1: one extra serialised expert load as a share of an on-demand MoE block
     (non-MoE layer + top-k loads and expert computes, batch 1), from the catalog's cost model."""
-    from moesim.sim.catalog import get_hardware, get_model
-    from moesim.sim.cost import CostModel
+    from moesim.sim.config.catalog import get_hardware, get_model
+    from moesim.sim.engine.cost import CostModel
 
     print("== Fig. 1: cost of one misprediction on an RTX 4090 (paper: 13.7% to 47.6%) ==")
     for name in ("mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite"):
@@ -88,9 +88,9 @@ def certainty_by_accuracy(setup: str) -> None:
     (same-token layers; the set-up's trace, every token)."""
     import numpy as np
 
-    from moesim.policies.parts.owa import commit_accuracy
-    from moesim.sim.runner import load_trace
-    from moesim.sim.scenario import load_scenario_data
+    from moesim.policies.commitmoe.owa import commit_accuracy
+    from moesim.sim.config.scenario import load_scenario_data
+    from moesim.sim.run.runner import load_trace
 
     data = scenario(setup, "lru", {}, "priority")
     tr = load_trace(load_scenario_data(data, source=setup, base_dir=ROOT))

@@ -10,8 +10,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.runner import load_trace, run_loaded
-from moesim.sim.scenario import load_scenario
+from moesim.sim.config.scenario import load_scenario
+from moesim.sim.run.runner import load_trace, run_loaded
 
 BASELINES = ["no-cache", "random", "fifo", "lru", "lfu", "static", "mixtral-offloading",
              "belady", "oracle-prefetch"]

@@ -48,10 +48,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from moesim.sim.runner import run_loaded  # noqa: E402
-from moesim.sim.scenario import load_scenario_data  # noqa: E402
-from moesim.sim.workload import build_workload  # noqa: E402
-from moesim.traces.format import ModelInfo, Trace, TraceMeta, read_trace, trace_from_columns  # noqa: E402
+from moesim.sim.config.scenario import load_scenario_data  # noqa: E402
+from moesim.sim.engine.workload import build_workload  # noqa: E402
+from moesim.sim.run.runner import run_loaded  # noqa: E402
+from moesim.traces.format.trace_file import (  # noqa: E402
+    ModelInfo,
+    Trace,
+    TraceMeta,
+    read_trace,
+    trace_from_columns,
+)
 
 SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 POLICIES = ("lru", "lfu", "fifo", "belady")

@@ -1,7 +1,7 @@
 """Derive the per-layer ``token_locality`` of the ``mixtral-8x7b`` synthetic preset.
 
 Run: ``python benchmarks/fit_mixtral_preset.py`` (about 10 s). Prints the fitted profile (to
-paste into ``traces/synthetic.py``'s ``PRESETS``) and the target against what the preset then
+paste into ``traces/synthetic/generator.py``'s ``PRESETS``) and the target against what the preset then
 gives at its default workload (8 requests of 128 prompt + 128 decode tokens, seed 0).
 
 The target is token-to-token expert reuse per layer (``simctl trace stats``' ``reuse``)
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.traces.fit import FitTarget, fit, measure
-from moesim.traces.synthetic import PRESETS, SynthParams
+from moesim.traces.synthetic.fit import FitTarget, fit, measure
+from moesim.traces.synthetic.generator import PRESETS, SynthParams
 
 LOW, HIGH = 0.26, 0.32
 

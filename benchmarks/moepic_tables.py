@@ -32,10 +32,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moesim.sim.runner import prepare_run  # noqa: E402
-from moesim.sim.scenario import load_scenario_data  # noqa: E402
-from moesim.traces.format import Trace, trace_from_columns  # noqa: E402
-from moesim.traces.synthetic import SynthParams, generate  # noqa: E402
+from moesim.sim.config.scenario import load_scenario_data  # noqa: E402
+from moesim.sim.run.runner import prepare_run  # noqa: E402
+from moesim.traces.format.trace_file import Trace, trace_from_columns  # noqa: E402
+from moesim.traces.synthetic.generator import SynthParams, generate  # noqa: E402
 
 # --- the paper's numbers --------------------------------------------------------------------
 PAPER_TABLE1 = {  # Qwen1.5-MoE on MMLU, cached experts per layer 10..50

@@ -9,10 +9,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from moesim.policies.base import Policy
-from moesim.sim.runner import load_trace, prepare_run
-from moesim.sim.scenario import load_scenario_data
-from moesim.traces.format import Trace
+from moesim.policies.contract.base import Policy
+from moesim.sim.config.scenario import load_scenario_data
+from moesim.sim.run.runner import load_trace, prepare_run
+from moesim.traces.format.trace_file import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -79,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         trace = tmp / "mixtral.parquet"
-        synth = [PY, "-m", "moesim.sim.cli", "trace", "synth", "--preset", "mixtral-8x7b", "--set", "requests=4",
+        synth = [PY, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b", "--set", "requests=4",
                  "--set", f"decode_len={tokens // 4}", "--set", "prompt_len=0", "-o", str(trace)]
         child(synth)
         steps = tokens * 32
@@ -87,7 +87,7 @@ def main() -> None:
             scen = tmp / f"{policy}.yaml"
             scen.write_text(f"trace: {trace}\nmodel: mixtral-8x7b\nhardware: a100-pcie-80gb\n"
                             f"cache: {{rate: 0.25}}\npolicy: {policy}\n")
-            cmd = [PY, "-m", "moesim.sim.cli", "run", str(scen), "--out", str(tmp / f"out-{policy}"), "--force",
+            cmd = [PY, "-m", "moesim.sim.cli.main", "run", str(scen), "--out", str(tmp / f"out-{policy}"), "--force",
                    "--no-progress"]
             at = load()
             runs = [child(cmd)[:2] for _ in range(3)]   # the median of 3 processes
@@ -96,7 +96,7 @@ def main() -> None:
             add(f"`simctl run --out`, {policy}, Mixtral {tokens} tokens x 32 layers, A100, rate 0.25: "
                 "layer-steps/s of the whole process (median of 3 processes)",
                 f"{steps / wall:,.0f} wall, {steps / cpu:,.0f} per CPU s", goal,
-                f"python -m moesim.sim.cli trace synth --preset mixtral-8x7b --set requests=4 --set "
+                f"python -m moesim.sim.cli.main trace synth --preset mixtral-8x7b --set requests=4 --set "
                 f"decode_len={tokens // 4} --set prompt_len=0 -o mixtral.parquet; simctl run SCENARIO --out DIR "
                 f"(trace: mixtral.parquet, hardware: a100-pcie-80gb, cache.rate 0.25, policy {policy})", at)
 

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from moesim.sim.cli import main
+from moesim.sim.cli.main import main
 from tests.util import ROOT
 
 SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"

@@ -1,4 +1,4 @@
-"""ActiveEvict (policies/activeevict.py and its parts): the spec sheet's hand-checkable cases
+"""ActiveEvict (policies/activeevict/policy.py and its parts): the spec sheet's hand-checkable cases
 (``activeevict.md`` section 8), the exact swap-out timeline, composition and its baselines."""
 
 from __future__ import annotations
@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.policies.activeevict import ActiveEvict
-from moesim.policies.base import RESIDENT, UnitKey
-from moesim.policies.caching import LRU
-from moesim.policies.compose import Composed
-from moesim.policies.parts.budget_topk import BudgetTopKPlanner
+from moesim.policies.activeevict.budget_topk import BudgetTopKPlanner
+from moesim.policies.activeevict.importance import ImportanceScorer, release_target
+from moesim.policies.activeevict.policy import ActiveEvict
+from moesim.policies.activeevict.pre_eviction import PreEvictor
+from moesim.policies.baselines.caching import LRU
+from moesim.policies.contract.base import RESIDENT, UnitKey
+from moesim.policies.contract.registry import PolicyError, make_policy
 from moesim.policies.parts.caches import LRUCache
-from moesim.policies.parts.importance import ImportanceScorer, release_target
-from moesim.policies.parts.pre_eviction import PreEvictor
-from moesim.policies.registry import PolicyError, make_policy
+from moesim.policies.parts.compose import Composed
 from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
 
 

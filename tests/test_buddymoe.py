@@ -1,4 +1,4 @@
-"""BuddyMoE (policies/buddymoe.py and its parts): the spec sheet's hand-checkable cases
+"""BuddyMoE (policies/buddymoe/policy.py and its parts): the spec sheet's hand-checkable cases
 (``buddymoe.md`` section 8) as exact numbers and timelines, the gates one by one, the online
 profile, the base, and the composition with MoEpic's split cache."""
 
@@ -9,19 +9,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moesim.policies.base import ABSENT, RESIDENT, PolicySetupError, Profile, Routing
-from moesim.policies.buddymoe import BuddyMoE
-from moesim.policies.compose import Composed
-from moesim.policies.parts.buddy_planner import BuddySubstitutePlanner
-from moesim.policies.parts.caches import CacheRule, LCPCache, LRUCache
-from moesim.policies.parts.coactivation import (
+from moesim.policies.buddymoe.coactivation import (
     CoactivationProfile,
     buddy_lists,
     coactivation_counts,
     conditional,
 )
-from moesim.policies.parts.tae import calibrate_tau, tae
-from moesim.policies.registry import PolicyError, make_policy
+from moesim.policies.buddymoe.planner import BuddySubstitutePlanner
+from moesim.policies.buddymoe.policy import BuddyMoE
+from moesim.policies.buddymoe.tae import calibrate_tau, tae
+from moesim.policies.contract.base import ABSENT, RESIDENT, PolicySetupError, Profile, Routing
+from moesim.policies.contract.registry import PolicyError, make_policy
+from moesim.policies.parts.caches import CacheRule, LCPCache, LRUCache
+from moesim.policies.parts.compose import Composed
 from tests.util import make_trace, random_trace, run_engine, step_us, tiny_hw, tiny_model
 
 # --- test 1: profile -> buddy lists (Eqs. 4-6), TAE (Eq. 1) ------------------------------------
@@ -275,7 +275,7 @@ def test_composes_with_moepic_split_cache() -> None:
 def test_cpu_fallback_runs_the_misses_left_on_the_host() -> None:
     # nothing is ever loaded: every miss runs on the CPU, one expert after another (300 us each),
     # so each step is 100 (layer) + 2 x 300 us and no byte crosses PCIe
-    from moesim.sim.catalog import get_hardware
+    from moesim.sim.config.catalog import get_hardware
     hw = get_hardware({**tiny_hw().model_dump(), "name": "tiny-cpu", "cpu": {"expert_us": 300, "call_us": 0}})
     tokens = [[[0, 1], [0, 1]], [[0, 2], [1, 3]]]
     tr = make_trace(tokens, num_experts=4, weights=np.asarray([HALF, HALF], dtype=np.float32))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moesim.sim.calibration.timing import fit_line
-from moesim.sim.cli import main
+from moesim.sim.cli.main import main
+from moesim.sim.real.calibration.timing import fit_line
 
 TINY = "{name: tiny, num_layers: 2, num_experts: 4, top_k: 2, hidden_size: 32, expert_intermediate_size: 64, dtype_bytes: 4}"
 
@@ -62,7 +62,7 @@ def test_profile_has_provenance_measurements_and_fits(profile: Path) -> None:
 
 
 def test_a_scenario_accepts_the_profile(profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from moesim.sim.scenario import load_scenario
+    from moesim.sim.config.scenario import load_scenario
 
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump({
@@ -81,7 +81,7 @@ def test_a_scenario_accepts_the_profile(profile: Path, tmp_path: Path, capsys: p
 
 
 def test_hardware_catalog_states_its_sources(capsys: pytest.CaptureFixture[str]) -> None:
-    from moesim.sim.catalog import get_hardware, hardware_names
+    from moesim.sim.config.catalog import get_hardware, hardware_names
 
     for name in hardware_names():
         h = get_hardware(name)

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from moesim.sim.cli import main
-from moesim.traces.format import read_trace
+from moesim.sim.cli.main import main
+from moesim.traces.format.trace_file import read_trace
 from tests.util import ROOT
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -147,7 +147,7 @@ def test_every_example_scenario_runs_as_is(path: Path, tmp_path: Path, capsys: p
 def test_an_internal_error_keeps_its_traceback_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug (not bad input) is not dressed up as a user error: traceback, exit 1, 'this is a bug'."""
-    from moesim.policies.caching import LRU
+    from moesim.policies.baselines.caching import LRU
 
     def broken(self, ctx):  # type: ignore[no-untyped-def]
         raise KeyError("boom")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import simpy
 
-from moesim.sim.clock import advance_alone
+from moesim.sim.engine.clock import advance_alone
 
 
 def _trace(skip: bool) -> list[tuple[str, float]]:

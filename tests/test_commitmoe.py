@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.policies.parts.owa import commit_accuracy, default_trigger, owa_weights
+from moesim.policies.commitmoe.owa import commit_accuracy, default_trigger, owa_weights
+from moesim.policies.contract.registry import make_policy
 from moesim.policies.parts.predictors import TrainedPredictor
-from moesim.policies.registry import make_policy
-from moesim.sim.profile import profile_from_trace, trace_requests
+from moesim.sim.run.profile import profile_from_trace, trace_requests
 from tests.util import make_trace, run_engine, step_us, tiny_hw, tiny_model
 
 
@@ -166,7 +166,7 @@ def test_trained_predictor_learns_the_next_router_from_the_profile_only() -> Non
 
 
 def test_trained_predictor_needs_a_profile_split() -> None:
-    from moesim.policies.base import PolicySetupError
+    from moesim.policies.contract.base import PolicySetupError
     tr, _ = _logit_trace(3)
     with pytest.raises(PolicySetupError, match="profile"):
         run_engine(tr, make_policy("commitmoe", {"predictor": "trained"}), tiny_model(3, 8, 2), tiny_hw(),
@@ -174,7 +174,7 @@ def test_trained_predictor_needs_a_profile_split() -> None:
 
 
 def test_unknown_predictor_is_a_policy_error() -> None:
-    from moesim.policies.registry import PolicyError
+    from moesim.policies.contract.registry import PolicyError
     with pytest.raises(PolicyError, match="predictor must be one of auto, lookahead, trained, previous-token"):
         make_policy("commitmoe", {"predictor": "oracle"})
 

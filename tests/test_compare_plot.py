@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from moesim.sim.cli import main
+from moesim.sim.cli.main import main
 from tests.util import ROOT
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -70,8 +70,8 @@ def test_compare_ranks_policies_and_labels_bounds(tmp_path: Path, capsys: pytest
 
 
 def test_compare_takes_every_registered_policy_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from moesim.policies.registry import policy_class, policy_names
-    from moesim.sim.compare import comparison_sweep
+    from moesim.policies.contract.registry import policy_class, policy_names
+    from moesim.sim.study.compare import comparison_sweep
 
     sw = comparison_sweep(QUICKSTART, sets=["workload.requests=1"])
     assert [p.policy for p in sw.points] == policy_names()
@@ -99,7 +99,7 @@ def test_plot_writes_every_sweep_figure_as_png_and_pdf(sweep_dir: Path, tmp_path
 def test_sweep_figure_labels_units_bounds_and_averages_seeds(sweep_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from moesim.sim.plot import load_table, sweep_figure
+    from moesim.sim.study.plot import load_table, sweep_figure
 
     df, params = load_table(sweep_dir)
     assert params == ["policy", "cache.rate", "seed"]

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from moesim.sim.cli import main
-from moesim.traces.curve import curves, next_use, opt_depths
+from moesim.sim.cli.main import main
+from moesim.traces.analysis.curve import curves, next_use, opt_depths
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"

@@ -10,12 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import RuntimeSpec
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.workload import build_workload
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import RuntimeSpec
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, tiny_hw, tiny_model
 
 
@@ -26,7 +27,7 @@ def _run(trace: Any, policy: str, *, demand_us: float, budget: int, fast: bool, 
     wl = build_workload(trace, batch_size=batch, phases=["prefill", "decode"])
     rt = RuntimeSpec(name="t", demand_load_us=demand_us)
     eng = Engine(wl, make_policy(policy), CostModel(model, hw or tiny_hw(), rt),
-                 budget_bytes=budget * model.expert_bytes, check_invariants=check, fast_path=fast)
+                 budget_bytes=budget * model.expert_bytes, check_invariants=check, fast_replay=FAST_PATH if fast else None)
     eng.run()
     return eng, compute_metrics(eng)
 

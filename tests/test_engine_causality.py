@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from moesim.policies.base import CausalityError
-from moesim.policies.caching import LRU
+from moesim.policies.baselines.caching import LRU
+from moesim.policies.contract.base import CausalityError
 from tests.util import random_trace, run_engine, tiny_hw, tiny_model
 
 
@@ -51,7 +51,7 @@ def test_present_and_past_are_readable() -> None:
 
 
 def test_only_oracles_get_the_future() -> None:
-    from moesim.policies.registry import make_policy, policy_class, policy_names
+    from moesim.policies.contract.registry import make_policy, policy_class, policy_names
 
     for name in policy_names():
         eng, _ = run_engine(random_trace(1), make_policy(name), tiny_model(3, 8, 2), tiny_hw(), budget_experts=6)

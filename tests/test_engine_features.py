@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.policies.base import (
+from moesim.policies.baselines.caching import LRU
+from moesim.policies.contract.base import (
     CausalityError,
     Context,
     Outcome,
@@ -19,11 +20,10 @@ from moesim.policies.base import (
     Routing,
     View,
 )
-from moesim.policies.caching import LRU
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import RuntimeSpec
-from moesim.sim.engine import PolicyError
-from moesim.sim.profile import profile_from_trace
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import RuntimeSpec
+from moesim.sim.engine.event_loop import PolicyError
+from moesim.sim.run.profile import profile_from_trace
 from tests.util import make_trace, random_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000
@@ -208,8 +208,8 @@ def test_the_profile_split_feeds_offline_popularity() -> None:
 def test_a_run_result_is_plain_data_that_pickles(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import pickle
 
-    from moesim.sim.runner import run_loaded
-    from moesim.sim.scenario import load_scenario
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.sim.run.runner import run_loaded
     from tests.util import ROOT
 
     res = run_loaded(load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.requests=1"]), timeline=True)
@@ -222,7 +222,7 @@ def test_a_run_result_is_plain_data_that_pickles(tmp_path) -> None:  # type: ign
 def test_the_config_hash_follows_the_trace_content_not_its_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import shutil
 
-    from moesim.sim.scenario import load_scenario_data
+    from moesim.sim.config.scenario import load_scenario_data
     from tests.util import ROOT
 
     src = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
@@ -240,8 +240,8 @@ def test_the_config_hash_follows_the_trace_content_not_its_path(tmp_path) -> Non
 
 
 def test_the_replay_reads_only_the_columns_the_policy_declares(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import moesim.sim.runner as runner
-    from moesim.sim.scenario import load_scenario
+    import moesim.sim.run.runner as runner
+    from moesim.sim.config.scenario import load_scenario
     from tests.util import ROOT
 
     asked: list[object] = []

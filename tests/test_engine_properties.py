@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from moesim.policies.registry import make_policy, policy_names
+from moesim.policies.contract.registry import make_policy, policy_names
 from tests.util import random_trace, run_engine, steps, tiny_hw, tiny_model
 
 SETTINGS = settings()   # examples, seed and deadline from the profile (tests/conftest.py)

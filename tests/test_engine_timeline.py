@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from moesim.policies.base import Policy
-from moesim.policies.caching import LRU
-from moesim.policies.registry import make_policy
+from moesim.policies.baselines.caching import LRU
+from moesim.policies.contract.base import Policy
+from moesim.policies.contract.registry import make_policy
 from tests.util import make_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert
@@ -151,7 +151,7 @@ def test_transfer_buffer_lets_a_full_cache_load_before_evicting() -> None:
 
 
 def test_budget_below_one_expert_is_a_clear_error() -> None:
-    from moesim.sim.errors import MoesimError
+    from moesim.sim.core.errors import MoesimError
 
     tr = make_trace([[[0]]], num_experts=2)
     with pytest.raises(MoesimError, match="at least one expert"):
@@ -176,7 +176,7 @@ def test_a_demand_load_waits_for_an_in_flight_prefetch_to_land_and_evicts_it() -
 
 
 def test_a_policy_that_refuses_every_victim_gets_a_clear_error() -> None:
-    from moesim.sim.errors import MoesimError
+    from moesim.sim.core.errors import MoesimError
 
     class Refuse(LRU):
         name = "test-refuse"
@@ -255,7 +255,7 @@ def test_a_prefetch_waits_for_the_room_its_swap_out_frees(layer_us: float, expec
 
 
 def test_a_cancelled_prefetch_is_reported_and_leaves_no_cache_bookkeeping() -> None:
-    from moesim.policies.caching import FIFO
+    from moesim.policies.baselines.caching import FIFO
 
     class PrefetchTwoCancelOne(FIFO):
         name = "test-prefetch-cancel"

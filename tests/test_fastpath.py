@@ -1,4 +1,4 @@
-"""The fast path (sim/fastpath.py) against the SimPy event loop: same metrics and step records,
+"""The fast path (sim/fast/path.py) against the SimPy event loop: same metrics and step records,
 bit for bit, on random traces and hardware, for every policy that declares itself demand-only."""
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from moesim.policies.base import View
+from moesim.policies.contract.base import View
+from moesim.policies.contract.registry import make_policy, policy_names
 from moesim.policies.parts.caches import LRUCache
-from moesim.policies.registry import make_policy, policy_names
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.transfers import PolicyError
-from moesim.sim.workload import build_workload
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.transfers import PolicyError
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, tiny_hw, tiny_model
 
 DEMAND_ONLY = sorted(n for n in policy_names() if make_policy(n).demand_only())
@@ -29,7 +30,7 @@ def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: An
     model = tiny_model(m.num_layers, m.num_experts, m.top_k)
     wl = build_workload(trace, batch_size=batch, phases=["prefill", "decode"])
     eng = Engine(wl, make_policy(policy), CostModel(model, hw), budget_bytes=budget * model.expert_bytes,
-                 seed=seed, initial=initial, check_invariants=check, fast_path=fast)
+                 seed=seed, initial=initial, check_invariants=check, fast_replay=FAST_PATH if fast else None)
     eng.run()
     return eng, compute_metrics(eng)
 
@@ -90,7 +91,7 @@ def _tiny_run(policy: Any, *, budget: int, batch: int = 1, timeline: bool = Fals
     model = tiny_model(1, 4, 2)
     wl = build_workload(trace, batch_size=batch, phases=["decode"])
     eng = Engine(wl, policy, CostModel(model, tiny_hw()), budget_bytes=budget * model.expert_bytes,
-                 record_timeline=timeline)
+                 record_timeline=timeline, fast_replay=FAST_PATH)
     eng.run()
     return eng
 

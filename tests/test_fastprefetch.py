@@ -1,4 +1,4 @@
-"""The mixtral-offloading kernel (sim/fastprefetch.py) against the SimPy event loop: same
+"""The mixtral-offloading kernel (sim/fast/prefetch.py) against the SimPy event loop: same
 metrics and step records, bit for bit, on random traces, budgets and hardware; an exact
 timeline of a hand-made case; and the runs it refuses."""
 
@@ -12,13 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import get_runtime
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.workload import build_workload
-from moesim.traces.format import DECODE, PREFILL
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import get_runtime
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
+from moesim.traces.format.trace_file import DECODE, PREFILL
 from tests.util import make_trace, tiny_hw, tiny_model
 
 KERNEL = "fast (mixtral-offloading kernel)"
@@ -34,7 +35,7 @@ def _run(trace: Any, *, fast: bool, budget: int, batch: int = 1, hw: Any = None,
     runtime = get_runtime(runtime or {"name": "none"})
     wl = build_workload(trace, batch_size=batch, phases=["prefill", "decode"])
     eng = Engine(wl, make_policy(policy, params), CostModel(model, hw or tiny_hw(), runtime),
-                 budget_bytes=budget * model.expert_bytes, seed=seed, initial=initial, fast_path=fast, **kw)
+                 budget_bytes=budget * model.expert_bytes, seed=seed, initial=initial, fast_replay=FAST_PATH if fast else None, **kw)
     eng.run()
     return eng, compute_metrics(eng)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from moesim.sim.runner import run_loaded
-from moesim.sim.scenario import load_scenario_data
+from moesim.sim.config.scenario import load_scenario_data
+from moesim.sim.run.runner import run_loaded
 
 POLICIES = ["moe-infinity", "prefetch-fallback", "adapmoe", "buddymoe", "moe-apex-style", "mixtral-offloading"]
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import yaml
 
-from moesim.sim.cli import main
-from moesim.traces.fit import FitTarget, fit, fit_trace, measure
-from moesim.traces.stats import trace_stats
-from moesim.traces.synthetic import (
+from moesim.sim.cli.main import main
+from moesim.traces.analysis.stats import trace_stats
+from moesim.traces.synthetic.fit import FitTarget, fit, fit_trace, measure
+from moesim.traces.synthetic.generator import (
     SynthError,
     SynthParams,
     achieved_locality,

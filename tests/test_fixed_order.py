@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from moesim.policies.registry import make_policy
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.workload import build_workload
-from moesim.traces.format import DECODE, PREFILL
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.traces.format.trace_file import DECODE, PREFILL
 from tests.util import make_trace, tiny_hw, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,8 @@ def test_hand_case_timeline() -> None:
     model = tiny_model(1, 5, 1)
     wl = build_workload(trace, batch_size=1, phases=["prefill", "decode"])
     eng = Engine(wl, make_policy("lru"), CostModel(model, tiny_hw(pcie_gbps=30.0, expert_us=500.0)),
-                 budget_bytes=3 * model.expert_bytes, record_timeline=True, check_invariants=True)
+                 budget_bytes=3 * model.expert_bytes, record_timeline=True, check_invariants=True,
+                 fast_replay=FAST_PATH)
     eng.run()
     assert eng.path == "event"
     prefill_start = eng.steps.columns()["t_start"][-1]
@@ -51,11 +53,11 @@ def test_executor_hit_rate_equals_the_simulators_in_every_run(policy: str) -> No
     4 slots; the hit rate of each of three executor runs equals the simulator's."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from moesim.sim.calibration.profile import write_profile
-    from moesim.sim.executor.model import load, model_argument
-    from moesim.sim.runner import load_trace
-    from moesim.sim.scenario import load_scenario
-    from moesim.sim.validate import execute_repeated, simulate
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.sim.real.calibration.profile import write_profile
+    from moesim.sim.real.executor.model import load, model_argument
+    from moesim.sim.real.validate import execute_repeated, simulate
+    from moesim.sim.run.runner import load_trace
 
     loaded = load_scenario(ROOT / "scenarios/validate-cpu.yaml", [f"policy={policy}", "cache.rate=0.25",
                                                                  "workload.requests=1"])

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import META_KEY, ModelInfo, TraceMeta, build_table, read_trace
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import META_KEY, ModelInfo, TraceMeta, build_table, read_trace
 
 META = TraceMeta(model=ModelInfo(name="fuzz", num_layers=2, num_experts=4, top_k=2))
 TOKENS = [(0, 0, "prefill"), (0, 1, "decode"), (0, 2, "decode"), (1, 0, "decode"), (1, 1, "decode")]

@@ -1,4 +1,4 @@
-"""The one hook order of the contract (moesim.policies.base), proved on a tiny case: every hook
+"""The one hook order of the contract (moesim.policies.contract.base), proved on a tiny case: every hook
 the engine calls, with its moment in simulated time, written out by hand.
 
 Hardware: layer 100 us, expert 50 us, a 3 MB expert loads in 1000 us. Two MoE layers, three
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from moesim.policies.base import (
+from moesim.policies.baselines.caching import LRU
+from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     Outcome,
@@ -20,7 +21,6 @@ from moesim.policies.base import (
     VictimChoice,
     View,
 )
-from moesim.policies.caching import LRU
 from tests.util import make_trace, run_engine, tiny_hw, tiny_model
 
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moesim.sim.cli import main
-from moesim.sim.errors import MoesimError
-from moesim.traces.importers import (
+from moesim.sim.cli.main import main
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.importers.registry import (
     import_csv,
     import_flame,
     import_jsonl,

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moesim.sim.catalog import CatalogError
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import DECODE, PREFILL, read_trace
-from moesim.traces.importers import (
+from moesim.sim.config.catalog import CatalogError
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import DECODE, PREFILL, read_trace
+from moesim.traces.importers.registry import (
     SourceError,
     import_csv,
     import_flame,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.policies.lcp import LCP
-from moesim.policies.lcp_priority import CachePriority
-from moesim.policies.registry import make_policy
+from moesim.policies.baselines.lcp import LCP
+from moesim.policies.contract.registry import make_policy
+from moesim.policies.parts.lcp_priority import CachePriority
 from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
 
 

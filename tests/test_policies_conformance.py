@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.policies.registry import make_policy, policy_class, policy_names
-from moesim.traces.format import Trace
+from moesim.policies.contract.registry import make_policy, policy_class, policy_names
+from moesim.traces.format.trace_file import Trace
 from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
 
 NAMES = policy_names()

@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import RuntimeSpec
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.workload import build_workload
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import RuntimeSpec
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, tiny_hw, tiny_model
 
 TOKENS = [[[0]], [[1]], [[2]], [[3]]]   # one layer, four experts, top-1: every token a new expert
@@ -28,7 +29,7 @@ def _run(issue_us: float, *, policy: str = "oracle-prefetch", timeline: bool = F
     # 30 GB/s: a 3 MB expert loads in 100 us; layer 100 us, expert 50 us
     cost = CostModel(model, tiny_hw(pcie_gbps=30.0), RuntimeSpec(name="t", prefetch_issue_us=issue_us))
     eng = Engine(wl, make_policy(policy), cost, budget_bytes=2 * model.expert_bytes, check_invariants=check,
-                 record_timeline=timeline)
+                 record_timeline=timeline, fast_replay=FAST_PATH)
     eng.run()
     return eng, compute_metrics(eng)
 

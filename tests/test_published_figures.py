@@ -8,8 +8,8 @@ import pytest
 
 from benchmarks.paper_runs import run_scenario
 from benchmarks.published_figures import E_M_TABLE2, concordant_pairs, published, ranks
-from moesim.sim.catalog import get_model
-from moesim.sim.scenario import load_scenario_data
+from moesim.sim.config.catalog import get_model
+from moesim.sim.config.scenario import load_scenario_data
 from tests.util import ROOT
 
 GIB = 2**30

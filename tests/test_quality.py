@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moesim.policies.base import Plan, Routing, View
-from moesim.policies.compose import Composed
+from moesim.policies.contract.base import Plan, Routing, View
 from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.planners import Planner
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("torch")        # the harness runs a real model: the tracer extra
@@ -64,7 +64,7 @@ class _Planned(Composed):
 
 
 def test_identity_plan_leaves_the_output_unchanged() -> None:
-    from moesim.traces.quality import evaluate_plans
+    from moesim.sim.real.quality import evaluate_plans
 
     res = evaluate_plans(_model(), TEXTS, _Planned(drop=False), cache_rate=0.5)
     assert res.planned_token_layers == 1.0              # every token-layer went through the plan
@@ -75,7 +75,7 @@ def test_identity_plan_leaves_the_output_unchanged() -> None:
 
 
 def test_dropping_experts_changes_the_output() -> None:
-    from moesim.traces.quality import evaluate_plans
+    from moesim.sim.real.quality import evaluate_plans
 
     res = evaluate_plans(_model(), TEXTS, _Planned(drop=True), cache_rate=0.5)
     assert res.planned_token_layers == 1.0
@@ -86,7 +86,7 @@ def test_dropping_experts_changes_the_output() -> None:
 
 
 def test_commitmoe_plans_run_on_the_model() -> None:
-    from moesim.traces.quality import evaluate_plans
+    from moesim.sim.real.quality import evaluate_plans
 
     res = evaluate_plans(_model(), TEXTS, "commitmoe", profile_texts=1, cache_rate=0.5)
     assert res.texts == 3 and res.sim["policy_report"]["predictor"] == "lookahead"
@@ -99,7 +99,7 @@ def test_commitmoe_plans_run_on_the_model() -> None:
 
 
 def test_bad_arguments_are_one_line_errors() -> None:
-    from moesim.traces.quality import evaluate_plans
+    from moesim.sim.real.quality import evaluate_plans
 
     with pytest.raises(MoesimError, match="leaves no text"):
         evaluate_plans(_model(), TEXTS, "commitmoe", profile_texts=4)
@@ -112,7 +112,7 @@ def test_simctl_quality_prints_the_figures_and_refuses_bad_input(tmp_path: Any, 
     pytest.importorskip("torch")
     import json
 
-    from moesim.sim.cli import main
+    from moesim.sim.cli.main import main
 
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps({"model_type": "mixtral", "vocab_size": 128, "hidden_size": 32,
@@ -139,7 +139,7 @@ def test_the_bundled_tiny_moe_is_the_default_model_and_text(tmp_path: Any, capsy
     import json
     import tempfile
 
-    from moesim.sim.cli import main
+    from moesim.sim.cli.main import main
 
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "moesim-quality-*")))
     rc = main(["quality", "--policy", "random-substitute", "--default-texts", "3", "--profile-texts", "1", "--json"])

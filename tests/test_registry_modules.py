@@ -8,7 +8,7 @@ import ast
 import subprocess
 import sys
 
-from moesim.policies import registry
+from moesim.policies.contract import registry
 
 
 def test_table_matches_the_registered_classes() -> None:
@@ -21,12 +21,14 @@ def test_table_matches_the_registered_classes() -> None:
 def test_one_lookup_imports_only_its_module() -> None:
     """A fresh interpreter that looks up ``lru`` imports the caching module and no other
     policy module; an unknown name still gets a suggestion from every policy."""
-    code = ("import sys; from moesim.policies.registry import policy_class, PolicyError\n"
+    code = ("import sys; from moesim.policies.contract.registry import policy_class, PolicyError\n"
             "policy_class('lru')\n"
-            "print(sorted(m for m in sys.modules if m.startswith('moesim.policies.') and m.count('.') == 2))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('moesim.policies.') and m.count('.') == 3))\n"
             "try:\n    policy_class('mixtral-offloadin')\nexcept PolicyError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     loaded = ast.literal_eval(out[0])   # a list literal printed by the child
-    assert "moesim.policies.caching" in loaded
-    assert not {m for m in loaded if m.rsplit(".", 1)[1] in {"fmoe", "buddymoe", "moepic", "commitmoe"}}
+    assert "moesim.policies.baselines.caching" in loaded
+    papers = {"fmoe", "buddymoe", "moepic", "commitmoe", "activeevict"}
+    assert not {m for m in loaded if m.split(".")[2] in papers}
+    assert not {m for m in loaded if m.startswith("moesim.policies.baselines.") and not m.endswith(".caching")}
     assert "did you mean 'mixtral-offloading'" in out[1]

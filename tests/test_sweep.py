@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from moesim.sim.cli import main
-from moesim.sim.sweep import Sweep, SweepError, load_sweep
-from moesim.sim.sweep_run import run_sweep
+from moesim.sim.cli.main import main
+from moesim.sim.study.sweep import Sweep, SweepError, load_sweep
+from moesim.sim.study.sweep_run import run_sweep
 from tests.util import ROOT
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -61,7 +61,7 @@ def test_zip_varies_keys_together_and_crosses_the_grid(tmp_path: Path) -> None:
 
 
 def test_policy_all_takes_the_registry_and_labels_bounds(tmp_path: Path) -> None:
-    from moesim.policies.registry import policy_class, policy_names
+    from moesim.policies.contract.registry import policy_class, policy_names
 
     sw = load_sweep(write_sweep(tmp_path, grid={"policy": "all"}))
     assert [p.policy for p in sw.points] == policy_names()
@@ -159,7 +159,7 @@ def test_resume_after_sigkill_skips_finished_points_and_loses_none(tmp_path: Pat
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     path = write_sweep(tmp_path, grid={"policy": ["lru", "lfu", "fifo", "no-cache"], "cache.rate": [0.25, 0.5]})
     out = tmp_path / "o"
-    proc = subprocess.Popen([sys.executable, "-m", "moesim.sim.cli", "sweep", str(path), "--out", str(out), "-j", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "moesim.sim.cli.main", "sweep", str(path), "--out", str(out), "-j", "1",
                              "--no-progress"], start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moesim.traces.format import DECODE, PREFILL, read_trace, write_trace
-from moesim.traces.stats import trace_stats
-from moesim.traces.synthetic import (
+from moesim.traces.analysis.stats import trace_stats
+from moesim.traces.format.trace_file import DECODE, PREFILL, read_trace, write_trace
+from moesim.traces.synthetic.generator import (
     PRESETS,
     SynthError,
     SynthParams,

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moesim.sim.catalog import get_model
-from moesim.sim.cli import main
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import OPTIONAL_COLUMNS, read_meta, read_trace
-from moesim.traces.tiny_corpus import (
+from moesim.sim.cli.main import main
+from moesim.sim.config.catalog import get_model
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import OPTIONAL_COLUMNS, read_meta, read_trace
+from moesim.traces.tiny.tiny_corpus import (
     EOS_ID,
     HELD_OUT_MODULUS,
     held_out_prompts,
@@ -31,7 +31,7 @@ from moesim.traces.tiny_corpus import (
     load_corpus,
     stdlib_root,
 )
-from moesim.traces.tiny_model import NAME, model_dir, trace_path
+from moesim.traces.tiny.tiny_model import NAME, model_dir, trace_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -123,7 +123,7 @@ def test_bundled_trace_has_every_column_prefill_and_decode() -> None:
 
 def test_trace_stats_match_the_readme() -> None:
     """The figures README.md quotes for the bundled trace (``simctl trace stats``, column all)."""
-    from moesim.traces.stats import trace_stats
+    from moesim.traces.analysis.stats import trace_stats
 
     s = trace_stats(trace_path())
     ov = s.overall
@@ -138,7 +138,7 @@ def test_trace_stats_match_the_readme() -> None:
 
 def test_executor_default_model_is_the_tiny_moe() -> None:
     pytest.importorskip("torch")
-    from moesim.sim.executor.model import model_argument
+    from moesim.sim.real.executor.model import model_argument
 
     spec = get_model(NAME)
     assert model_argument(None, spec) == (str(model_dir()), None)
@@ -174,7 +174,7 @@ def test_committed_model_loads_and_beats_random_weights_on_held_out_text() -> No
     torch = _torch()
     import transformers
 
-    from moesim.traces.train_tiny import TinyConfig, build_model, evaluate, routing_summary
+    from moesim.traces.tiny.train_tiny import TinyConfig, build_model, evaluate, routing_summary
 
     model = transformers.MixtralForCausalLM.from_pretrained(model_dir(), dtype=torch.float32)
     cfg = model.config
@@ -200,8 +200,8 @@ def test_committed_model_loads_and_beats_random_weights_on_held_out_text() -> No
 @pytest.mark.tracer
 def test_committed_model_loads_through_the_tracer_and_executor() -> None:
     torch = _torch()
-    from moesim.sim.executor.model import load
-    from moesim.traces.model_loading import load_model
+    from moesim.sim.real.executor.model import load
+    from moesim.traces.tracer.model_loading import load_model
 
     lm = load_model(model_dir())
     assert lm.source["weights"] == "pretrained" and lm.vocab_size == 257
@@ -222,7 +222,7 @@ SMALL = dict(num_layers=2, num_experts=4, top_k=2, hidden_size=16, intermediate_
 @pytest.mark.tracer
 def test_training_runs_and_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     torch = _torch()
-    from moesim.traces.train_tiny import TinyConfig, save, train
+    from moesim.traces.tiny.train_tiny import TinyConfig, save, train
 
     corpus = load_corpus(_corpus_dir(tmp_path))
     a = train(TinyConfig(**SMALL, seed=1), corpus)

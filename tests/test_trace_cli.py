@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moesim.sim.cli import main
-from moesim.traces.format import read_meta, read_trace
+from moesim.sim.cli.main import main
+from moesim.traces.format.trace_file import read_meta, read_trace
 from tests.util import assert_same_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def test_flame_stats_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_console_script_error_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.parquet"
     bad.write_text("not parquet")
-    proc = subprocess.run([sys.executable, "-m", "moesim.sim.cli", "trace", "inspect", str(bad)],
+    proc = subprocess.run([sys.executable, "-m", "moesim.sim.cli.main", "trace", "inspect", str(bad)],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "not a Parquet file" in proc.stderr and "Traceback" not in proc.stderr

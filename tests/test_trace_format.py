@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moesim.sim.cli import main
-from moesim.traces.format import (
+from moesim.sim.cli.main import main
+from moesim.traces.format.trace_file import (
     META_KEY,
     ModelInfo,
     TraceError,

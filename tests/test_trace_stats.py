@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moesim.traces.format import ModelInfo, TraceMeta, write_trace
-from moesim.traces.stats import (
+from moesim.traces.analysis.stats import (
     LruStackDistances,
     default_cache_sizes,
     lru_hit_rates,
@@ -23,6 +22,7 @@ from moesim.traces.stats import (
     trace_stats,
     trace_summary,
 )
+from moesim.traces.format.trace_file import ModelInfo, TraceMeta, write_trace
 from tests.util import ROOT
 
 SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "samples" / "flame-moe-290m.parquet"
@@ -209,7 +209,7 @@ def test_summary(tmp_path: Path) -> None:
 def test_stats_lru_is_the_hit_rate_of_an_lru_run(capsys: pytest.CaptureFixture[str]) -> None:
     """One definition (docs/contract.md, "Hit rate"): `trace stats` LRU@C equals `simctl run`
     with policy lru and C experts per layer, on the bundled sample (batch 1, all requests)."""
-    from moesim.sim.cli import main
+    from moesim.sim.cli.main import main
 
     sample = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
     st_ = trace_stats(sample, cache_sizes=[6, 16])

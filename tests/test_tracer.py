@@ -1,4 +1,4 @@
-"""The torch tracer (``traces/tracer.py``) and ``simctl trace record``, on tiny random models.
+"""The torch tracer (``traces/tracer/tracer.py``) and ``simctl trace record``, on tiny random models.
 
 Every supported architecture is built from a tiny config with random weights (CPU, float32)
 and checked against the model itself: the recorded experts are the top-k of the model's own
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import read_trace
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import read_trace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -59,7 +59,7 @@ def _torch() -> Any:
 def tr() -> Any:
     """The tracer module (skips without torch/transformers)."""
     _torch()
-    from moesim.traces import tracer
+    from moesim.traces.tracer import tracer
     return tracer
 
 
@@ -87,7 +87,7 @@ def _build(model_type: str, dtype: str = "float32") -> Any:
 @cache
 def _generation(model_type: str) -> Any:
     """One generation trace of PROMPT (shared by several tests; the model is not changed)."""
-    from moesim.traces import tracer
+    from moesim.traces.tracer import tracer
 
     return tracer.trace_model(_build(model_type), [tracer.Prompt(PROMPT)], name=model_type,
                               max_new_tokens=NEW, stop_at_eos=False)
@@ -490,10 +490,10 @@ def _invoke(args: list[str]) -> tuple[int, str]:
     from typer.testing import CliRunner
 
     from moesim.traces.cli import app as trace_app
-    from moesim.traces.record import record
+    from moesim.traces.tracer.record import record
 
     if "record" in _command_names(trace_app):
-        from moesim.sim.cli import main
+        from moesim.sim.cli.main import main
 
         return main(["trace", "record", *args]), ""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -550,10 +550,10 @@ def test_cli_record_errors_are_one_line(tr: Any, tmp_path: Path, capsys: Any) ->
 
 
 def test_record_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from moesim.traces.record import record
+    from moesim.traces.tracer.record import record
 
     monkeypatch.setitem(sys.modules, "torch", None)  # makes "import torch" fail
-    monkeypatch.delitem(sys.modules, "moesim.traces.tracer", raising=False)
+    monkeypatch.delitem(sys.modules, "moesim.traces.tracer.tracer", raising=False)
     with pytest.raises(MoesimError, match=r"needs torch and transformers \(torch is not installed\): "
                                           r"pip install 'torch==2.13.0' && pip install 'moesim\[tracer\]'"):
         record(model="x", prompts=tmp_path / "p.txt", out=tmp_path / "o.parquet")
@@ -561,7 +561,7 @@ def test_record_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.tracer
 def test_recorded_trace_replays_through_simctl_run(tr: Any, tmp_path: Path, capsys: Any) -> None:
-    from moesim.sim.cli import app, main
+    from moesim.sim.cli.main import app, main
 
     if "run" not in _command_names(app):
         pytest.skip("simctl run is not there yet")

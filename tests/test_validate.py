@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moesim.sim.cli import main
+from moesim.sim.cli.main import main
 
 MODEL = {"name": "tiny", "num_layers": 2, "num_experts": 4, "top_k": 2, "hidden_size": 32,
          "expert_intermediate_size": 64, "dtype_bytes": 4}

@@ -8,14 +8,22 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import Profile
-from moesim.sim.catalog import HardwareSpec, ModelSpec, RuntimeSpec, get_hardware, get_model
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.records import STEP_FIELDS
-from moesim.sim.workload import build_workload
-from moesim.traces.format import DECODE, PREFILL, ModelInfo, Trace, TraceMeta, trace_from_columns
+from moesim.policies.contract.base import Profile
+from moesim.sim.config.catalog import HardwareSpec, ModelSpec, RuntimeSpec, get_hardware, get_model
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.records import STEP_FIELDS
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
+from moesim.traces.format.trace_file import (
+    DECODE,
+    PREFILL,
+    ModelInfo,
+    Trace,
+    TraceMeta,
+    trace_from_columns,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +110,8 @@ def run_engine(trace: Trace, policy: Any, model: ModelSpec, hw: HardwareSpec, *,
     eng = Engine(wl, policy, cost, budget_bytes=int(budget_experts * model.expert_bytes),
                  buffer_bytes=int(buffer_experts * model.expert_bytes), seed=seed, initial=initial,
                  swap_out=swap_out, pcie_order=pcie_order, sync_prefetch=sync_prefetch,
-                 profile=profile, record_timeline=timeline, check_invariants=True)
+                 profile=profile, record_timeline=timeline, check_invariants=True,
+                 fast_replay=FAST_PATH)
     eng.run()
     return eng, compute_metrics(eng)
 

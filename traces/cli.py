@@ -15,9 +15,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.atomic import check_target
-from moesim.sim.errors import MoesimError
-from moesim.traces.record import record
+from moesim.sim.core.atomic import check_target
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.tracer.record import record
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 # `record` needs the optional torch extra; the command imports it only when it runs
@@ -75,7 +75,7 @@ def import_cmd(
     force: Annotated[bool, typer.Option("--force", help="replace an existing output file")] = False,
 ) -> None:
     """Convert a router log into a moe-trace v1 file (see README, "Importing router logs")."""
-    from moesim.traces.importers import (
+    from moesim.traces.importers.registry import (
         FLAME_MODEL,
         FORMATS,
         import_trace,
@@ -117,7 +117,7 @@ def synth_cmd(
     force: Annotated[bool, typer.Option("--force", help="replace an existing output file")] = False,
 ) -> None:
     """Generate a synthetic trace from the latent-state router model."""
-    from moesim.traces.synthetic import parse_params, synthesize
+    from moesim.traces.synthetic.generator import parse_params, synthesize
 
     data: dict[str, Any] = {}
     if preset is not None:
@@ -165,9 +165,9 @@ def fit_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Fit the synthetic generator to a trace: per-layer reuse, popularity skew, cross-layer correlation."""
-    from moesim.traces.fit import FIT_KNOBS, FitTarget, fit
-    from moesim.traces.stats import trace_stats
-    from moesim.traces.synthetic import PRESETS
+    from moesim.traces.analysis.stats import trace_stats
+    from moesim.traces.synthetic.fit import FIT_KNOBS, FitTarget, fit
+    from moesim.traces.synthetic.generator import PRESETS
 
     names = [k.strip() for k in knobs.split(",") if k.strip()] if knobs else list(FIT_KNOBS)
     for k in names:
@@ -214,7 +214,7 @@ def fit_cmd(
 @app.command("synth-params")
 def synth_params_cmd() -> None:
     """List the generator parameters with their defaults and help, and the presets."""
-    from moesim.traces.synthetic import PRESETS, SynthParams
+    from moesim.traces.synthetic.generator import PRESETS, SynthParams
 
     table = Table(title="simctl trace synth --set KEY=VALUE")
     for col in ("parameter", "default", "meaning"):
@@ -233,7 +233,7 @@ def inspect_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
 ) -> None:
     """Validate a trace and show its metadata, counts and first rows."""
-    from moesim.traces.stats import trace_summary
+    from moesim.traces.analysis.stats import trace_summary
 
     info = trace_summary(file, head=rows)
     if as_json:
@@ -286,7 +286,7 @@ def stats_cmd(
         help="LRU cache sizes in experts per layer, comma-separated (default: k and E/4, E/2, 3E/4)")] = None,
 ) -> None:
     """Routing statistics per layer: popularity, reuse, next-layer prediction, co-activation, LRU."""
-    from moesim.traces.stats import trace_stats
+    from moesim.traces.analysis.stats import trace_stats
 
     sizes: list[int] | None = None
     if cache_sizes:
@@ -296,7 +296,7 @@ def stats_cmd(
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: expected integers separated by commas") from None
         if not sizes or min(sizes) < 1:
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: sizes must be >= 1")
-        from moesim.traces.format import read_meta
+        from moesim.traces.format.trace_file import read_meta
 
         experts = read_meta(file).model.num_experts
         if max(sizes) > experts:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import Context, Plan, PolicySetupError, Routing, View
+from moesim.policies.contract.base import Context, Plan, PolicySetupError, Routing, View
 from moesim.policies.parts.planners import Planner
 
 

@@ -26,7 +26,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from moesim.policies.base import Context, EvictionRequest, Outcome, UnitKey, VictimChoice, View
+from moesim.policies.contract.base import (
+    Context,
+    EvictionRequest,
+    Outcome,
+    UnitKey,
+    VictimChoice,
+    View,
+)
 from moesim.policies.parts.caches import CacheRule
 
 SCORES = ("combined", "prediction", "hotness", "lru")

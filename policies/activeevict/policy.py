@@ -24,12 +24,12 @@ paper swaps serially; moesim's D2H lane runs beside the H2D lane (see the benchm
 
 from __future__ import annotations
 
-from moesim.policies.base import Context
-from moesim.policies.compose import Composed
-from moesim.policies.parts.budget_topk import BudgetTopKPlanner
-from moesim.policies.parts.importance import ImportanceCache, ImportanceScorer
-from moesim.policies.parts.pre_eviction import PreEvictor
-from moesim.policies.registry import register
+from moesim.policies.activeevict.budget_topk import BudgetTopKPlanner
+from moesim.policies.activeevict.importance import ImportanceCache, ImportanceScorer
+from moesim.policies.activeevict.pre_eviction import PreEvictor
+from moesim.policies.contract.base import Context
+from moesim.policies.contract.registry import register
+from moesim.policies.parts.compose import Composed
 
 
 @register

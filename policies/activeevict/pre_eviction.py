@@ -23,7 +23,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import (
+from moesim.policies.activeevict.importance import (
+    BOUNDARY,
+    REDUNDANCY,
+    ImportanceScorer,
+    release_target,
+)
+from moesim.policies.contract.base import (
     MISS,
     RESIDENT,
     Context,
@@ -32,7 +38,6 @@ from moesim.policies.base import (
     UnitKey,
     View,
 )
-from moesim.policies.parts.importance import BOUNDARY, REDUNDANCY, ImportanceScorer, release_target
 from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.parts.prefetchers import Prefetcher
 

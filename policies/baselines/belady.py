@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from moesim.policies.compose import Composed
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import BeladyCache
-from moesim.policies.registry import register
+from moesim.policies.parts.compose import Composed
 
 
 @register

@@ -3,7 +3,7 @@ cache rule of :mod:`moesim.policies.parts.caches`; none prefetches."""
 
 from __future__ import annotations
 
-from moesim.policies.compose import Composed
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import (
     FIFOCache,
     LFUCache,
@@ -12,7 +12,7 @@ from moesim.policies.parts.caches import (
     RandomCache,
     StaticCache,
 )
-from moesim.policies.registry import register
+from moesim.policies.parts.compose import Composed
 
 
 @register

@@ -1,11 +1,11 @@
 """``lcp``: MoEpic's Least Cache Priority as a demand cache, comparable with ``lru``, ``lfu`` and
-``random`` (the bookkeeping is :mod:`moesim.policies.lcp_priority`)."""
+``random`` (the bookkeeping is :mod:`moesim.policies.parts.lcp_priority`)."""
 
 from __future__ import annotations
 
-from moesim.policies.compose import Composed
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LCPCache
-from moesim.policies.registry import register
+from moesim.policies.parts.compose import Composed
 
 
 @register

@@ -11,12 +11,12 @@ Label it approximate in outputs: we rebuild MoE-APEX from ActiveEvict's descript
 
 from __future__ import annotations
 
-from moesim.policies.base import Context, Outcome, View
-from moesim.policies.compose import Composed
+from moesim.policies.contract.base import Context, Outcome, View
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import LookaheadPredictor
 from moesim.policies.parts.prefetchers import Prefetcher
-from moesim.policies.registry import register
 
 
 class AggressivePrefetcher(Prefetcher):

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import Context, Outcome, View
-from moesim.policies.compose import Composed
+from moesim.policies.contract.base import Context, Outcome, View
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LFUCache
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.prefetchers import Prefetcher
-from moesim.policies.registry import register
 
 
 @register

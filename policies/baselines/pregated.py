@@ -12,12 +12,12 @@ previous token's routing of layer ``l + 1`` stands in (the run warns).
 
 from __future__ import annotations
 
-from moesim.policies.base import Context, Plan, Routing, UnitKey, View
-from moesim.policies.compose import Composed
+from moesim.policies.contract.base import Context, Plan, Routing, UnitKey, View
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import DropAfterUseCache
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import AutoPredictor
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
-from moesim.policies.registry import register
 
 
 class PreGatePrefetcher(NextLayerPrefetcher):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moesim.policies.compose import Composed
-from moesim.policies.lossless_base import base_parts
+from moesim.policies.contract.registry import register
+from moesim.policies.parts.compose import Composed
+from moesim.policies.parts.lossless_base import base_parts
 from moesim.policies.parts.planners import RandomSubstitutePlanner
-from moesim.policies.registry import register
 
 
 @register

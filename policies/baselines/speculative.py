@@ -3,11 +3,11 @@ lookahead) and ``oracle-prefetch`` (perfect knowledge of the next layer: a bound
 
 from __future__ import annotations
 
-from moesim.policies.compose import Composed
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import OraclePredictor, make_predictor
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
-from moesim.policies.registry import register
 
 
 @register

@@ -3,7 +3,7 @@ section 3.1 and the replacement budget of section 5.1), usable on top of any cac
 
 Once a layer is routed, each routed expert that would be a demand load (``ABSENT``; also
 in-flight ones with ``substitute_late``) is replaced by the first of its buddies (the
-co-activation lists of :mod:`moesim.policies.parts.coactivation`, searched to depth ``H``) that
+co-activation lists of :mod:`moesim.policies.buddymoe.coactivation`, searched to depth ``H``) that
 is ``RESIDENT`` and not already used by the token (Algorithm 1's hard uniqueness rule: ``U_t``
 starts with the token's own routed experts, missing ones included). Gates, in the paper's order:
 
@@ -35,7 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import (
+from moesim.policies.buddymoe.coactivation import (
+    COACTIVATION_MODES,
+    BuddyLists,
+    CoactivationProfile,
+    renormalised,
+)
+from moesim.policies.buddymoe.tae import calibrate_tau, tae
+from moesim.policies.contract.base import (
     ABSENT,
     RESIDENT,
     Context,
@@ -45,14 +52,7 @@ from moesim.policies.base import (
     Routing,
     View,
 )
-from moesim.policies.parts.coactivation import (
-    COACTIVATION_MODES,
-    BuddyLists,
-    CoactivationProfile,
-    renormalised,
-)
 from moesim.policies.parts.planners import Planner
-from moesim.policies.parts.tae import calibrate_tau, tae
 
 FALLBACKS = ("load", "drop", "cpu")
 

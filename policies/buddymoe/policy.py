@@ -5,7 +5,7 @@ Inference", PPoPP 2026). Lossy.
 BuddyMoE complements an existing cache and next-layer prefetcher (section 3.4): ``base`` names
 the registered lossless policy it sits on (default ``mixtral-offloading``: per-layer LRU pools
 and lookahead prefetch of layer ``l + 1``, the "Original" of the paper's tables), with
-``base_params``. On top, :class:`~moesim.policies.parts.buddy_planner.BuddySubstitutePlanner`
+``base_params``. On top, :class:`~moesim.policies.buddymoe.planner.BuddySubstitutePlanner`
 runs Algorithm 1 with the TAE gate (``tau``, ``tau_percentile``, ``temperature``, ``gamma``), the
 batch gate (``beta``) and the replacement budget (``rho``), from buddy lists built in ``setup``
 out of the scenario's ``profile:`` split (Eqs. 4-6: ``alpha``, ``k_max``, ``epsilon``,
@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from moesim.policies.compose import Composed
-from moesim.policies.lossless_base import base_parts
-from moesim.policies.parts.buddy_planner import BuddySubstitutePlanner
-from moesim.policies.registry import register
+from moesim.policies.buddymoe.planner import BuddySubstitutePlanner
+from moesim.policies.contract.registry import register
+from moesim.policies.parts.compose import Composed
+from moesim.policies.parts.lossless_base import base_parts
 
 
 @register

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.parts.coactivation import renormalised
+from moesim.policies.buddymoe.coactivation import renormalised
 
 
 def tae(weights: np.ndarray, temperature: float = 1.0) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import Context, Outcome, Plan, Routing, View
-from moesim.policies.parts.owa import commit_accuracy, default_trigger, owa_weights
+from moesim.policies.commitmoe.owa import commit_accuracy, default_trigger, owa_weights
+from moesim.policies.contract.base import Context, Outcome, Plan, Routing, View
 from moesim.policies.parts.planners import Planner
 from moesim.policies.parts.predictors import Predictor, top_experts
 from moesim.policies.parts.prefetchers import Prefetcher

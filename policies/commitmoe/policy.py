@@ -35,17 +35,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from moesim.policies.base import PolicySetupError
-from moesim.policies.compose import Composed
+from moesim.policies.commitmoe.commit import Commitments, CommitPlanner, CommitPrefetcher
+from moesim.policies.contract.base import PolicySetupError
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LFUCache
-from moesim.policies.parts.commit import Commitments, CommitPlanner, CommitPrefetcher
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import (
     AutoPredictor,
     Predictor,
     TrainedPredictor,
     make_predictor,
 )
-from moesim.policies.registry import register
 
 COMMIT_PREDICTORS = ("auto", "lookahead", "trained", "previous-token")
 """The Commit Router's sources (``auto``: lookahead when the trace has it, else previous-token,

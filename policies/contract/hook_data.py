@@ -1,7 +1,7 @@
 """What passes between the engine and a policy at a hook: the key of a unit, its residency and
 an access's status, the layer's :class:`Routing`, the policy's :class:`Plan`, the
 :class:`Outcome` of the accesses, and an :class:`EvictionRequest` with its answer (a victim or a
-:class:`Decline`). Plain data, no behaviour; :mod:`moesim.policies.base` states when each is
+:class:`Decline`). Plain data, no behaviour; :mod:`moesim.policies.contract.base` states when each is
 handed over and re-exports every name here.
 """
 

@@ -17,29 +17,29 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from moesim.policies.base import Policy
-from moesim.sim.errors import MoesimError
+from moesim.policies.contract.base import Policy
+from moesim.sim.core.errors import MoesimError
 
 _REGISTRY: dict[str, type[Policy]] = {}
 _MODULES: dict[str, tuple[str, ...]] = {
     # module: the names it registers (a lookup imports only the module that holds the name;
     # tests/test_registry_modules.py checks this table against the classes themselves)
-    "moesim.policies.caching": ("lru", "lfu", "fifo", "random", "static", "no-cache"),
-    "moesim.policies.belady": ("belady",),
-    "moesim.policies.speculative": ("mixtral-offloading", "oracle-prefetch"),
-    "moesim.policies.lcp": ("lcp",),
-    "moesim.policies.moepic": ("moepic",),
-    "moesim.policies.moepic_variants": ("moepic-cache-only", "moepic-prefetch-only"),
-    "moesim.policies.adapmoe": ("adapmoe",),
-    "moesim.policies.moe_infinity": ("moe-infinity",),
-    "moesim.policies.pregated": ("pregated",),
-    "moesim.policies.random_substitute": ("random-substitute",),
-    "moesim.policies.activeevict": ("activeevict",),
-    "moesim.policies.moe_apex": ("moe-apex-style",),
-    "moesim.policies.fmoe": ("fmoe",),
-    "moesim.policies.promoe": ("promoe-style",),
-    "moesim.policies.buddymoe": ("buddymoe",),
-    "moesim.policies.commitmoe": ("commitmoe", "prefetch-fallback"),
+    "moesim.policies.baselines.caching": ("lru", "lfu", "fifo", "random", "static", "no-cache"),
+    "moesim.policies.baselines.belady": ("belady",),
+    "moesim.policies.baselines.speculative": ("mixtral-offloading", "oracle-prefetch"),
+    "moesim.policies.baselines.lcp": ("lcp",),
+    "moesim.policies.moepic.policy": ("moepic",),
+    "moesim.policies.moepic.variants": ("moepic-cache-only", "moepic-prefetch-only"),
+    "moesim.policies.baselines.adapmoe": ("adapmoe",),
+    "moesim.policies.baselines.moe_infinity": ("moe-infinity",),
+    "moesim.policies.baselines.pregated": ("pregated",),
+    "moesim.policies.baselines.random_substitute": ("random-substitute",),
+    "moesim.policies.activeevict.policy": ("activeevict",),
+    "moesim.policies.baselines.moe_apex": ("moe-apex-style",),
+    "moesim.policies.fmoe.policy": ("fmoe",),
+    "moesim.policies.baselines.promoe": ("promoe-style",),
+    "moesim.policies.buddymoe.policy": ("buddymoe",),
+    "moesim.policies.commitmoe.policy": ("commitmoe", "prefetch-fallback"),
 }
 _MODULE_OF = {name: mod for mod, names in _MODULES.items() for name in names}
 _loaded = False

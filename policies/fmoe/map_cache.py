@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     Outcome,
@@ -24,8 +24,8 @@ from moesim.policies.base import (
     VictimChoice,
     View,
 )
+from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher
 from moesim.policies.parts.caches import CacheRule
-from moesim.policies.parts.map_prefetch import ExpertMapPrefetcher
 
 
 class MapPriorityCache(CacheRule):

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import QUEUED, Context, Outcome, UnitKey, View
-from moesim.policies.parts.expert_maps import ExpertMapStore, select_by_mass
+from moesim.policies.contract.base import QUEUED, Context, Outcome, UnitKey, View
+from moesim.policies.fmoe.expert_maps import ExpertMapStore, select_by_mass
 from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.parts.prefetchers import Prefetcher
 

@@ -8,8 +8,8 @@ picks a map for layers ``0..d-1``; after each routed layer the most similar prob
 trajectory picks one for layer ``l + d`` (``prefetch_distance`` d, 3 in the paper). Experts are
 prefetched in descending probability until their mass reaches ``clip(1 - score, 0, 1)`` and at
 least K, at priority ``p / distance``; demand misses go first. The cache evicts the highest
-``1 / (p * freq)``. See :mod:`moesim.policies.parts.map_prefetch`,
-:mod:`moesim.policies.parts.map_cache` and :mod:`moesim.policies.parts.expert_maps` for the
+``1 / (p * freq)``. See :mod:`moesim.policies.fmoe.map_prefetch`,
+:mod:`moesim.policies.fmoe.map_cache` and :mod:`moesim.policies.fmoe.expert_maps` for the
 readings taken where the paper is silent (the spec sheet's [rec]: ``freq + 1``, the protected
 window of the next d layers, withdrawing stale prefetches, ``>= K``).
 
@@ -23,14 +23,14 @@ in a thread; Fig. 15 counts it outside the synchronous overhead), 0 to leave it 
 
 from __future__ import annotations
 
-from moesim.policies.compose import Composed
-from moesim.policies.moe_infinity import EAMPrefetcher
+from moesim.policies.baselines.moe_infinity import EAMPrefetcher
+from moesim.policies.contract.registry import register
+from moesim.policies.fmoe.map_cache import MapPriorityCache
+from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher
 from moesim.policies.parts.caches import CacheRule, LFUCache, LRUCache
-from moesim.policies.parts.map_cache import MapPriorityCache
-from moesim.policies.parts.map_prefetch import ExpertMapPrefetcher
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import make_predictor
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher, Prefetcher
-from moesim.policies.registry import register
 
 MATCHERS = ("map", "speculate", "hit-count")
 EVICTIONS = ("fmoe", "lru", "lfu")

@@ -1,14 +1,14 @@
 """MoEpic's two degenerate cases (section 2.3 of the paper), registered as policies of their
 own: ``moepic-cache-only`` (``theta`` 1: whole experts under LCP, no prefetch) and
 ``moepic-prefetch-only`` (``theta`` 0: nothing cached, whole experts prefetched speculatively
-into the transfer buffer). Both are :class:`~moesim.policies.moepic.MoEpic` with other
+into the transfer buffer). Both are :class:`~moesim.policies.moepic.policy.MoEpic` with other
 defaults.
 """
 
 from __future__ import annotations
 
-from moesim.policies.moepic import MoEpic
-from moesim.policies.registry import register
+from moesim.policies.contract.registry import register
+from moesim.policies.moepic.policy import MoEpic
 
 
 @register

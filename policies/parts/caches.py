@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     FutureRouting,
@@ -25,7 +25,7 @@ from moesim.policies.base import (
     VictimChoice,
     View,
 )
-from moesim.policies.lcp_priority import CachePriority
+from moesim.policies.parts.lcp_priority import CachePriority
 
 
 class CacheRule(Policy):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     Outcome,

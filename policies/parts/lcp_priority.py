@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import UnitKey
+from moesim.policies.contract.base import UnitKey
 
 
 class CachePriority:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moesim.policies.compose import _DISPATCHED, Composed
+from moesim.policies.contract.registry import make_policy
 from moesim.policies.parts.caches import CacheRule
+from moesim.policies.parts.compose import _DISPATCHED, Composed
 from moesim.policies.parts.prefetchers import Prefetcher
-from moesim.policies.registry import make_policy
 
 _OWN_HOOKS = (*_DISPATCHED, "setup", "warm", "on_routed", "choose_victim", "admit", "part_fractions")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import ABSENT, Context, Plan, Policy, Routing, View
+from moesim.policies.contract.base import ABSENT, Context, Plan, Policy, Routing, View
 
 
 class Planner(Policy):
-    """Base of the planners: ``on_routed`` returns a :class:`~moesim.policies.base.Plan`."""
+    """Base of the planners: ``on_routed`` returns a :class:`~moesim.policies.contract.base.Plan`."""
 
     def read_columns(self) -> frozenset[str]:
         """A planner reads what it requires unless it says more."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import Context, PolicySetupError, Profile, View
+from moesim.policies.contract.base import Context, PolicySetupError, Profile, View
 from moesim.policies.parts.linear_router import LinearRouter, fit_linear_router
 
 PREDICTORS = ("auto", "lookahead", "previous-token", "trained")

@@ -3,7 +3,7 @@ rule what they did, so that their sets are never undermined by their own evictio
 
 from __future__ import annotations
 
-from moesim.policies.base import Context, Outcome, Policy, View
+from moesim.policies.contract.base import Context, Outcome, Policy, View
 from moesim.policies.parts.caches import CacheRule
 from moesim.policies.parts.predictors import Predictor
 

@@ -1,11 +1,11 @@
 """A composition of one's own: MoEpic's LCP cache (policies/parts/caches.py, ``LCPCache``) with
-BuddyMoE's substitution planner (policies/parts/buddy_planner.py), in one file and no new
+BuddyMoE's substitution planner (policies/buddymoe/planner.py), in one file and no new
 mechanism. A scenario lists this file under ``plugins:`` and names ``lcp-buddy``."""
 
-from moesim.policies.compose import Composed
-from moesim.policies.parts.buddy_planner import BuddySubstitutePlanner
+from moesim.policies.buddymoe.planner import BuddySubstitutePlanner
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LCPCache
-from moesim.policies.registry import register
+from moesim.policies.parts.compose import Composed
 
 
 @register

@@ -3,11 +3,11 @@
 A scenario lists this file under ``plugins:`` and names the policy; nothing in moesim changes.
 """
 
-from moesim.policies.compose import Composed
+from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LFUCache
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import make_predictor
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
-from moesim.policies.registry import register
 
 
 @register

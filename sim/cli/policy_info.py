@@ -9,8 +9,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from moesim.policies.base import OPTIONAL_COLUMNS, Policy
-from moesim.policies.registry import make_policy, policy_class, policy_names, policy_params
+from moesim.policies.contract.base import OPTIONAL_COLUMNS, Policy
+from moesim.policies.contract.registry import make_policy, policy_class, policy_names, policy_params
 
 
 def policy_kind(cls: type[Policy]) -> str:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 
 def _params(items: list[str] | None) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def _held_out_texts(n: int, seed: int) -> Path:
     MoE's held-out text (stdlib files it never trained on; ``simctl model prompts`` writes the same)."""
     import tempfile
 
-    from moesim.traces.tiny_corpus import held_out_prompts, load_corpus
+    from moesim.traces.tiny.tiny_corpus import held_out_prompts, load_corpus
 
     lines = [json.dumps({"text": t}) for t in held_out_prompts(load_corpus(), n, 256, seed=seed)]
     path = Path(tempfile.mkdtemp(prefix="moesim-quality-")) / "held-out.jsonl"
@@ -73,10 +73,10 @@ def quality(
         missing = (exc.name or "torch").split(".")[0]
         raise MoesimError(f"simctl quality needs torch and transformers ({missing} is not installed): "
                           "pip install 'moesim[tracer]'") from None
-    from moesim.traces import tiny_model
-    from moesim.traces.model_loading import load_model
-    from moesim.traces.prompts import read_prompts
-    from moesim.traces.quality import evaluate_plans
+    from moesim.sim.real.quality import evaluate_plans
+    from moesim.traces.tiny import tiny_model
+    from moesim.traces.tracer.model_loading import load_model
+    from moesim.traces.tracer.prompts import read_prompts
 
     transformers.utils.logging.set_verbosity_error()
     if model is None:

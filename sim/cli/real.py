@@ -1,5 +1,5 @@
 """``simctl calibrate`` and ``simctl validate``: the commands that run a real model (the
-optional ``tracer`` extra: torch, transformers, safetensors). :mod:`moesim.sim.cli` loads this
+optional ``tracer`` extra: torch, transformers, safetensors). :mod:`moesim.sim.cli.main` loads this
 module only when one of them is named."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 
 def _console() -> Console:
@@ -45,28 +45,28 @@ def calibrate(
 ) -> None:
     """Measure copies, expert and layer compute, and framework overhead with torch; write a profile."""
     require_tracer("calibrate")
-    from moesim.sim.atomic import check_target
-    from moesim.sim.calibration.profile import calibrate as run_calibration
-    from moesim.sim.calibration.profile import write_profile
-    from moesim.sim.executor.model import load, model_argument
-    from moesim.traces.model_loading import resolve_device
+    from moesim.sim.core.atomic import check_target
+    from moesim.sim.real.calibration.profile import calibrate as run_calibration
+    from moesim.sim.real.calibration.profile import write_profile
+    from moesim.sim.real.executor.model import load, model_argument
+    from moesim.traces.tracer.model_loading import resolve_device
 
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise MoesimError(f"--out {out}: a profile file must end in .yaml or .yml")
-    from moesim.sim.catalog import get_model
+    from moesim.sim.config.catalog import get_model
 
     check_target(out, option="--out", folder=False, force=force)
     ref, spec = model_argument(model, get_model("tiny-moe"))
     routed = None
     if trace is not None:
-        from moesim.traces.format import read_trace
+        from moesim.traces.format.trace_file import read_trace
 
         routed = read_trace(trace)   # a missing or malformed trace is one line, before the model loads
     om = load(ref, spec, resolve_device(device))
     routing = None
     if routed is not None:
-        from moesim.sim.profile import trace_requests
-        from moesim.sim.runner import check_shapes
+        from moesim.sim.run.profile import trace_requests
+        from moesim.sim.run.runner import check_shapes
 
         check_shapes(routed, om.spec, f"--trace {trace}")
         routing = (routed, trace_requests(routed)[-2:])
@@ -98,21 +98,21 @@ def validate(
 ) -> None:
     """Run a scenario in the simulator (calibrated) and on the real executor; print both and the error."""
     require_tracer("validate")
-    from moesim.sim.atomic import atomic_folder, check_target
-    from moesim.sim.calibration.profile import calibrate as run_calibration
-    from moesim.sim.calibration.profile import write_profile
-    from moesim.sim.catalog import load_spec_file
-    from moesim.sim.executor.model import load, model_argument
-    from moesim.sim.runner import load_trace
-    from moesim.sim.scenario import load_scenario
-    from moesim.sim.validate import (
+    from moesim.sim.config.catalog import load_spec_file
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.sim.core.atomic import atomic_folder, check_target
+    from moesim.sim.real.calibration.profile import calibrate as run_calibration
+    from moesim.sim.real.calibration.profile import write_profile
+    from moesim.sim.real.executor.model import load, model_argument
+    from moesim.sim.real.validate import (
         calibration_inputs,
         compare,
         execute_repeated,
         format_rows,
         simulate,
     )
-    from moesim.traces.model_loading import resolve_device
+    from moesim.sim.run.runner import load_trace
+    from moesim.traces.tracer.model_loading import resolve_device
 
     loaded = load_scenario(scenario, set_ or [])
     check_target(out, option="--out", folder=True, force=force)

@@ -1,6 +1,6 @@
 """The study commands of ``simctl``: ``sweep``, ``compare`` and ``plot``.
 
-They are registered in :mod:`moesim.sim.cli`; everything heavy (pandas, matplotlib, dask) is
+They are registered in :mod:`moesim.sim.cli.main`; everything heavy (pandas, matplotlib, dask) is
 imported inside the functions so that ``simctl --help`` stays fast.
 """
 
@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 _JOBS = typer.Option("--jobs", "-j", help="local worker processes (default: the CPUs available)")
 _DASK = typer.Option("--dask", help="run on Dask: local:N starts a LocalCluster of N workers; tcp://HOST:PORT joins a scheduler")
@@ -26,7 +26,7 @@ def _show_progress(flag: bool | None) -> bool:
 
 
 def _report(outcome: object, out: Path) -> None:
-    from moesim.sim.sweep_run import SweepOutcome
+    from moesim.sim.study.sweep_run import SweepOutcome
 
     assert isinstance(outcome, SweepOutcome)
     err = Console(stderr=True)
@@ -54,8 +54,8 @@ def sweep_cmd(
                                         "(without it, only a sweep folder is reused: resumed)")] = False,
 ) -> None:
     """Run a sweep: every point of the grid, resumable, into one tidy Parquet table."""
-    from moesim.sim.sweep import load_sweep
-    from moesim.sim.sweep_run import PointStore, run_sweep
+    from moesim.sim.study.sweep import load_sweep
+    from moesim.sim.study.sweep_run import PointStore, run_sweep
 
     sweep = load_sweep(sweep_file, set_ or [])
     out_dir = out if out is not None else Path("runs") / sweep.spec.name
@@ -99,7 +99,7 @@ def compare_cmd(
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
 ) -> None:
     """Compare policies on one scenario: a ranked table (bounds labelled) and a figure."""
-    from moesim.sim.compare import (
+    from moesim.sim.study.compare import (
         METRICS,
         comparison_figure,
         comparison_sweep,
@@ -107,8 +107,8 @@ def compare_cmd(
         to_csv,
         to_markdown,
     )
-    from moesim.sim.plot import load_table, save
-    from moesim.sim.sweep_run import run_sweep
+    from moesim.sim.study.plot import load_table, save
+    from moesim.sim.study.sweep_run import run_sweep
 
     if fmt not in ("markdown", "csv"):
         raise typer.BadParameter("choose markdown or csv", param_hint="--format")
@@ -117,7 +117,7 @@ def compare_cmd(
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     sweep = comparison_sweep(scenario, policies=names, rates=_floats(rates, "--rates"), sets=set_ or [])
     if baseline is not None:
-        from moesim.policies.registry import policy_names
+        from moesim.policies.contract.registry import policy_names
 
         compared = names or policy_names()
         if baseline not in compared:
@@ -152,7 +152,7 @@ def plot_cmd(
     iterations: Annotated[int, typer.Option(help="timeline: iterations in the window")] = 3,
 ) -> None:
     """Paper-style figures from a sweep table, or the timeline view of one run."""
-    from moesim.sim.plot import FORMATS, KINDS, plot_sweep, plot_timeline
+    from moesim.sim.study.plot import FORMATS, KINDS, plot_sweep, plot_timeline
 
     formats = fmt or list(FORMATS)
     if source.is_dir() and (source / "steps.parquet").is_file():

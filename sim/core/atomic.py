@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 TMP_TAG = ".moesim-tmp-"
 """Marks the temporary siblings: ``.NAME.moesim-tmp-PID[suffix]``."""

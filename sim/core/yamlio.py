@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 
 class YamlError(MoesimError, ValueError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moesim.sim.catalog import HardwareSpec, ModelSpec, RuntimeSpec
+from moesim.sim.config.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 
 US = 1e-6
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,

@@ -1,17 +1,17 @@
 """The event loop: iterations x MoE layers on one GPU stream, with copy lanes, the VRAM budget,
 an optional CPU for experts and the policy's hooks called in contract order.
 
-The hook order and semantics are stated once, in :mod:`moesim.policies.base`; this module
-implements them. Its parts live beside it: :mod:`~moesim.sim.gpu` (the GPU stream's process,
-the per-layer loop below), :mod:`~moesim.sim.vram` (byte accounting),
-:mod:`~moesim.sim.lanes` (H2D and D2H copy lanes), :mod:`~moesim.sim.view` (the causal view),
-:mod:`~moesim.sim.records` (counters, step records, timeline).
+The hook order and semantics are stated once, in :mod:`moesim.policies.contract.base`; this module
+implements them. Its parts live beside it: :mod:`~moesim.sim.engine.gpu` (the GPU stream's process,
+the per-layer loop below), :mod:`~moesim.sim.engine.vram` (byte accounting),
+:mod:`~moesim.sim.engine.lanes` (H2D and D2H copy lanes), :mod:`~moesim.sim.engine.view` (the causal view),
+:mod:`~moesim.sim.engine.records` (counters, step records, timeline).
 
 Per layer: the policy's ``before_layer``; the non-MoE compute (plus the runtime's overhead);
 routing known, ``on_routed`` returns the plan; each planned expert part is resident (hit),
 issued (late) or absent (a demand load, ahead of queued prefetches under priority order);
 ``on_access`` and ``after_layer`` run while the loads are under way; expert parts compute as
-they become resident (ready ones first; see :mod:`moesim.sim.gpu`) on the GPU, CPU slots on the CPU; ``on_layer_end``.
+they become resident (ready ones first; see :mod:`moesim.sim.engine.gpu`) on the GPU, CPU slots on the CPU; ``on_layer_end``.
 A demand load that finds no room waits (a stall), after the engine has withdrawn queued
 prefetches of that pool. With ``swap_out`` an evicted unit drains to the host over the D2H
 lane before its room frees; a prefetch whose room still drains waits for it (``WAITING``).
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     INFLIGHT,
     OPTIONAL_COLUMNS,
     QUEUED,
@@ -36,16 +36,16 @@ from moesim.policies.base import (
     Routing,
     check_columns,
 )
-from moesim.sim.cost import CostModel
-from moesim.sim.errors import MoesimError
-from moesim.sim.fastpath import fast_path_refusal, run_fast
-from moesim.sim.gpu import gpu_process
-from moesim.sim.placement import initial_fill, replayed_frequency
-from moesim.sim.records import RunStats, StepRecords, TimelineEvent
-from moesim.sim.transfers import PolicyError, Transfers
-from moesim.sim.view import EngineView
-from moesim.sim.vram import Unit, Vram
-from moesim.sim.workload import Iteration, Workload
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.gpu import gpu_process
+from moesim.sim.engine.placement import initial_fill, replayed_frequency
+from moesim.sim.engine.records import RunStats, StepRecords, TimelineEvent
+from moesim.sim.engine.replay import FastReplay
+from moesim.sim.engine.transfers import PolicyError, Transfers
+from moesim.sim.engine.view import EngineView
+from moesim.sim.engine.vram import Unit, Vram
+from moesim.sim.engine.workload import Iteration, Workload
 
 
 class BudgetError(MoesimError, ValueError):
@@ -54,7 +54,7 @@ class BudgetError(MoesimError, ValueError):
 
 
 class Engine:
-    """Replays a :class:`~moesim.sim.workload.Workload` under a policy. Build, then :meth:`run`."""
+    """Replays a :class:`~moesim.sim.engine.workload.Workload` under a policy. Build, then :meth:`run`."""
 
     def __init__(
         self,
@@ -74,7 +74,7 @@ class Engine:
         record_timeline: bool = False,
         check_invariants: bool = False,
         progress: Callable[[int, int], None] | None = None,
-        fast_path: bool = True,
+        fast_replay: FastReplay | None = None,
     ) -> None:
         tr = workload.trace
         m = tr.model
@@ -92,8 +92,8 @@ class Engine:
         self.initial = initial
         self.sync_prefetch = sync_prefetch
         self.warnings: list[str] = []
-        self.allow_fast_path = fast_path
-        self.path = "event"           # which replay ran: "fast" (sim/fastpath.py) or "event" (SimPy)
+        self.fast_replay = fast_replay   # chosen by the caller (moesim.sim.run): the engine knows no kernel
+        self.path = "event"           # which replay ran: "fast" (sim/fast/path.py) or "event" (SimPy)
         self.path_reason = ""         # why the fast path was not taken
         self.fast_now: float | None = None   # the clock of a fast replay (SimPy's env.now otherwise)
         pol_seed, eng_seed = np.random.SeedSequence(seed).spawn(2)
@@ -237,10 +237,11 @@ class Engine:
         placed = initial_fill(self)
         self.stats.vram_peak_bytes = self.vram.peak
         policy.warm(self.view, placed)
-        refusal = fast_path_refusal(self) if self.allow_fast_path else "the fast path is turned off"
-        if refusal is None:
+        fast = self.fast_replay
+        refusal = fast.refusal(self) if fast is not None else "the fast path is turned off"
+        if fast is not None and refusal is None:
             self.path = "fast"
-            run_fast(self)
+            fast.run(self)
         else:
             self.path_reason = refusal
             self._run_events()

@@ -1,13 +1,13 @@
 """The GPU stream of the event loop: one SimPy process over iterations x MoE layers, calling
-the policy's hooks in contract order (:mod:`moesim.policies.base`) on an
-:class:`~moesim.sim.engine.Engine`'s state.
+the policy's hooks in contract order (:mod:`moesim.policies.contract.base`) on an
+:class:`~moesim.sim.engine.event_loop.Engine`'s state.
 
 Per layer: the policy's ``before_layer``; the non-MoE compute (plus the runtime's overhead);
 routing known, ``on_routed`` returns the plan; each planned expert part is resident (hit),
 issued (late) or absent (a demand load, ahead of queued prefetches under priority order);
 ``on_access`` and ``after_layer`` run while the loads are under way; expert parts compute as
 they become resident (ready ones first; while demand loads wait for room, one at a time in the
-fixed order of :func:`moesim.sim.plans.next_in_fixed_order`) on the GPU, CPU slots on the CPU;
+fixed order of :func:`moesim.sim.engine.plans.next_in_fixed_order`) on the GPU, CPU slots on the CPU;
 ``on_layer_end``.
 A demand load that finds no room waits (a stall), after the engine has withdrawn queued
 prefetches of that pool.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     HIT,
     INFLIGHT,
     LATE,
@@ -33,15 +33,15 @@ from moesim.policies.base import (
     Outcome,
     Routing,
 )
-from moesim.sim.clock import advance_alone
-from moesim.sim.frozen import slot_maker
-from moesim.sim.plans import access_order, check_plan, count_lossy, next_in_fixed_order
-from moesim.sim.records import STEP_CHUNK
-from moesim.sim.vram import Unit
+from moesim.sim.engine.clock import advance_alone
+from moesim.sim.engine.frozen import slot_maker
+from moesim.sim.engine.plans import access_order, check_plan, count_lossy, next_in_fixed_order
+from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.engine.vram import Unit
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import Engine
-    from moesim.sim.transfers import Transfers
+    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.transfers import Transfers
 
 new_routing = slot_maker(Routing)   # Routing(layer, experts, weights), once per layer
 
@@ -93,7 +93,7 @@ def wait_prefetches(eng: Engine) -> Any:
 def gpu_process(eng: Engine) -> Any:
     """The GPU stream of a run, as a SimPy process (see the module docstring). It reads the
     clock as ``env._now`` (what ``env.now`` returns, without the property call; the loop reads
-    it about ten times per layer), as :func:`~moesim.sim.clock.advance_alone` does."""
+    it about ten times per layer), as :func:`~moesim.sim.engine.clock.advance_alone` does."""
     env = eng.env
     cost = eng.cost
     L = eng.L
@@ -294,7 +294,7 @@ def gpu_process(eng: Engine) -> Any:
                 rest: list[tuple[int, float, Unit]] = []   # the others, in order
                 if tx.waiting:
                     # memory is tight: one expert part at a time, in a fixed order, so that the
-                    # room each frees does not depend on when copies land (sim/plans.py)
+                    # room each frees does not depend on when copies land (sim/engine/plans.py)
                     if early is None:
                         fresh = {id(u) for u in miss_units}
                         early = {id(x) for x in need if id(x[2]) not in fresh}

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import RESIDENT, UnitKey
-from moesim.sim.errors import MoesimError
-from moesim.sim.vram import Unit
+from moesim.policies.contract.base import RESIDENT, UnitKey
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.engine.vram import Unit
 
 
 def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import Plan, Routing
-from moesim.sim.records import RunStats
-from moesim.sim.transfers import PolicyError
+from moesim.policies.contract.base import Plan, Routing
+from moesim.sim.engine.records import RunStats
+from moesim.sim.engine.transfers import PolicyError
 
 
 def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, num_experts: int,

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import DECODE, PHASES, PREFILL, Trace
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import DECODE, PHASES, PREFILL, Trace
 
 
 @dataclass

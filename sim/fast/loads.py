@@ -1,5 +1,5 @@
 """A layer's experts computing while its demand loads land, as the event loop orders it: the
-layer timing shared by the fast replays (:mod:`moesim.sim.fastpath`, :mod:`moesim.sim.fastorder`).
+layer timing shared by the fast replays (:mod:`moesim.sim.fast.path`, :mod:`moesim.sim.fast.order`).
 
 :func:`compute_with_loads` takes any layer (experts of different token counts, loads of any
 size); :func:`uniform_loads` is the same computation for a layer whose experts all cost the same
@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from moesim.policies.base import INFLIGHT, RESIDENT
+from moesim.policies.contract.base import INFLIGHT, RESIDENT
 
 
 def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any], n_lanes: int,

@@ -2,18 +2,18 @@
 objects, EvictionRequests, candidate lists or unit objects, in two passes over blocks of
 iterations.
 
-1. Decisions (:mod:`moesim.sim.fastplan`): which accesses of each step hit, which miss, how many
+1. Decisions (:mod:`moesim.sim.fast.plan`): which accesses of each step hit, which miss, how many
    residents each step evicts. A demand-only run never crosses layers, so most rules decide a
    layer at a time in a tight loop.
 2. Timing: the steps in the event loop's order, with the same floating-point operations in the
-   same order as :mod:`moesim.sim.fastpath` (whose layer timing, :mod:`moesim.sim.fastloads`,
+   same order as :mod:`moesim.sim.fast.path` (whose layer timing, :mod:`moesim.sim.fast.loads`,
    this module shares). A one-token step's experts all cost the same and its loads all take the
    same time, so its layer needs only its hit and miss counts (:func:`uniform_loads`); a step of
    several tokens builds its layer as the generic replay does.
 
-The kernels keep their own books (not :class:`~moesim.sim.vram.Vram`'s): used only for the
+The kernels keep their own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for the
 registered ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` and ``static`` (FIFO beside its
-static set, :mod:`moesim.sim.faststatic`) as shipped (the exact classes, no hook overridden) on
+static set, :mod:`moesim.sim.fast.static`) as shipped (the exact classes, no hook overridden) on
 runs that the fast path accepts and that do not check the VRAM invariant.
 ``tests/test_fastpath.py`` checks them against the event loop.
 """
@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT
-from moesim.policies.compose import Composed
+from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
 from moesim.policies.parts.caches import BeladyCache, FIFOCache, LFUCache, LRUCache, RandomCache
-from moesim.sim.fastloads import compute_with_loads, one_lane_loads, uniform_loads
-from moesim.sim.fastplan import (
+from moesim.policies.parts.compose import Composed
+from moesim.sim.engine.plans import access_order
+from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.engine.vram import Unit
+from moesim.sim.fast.loads import compute_with_loads, one_lane_loads, uniform_loads
+from moesim.sim.fast.plan import (
     NO_MISS,
     BeladyPlanner,
     FifoPlanner,
@@ -37,14 +40,11 @@ from moesim.sim.fastplan import (
     Planner,
     RandomPlanner,
 )
-from moesim.sim.faststatic import static_sets
-from moesim.sim.plans import access_order
-from moesim.sim.records import STEP_CHUNK
-from moesim.sim.vram import Unit
+from moesim.sim.fast.static import static_sets
 
 if TYPE_CHECKING:
-    from moesim.sim.engine import Engine
-    from moesim.sim.workload import Iteration
+    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.workload import Iteration
 
 _RULES = {LRUCache: "lru", FIFOCache: "fifo", LFUCache: "lfu", RandomCache: "random", BeladyCache: "belady"}
 

@@ -1,7 +1,7 @@
 """The fast path: a SimPy-free replay for demand-only policies, with the event loop's exact
 metrics.
 
-When a policy only loads on demand (:meth:`~moesim.policies.base.Policy.demand_only`: no
+When a policy only loads on demand (:meth:`~moesim.policies.contract.base.Policy.demand_only`: no
 prefetch, no CPU time, no budget or split changes) and the run has nothing else that overlaps
 (no ``swap_out``, no transfer buffer, no timeline, no synchronous prefetch), every transfer of
 a layer is one of that layer's demand loads, all issued at one instant, and the layer ends when
@@ -9,7 +9,7 @@ the last of them has landed and computed. Nothing crosses a layer boundary, so e
 be replayed on its own with a handful of numbers instead of SimPy processes and events.
 
 Exactness: the replay keeps the engine's VRAM, transfers, counters and view (victims come from
-the same :meth:`~moesim.sim.transfers.Transfers.make_room`, with the same candidate order), and
+the same :meth:`~moesim.sim.engine.transfers.Transfers.make_room`, with the same candidate order), and
 advances time with the same floating-point operations in the same order as the event loop. The
 one place where SimPy's order matters, a copy landing at exactly the instant an expert's
 compute ends, is resolved as SimPy does: by the (time, creation order) of the two events.
@@ -21,8 +21,8 @@ returns None and reports which path ran (``engine_path`` in the metrics). A poli
 ``demand_only`` but issues a prefetch or spends CPU time is stopped with one line.
 
 The shipped next-layer prefetchers ``mixtral-offloading`` and ``oracle-prefetch`` are not
-demand-only; their runs go to their own kernel (:mod:`moesim.sim.fastprefetch`, eligibility in
-:mod:`moesim.sim.fastprefetch_check`), which replays prefetches crossing layers on one copy lane.
+demand-only; their runs go to their own kernel (:mod:`moesim.sim.fast.prefetch`, eligibility in
+:mod:`moesim.sim.fast.prefetch_check`), which replays prefetches crossing layers on one copy lane.
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any
 
-from moesim.policies.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
-from moesim.sim.fastloads import compute_with_loads
-from moesim.sim.fastorder import finish_iteration, ordered_kind, replay_ordered
-from moesim.sim.fastprefetch import replay_prefetch
-from moesim.sim.fastprefetch_check import is_prefetch_policy, prefetch_refusal, prefetch_source
-from moesim.sim.fastrun import run_refusal
-from moesim.sim.faststatic import static_refusal, static_sets
-from moesim.sim.lanes import DEMAND_CLASS
-from moesim.sim.plans import access_order
-from moesim.sim.transfers import PolicyError
-from moesim.sim.vram import Unit
+from moesim.policies.contract.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
+from moesim.sim.engine.lanes import DEMAND_CLASS
+from moesim.sim.engine.plans import access_order
+from moesim.sim.engine.transfers import PolicyError
+from moesim.sim.engine.vram import Unit
+from moesim.sim.fast.loads import compute_with_loads
+from moesim.sim.fast.order import finish_iteration, ordered_kind, replay_ordered
+from moesim.sim.fast.prefetch import replay_prefetch
+from moesim.sim.fast.prefetch_check import is_prefetch_policy, prefetch_refusal, prefetch_source
+from moesim.sim.fast.refusal import run_refusal
+from moesim.sim.fast.static import static_refusal, static_sets
 
 if TYPE_CHECKING:
-    from moesim.sim.engine import Engine
+    from moesim.sim.engine.event_loop import Engine
 
 
 def fast_path_refusal(engine: Engine) -> str | None:
@@ -290,3 +290,20 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
         if progress is not None:
             progress(it.index + 1, n_iters)
     eng.fast_now = now
+
+
+class FastPath:
+    """The fast path as the engine's :class:`~moesim.sim.engine.replay.FastReplay`: the
+    kernels of this package, chosen per run by :func:`fast_path_refusal`."""
+
+    def refusal(self, engine: Engine) -> str | None:
+        """Why ``engine``'s run cannot take the fast path, or None when it can."""
+        return fast_path_refusal(engine)
+
+    def run(self, engine: Engine) -> None:
+        """Replay ``engine``'s whole workload on the fast path."""
+        run_fast(engine)
+
+
+FAST_PATH = FastPath()
+"""The one fast replay; pass it as ``Engine(..., fast_replay=FAST_PATH)``."""

@@ -1,4 +1,4 @@
-"""Cache decisions of the fast kernels (:mod:`moesim.sim.fastorder`), the first of its two passes:
+"""Cache decisions of the fast kernels (:mod:`moesim.sim.fast.order`), the first of its two passes:
 which of a block of steps' accesses hit, which miss, and how many residents each step evicts.
 
 On a demand-only run every pool is a layer's and a layer's decisions depend only on that layer's
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from moesim.sim.fastrandom import Draws, exact_draws
+from moesim.sim.fast.draws import Draws, exact_draws
 
 NO_MISS: list[int] = []
 """The shared empty miss list of a step that hit every expert (never mutated)."""

@@ -9,14 +9,14 @@ State is kept flat: per layer the units present (:class:`_U`) and their LRU cloc
 the GPU resumes (by time, then creation order) is processed first, with the GPU's state of that
 moment (iteration for refetches, layer for the step's prefetch bytes); a GPU waiting for one
 landing resumes right after it, for several (a condition event) or for room as
-:mod:`moesim.sim.gpu` does. The rules of :mod:`moesim.sim.transfers` follow: hits, late (queued
+:mod:`moesim.sim.engine.gpu` does. The rules of :mod:`moesim.sim.engine.transfers` follow: hits, late (queued
 or in flight) and misses; demand loads get room in access order from LRU victims among resident,
 unpinned units, withdrawing queued prefetches of the pool, else wait (computing then in
-:func:`~moesim.sim.plans.next_in_fixed_order`), delayed by ``evict_us`` and ``demand_load_us``;
-the guess (:mod:`moesim.sim.fastprefetch_guess`) is refreshed where present, else prefetched,
+:func:`~moesim.sim.engine.plans.next_in_fixed_order`), delayed by ``evict_us`` and ``demand_load_us``;
+the guess (:mod:`moesim.sim.fast.prefetch_guess`) is refreshed where present, else prefetched,
 never evicting a member of the set nor into a pool where a demand load waits.
 
-Which runs it takes: :mod:`moesim.sim.fastprefetch_check`; ``tests/test_fastprefetch.py``
+Which runs it takes: :mod:`moesim.sim.fast.prefetch_check`; ``tests/test_fastprefetch.py``
 compares the kernel with the event loop on random traces.
 """
 
@@ -25,13 +25,13 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any
 
-from moesim.policies.base import INFLIGHT, QUEUED, RESIDENT, WAITING
-from moesim.sim.fastprefetch_guess import GuessMaker
-from moesim.sim.plans import access_order, next_in_fixed_order
-from moesim.sim.records import STEP_CHUNK
+from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
+from moesim.sim.engine.plans import access_order, next_in_fixed_order
+from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.fast.prefetch_guess import GuessMaker
 
 if TYPE_CHECKING:
-    from moesim.sim.engine import Engine
+    from moesim.sim.engine.event_loop import Engine
 
 
 class _U:
@@ -50,7 +50,7 @@ class _U:
 
 def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
     """Replay ``eng``'s workload with the kernel (see the module docstring), the prefetcher
-    guessing from ``source`` (:class:`~moesim.sim.fastprefetch_guess.GuessMaker`); leaves the
+    guessing from ``source`` (:class:`~moesim.sim.fast.prefetch_guess.GuessMaker`); leaves the
     counters, step records and clock as the event loop would."""
     cost, st, tx, vram = eng.cost, eng.stats, eng.transfers, eng.vram
     L, E = eng.L, eng.E
@@ -405,7 +405,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
                     ready_x: list[tuple[int, float, _U]] = []
                     rest_x: list[tuple[int, float, _U]] = []
                     if waiting:
-                        # room is short: one expert at a time, in the fixed order (sim/plans.py)
+                        # room is short: one expert at a time, in the fixed order (sim/engine/plans.py)
                         if early is None:
                             fresh = {id(u) for u in miss_units}
                             early = {id(x) for x in need if id(x[2]) not in fresh}

@@ -1,5 +1,5 @@
 """What the next-layer prefetcher guesses at each step, for the mixtral-offloading kernel
-(:mod:`moesim.sim.fastprefetch`): the ``(expert, score)`` pairs
+(:mod:`moesim.sim.fast.prefetch`): the ``(expert, score)`` pairs
 :meth:`~moesim.policies.parts.prefetchers.NextLayerPrefetcher.after_layer` would pass to
 ``prefetch_set``, computed a whole iteration at a time, exactly as the predictors compute them.
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moesim.policies.base import RESIDENT
-from moesim.policies.caching import Static
+from moesim.policies.baselines.caching import Static
+from moesim.policies.contract.base import RESIDENT
 from moesim.policies.parts.caches import StaticCache
 
 if TYPE_CHECKING:
-    from moesim.sim.engine import Engine
+    from moesim.sim.engine.event_loop import Engine
 
 
 def static_sets(engine: Engine) -> list[set[int]] | None:

@@ -42,20 +42,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moesim.policies.base import Plan, Policy, Routing, View
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import get_hardware, get_model
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.errors import MoesimError
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.profile import profile_from_trace
-from moesim.sim.workload import build_workload
-from moesim.traces.format import Trace, TraceMeta, trace_from_columns
-from moesim.traces.model_loading import load_model
-from moesim.traces.prompts import Prompt
-from moesim.traces.recorder import HookRegistry
-from moesim.traces.tracer import trace_model
+from moesim.policies.contract.base import Plan, Policy, Routing, View
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import get_hardware, get_model
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
+from moesim.sim.run.profile import profile_from_trace
+from moesim.traces.format.trace_file import Trace, TraceMeta, trace_from_columns
+from moesim.traces.tracer.model_loading import load_model
+from moesim.traces.tracer.prompts import Prompt
+from moesim.traces.tracer.recorder import HookRegistry
+from moesim.traces.tracer.tracer import trace_model
 
 PlanRows = dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray | None]]
 """(request, token, layer) -> (planned experts ``[k]``, plan weights ``[k]`` or None)."""
@@ -133,7 +134,7 @@ def simulate_plans(trace: Trace, policy: Policy, model: Any, *, profile_texts: i
     policy.on_routed = spy  # type: ignore[method-assign]
     try:
         eng = Engine(wl, policy, CostModel(model, get_hardware(hardware)), budget_bytes=budget, seed=seed,
-                     profile=profile)
+                     profile=profile, fast_replay=FAST_PATH)
         eng.run()
     finally:
         del policy.on_routed

@@ -2,7 +2,7 @@
 statistics: co-activation, expert maps, hotness) and that is never measured.
 
 :func:`profile_from_trace` packs the chosen requests of a trace into a
-:class:`~moesim.policies.base.Profile` (per-token arrays), and :func:`trace_requests` lists a
+:class:`~moesim.policies.contract.base.Profile` (per-token arrays), and :func:`trace_requests` lists a
 trace's requests in order, so the runner can replay the others.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from moesim.policies.base import Profile
-from moesim.traces.format import DECODE, Trace
+from moesim.policies.contract.base import Profile
+from moesim.traces.format.trace_file import DECODE, Trace
 
 
 def trace_requests(trace: Trace) -> list[int]:

@@ -4,9 +4,9 @@ acted. They join the policy's own warnings in the summary and ``metrics.json``."
 
 from __future__ import annotations
 
-from moesim.sim.catalog import GIB, ModelSpec
-from moesim.sim.engine import Engine
-from moesim.sim.scenario import LoadedScenario
+from moesim.sim.config.catalog import GIB, ModelSpec
+from moesim.sim.config.scenario import LoadedScenario
+from moesim.sim.engine.event_loop import Engine
 
 
 def budget_warning(engine: Engine, model: ModelSpec, budget: int, key: str) -> str | None:

@@ -2,7 +2,7 @@
 at one or several cache rates, as a ranked table and a figure.
 
 The comparison is a sweep (policy x cache rate over the scenario) run through
-:mod:`moesim.sim.sweep_run`, so it runs in parallel, resumes, and leaves the same tidy table for
+:mod:`moesim.sim.study.sweep_run`, so it runs in parallel, resumes, and leaves the same tidy table for
 ``simctl plot``. Within each cache rate, the policies that could really run are ranked on the
 chosen metric; oracle policies are listed after them as bounds, unranked, and failed points
 last with their error.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moesim.sim.plot import KINDS, default_baseline, series_label
-from moesim.sim.sweep import ALL, Sweep, SweepError, SweepSpec, expand
+from moesim.sim.study.plot import KINDS, default_baseline, series_label
+from moesim.sim.study.sweep import ALL, Sweep, SweepError, SweepSpec, expand
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -89,7 +89,7 @@ def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None)
 
 
 def _kind(name: str, bound: bool) -> str:
-    from moesim.policies.registry import policy_class
+    from moesim.policies.contract.registry import policy_class
 
     if bound:
         return "oracle bound"
@@ -149,7 +149,7 @@ def to_csv(comp: Comparison) -> str:
 
 def comparison_figure(comp: Comparison) -> Any:
     """TPOT and hit rate against cache rate per policy, or ranked bars at a single rate."""
-    from moesim.sim.plot import (
+    from moesim.sim.study.plot import (
         draw_lines,
         legend_outside,
         print_style,

@@ -1,5 +1,5 @@
 """``simctl curve``: LRU and Belady hit rate against every cache size of a trace, per layer and
-for all layers together, in one pass each (:mod:`moesim.traces.curve`); written as Parquet or
+for all layers together, in one pass each (:mod:`moesim.traces.analysis.curve`); written as Parquet or
 CSV with a plot."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 if TYPE_CHECKING:   # numpy only when a curve is computed: simctl --help stays fast
     import numpy as np
@@ -24,9 +24,9 @@ def trace_curves(path: Path, phases: list[str]) -> tuple[Any, Any]:
     trace order); returns ``(Curves, TraceMeta)``. Reads only the routing."""
     import numpy as np
 
-    from moesim.sim.workload import build_workload
-    from moesim.traces.curve import curves
-    from moesim.traces.format import read_trace
+    from moesim.sim.engine.workload import build_workload
+    from moesim.traces.analysis.curve import curves
+    from moesim.traces.format.trace_file import read_trace
 
     trace = read_trace(path, [])
     wl = build_workload(trace, batch_size=1, phases=phases, requests="all")

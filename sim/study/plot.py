@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -264,11 +264,11 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
 
 def save(fig: Figure, out_dir: str | Path, stem: str, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Write ``fig`` as ``out_dir/stem.<format>`` for each format and close it. Each file is
-    written whole or not at all (:func:`moesim.sim.atomic.atomic_file`); a figure of the same
+    written whole or not at all (:func:`moesim.sim.core.atomic.atomic_file`); a figure of the same
     name is replaced (figures are derived data, drawn again from the same table)."""
     import matplotlib.pyplot as plt
 
-    from moesim.sim.atomic import atomic_file
+    from moesim.sim.core.atomic import atomic_file
 
     for fmt in formats:
         if fmt not in FORMATS and fmt not in ("svg", "eps"):

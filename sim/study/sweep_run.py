@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moesim.sim.sweep import Point, Sweep, SweepError
+from moesim.sim.study.sweep import Point, Sweep, SweepError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from moesim.sim.scenario import LoadedScenario
-    from moesim.traces.format import Trace
+    from moesim.sim.config.scenario import LoadedScenario
+    from moesim.traces.format.trace_file import Trace
 
 TABLE = "results.parquet"
 NOT_APPLICABLE = "n/a"  # status of a point whose policy needs a trace column the trace lacks
@@ -54,7 +54,7 @@ def moesim_version() -> str:
 def cached_trace(loaded: LoadedScenario) -> Trace:
     """The scenario's trace, loaded once per process: keyed by path and content hash, or by
     the synthetic generator's parameters."""
-    from moesim.traces.format import read_trace, trace_from_columns
+    from moesim.traces.format.trace_file import read_trace, trace_from_columns
 
     spec = loaded.scenario.trace
     if isinstance(spec, str):
@@ -67,7 +67,7 @@ def cached_trace(loaded: LoadedScenario) -> Trace:
     else:
         key = ("synthetic", json.dumps(spec, sort_keys=True))
         if key not in _TRACES:
-            from moesim.traces.synthetic import SynthParams, generate
+            from moesim.traces.synthetic.generator import SynthParams, generate
 
             cols, meta = generate(SynthParams.model_validate(spec["synthetic"]))
             _TRACES[key] = trace_from_columns(cols, meta)
@@ -90,7 +90,7 @@ def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def one_line(exc: BaseException) -> str:
     """An exception as one line: moesim's own errors as they read, others with their type."""
-    from moesim.sim.errors import MoesimError
+    from moesim.sim.core.errors import MoesimError
 
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if isinstance(exc, MoesimError) else f"{type(exc).__name__}: {text}"
@@ -104,8 +104,8 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     cpu0 = time.process_time()
     record: dict[str, Any] = {"config_hash": task["config_hash"], "index": task["index"], "params": task["params"],
                               "moesim_version": moesim_version(), "host": os.uname().nodename, "pid": os.getpid()}
-    from moesim.sim.runner import PolicyNotApplicable, run_loaded
-    from moesim.sim.scenario import load_scenario_data
+    from moesim.sim.config.scenario import load_scenario_data
+    from moesim.sim.run.runner import PolicyNotApplicable, run_loaded
 
     try:
         loaded = load_scenario_data(task["data"], source=task["source"], base_dir=Path(task["base_dir"]))
@@ -176,7 +176,7 @@ def _local_pool(jobs: int) -> Iterator[Callable[[list[dict[str, Any]]], Iterator
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["moesim.sim.sweep_run", "moesim.sim.runner"])
+    ctx.set_forkserver_preload(["moesim.sim.study.sweep_run", "moesim.sim.run.runner"])
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
 
         def run(tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -285,7 +285,7 @@ def check_sweep_out(out: Path, *, force: bool = False) -> None:
     """A sweep's output folder: new, empty, or a sweep folder (with ``points/``) to resume.
     Any other non-empty folder is refused unless ``force``, which makes :func:`run_sweep`
     clear it and start afresh. Writes nothing."""
-    from moesim.sim.atomic import check_target
+    from moesim.sim.core.atomic import check_target
 
     resumable = (out / POINTS).is_dir()
     check_target(out, option="--out", folder=True, force=force or resumable)

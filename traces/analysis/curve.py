@@ -7,7 +7,7 @@ in trace order), each token's experts in rank order: what a sequential cache sim
 ``benchmarks/bench_curve.py``). A cache holds ``C`` experts of one layer; "all layers" sums the
 per-layer hits of caches of ``C`` experts per layer (the engine's per-layer pools).
 
-* LRU: Mattson's stack distances (:class:`moesim.traces.stats.LruStackDistances`).
+* LRU: Mattson's stack distances (:class:`moesim.traces.analysis.stats.LruStackDistances`).
 * Belady: Mattson's OPT stack (Mattson, Gecsei, Slutz and Traiger, "Evaluation techniques for
   storage hierarchies", IBM Systems Journal 9(2), 1970, section on the OPT stack): MIN is a
   stack algorithm whose priority is the time of the next reference, so the depth of each
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesim.traces.stats import LruStackDistances
+from moesim.traces.analysis.stats import LruStackDistances
 
 
 def next_use(stream: np.ndarray) -> np.ndarray:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from moesim.traces.format import (
+from moesim.traces.format.trace_file import (
     DEFAULT_BATCH_ROWS,
     PHASES,
     TraceError,

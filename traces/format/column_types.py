@@ -1,6 +1,6 @@
 """The kind of Arrow type each moe-trace v1 column must have (integers, floats, strings, lists
 of one depth), so that a file with experts as strings or floats, or nested one level too deep,
-is refused by name before any value is read (see :func:`moesim.traces.format.check_schema`)."""
+is refused by name before any value is read (see :func:`moesim.traces.format.trace_file.check_schema`)."""
 
 from __future__ import annotations
 

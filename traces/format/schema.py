@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 TRACE_VERSION = 1
 META_KEY = b"moe_trace"

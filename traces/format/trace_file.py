@@ -2,7 +2,7 @@
 
 The schema and the file metadata are in :mod:`traces.schema`, the row-by-row validation in
 :mod:`traces.validation`; this module re-exports the schema's names, so ``from
-moesim.traces.format import ...`` reaches the whole format.
+moesim.traces.format.trace_file import ...`` reaches the whole format.
 
 One row per (request, token, MoE layer), sorted by ``(request_id, token_idx, layer)``; every
 (request, token) holds all layers ``0..L-1``. The file-level metadata lives under the Parquet
@@ -31,10 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moesim.sim.atomic import TMP_TAG, clean_stale
-from moesim.traces.arrow_numpy import to_numpy
-from moesim.traces.column_types import EXPECTED_KIND, kind_problem
-from moesim.traces.schema import (
+from moesim.sim.core.atomic import TMP_TAG, clean_stale
+from moesim.traces.format.arrow_numpy import to_numpy
+from moesim.traces.format.column_types import EXPECTED_KIND, kind_problem
+from moesim.traces.format.schema import (
     ALL_COLUMNS,
     DEFAULT_BATCH_ROWS,
     META_KEY,
@@ -46,14 +46,14 @@ from moesim.traces.schema import (
     TraceError,
     TraceMeta,
 )
-from moesim.traces.validation import Cursor, check_complete, first_bad_row, validate_batch
+from moesim.traces.format.validation import Cursor, check_complete, first_bad_row, validate_batch
 
 # isort: split
-# Re-exports: ``from moesim.traces.format import ...`` keeps reaching the schema's names (PREFILL,
+# Re-exports: ``from moesim.traces.format.trace_file import ...`` keeps reaching the schema's names (PREFILL,
 # DECODE, TraceMeta, ModelInfo, TraceError, PHASES, ... : many callers) as before the schema moved
-# to traces/schema.py; the ones imported above for use here are re-exported as they are.
-from moesim.traces.schema import DECODE as DECODE
-from moesim.traces.schema import PREFILL as PREFILL
+# to traces/format/schema.py; the ones imported above for use here are re-exported as they are.
+from moesim.traces.format.schema import DECODE as DECODE
+from moesim.traces.format.schema import PREFILL as PREFILL
 
 # --------------------------------------------------------------------------------------------
 # Reading

@@ -13,8 +13,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from moesim.traces.arrow_numpy import to_numpy
-from moesim.traces.schema import DECODE, PHASES, PREFILL, REQUIRED_COLUMNS, TraceError, TraceMeta
+from moesim.traces.format.arrow_numpy import to_numpy
+from moesim.traces.format.schema import (
+    DECODE,
+    PHASES,
+    PREFILL,
+    REQUIRED_COLUMNS,
+    TraceError,
+    TraceMeta,
+)
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from moesim.sim.catalog import CatalogError, get_model, model_names
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import ModelInfo, TraceError, TraceMeta, write_trace
+from moesim.sim.config.catalog import CatalogError, get_model, model_names
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import ModelInfo, TraceError, TraceMeta, write_trace
 
 # The fields of a record (CSV column or JSONL key) after mapping, and the required ones.
 RECORD_FIELDS = ("request_id", "token_idx", "layer", "experts", "weights", "phase", "token_id")

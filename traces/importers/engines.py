@@ -44,9 +44,15 @@ from typing import Any
 
 import numpy as np
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import DECODE, PREFILL, ModelInfo, TraceMeta
-from moesim.traces.import_common import INT_LIMIT, SourceError, sha256_file, source_file, text_lines
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import DECODE, PREFILL, ModelInfo, TraceMeta
+from moesim.traces.importers.common import (
+    INT_LIMIT,
+    SourceError,
+    sha256_file,
+    source_file,
+    text_lines,
+)
 
 # --------------------------------------------------------------------------------------------
 # Shared: token-major expert arrays to moe-trace columns

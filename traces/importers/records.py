@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import DECODE, PHASES, PREFILL, ModelInfo, TraceMeta
-from moesim.traces.import_common import (
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import DECODE, PHASES, PREFILL, ModelInfo, TraceMeta
+from moesim.traces.importers.common import (
     INT_LIMIT,
     RECORD_FIELDS,
     REQUIRED_FIELDS,

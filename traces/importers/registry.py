@@ -24,9 +24,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import ModelInfo, TraceMeta
-from moesim.traces.import_common import (
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import ModelInfo, TraceMeta
+from moesim.traces.importers.common import (
     RECORD_FIELDS,
     WEIGHT_KINDS,
     SourceError,
@@ -35,8 +35,13 @@ from moesim.traces.import_common import (
     parse_request_lengths,
     save_trace,
 )
-from moesim.traces.import_engines import import_llamacpp, import_sglang, import_vllm, read_sidecar
-from moesim.traces.import_records import (
+from moesim.traces.importers.engines import (
+    import_llamacpp,
+    import_sglang,
+    import_vllm,
+    read_sidecar,
+)
+from moesim.traces.importers.records import (
     FLAME_MODEL,
     FLAME_SOURCE,
     import_csv,

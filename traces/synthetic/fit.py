@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from moesim.sim.catalog import model_names
-from moesim.sim.errors import MoesimError
-from moesim.traces.import_common import model_info
-from moesim.traces.stats import TraceStats, trace_stats
-from moesim.traces.synthetic import SynthParams, generate, parse_params
+from moesim.sim.config.catalog import model_names
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.analysis.stats import TraceStats, trace_stats
+from moesim.traces.importers.common import model_info
+from moesim.traces.synthetic.generator import SynthParams, generate, parse_params
 
 CALIB_TOKENS = 2048  # tokens per calibration trace (cap)
 FIT_KNOBS = ("popularity_skew", "layer_correlation", "token_locality", "topic_strength")

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from moesim.sim.catalog import CatalogError, model_names
-from moesim.sim.errors import MoesimError
-from moesim.traces.format import DECODE, PREFILL, ModelInfo, TraceMeta
-from moesim.traces.importers import model_info, save_trace
+from moesim.sim.config.catalog import CatalogError, model_names
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import DECODE, PREFILL, ModelInfo, TraceMeta
+from moesim.traces.importers.registry import model_info, save_trace
 
 GENERATOR_VERSION = 1
 

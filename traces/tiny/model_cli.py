@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -22,7 +22,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 @app.command("path")
 def path_cmd() -> None:
     """Print the folder of the bundled tiny MoE (config.json, model.safetensors, NOTICE.md)."""
-    from moesim.traces.tiny_model import model_dir
+    from moesim.traces.tiny.tiny_model import model_dir
 
     typer.echo(str(model_dir()))
 
@@ -39,7 +39,7 @@ def prompts_cmd(
     """Write prompts cut from the held-out part of the corpus (text the tiny MoE never saw)."""
     import json
 
-    from moesim.traces.tiny_corpus import held_out_prompts, load_corpus
+    from moesim.traces.tiny.tiny_corpus import held_out_prompts, load_corpus
 
     texts = held_out_prompts(load_corpus(corpus), n, length, seed=seed)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -91,8 +91,8 @@ def train_tiny_cmd(
         TimeRemainingColumn,
     )
 
-    from moesim.traces.tiny_corpus import load_corpus
-    from moesim.traces.train_tiny import TinyConfig, save, train
+    from moesim.traces.tiny.tiny_corpus import load_corpus
+    from moesim.traces.tiny.train_tiny import TinyConfig, save, train
 
     cfg = TinyConfig(num_layers=layers, num_experts=experts, top_k=top_k, hidden_size=hidden,
                      intermediate_size=intermediate, seq_len=seq_len, batch_size=batch_size,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 VOCAB_SIZE = 257
 """Token ids: 0..255 the bytes, 256 the end-of-file token."""

@@ -8,19 +8,19 @@ quality checks), not a stand-in for a large model's numbers. Its folder holds
 ``config.json``, ``model.safetensors`` (float16), ``generation_config.json``,
 ``train_log.json`` and ``NOTICE.md``; load it with
 ``transformers.AutoModelForCausalLM.from_pretrained(model_dir())`` or
-``moesim.traces.model_loading.load_model(model_dir())``.
+``moesim.traces.tracer.model_loading.load_model(model_dir())``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 NAME = "tiny-moe"
-"""The catalog name of the model (``sim/catalog/models.yaml``) and of its folder."""
+"""The catalog name of the model (``sim/config/catalog/models.yaml``) and of its folder."""
 
-_SAMPLES = Path(__file__).resolve().parent / "samples"
+_SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
 def model_dir() -> Path:

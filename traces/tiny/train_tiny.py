@@ -34,8 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.tiny_corpus import EOS_ID, VOCAB_SIZE, Corpus, stdlib_root
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.tiny.tiny_corpus import EOS_ID, VOCAB_SIZE, Corpus, stdlib_root
 
 
 @dataclass(frozen=True)
@@ -324,7 +324,7 @@ offline. It is **not** a stand-in for Mixtral-8x7B's numbers: its routing statis
 own.
 
 - Trained on: {log['corpus']}{stdlib}; one file in 10 held out by a hash of its
-  path (`moesim.traces.tiny_corpus`).
+  path (`moesim.traces.tiny.tiny_corpus`).
 - Command: `{log['command']}`
 - Seed: {c['seed']}; {c['steps']} steps of {c['batch_size']} x {c['seq_len']} bytes, AdamW (peak lr
   {c['lr']}, {c['warmup']} warm-up steps, cosine to a tenth), load-balancing loss coefficient

@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 # --------------------------------------------------------------------------------------------
 # Routing rules

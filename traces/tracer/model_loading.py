@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Annotated
 
 import typer
 
-from moesim.sim.atomic import check_target
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.atomic import check_target
+from moesim.sim.core.errors import MoesimError
 
 _COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
 
@@ -123,9 +123,9 @@ def record(
     from rich.console import Console
     from rich.progress import Progress
 
-    from moesim.traces import tracer
-    from moesim.traces.model_loading import load_model
-    from moesim.traces.prompts import read_prompts
+    from moesim.traces.tracer import tracer
+    from moesim.traces.tracer.model_loading import load_model
+    from moesim.traces.tracer.prompts import read_prompts
 
     transformers.utils.logging.set_verbosity_error()
     t0 = time.perf_counter()

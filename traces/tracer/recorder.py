@@ -37,13 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.arch import ArchSpec, find_moe_layers, model_config
-from moesim.traces.format import (
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import (
     DECODE,
     OPTIONAL_COLUMNS,
     PREFILL,
 )
+from moesim.traces.tracer.arch import ArchSpec, find_moe_layers, model_config
 
 ALL_OPTIONAL = frozenset(OPTIONAL_COLUMNS)
 """Every optional column name: the default set a recorder records."""

@@ -81,9 +81,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from moesim.sim.errors import MoesimError
-from moesim.traces.arch import model_config
-from moesim.traces.format import (
+from moesim.sim.core.errors import MoesimError
+from moesim.traces.format.trace_file import (
     DECODE,
     PREFILL,
     ModelInfo,
@@ -91,8 +90,9 @@ from moesim.traces.format import (
     embedding_list_array,
     write_trace,
 )
-from moesim.traces.prompts import Prompt
-from moesim.traces.recorder import (
+from moesim.traces.tracer.arch import model_config
+from moesim.traces.tracer.prompts import Prompt
+from moesim.traces.tracer.recorder import (
     ALL_OPTIONAL,
     CallTimer,
     HookRegistry,
@@ -103,9 +103,9 @@ from moesim.traces.recorder import (
 # isort: split
 # Re-exports, kept so that ``tracer.X`` (the tests' ``tr`` fixture, scripts) still reaches the
 # names that lived here before the module was split; new code imports them from their modules.
-from moesim.traces.arch import supported_architectures as supported_architectures
-from moesim.traces.model_loading import load_model as load_model
-from moesim.traces.prompts import read_prompts as read_prompts
+from moesim.traces.tracer.arch import supported_architectures as supported_architectures
+from moesim.traces.tracer.model_loading import load_model as load_model
+from moesim.traces.tracer.prompts import read_prompts as read_prompts
 
 TRACER_VERSION = 1
 """Version of the tracer, written to a trace's provenance (``source.tracer``)."""

@@ -5,7 +5,7 @@ that was sleeping on a lock, such as the executor's copy thread or the main thre
 for a copy) takes a round trip through the host. On the 2-vCPU machine this project is
 developed on, a 0.2 MB copy handed to the copy thread and waited for took 42-47 us with every
 vCPU busy and 45-118 us, varying from one measurement to the next, with them idle
-(``python -c 'from moesim.sim.calibration.bench import copy_bench; ...'``, 4 rounds each).
+(``python -c 'from moesim.sim.real.calibration.bench import copy_bench; ...'``, 4 rounds each).
 The copy engine the CPU executor stands in for (a GPU's DMA engine) has no such wake-up, and
 a calibration measured in one regime would not describe a run in the other.
 

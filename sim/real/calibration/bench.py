@@ -1,11 +1,11 @@
 """The calibration micro-benchmarks. Each returns raw rows (plain data for the profile).
 
 * :func:`copy_bench`: host-to-device and device-to-host copies against size, through the
-  executor's own copy engine (:mod:`moesim.sim.executor.copier`): on a GPU from pinned and from
+  executor's own copy engine (:mod:`moesim.sim.real.executor.copier`): on a GPU from pinned and from
   pageable host memory; on CPU a memory copy between tensors on the copy thread. Sources cycle
   over buffers larger than the last-level cache so each copy reads cold memory, as an expert
   copy does.
-* :func:`expert_bench`: the executor's expert kernel (:func:`~moesim.sim.executor.kernels.swiglu`)
+* :func:`expert_bench`: the executor's expert kernel (:func:`~moesim.sim.real.executor.kernels.swiglu`)
   against tokens, cycling over enough experts that weights come from memory.
 * :func:`roofline_bench`: dense matmul throughput and device memory bandwidth (the roofline
   figures a profile must carry).
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from moesim.sim.calibration.timing import measure, sync
+from moesim.sim.real.calibration.timing import measure, sync
 
 COLD_BYTES = 96 * 2**20   # > a server CPU's last-level cache (32 MiB here); sources cycle over this much
 
@@ -36,7 +36,7 @@ def _cycle(n_bytes: int, numel: int, dtype: torch.dtype, device: Any, pin: bool 
 
 def _copy_closures(copier: Any, srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> tuple[Any, Any]:
     """``(h2d, d2h)``: each call copies the next buffer pair (H2D through the copy engine)."""
-    from moesim.sim.executor.copier import DEMAND
+    from moesim.sim.real.executor.copier import DEMAND
 
     i = [0]
 
@@ -52,7 +52,7 @@ def _copy_closures(copier: Any, srcs: list[torch.Tensor], dsts: list[torch.Tenso
 
 def copy_bench(device: torch.device, sizes: list[int], *, repeat: int = 7) -> list[dict[str, Any]]:
     """Seconds per copy of each size, H2D and D2H (pinned and pageable on a GPU)."""
-    from moesim.sim.executor.copier import make_copier
+    from moesim.sim.real.executor.copier import make_copier
 
     rows = []
     modes = [("pinned", True), ("pageable", False)] if device.type == "cuda" else [("memcpy", False)]
@@ -74,7 +74,7 @@ def copy_bench(device: torch.device, sizes: list[int], *, repeat: int = 7) -> li
 
 def _expert_closure(x: torch.Tensor, experts: list[torch.Tensor], hidden: int, inter: int) -> Any:
     """A call applying the next expert of ``experts`` to ``x`` as the executor does."""
-    from moesim.sim.executor.kernels import apply_expert
+    from moesim.sim.real.executor.kernels import apply_expert
 
     n = x.shape[0]
     out = torch.zeros_like(x)
@@ -94,7 +94,7 @@ def expert_bench(device: torch.device, hidden: int, inter: int, dtype: torch.dty
                  *, repeat: int = 7) -> list[dict[str, Any]]:
     """Seconds of one expert applied to ``n`` tokens as the executor applies it (gather, SwiGLU,
     weighting, scatter-add), weights cycling over cold experts."""
-    from moesim.sim.executor.kernels import expert_numel
+    from moesim.sim.real.executor.kernels import expert_numel
 
     numel = expert_numel(hidden, inter)
     esize = torch.empty(0, dtype=dtype).element_size()

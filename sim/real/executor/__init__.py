@@ -1,6 +1,6 @@
 """A real executor: runs a Hugging Face MoE model (Mixtral architecture) with an expert cache in
 device memory, copying experts from a host pool, driven by the same policy objects as the
-simulator through the same hooks (:mod:`moesim.policies.base`), and measures TTFT, TPOT, hit
+simulator through the same hooks (:mod:`moesim.policies.contract.base`), and measures TTFT, TPOT, hit
 rate and bytes on the wall clock.
 
 One idea per module: :mod:`.kernels` (the expert SwiGLU on flat weights), :mod:`.copier`

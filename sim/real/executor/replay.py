@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from moesim.policies.base import check_columns
-from moesim.sim.placement import initial_fill, replayed_frequency
-from moesim.sim.records import record_request_starts
+from moesim.policies.contract.base import check_columns
+from moesim.sim.engine.placement import initial_fill, replayed_frequency
+from moesim.sim.engine.records import record_request_starts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.executor.runner import Executor
-    from moesim.sim.executor.stats import ExecStats
+    from moesim.sim.real.executor.runner import Executor
+    from moesim.sim.real.executor.stats import ExecStats
 
 
 def _setup(ex: Executor) -> None:
-    from moesim.sim.executor.runner import ExecutorError
+    from moesim.sim.real.executor.runner import ExecutorError
 
     policy = ex.policy
     check_columns(policy, ex.ctx.columns, ex.trace.model.name)

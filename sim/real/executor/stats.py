@@ -1,5 +1,5 @@
 """Counters and wall-clock times of an executor run, and its metrics with the simulator's
-definitions (:mod:`moesim.sim.metrics`): accesses once per (iteration, layer, expert run),
+definitions (:mod:`moesim.sim.run.metrics`): accesses once per (iteration, layer, expert run),
 ``hit`` = resident when the routing became known; TTFT from the request's start to its first
 output token, TPOT between consecutive output tokens; bytes counted when a copy starts."""
 
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.sim.vram import Unit
+from moesim.sim.engine.vram import Unit
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.executor.runner import Executor
+    from moesim.sim.real.executor.runner import Executor
 
 
 @dataclass

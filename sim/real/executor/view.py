@@ -1,5 +1,5 @@
-"""The executor's implementation of :class:`moesim.policies.base.View`: the simulator's causal
-view (:class:`moesim.sim.view.EngineView`, the same reads and the same actions) over the
+"""The executor's implementation of :class:`moesim.policies.contract.base.View`: the simulator's causal
+view (:class:`moesim.sim.engine.view.EngineView`, the same reads and the same actions) over the
 executor's state, with ``now`` in wall-clock seconds since the run started and the actions
 going to the executor, which keeps the simulator's VRAM rules and issues real copies."""
 
@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from moesim.sim.view import EngineView
+from moesim.sim.engine.view import EngineView
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.executor.runner import Executor
+    from moesim.sim.real.executor.runner import Executor
 
 
 class ExecutorView(EngineView):
-    """What a policy may see and do in a real run (see :class:`moesim.policies.base.View`)."""
+    """What a policy may see and do in a real run (see :class:`moesim.policies.contract.base.View`)."""
 
     __slots__ = ()
 

@@ -3,10 +3,18 @@ deterministic, and (unless it is an oracle) never reads the future."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
-from moesim.policies.contract.registry import make_policy, policy_class, policy_names
+from moesim.policies.contract.registry import (
+    PolicyError,
+    make_policy,
+    policy_class,
+    policy_names,
+    policy_params,
+)
 from moesim.traces.format.trace_file import Trace
 from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
 
@@ -40,8 +48,34 @@ def test_builds_with_defaults_and_lists_its_params(name: str) -> None:
     pol = make_policy(name)
     assert pol.name == name
     assert cls.summary, f"{name} has no summary for `simctl policies`"
-    # scikit-learn style: the parameters are the __init__ keywords, stored as given
-    assert set(pol.get_params()) == set(make_policy(name).get_params())
+    # scikit-learn style: the parameters are the __init__ keywords (explicit, no *args or
+    # **kwargs), stored as given: defaults as declared, and a changed value as passed
+    sig = inspect.signature(cls.__init__)
+    kinds = {p.kind for p in list(sig.parameters.values())[1:]}
+    assert kinds <= {inspect.Parameter.KEYWORD_ONLY}, f"{name}: __init__ takes {kinds}"
+    assert pol.get_params() == policy_params(cls)
+    for key, default in policy_params(cls).items():
+        value = _changed(default)
+        if value is None:
+            continue
+        try:
+            changed = make_policy(name, {key: value})
+        except PolicyError:   # outside the parameter's range: nothing to compare
+            continue
+        assert changed.get_params()[key] == value, f"{name}.{key} not stored as given"
+
+
+def _changed(default: object) -> object:
+    """A value of ``default``'s type that differs from it (None: no such value to try)."""
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    if isinstance(default, float):
+        return default * 0.5 if default else 0.5
+    if isinstance(default, str):
+        return None   # a choice: other strings may be invalid names
+    return None
 
 
 # copy-queue disciplines every policy must survive: priority (default), one fifo stream, and

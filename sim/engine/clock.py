@@ -9,6 +9,11 @@ SimPy computes), same order of every other event (event ids only order events of
 and no scheduled event is at or before the new time; every later ``schedule`` keeps its order).
 With an event due at ``now + dt`` or earlier the caller yields the timeout as before, so ties
 resolve exactly as SimPy resolves them.
+
+SimPy has no public API for this: :func:`advance_alone` reads ``Environment._now`` and
+``_queue`` (a heap of ``(time, priority, id, event)``), which SimPy 4.1 has. ``pyproject.toml``
+pins ``simpy<4.2`` so that a release that changes them cannot slip in unnoticed, and
+``tests/test_clock.py`` checks the behaviour against plain timeouts.
 """
 
 from __future__ import annotations

@@ -402,7 +402,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for i, part in enumerate(path[:-1]):
             if isinstance(node, dict):
                 nxt = node.get(part)
-                if isinstance(nxt, str) and part in ("model", "hardware"):
+                if isinstance(nxt, str) and part in ("model", "hardware", "runtime"):
                     nxt = {"base": nxt}
                     node[part] = nxt
                 elif isinstance(nxt, str) and part == "policy":

@@ -24,10 +24,10 @@ from benchmarks.moepic_tables import (
     PAPER_TABLE3,
 )
 from benchmarks.published_figures import E_M_ROWS, E_M_TABLE2
-from moesim.policies.registry import make_policy
-from moesim.sim.runner import load_trace, prepare_run
-from moesim.sim.scenario import LoadedScenario, load_scenario, load_scenario_data
-from moesim.traces.synthetic import SynthParams
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.run.runner import load_trace, prepare_run
+from moesim.sim.config.scenario import LoadedScenario, load_scenario, load_scenario_data
+from moesim.traces.synthetic.generator import SynthParams
 from tests.util import ROOT
 
 FOLDER = ROOT / "measurements"

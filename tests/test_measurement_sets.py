@@ -25,8 +25,8 @@ from benchmarks.moepic_tables import (
 )
 from benchmarks.published_figures import E_M_ROWS, E_M_TABLE2
 from moesim.policies.contract.registry import make_policy
-from moesim.sim.run.runner import load_trace, prepare_run
 from moesim.sim.config.scenario import LoadedScenario, load_scenario, load_scenario_data
+from moesim.sim.run.runner import load_trace, prepare_run
 from moesim.traces.synthetic.generator import SynthParams
 from tests.util import ROOT
 

@@ -198,7 +198,8 @@ class Executor:
         layer, expert, _ = u.key
         dst = self.store.alloc(u.key)
         u.state = QUEUED
-        self.jobs[u.key] = self.copier.submit(u.key, self.store.source(layer, expert), dst, cls, priority)
+        self.jobs[u.key] = self.copier.submit(u.key, self.store.source(layer, expert), dst, cls, priority,
+                                              after=self.store.fence(u.key))
 
     def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
         """A policy's prefetch: room now (victims from the policy), then a queued copy."""
@@ -312,7 +313,7 @@ class Executor:
         self._charge()
         weights = _combine_weights(logits, plan_m)
         gmask = plan_m >= 0 if on_cpu is None else (plan_m >= 0) & ~on_cpu
-        exps, rows = _access_order(plan_m, gmask)
+        exps, rows = _access_order(plan_m, gmask, x.device)
         self._refresh()
         units = vram.units
         for e in exps:
@@ -352,7 +353,7 @@ class Executor:
         self._charge()
         out = torch.zeros_like(x)
         if cpu_exps:
-            crow = _access_order(plan_m, (plan_m >= 0) & on_cpu)[1]  # type: ignore[operator]
+            crow = _access_order(plan_m, (plan_m >= 0) & on_cpu, x.device)[1]  # type: ignore[operator]
             for e in cpu_exps:
                 tok, slot = crow[e]
                 self._apply(out, x, weights, tok, slot, self.store.source(layer, e).to(x.device))
@@ -421,7 +422,7 @@ class Executor:
             plan_m = torch.topk(logits, self.K, dim=-1).indices.cpu().numpy()
         weights = _combine_weights(logits, plan_m)
         out = torch.zeros_like(x)
-        exps, rows = _access_order(plan_m, plan_m >= 0)
+        exps, rows = _access_order(plan_m, plan_m >= 0, x.device)
         for e in exps:
             tok, slot = rows[e]
             self._apply(out, x, weights, tok, slot, self.store.source(layer, e).to(x.device))

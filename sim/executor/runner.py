@@ -389,9 +389,16 @@ class Executor:
             elif self.waiting:
                 self._issue_demand()
                 if not any(u.key in self.jobs for _, u in watch):
+                    # the room is held by copies already started into the load's pool (a CUDA
+                    # stream starts every copy at once and cannot withdraw one): wait for one to
+                    # land, when it can be evicted
                     u0 = self.waiting[0]
-                    raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
-                                        f"but policy {policy.name!r} can evict nothing; raise cache.rate")
+                    started = [j for k, j in self.jobs.items()
+                               if k in vram.units and vram.units[k].pool == u0.pool and self.copier.started(j)]
+                    if not started:
+                        raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
+                                            f"but policy {policy.name!r} can evict nothing; raise cache.rate")
+                    self.copier.wait(started)
             stall += time.perf_counter() - ts
         vram.pinned.clear()
         st.stall_s += stall

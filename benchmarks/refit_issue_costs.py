@@ -2,7 +2,7 @@
 
 ``runtime.demand_load_us`` and ``runtime.prefetch_issue_us`` are not timed directly: ``simctl
 calibrate`` derives them by running the simulator on the executor runs it measured
-(:mod:`moesim.sim.calibration.executor_runs`). When that derivation changes, a profile measured
+(:mod:`moesim.sim.real.calibration.executor_runs`). When that derivation changes, a profile measured
 on a machine that is no longer at hand (a lent GPU) can be refitted from its ``measurements:``
 without the device. The executor runs replayed the decode of requests of a trace recorded or
 synthesised for the model; give the same trace (``--trace``) or the scenario that generates it
@@ -25,17 +25,17 @@ import yaml
 
 def main(argv: list[str] | None = None) -> int:
     """Refit and write the profile; 2 with one line on bad input."""
-    from moesim.sim.calibration.executor_runs import (
+    from moesim.sim.real.calibration.executor_runs import (
         calibration_workload,
         demand_load_cost,
         prefetch_issue_cost,
     )
-    from moesim.sim.calibration.profile import write_profile
-    from moesim.sim.catalog import get_model
-    from moesim.sim.errors import MoesimError
-    from moesim.sim.runner import load_trace
-    from moesim.sim.scenario import load_scenario
-    from moesim.traces.format import read_trace
+    from moesim.sim.real.calibration.profile import write_profile
+    from moesim.sim.config.catalog import get_model
+    from moesim.sim.core.errors import MoesimError
+    from moesim.sim.run.runner import load_trace
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.traces.format.trace_file import read_trace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile")

@@ -32,12 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     """Print the validation table."""
     import yaml
 
-    from moesim.sim.calibration.awake import cpus_awake
-    from moesim.sim.calibration.profile import calibrate, write_profile
-    from moesim.sim.executor.model import load, model_argument
-    from moesim.sim.runner import load_trace
-    from moesim.sim.scenario import load_scenario
-    from moesim.sim.validate import best_of_runs, calibration_inputs, compare, execute, simulate
+    from moesim.sim.real.calibration.awake import cpus_awake
+    from moesim.sim.real.calibration.profile import calibrate, write_profile
+    from moesim.sim.real.executor.model import load, model_argument
+    from moesim.sim.run.runner import load_trace
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.sim.real.validate import best_of_runs, calibration_inputs, compare, execute, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default=str(ROOT / "scenarios/validate-cpu.yaml"))
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: the scenario's model; tiny-moe is the bundled trained model)")
     args = ap.parse_args(argv)
 
-    from moesim.traces.model_loading import resolve_device
+    from moesim.traces.tracer.model_loading import resolve_device
 
     device = resolve_device(args.device)
     base = load_scenario(args.scenario)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{rt['demand_load_us']:.0f} us per demand load; {rt.get('prefetch_issue_us', 0.0):.0f} us per prefetch issued\n")
     print("| policy | rate | hit sim | hit real | TPOT p50 sim | real | err | TPOT mean sim | real | err | TTFT sim | real | err | H2D GB sim | real |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    from moesim.policies.registry import make_policy
+    from moesim.policies.contract.registry import make_policy
 
     p50_errs = []
     # hit-rate agreement per kind of policy: (runs identical, runs, largest difference)

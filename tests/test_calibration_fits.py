@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from moesim.sim.calibration.awake import can_keep_awake, cpus_awake
-from moesim.sim.calibration.executor_runs import (
+from moesim.sim.real.calibration.awake import can_keep_awake, cpus_awake
+from moesim.sim.real.calibration.executor_runs import (
     calibration_workload,
     demand_load_cost,
     prefetch_issue_cost,
     simulated_run,
     simulated_tpot,
 )
-from moesim.sim.calibration.timing import best_of, fit_anchored
-from moesim.sim.catalog import get_model
+from moesim.sim.real.calibration.timing import best_of, fit_anchored
+from moesim.sim.config.catalog import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,9 +106,9 @@ def test_prefetch_issue_cost_where_the_copies_set_the_step_is_the_share_of_the_e
 
 
 def test_validation_calibrates_on_requests_it_does_not_validate() -> None:
-    from moesim.sim.runner import load_trace
-    from moesim.sim.scenario import load_scenario
-    from moesim.sim.validate import calibration_inputs
+    from moesim.sim.run.runner import load_trace
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.sim.real.validate import calibration_inputs
 
     scen = ROOT / "scenarios/validate-cpu.yaml"
     loaded = load_scenario(scen)                     # validates requests 0 and 1 of 12

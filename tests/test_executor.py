@@ -1,4 +1,4 @@
-"""The real executor (``moesim.sim.executor``) on a tiny random Mixtral on CPU: demand-only
+"""The real executor (``moesim.sim.real.executor``) on a tiny random Mixtral on CPU: demand-only
 policies give exactly the simulator's hits, misses and bytes on the same trace (the executor is
 teacher-forced and its classification does not depend on timing), the model output does not
 depend on where the experts live, and impossible runs are one-line errors."""
@@ -14,10 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from moesim.policies.registry import make_policy  # noqa: E402
-from moesim.sim.catalog import get_model  # noqa: E402
-from moesim.sim.cost import CostModel  # noqa: E402
-from moesim.sim.workload import build_workload  # noqa: E402
+from moesim.policies.contract.registry import make_policy  # noqa: E402
+from moesim.sim.config.catalog import get_model  # noqa: E402
+from moesim.sim.engine.cost import CostModel  # noqa: E402
+from moesim.sim.engine.workload import build_workload  # noqa: E402
 from tests.util import random_trace, run_engine, tiny_hw  # noqa: E402
 
 SPEC = {"name": "tiny", "num_layers": 3, "num_experts": 8, "top_k": 2, "hidden_size": 32,
@@ -26,14 +26,14 @@ SPEC = {"name": "tiny", "num_layers": 3, "num_experts": 8, "top_k": 2, "hidden_s
 
 @cache
 def _model() -> Any:
-    from moesim.sim.executor.model import load
+    from moesim.sim.real.executor.model import load
 
     return load(None, get_model(SPEC), torch.device("cpu"))
 
 
 def _execute(policy: str, budget_experts: int, *, copy: str = "auto", initial: str = "empty",
              trace: Any = None) -> Any:
-    from moesim.sim.executor.runner import Executor
+    from moesim.sim.real.executor.runner import Executor
 
     om = _model()
     tr = trace if trace is not None else random_trace(3, layers=3, experts=8, top_k=2, requests=2, prompt=3, decode=8)
@@ -74,8 +74,8 @@ def test_popular_initial_fill_matches_the_simulator() -> None:
 
 def test_expert_placement_does_not_change_the_output() -> None:
     """The MoE output computed from device slots equals the one computed from the host pool."""
-    from moesim.sim.executor.kernels import apply_expert
-    from moesim.sim.executor.plan import access_order, combine_weights
+    from moesim.sim.real.executor.kernels import apply_expert
+    from moesim.sim.real.executor.plan import access_order, combine_weights
 
     om = _model()
     x = torch.randn(4, om.hidden)
@@ -98,7 +98,7 @@ def test_expert_placement_does_not_change_the_output() -> None:
 
 
 def test_too_small_a_budget_is_one_line() -> None:
-    from moesim.sim.errors import MoesimError
+    from moesim.sim.core.errors import MoesimError
 
     with pytest.raises(MoesimError, match="budget"):
         _execute("lru", 1)
@@ -111,7 +111,7 @@ class _StreamLikeCopier:
     name = "stream-like"
 
     def __init__(self) -> None:
-        from moesim.sim.executor.copier import SyncCopier
+        from moesim.sim.real.executor.copier import SyncCopier
 
         self._sync = SyncCopier()
 
@@ -147,10 +147,10 @@ def test_demand_load_waits_for_room_held_by_started_prefetches() -> None:
     with experts the layer does not use; a demand load then waits for one to land and evicts it.
     On this trace and budget (2 experts per layer) that was an error ('the expert budget is too
     small'), first met on an H100."""
-    from moesim.sim.executor.model import load
-    from moesim.sim.executor.runner import Executor
-    from moesim.traces.format import trace_from_columns
-    from moesim.traces.synthetic import generate, parse_params
+    from moesim.sim.real.executor.model import load
+    from moesim.sim.real.executor.runner import Executor
+    from moesim.traces.format.trace_file import trace_from_columns
+    from moesim.traces.synthetic.generator import generate, parse_params
 
     spec = dict(SPEC, name="tiny4", num_layers=4)
     om = load(None, get_model(spec), torch.device("cpu"))

@@ -16,10 +16,10 @@ pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-from moesim.policies.registry import make_policy  # noqa: E402
-from moesim.sim.catalog import get_model  # noqa: E402
-from moesim.sim.cost import CostModel  # noqa: E402
-from moesim.sim.workload import build_workload  # noqa: E402
+from moesim.policies.contract.registry import make_policy  # noqa: E402
+from moesim.sim.config.catalog import get_model  # noqa: E402
+from moesim.sim.engine.cost import CostModel  # noqa: E402
+from moesim.sim.engine.workload import build_workload  # noqa: E402
 from tests.util import random_trace, run_engine, tiny_hw  # noqa: E402
 
 SPEC = {"name": "tiny-cuda", "num_layers": 2, "num_experts": 8, "top_k": 2, "hidden_size": 256,
@@ -30,10 +30,10 @@ def _checked_run(policy: str, budget_experts: int, lag_cycles: int) -> tuple[Any
     """Run the executor on CUDA; before each expert kernel queue one that spins ``lag_cycles``
     on the compute stream (the host runs ahead of the GPU, as with a real model's expert
     kernels), and compare every MoE output with the output computed from the host pool."""
-    from moesim.sim.executor.kernels import apply_expert
-    from moesim.sim.executor.model import load
-    from moesim.sim.executor.plan import access_order, combine_weights
-    from moesim.sim.executor.runner import Executor
+    from moesim.sim.real.executor.kernels import apply_expert
+    from moesim.sim.real.executor.model import load
+    from moesim.sim.real.executor.plan import access_order, combine_weights
+    from moesim.sim.real.executor.runner import Executor
 
     dev = torch.device("cuda")
     om = load(None, get_model(SPEC), dev)

@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 
 def random_trace(spec: Any, context: int, tokens: int, seed: int) -> Any:
     """One request of ``context`` prompt tokens and ``tokens`` decode tokens, routed uniformly
     at random (top-k distinct experts per token and layer) on ``spec``'s shape."""
-    from moesim.traces.format import DECODE, PREFILL, ModelInfo, TraceMeta, trace_from_columns
+    from moesim.traces.format.trace_file import DECODE, PREFILL, ModelInfo, TraceMeta, trace_from_columns
 
     L, E, k = spec.num_layers, spec.num_experts, spec.top_k
     rng = np.random.default_rng(seed)
@@ -73,7 +73,7 @@ def calibration_workload(spec: Any, routing: tuple[Any, list[int]] | None, *, co
                          seed: int) -> Any:
     """The decode iterations of the runs: ``routing = (trace, request ids)``, or None for one
     request of ``context`` + ``tokens`` tokens routed at random. Prompts are untimed context."""
-    from moesim.sim.workload import build_workload
+    from moesim.sim.engine.workload import build_workload
 
     if routing is None:
         return build_workload(random_trace(spec, context, tokens, seed), phases=["decode"])
@@ -83,10 +83,10 @@ def calibration_workload(spec: Any, routing: tuple[Any, list[int]] | None, *, co
 
 def executor_tpot(om: Any, workload: Any, run: str, seed: int) -> dict[str, float]:
     """The executor's TPOT p50 and mean (seconds) and its misses for one of :data:`RUNS`."""
-    from moesim.policies.registry import make_policy
-    from moesim.sim.catalog import get_hardware
-    from moesim.sim.cost import CostModel
-    from moesim.sim.executor.runner import Executor
+    from moesim.policies.contract.registry import make_policy
+    from moesim.sim.config.catalog import get_hardware
+    from moesim.sim.engine.cost import CostModel
+    from moesim.sim.real.executor.runner import Executor
 
     policy, per_layer, initial = RUNS[run]
     m = om.spec
@@ -108,11 +108,11 @@ def simulated_tpot(spec: Any, workload: Any, run: str, hardware: dict[str, Any],
 def simulated_run(spec: Any, workload: Any, run: str, hardware: dict[str, Any], runtime: dict[str, Any],
                   seed: int) -> tuple[float, int]:
     """The simulator's TPOT p50 (seconds) and its prefetches issued, for one of :data:`RUNS`."""
-    from moesim.policies.registry import make_policy
-    from moesim.sim.catalog import get_hardware, get_runtime
-    from moesim.sim.cost import CostModel
-    from moesim.sim.engine import Engine
-    from moesim.sim.metrics import compute_metrics
+    from moesim.policies.contract.registry import make_policy
+    from moesim.sim.config.catalog import get_hardware, get_runtime
+    from moesim.sim.engine.cost import CostModel
+    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.run.metrics import compute_metrics
 
     policy, per_layer, initial = RUNS[run]
     cost = CostModel(spec, get_hardware(dict(hardware)), get_runtime(dict(runtime)))
@@ -124,7 +124,7 @@ def simulated_run(spec: Any, workload: Any, run: str, hardware: dict[str, Any], 
 
 def measure_runs(om: Any, workload: Any, seed: int, repeats: int) -> dict[str, Any]:
     """Both runs ``repeats`` times, alternating; per run the lowest TPOT p50 (the machine
-    undisturbed, as :func:`~moesim.sim.calibration.timing.best_of`) and every raw value."""
+    undisturbed, as :func:`~moesim.sim.real.calibration.timing.best_of`) and every raw value."""
     raw: dict[str, list[dict[str, float]]] = {name: [] for name in RUNS}
     for _ in range(repeats):
         for name in RUNS:

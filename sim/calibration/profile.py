@@ -1,7 +1,7 @@
 """Run the calibration for one model shape on one device and write the profile YAML.
 
-The profile has ``hardware:`` (a :class:`~moesim.sim.catalog.HardwareSpec` with calibrated
-``costs``, per-field ``sources``), ``runtime:`` (a :class:`~moesim.sim.catalog.RuntimeSpec`),
+The profile has ``hardware:`` (a :class:`~moesim.sim.config.catalog.HardwareSpec` with calibrated
+``costs``, per-field ``sources``), ``runtime:`` (a :class:`~moesim.sim.config.catalog.RuntimeSpec`),
 ``model:`` (the shape it was measured for), ``provenance:`` (device, versions, date, command)
 and ``measurements:`` (every raw timing, so a reader can redo the fits). Fits:
 
@@ -13,7 +13,7 @@ and ``measurements:`` (every raw timing, so a reader can redo the fits). Fits:
   (``--context``: the context the scenario decodes at; ``simctl validate`` passes its
   workload's), exact at one token. The context slope is measured and kept in
   ``measurements``; the cost model has no context term;
-* framework overhead (:mod:`moesim.sim.calibration.executor_runs`): the executor's own decode
+* framework overhead (:mod:`moesim.sim.real.calibration.executor_runs`): the executor's own decode
   step with every expert resident, minus the summed parts (layers, experts, head) ->
   ``runtime.layer_us`` (the MoE block's dispatch and the policy's hooks, per layer); the
   stubbed forward pass minus its layers and head, against tokens -> ``runtime.iteration_us``
@@ -40,24 +40,24 @@ from typing import Any
 import torch
 import yaml
 
-from moesim.sim.atomic import atomic_file
-from moesim.sim.calibration.awake import cpus_awake
-from moesim.sim.calibration.bench import (
+from moesim.sim.core.atomic import atomic_file
+from moesim.sim.real.calibration.awake import cpus_awake
+from moesim.sim.real.calibration.bench import (
     copy_bench,
     expert_bench,
     head_bench,
     layer_bench,
     roofline_bench,
 )
-from moesim.sim.calibration.executor_runs import (
+from moesim.sim.real.calibration.executor_runs import (
     calibration_workload,
     demand_load_cost,
     measure_runs,
     prefetch_issue_cost,
 )
-from moesim.sim.calibration.timing import best_of, fit_anchored, fit_line
-from moesim.sim.catalog import GIB, ModelSpec, get_hardware, get_runtime
-from moesim.sim.errors import MoesimError
+from moesim.sim.real.calibration.timing import best_of, fit_anchored, fit_line
+from moesim.sim.config.catalog import GIB, ModelSpec, get_hardware, get_runtime
+from moesim.sim.core.errors import MoesimError
 
 
 def _device_name(device: torch.device) -> str:
@@ -114,7 +114,7 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
     (``command``: what produced it, for the provenance; default: this process's arguments;
     ``routing``: ``(trace, request ids)`` whose decode the executor-step runs replay, default
     random routing at ``context``; ``keep_awake``: on CPU, time with every processor kept out of
-    idle, :mod:`moesim.sim.calibration.awake`)."""
+    idle, :mod:`moesim.sim.real.calibration.awake`)."""
     device = om.device
     old_threads = torch.get_num_threads()
     if device.type == "cpu":

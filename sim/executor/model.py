@@ -1,7 +1,7 @@
 """The model the executor runs: a Hugging Face Mixtral-architecture model, loaded from a local
 directory / config JSON through the tracer's :func:`load_model` (by default the bundled tiny MoE
 trained in this repository, catalog ``tiny-moe``: :func:`model_argument`), or built with random
-weights from a :class:`~moesim.sim.catalog.ModelSpec` (timing does not depend on the values).
+weights from a :class:`~moesim.sim.config.catalog.ModelSpec` (timing does not depend on the values).
 
 :func:`prepare` takes the routed experts out of the model into a host pool (flat weights, see
 :mod:`.kernels`) and puts an :class:`OffloadedMoe` in place of each MoE block. That block
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moesim.sim.catalog import ModelSpec, get_model
-from moesim.sim.errors import MoesimError
+from moesim.sim.config.catalog import ModelSpec, get_model
+from moesim.sim.core.errors import MoesimError
 
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 DTYPE_OF = {4: torch.float32, 2: torch.bfloat16}
@@ -139,7 +139,7 @@ def load(model_ref: str | None, spec: ModelSpec | None, device: torch.device, *,
     else a random Mixtral of ``spec``'s shape. Returns it prepared (experts in the host pool)."""
     source: dict[str, Any]
     if model_ref is not None:
-        from moesim.traces.model_loading import load_model
+        from moesim.traces.tracer.model_loading import load_model
 
         lm = load_model(model_ref, device=str(device), seed=seed)
         model, source = lm.model, dict(lm.source)
@@ -155,8 +155,8 @@ def load(model_ref: str | None, spec: ModelSpec | None, device: torch.device, *,
 
 def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[str, Any]) -> OffloadModel:
     """Take the experts out of ``model`` into a host pool and install :class:`OffloadedMoe`."""
-    from moesim.sim.executor.kernels import expert_numel
-    from moesim.traces.arch import find_moe_layers
+    from moesim.sim.real.executor.kernels import expert_numel
+    from moesim.traces.tracer.arch import find_moe_layers
 
     arch, layers, _ = find_moe_layers(model)
     if arch.model_type != "mixtral":
@@ -193,8 +193,8 @@ def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[s
 
 def trained_weights(spec: ModelSpec | None) -> str | None:
     """The folder of real weights for ``spec`` when it is the catalog's ``tiny-moe`` exactly
-    (the tiny MoE trained in this repository, :mod:`moesim.traces.tiny_model`), else None."""
-    from moesim.traces.tiny_model import NAME, model_dir
+    (the tiny MoE trained in this repository, :mod:`moesim.traces.tiny.tiny_model`), else None."""
+    from moesim.traces.tiny.tiny_model import NAME, model_dir
 
     if spec is None or spec.name != NAME or spec != get_model(NAME):
         return None

@@ -3,7 +3,7 @@ machine so that copies are asynchronous DMA) and the device slots (the expert ca
 ``slots`` experts, each a flat weight vector, see :mod:`.kernels`).
 
 Which unit lives in which slot is this module's business; how many bytes each pool may hold is
-the VRAM accounting's (:class:`moesim.sim.vram.Vram`, the simulator's own), so the executor
+the VRAM accounting's (:class:`moesim.sim.engine.vram.Vram`, the simulator's own), so the executor
 keeps exactly the simulator's budget rules. With whole experts of one size, a budget of ``B``
 bytes in pools of ``cap_p`` bytes never holds more than ``floor(B / expert_bytes)`` experts, so
 one slab of that many slots (plus the transfer buffer's) always has a free slot when the
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from moesim.policies.base import UnitKey
+from moesim.policies.contract.base import UnitKey
 
 
 class StoreError(RuntimeError):

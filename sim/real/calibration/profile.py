@@ -219,7 +219,11 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         f"{demand['loads_per_step']:.0f} demand loads per step; prefetch_issue_us: the executor's step with every "
         f"expert prefetched by oracle-prefetch ({runs['prefetch_s'] * us:.1f} us) exceeds the resident one by "
         f"{issue['measured_gap_us']:.1f} us, the simulator predicts {issue['predicted_gap_us']:.1f} us without an "
-        f"issue cost; the cost per prefetch ({issue['prefetches_per_step']:.2f} per step) that makes them equal")
+        f"issue cost; " + (
+            f"the simulated step hardly responds to an issue cost (the copies set it): each prefetch's share of "
+            f"the excess ({issue['prefetches_per_step']:.2f} per step; bisection gave {issue['bisection_us']:.1f} us)"
+            if issue.get("copy_bound") else
+            f"the cost per prefetch ({issue['prefetches_per_step']:.2f} per step) that makes them equal"))
     get_runtime(dict(runtime))
     return {
         "provenance": prov,

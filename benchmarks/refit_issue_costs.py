@@ -25,16 +25,16 @@ import yaml
 
 def main(argv: list[str] | None = None) -> int:
     """Refit and write the profile; 2 with one line on bad input."""
+    from moesim.sim.config.catalog import get_model
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.sim.core.errors import MoesimError
     from moesim.sim.real.calibration.executor_runs import (
         calibration_workload,
         demand_load_cost,
         prefetch_issue_cost,
     )
     from moesim.sim.real.calibration.profile import write_profile
-    from moesim.sim.config.catalog import get_model
-    from moesim.sim.core.errors import MoesimError
     from moesim.sim.run.runner import load_trace
-    from moesim.sim.config.scenario import load_scenario
     from moesim.traces.format.trace_file import read_trace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

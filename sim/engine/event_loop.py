@@ -239,7 +239,8 @@ class Engine:
         policy.warm(self.view, placed)
         fast = self.fast_replay
         refusal = fast.refusal(self) if fast is not None else "the fast path is turned off"
-        if fast is not None and refusal is None:
+        if refusal is None:
+            assert fast is not None
             self.path = "fast"
             fast.run(self)
         else:

@@ -284,9 +284,23 @@ def stats_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     cache_sizes: Annotated[str | None, typer.Option(
         help="LRU cache sizes in experts per layer, comma-separated (default: k and E/4, E/2, 3E/4)")] = None,
+    profile_requests: Annotated[int | None, typer.Option(
+        "--profile-requests", min=0, help="prediction recall: the first N requests form the profile (what a "
+        "policy may study: popularity, transitions, fMoE's map store), the others are evaluated "
+        "(default: 70%, at least 1)")] = None,
+    phase: Annotated[str, typer.Option(
+        help="prediction recall: evaluate the decode tokens, the prefill tokens or all")] = "decode",
+    recall: Annotated[bool, typer.Option(
+        "--recall/--no-recall", help="compute the prediction recall (reads the whole trace into memory)")] = True,
 ) -> None:
-    """Routing statistics per layer: popularity, reuse, next-layer prediction, co-activation, LRU."""
+    """Routing statistics per layer: popularity, reuse, next-layer prediction, co-activation, LRU,
+    and the prediction recall of lookahead, transitions, previous/same token, popularity and fMoE's maps."""
+    from moesim.traces.analysis.recall import trace_recall
     from moesim.traces.analysis.stats import trace_stats
+
+    phases = {"decode": ("decode",), "prefill": ("prefill",), "all": ("prefill", "decode")}.get(phase)
+    if phases is None:
+        raise MoesimError(f"--phase {phase!r}: expected decode, prefill or all")
 
     sizes: list[int] | None = None
     if cache_sizes:
@@ -302,8 +316,12 @@ def stats_cmd(
         if max(sizes) > experts:
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: a layer has only {experts} experts")
     st = trace_stats(file, cache_sizes=sizes)
+    rec = trace_recall(file, profile_requests=profile_requests, phases=phases) if recall else None
     if as_json:
-        typer.echo(json.dumps(st.to_dict(), indent=2))
+        doc = st.to_dict()
+        if rec is not None:
+            doc["recall"] = rec.to_dict()
+        typer.echo(json.dumps(doc, indent=2))
         return
     m = st.meta.model
     console = _console()
@@ -326,3 +344,35 @@ def stats_cmd(
                   "1 - (pairs holding 90% of co-activations) / (all pairs); LRU@C: hit rate with C experts "
                   "of the layer cached, a token's experts looked up together (the hit_rate of simctl run "
                   "with policy lru, cache.experts_per_layer C, batch 1, all requests)")
+    if rec is not None:
+        _print_recall(console, rec)
+
+
+_RECALL_HEADS = {"lookahead": "lookahead", "transition@1": "trans@1", "transition@2": "trans@2",
+                 "transition@3": "trans@3", "previous_token": "prev-token", "same_token": "same-token",
+                 "popularity": "popularity", "semantic": "semantic", "trajectory@1": "traj@1",
+                 "trajectory@2": "traj@2", "trajectory@3": "traj@3"}
+
+
+def _print_recall(console: Console, rec: Any) -> None:
+    """The prediction-recall table of ``simctl trace stats`` (a :class:`RecallStats`)."""
+    names = [m for m in _RECALL_HEADS if m not in rec.missing]
+    console.print(f"prediction recall (top-k guess vs routed experts): profile = the first {rec.profile_requests} "
+                  f"request(s) ({rec.store_maps:,} iterations in the map store), evaluated = {rec.eval_tokens:,} "
+                  f"{'+'.join(rec.phases)} token(s) of the other {rec.eval_requests}; chance {100 * rec.chance:.1f}%")
+    table = Table()
+    table.add_column("layer", justify="right")
+    for m in names:
+        table.add_column(_RECALL_HEADS[m], justify="right")
+    L = len(rec.layers["previous_token"]) if rec.layers else 0
+    for lay in range(L):
+        table.add_row(str(lay), *[_pct(rec.layers[m][lay]) for m in names], end_section=lay == L - 1)
+    table.add_row("all", *[_pct(rec.overall[m]) for m in names])
+    console.print(table)
+    console.print("by target layer. lookahead: top-k of lookahead_logits of the layer before; trans@d: co-routing "
+                  "counts of the profile from d layers before (promoe-style); prev-token: the request's previous "
+                  "token; same-token: the latest earlier token of the same id; popularity: the profile's k most "
+                  "routed; semantic / traj@d: fMoE's expert maps matched by embedding / by the iteration's "
+                  "layers up to d before (README, \"Prediction recall\")")
+    for m, why in rec.missing.items():
+        console.print(f"{_RECALL_HEADS[m]}: not measured ({why})")

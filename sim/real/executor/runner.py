@@ -444,6 +444,9 @@ class Executor:
             raise ExecutorError(f"policy {self.policy.name!r} made an invalid plan at {where}")
         if not self.policy.lossy and not np.array_equal(ex, routing.experts):
             raise ExecutorError(f"policy {self.policy.name!r} is not lossy but planned other experts at {where}")
+        if plan.wait_for:
+            raise ExecutorError(f"policy {self.policy.name!r} waits for whole-tensor copies (plan.wait_for) at "
+                                f"{where}; the executor does not model them")
         return ex, None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
 
     # ------------------------------------------------------------------------------------------

@@ -27,10 +27,14 @@ def percentile(ordered: np.ndarray, p: int) -> float:
         return math.nan
     index = (n - 1) * (p / 100)    # numpy: (n - 1) * true_divide(p, 100)
     if index >= n - 1:
-        return float(ordered[-1])
-    below = math.floor(index)
-    a, b = float(ordered[below]), float(ordered[below + 1])
-    t = index - below
+        # numpy interpolates at the top end too: both neighbours are the last value, at index
+        # -1, so its weight is index + 1 (an inf alone becomes NaN, as inf - inf)
+        a = b = float(ordered[-1])
+        t = index + 1
+    else:
+        below = math.floor(index)
+        a, b = float(ordered[below]), float(ordered[below + 1])
+        t = index - below
     diff = b - a                   # numpy's _lerp: from the nearer end
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.core.atomic import check_target
+from moesim.sim.core.atomic import atomic_file, check_target
 from moesim.sim.core.errors import MoesimError
 from moesim.traces.tracer.record import record
 
@@ -137,20 +135,11 @@ def synth_cmd(
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, then
-    ``os.replace``); an OS error becomes one line naming the path."""
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise MoesimError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``text`` to ``path`` whole or not at all (:func:`moesim.sim.core.atomic.atomic_file`:
+    a temporary sibling renamed at the end, removed on an error, Ctrl-C or SIGTERM); an OS error
+    becomes one line naming the path."""
+    with atomic_file(path, option="-o", force=True) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _row_source(name: str) -> str:

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from moesim.sim.cli.blas_spin import quiet_blas_workers
 from moesim.sim.cli.lazy_commands import LazyCommand, lazy_group
+from moesim.sim.core.atomic import Terminated
 from moesim.sim.core.errors import MoesimError
 
 # Commands of other modules, imported and built only when named (simctl run never needs them);
@@ -274,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("simctl: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("simctl: terminated (SIGTERM); no partial output left", file=sys.stderr)
+        return 143
+    except PermissionError as exc:
+        # an output or input the OS refuses (a read-only mount, a folder made unwritable
+        # meanwhile): the user's environment, not a bug
+        print(f"simctl: error: {exc.filename or exc}: permission denied", file=sys.stderr)
+        return 2
     except Exception as exc:
         # click's usage errors (typer vendors its own click in recent releases, so match by shape)
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):

@@ -85,7 +85,8 @@ def import_cmd(
         raise MoesimError(f"--from {fmt!r}: unknown format (expected one of {', '.join(FORMATS)})")
     name = model or (FLAME_MODEL if fmt == "flame" else None)
     if name is None:
-        raise MoesimError(f"--model is required with --from {fmt}")
+        raise MoesimError(f"--model is required with --from {fmt}: a catalog name (simctl models), or a name "
+                          "of your own with --num-layers, --num-experts and --top-k")
     info = model_info(name, num_layers=num_layers, num_experts=num_experts, top_k=top_k)
     lengths = parse_request_lengths(request_lengths) if request_lengths else None
     check_target(out, option="-o", folder=False, force=force)
@@ -154,7 +155,7 @@ def fit_cmd(
     file: Annotated[Path | None, typer.Argument(
         help="moe-trace Parquet file to fit (its statistics are the targets); optional with --targets/--target")] = None,
     out: Annotated[Path | None, typer.Option(
-        "-o", "--out", help="write the fitted parameters as YAML ({synthetic: ...}, for a scenario's trace:)")] = None,
+        "-o", "--out", help="write the fitted parameters as YAML ({synthetic: ...}); a scenario takes the file as its trace:")] = None,
     preset: Annotated[str | None, typer.Option(
         help="start from this preset's knobs (without FILE: also its model and workload)")] = None,
     knobs: Annotated[str | None, typer.Option(
@@ -244,7 +245,7 @@ def fit_cmd(
     for k, why in res.held.items():
         console.print(f"{k}: not fitted ({why})")
     if out is not None:
-        console.print(f"wrote {out} (use it as a scenario's trace: {{synthetic: ...}})")
+        console.print(f"wrote {out} (a scenario synthesises its trace from these knobs with trace: {out})")
 
 
 @app.command("synth-params")

@@ -28,7 +28,7 @@ from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from moesim.sim.run.profile import profile_from_trace, trace_requests
 from moesim.sim.run.run_warnings import run_warnings
-from moesim.traces.format.trace_file import Trace, read_trace, trace_from_columns
+from moesim.traces.format.trace_file import ModelInfo, Trace, read_trace, trace_from_columns
 
 
 class PolicyNotApplicable(ScenarioError):
@@ -195,7 +195,8 @@ def prepare_run(
         cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
         trace = load_trace(loaded, frozenset(cols))
     tr = trace
-    model = loaded.model_spec(tr.model.name)
+    shape = trace_shape(tr.model)
+    model = loaded.model_spec(tr.model.name, shape)
     hw = loaded.hardware_spec()
     runtime = loaded.runtime_spec()
     check_shapes(tr, model, source)
@@ -222,8 +223,19 @@ def prepare_run(
                     pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,
                     profile=profile, record_steps=steps, record_timeline=timeline,
                     check_invariants=check_invariants, progress=progress, fast_replay=FAST_PATH)
+    note = loaded.model_note(tr.model.name, shape)
+    if note:
+        engine.warnings.append(note)
     return PreparedRun(loaded=loaded, engine=engine, model=model, hardware=hw, runtime=runtime,
                        profile=profile, budget=budget, buffer=buffer)
+
+
+def trace_shape(model: ModelInfo) -> dict[str, int]:
+    """The routing shape a trace records (its metadata's ``model``), as the fields of a model
+    spec: a model outside the catalog takes it
+    (:meth:`~moesim.sim.config.scenario.LoadedScenario.model_spec`)."""
+    return {"num_layers": model.num_layers, "num_experts": model.num_experts, "top_k": model.top_k,
+            "num_shared_experts": model.num_shared_experts}
 
 
 def select_requests(loaded: LoadedScenario, trace: Trace) -> tuple[Profile | None, Any]:

@@ -107,7 +107,7 @@ def _parse_list(raw: Any, path: Path, line: int, name: str, width: int, kind: ty
     else:
         raise SourceError(path, f"expected a list, got {raw!r}", line=line, field=name)
     if len(items) != width:
-        raise SourceError(path, f"has {len(items)} entries, expected {width} (top_k)", line=line, field=name)
+        raise SourceError(path, f"has {len(items)} entries, expected {width} (the model's top_k; --top-k sets another)", line=line, field=name)
     out: list[Any] = []
     for item in items:
         what = "an integer" if kind is int else "a number"

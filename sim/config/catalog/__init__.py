@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from moesim.sim.config.keys import fields_at
 from moesim.sim.core.errors import MoesimError
 
 GIB = 1024**3
@@ -34,20 +35,30 @@ class CatalogError(MoesimError, ValueError):
 
 class CatalogFieldError(CatalogError):
     """An invalid field of a model, hardware or runtime spec: ``field`` is its dotted path
-    inside the spec (``costs.layer_us``) and ``problem`` what is wrong with it."""
+    inside the spec (``costs.layer_us``), ``problem`` what is wrong with it and, for an unknown
+    key, ``suggestion`` the closest known one (its dotted path inside the spec)."""
 
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
+    def __init__(self, field: str, problem: str, suggestion: str | None = None) -> None:
+        super().__init__(f"{field}: {problem}" + (f"; did you mean {suggestion!r}?" if suggestion else ""))
         self.field = field
         self.problem = problem
+        self.suggestion = suggestion
 
 
-def _field_error(exc: ValidationError) -> CatalogFieldError:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ())) or "(spec)"
-    msg = "unknown key" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid value")
+def _field_error(exc: ValidationError, cls: type[BaseModel]) -> CatalogFieldError:
+    # a misspelt key also makes the key meant "missing": name the misspelling, with its fix
+    errors = exc.errors()
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    parts = [str(x) for x in err.get("loc", ())]
+    loc = ".".join(parts) or "(spec)"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return CatalogFieldError(loc, msg + more)
+    if err.get("type") != "extra_forbidden":
+        return CatalogFieldError(loc, err.get("msg", "invalid value") + more)
+    known = fields_at(cls, parts[:-1]) or []
+    if len(parts) == 1:
+        known.append("base")
+    close = difflib.get_close_matches(parts[-1], known, n=1) if parts else []
+    return CatalogFieldError(loc, "unknown key" + more, ".".join([*parts[:-1], close[0]]) if close else None)
 
 
 class ModelSpec(BaseModel):
@@ -227,7 +238,7 @@ def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
     try:
         return cls(**data)
     except ValidationError as exc:
-        raise _field_error(exc) from None
+        raise _field_error(exc, cls) from None
 
 
 def get_model(ref: str | dict[str, Any]) -> ModelSpec:

@@ -213,3 +213,113 @@ def test_the_declared_columns_are_all_a_policy_reads(name: str, tmp_path: Path) 
     for m in (declared, every):
         m.pop("wall_s", None)
     assert declared == every
+
+
+# --- labels, provenance, library warnings ---------------------------------------------------------
+CPU_PROFILE = """provenance: {device: Intel Xeon, device_type: cpu}
+hardware:
+  name: calibrated-cpu
+  vram_gib: 15.6
+  pcie_gbps: 5.1
+  peak_tflops: 0.3
+  hbm_gbps: 9
+  source: "calibration: measured on Intel Xeon"
+"""
+
+
+@pytest.mark.parametrize("stated", [True, False])
+def test_a_cpu_run_is_labelled_for_the_cpu(stated: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile measured on the CPU (``device: cpu``, or an older one whose provenance says so)
+    has no GPU, PCIe or VRAM in its summary, and the tiny model's MiB are not ``0.00 GiB``."""
+    text = CPU_PROFILE if not stated else CPU_PROFILE.replace("  name: calibrated-cpu\n", "  name: calibrated-cpu\n  device: cpu\n")
+    (tmp_path / "p.yaml").write_text(text)
+    code = main(["run", str(ROOT / "scenarios/validate-cpu.yaml"), "--set", f"hardware={tmp_path / 'p.yaml'}",
+                 "--no-baselines"])
+    out = capsys.readouterr().out
+    assert code == 0
+    body = out.split("overrides")[1]      # the file's name is in the overrides line
+    for word in ("GPU", "PCIe", "VRAM", "0.00 GiB"):
+        assert word not in body, word
+    assert re.search(r"\ncopies +\d", out) and re.search(r"\nmemory peak +3\.\d\d MiB", out)
+    assert re.search(r"cache +8 of 16 experts per layer \(50%\), 3\.00 MiB", out)
+    # a GPU keeps its words
+    assert main(["run", str(ROOT / "scenarios/validate-cpu.yaml"), "--no-baselines"]) == 0
+    gpu = capsys.readouterr().out
+    assert "\nPCIe " in gpu and "\nVRAM peak" in gpu and "GPU busy" in gpu
+
+
+def test_hardware_file_values_are_not_called_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "my-gpu.yaml").write_text("name: my-gpu\nvram_gib: 24\npcie_gbps: 25\npeak_tflops: 160\n"
+                                          "hbm_gbps: 1000\nkernel_us: 4\n")
+    assert main(["hardware", str(tmp_path / "my-gpu.yaml")]) == 0
+    rows = {ln.split("│")[1].strip(): ln.split("│")[3].strip() for ln in capsys.readouterr().out.splitlines()
+            if ln.count("│") == 4}
+    for field in ("vram_gib", "pcie_gbps", "peak_tflops", "hbm_gbps", "kernel_us"):
+        assert rows[field].startswith("set in") and "my-gpu.yaml" in rows[field], (field, rows[field])
+    for field in ("pcie_latency_us", "evict_us", "copy_engines"):
+        assert rows[field].startswith("default of HardwareSpec"), (field, rows[field])
+
+
+def test_library_deprecations_stay_inside_moesim_calls() -> None:
+    """transformers' FutureWarning about ``past_key_values`` (how the tracer drives the model)
+    is not the user's to see; the user's own FutureWarnings still are."""
+    pytest.importorskip("transformers")
+    import warnings
+
+    from moesim.traces.tiny.tiny_model import model_dir
+    from moesim.traces.tracer import tracer
+    from moesim.traces.tracer.model_loading import load_model
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loaded = load_model(str(model_dir()))
+        tracer.trace_model(loaded.model, [tracer.Prompt((72, 105, 33))], name="tiny", max_new_tokens=3)
+        warnings.warn("the user's own", FutureWarning, stacklevel=1)
+    future = [str(w.message) for w in seen if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert future == ["the user's own"]
+
+
+# --- the summary ----------------------------------------------------------------------------------
+def summary_rows(out: str) -> list[tuple[str, str]]:
+    rows = []
+    for line in out.splitlines()[1:]:
+        m = re.match(r"(\S.*?)\s{2,}(\S.*)", line)
+        if m:
+            rows.append((m[1], m[2].strip()))
+    return rows
+
+
+def test_summary_leads_with_policy_cache_trace_and_speedups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s.yaml").write_text(scen(policy={"name": "mixtral-offloading", "params": {"prefetch_experts": 2}}))
+    assert main(["run", str(tmp_path / "s.yaml")]) == 0
+    rows = summary_rows(capsys.readouterr().out)
+    assert [k for k, _ in rows[:4]] == ["policy", "cache", "trace", "speed-up"]
+    assert rows[0][1].startswith("mixtral-offloading (") and "prefetch_experts 2" in rows[0][1]
+    assert rows[1][1].startswith("16 of 64 experts per layer (25%), 0.52 GiB")
+    assert rows[2][1].startswith("flame-moe-290m.parquet (flame-moe-290m, 8 MoE layers x 64 experts, top-6)")
+    # the speed-ups are the baselines' own runs of the same scenario
+    speed = rows[3][1]
+    tpot = {}
+    for name in ("mixtral-offloading", "lru", "no-cache"):
+        assert main(["run", str(tmp_path / "s.yaml"), "--json", "--set", f"policy={name}"]) == 0
+        tpot[name] = json.loads(capsys.readouterr().out)["tpot_ms"]["mean"]
+    for name in ("lru", "no-cache"):
+        assert f"{tpot[name] / tpot['mixtral-offloading']:.2f}x over {name}" in speed, speed
+    # an lru run compares with no-cache only; --no-baselines drops the line
+    assert main(["run", str(tmp_path / "s.yaml"), "--set", "policy=lru"]) == 0
+    speed = dict(summary_rows(capsys.readouterr().out))["speed-up"]
+    assert "over no-cache" in speed and "over lru" not in speed
+    assert main(["run", str(tmp_path / "s.yaml"), "--no-baselines"]) == 0
+    assert "speed-up" not in dict(summary_rows(capsys.readouterr().out))
+
+
+def test_baselines_that_would_not_be_cheap_are_named_not_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from moesim.sim.run import baselines
+
+    monkeypatch.setattr(baselines, "GENERIC_LIMIT", 100)
+    (tmp_path / "s.yaml").write_text(scen(policy="lfu"))
+    assert main(["run", str(tmp_path / "s.yaml")]) == 0
+    speed = dict(summary_rows(capsys.readouterr().out))["speed-up"]
+    assert re.search(r"^\d\.\d\dx over lru", speed)        # a kernel: cheap at any size
+    assert "no-cache not run: 6,144 expert accesses without a fast kernel; --set policy=no-cache runs it" in speed

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -162,6 +163,7 @@ class PreparedRun:
             "buffer_bytes": self.buffer,
             "budget_experts_per_layer": self.budget / model.expert_bytes / model.num_layers,
             "profile": None if self.profile is None else self.profile.source,
+            "trace": describe_trace(self.loaded, self.engine.trace),
             "config_hash": config_hash,
         }
         metrics["scenario"] = self.loaded.scenario.name
@@ -228,6 +230,21 @@ def prepare_run(
         engine.warnings.append(note)
     return PreparedRun(loaded=loaded, engine=engine, model=model, hardware=hw, runtime=runtime,
                        profile=profile, budget=budget, buffer=buffer)
+
+
+def describe_trace(loaded: LoadedScenario, trace: Trace) -> str:
+    """The trace in a few words, for the summary: its file (or how it was synthesised) and the
+    routing shape it records."""
+    m = trace.model
+    shape = f"{m.name}, {m.num_layers} MoE layers x {m.num_experts} experts, top-{m.top_k}"
+    path = loaded.trace_path()
+    if path is not None:
+        return f"{path.name} ({shape})"
+    if loaded.trace_fit is not None:
+        return f"synthesised from the fit {Path(loaded.trace_fit).name} ({shape})"
+    spec = loaded.scenario.trace
+    preset = spec["synthetic"].get("preset") if isinstance(spec, dict) else None
+    return f"synthetic{f', preset {preset}' if preset else ''} ({shape})"
 
 
 def trace_shape(model: ModelInfo) -> dict[str, int]:

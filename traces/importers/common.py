@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def save_trace(path: str | os.PathLike[str], columns: Mapping[str, Any], meta: T
     return write_trace(path, columns, meta)
 
 
-def text_lines(path: Path) -> Iterator[tuple[int, str]]:
+def text_lines(path: Path) -> Generator[tuple[int, str], None, None]:
     """``(line number, text)`` of a UTF-8 text file, numbered from 1, each line with its end; a
     file that cannot be opened is a :class:`SourceError` naming it, and bytes that are not
     UTF-8 one naming the line they are on (each line is decoded on its own: a decoder reading

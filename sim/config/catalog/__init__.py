@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -156,6 +156,10 @@ class HardwareSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="hardware name")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="what runs the model: a GPU (its VRAM, host-to-device "
+                                          "copies over PCIe) or the CPU (a `simctl calibrate` profile measured on "
+                                          "the CPU: device memory is host memory, copies are memcpy); names the "
+                                          "outputs' labels, changes no timing")
     vram_gib: PositiveFloat = Field(description="GPU memory in GiB")
     pcie_gbps: PositiveFloat = Field(description="effective host-to-device bandwidth in GB/s (1 GB = 1e9 bytes)")
     pcie_latency_us: float = Field(10.0, ge=0, description="fixed cost of one host-to-device transfer")
@@ -171,14 +175,15 @@ class HardwareSpec(BaseModel):
     sources: dict[str, str] = Field(default_factory=dict, description="per-field provenance: field name -> source, "
                                     "overriding ``source`` for that field")
 
-    def source_of(self, field_name: str) -> str:
+    def source_of(self, field_name: str, where: str = "the entry") -> str:
         """Where the value of ``field_name`` comes from: its own entry in ``sources``, the
-        entry's ``source`` for a field the entry sets, else the field's documented default."""
+        entry's ``source`` for a field the entry sets (``where``: the entry, a file's name),
+        that the entry sets it when it states no source, else the field's documented default."""
         if field_name in self.sources:
             return self.sources[field_name]
-        if field_name in self.model_fields_set and self.source:
-            return self.source
-        return "default of HardwareSpec (not stated by the entry)"
+        if field_name in self.model_fields_set:
+            return self.source or f"set in {where} (no source stated)"
+        return f"default of HardwareSpec (not set in {where})"
 
 
 def _load(kind: str) -> dict[str, dict[str, Any]]:
@@ -271,12 +276,16 @@ def load_spec_file(path: Any, section: str) -> dict[str, Any]:
         raise CatalogError(str(exc)) from None
     if not isinstance(data, dict):
         raise CatalogError(f"{p}: a {section} profile must be a mapping")
+    raw = data
     if section in data:
         data = data[section]
         if not isinstance(data, dict):
             raise CatalogError(f"{p}: {section}: must be a mapping")
     spec = {str(k): v for k, v in data.items()}
     spec.setdefault("name", p.stem)
+    prov = raw.get("provenance") if isinstance(raw, dict) else None
+    if section == "hardware" and isinstance(prov, dict) and prov.get("device_type") == "cpu":
+        spec.setdefault("device", "cpu")     # a CPU profile written before the field existed
     return spec
 
 

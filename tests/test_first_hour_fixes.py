@@ -67,7 +67,7 @@ def test_readme_csv_import_fit_and_runs_work_as_written(tmp_path: Path, monkeypa
     cwd = fresh_clone(tmp_path, monkeypatch, "docs/examples/routing.csv", "scenarios/quickstart.yaml",
                       "traces/samples/flame-moe-290m.parquet")
     imp, = readme_commands("simctl trace import --from csv")
-    fit, = readme_commands("simctl trace fit")
+    fit, = readme_commands("simctl trace fit runs/mine.parquet")
     runs = [c for c in readme_commands("simctl run scenarios/quickstart.yaml --set trace=")]
     assert len(runs) == 2
     run_readme(imp, cwd, capsys)

@@ -109,6 +109,13 @@ class MoEpic(Policy):
         self.applied: list[Allocation] = []     # every configuration installed, in order
         self._fractions: list[tuple[float, ...]] = []
 
+    def read_columns(self) -> frozenset[str]:
+        """The lookahead router logits rank the experts to prefetch (Eq. 3) and feed the
+        configurator's hit statistics; ranked at random (``speculative`` False) or used by
+        neither mechanism, nothing is read."""
+        uses = self.speculative and (self.prefetch or self.configurator)
+        return frozenset({"lookahead_logits"}) if uses else frozenset()
+
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, ctx: Context) -> None:
         L, E, K = ctx.num_layers, ctx.num_experts, ctx.top_k

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from moesim.policies.contract.base import OPTIONAL_COLUMNS, Policy
+from moesim.policies.contract.base import Policy
 from moesim.policies.contract.registry import make_policy, policy_class, policy_names, policy_params
 
 
@@ -30,11 +30,11 @@ def policy_table() -> Table:
 
 def trace_needs(cls: type[Policy]) -> tuple[list[str], list[str]]:
     """(required, read when present) optional trace columns of the policy with its defaults;
-    ``experts`` is always needed."""
+    ``experts`` is always needed. A policy that does not declare what it reads gets every
+    column, and is listed so."""
     pol = make_policy(cls.name, {})
     req = sorted(pol.required_columns())
-    declared = pol.read_columns()
-    reads = [] if declared == frozenset(OPTIONAL_COLUMNS) else sorted(declared - set(req))
+    reads = sorted(set(pol.read_columns()) - set(req))
     return req, reads
 
 

@@ -201,7 +201,8 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
     if hue not in df.columns:
         raise PlotError(f"--hue {hue}: no such column")
     if facet is not None and facet not in df.columns:
-        raise PlotError(f"--facet {facet}: no such column")
+        raise PlotError(f"--facet {facet}: not a column of this table (swept keys: {', '.join(params) or 'none'}); "
+                        "sweep it to facet by it")
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         raise PlotError("no finished point in the table")
@@ -370,7 +371,10 @@ def timeline_figure(run_dir: str | Path, *, start: int = 0, iterations: int = 3)
         stall_ms = per_it["stall"] / 1e3
         ax.fill_between(per_it.index, 0, dur_ms, step="mid", color="tab:blue", alpha=0.35, label="iteration time")
         ax.fill_between(per_it.index, 0, stall_ms, step="mid", color="tab:red", alpha=0.6, label="stall on transfers")
-        ax.axvspan(start - 0.5, start + len(window) - 0.5, color="0.3", alpha=0.12, label="window above")
+        if tracks:   # the span marks the iterations the panel above shows (none without timeline.json)
+            ax.axvspan(start - 0.5, start + len(window) - 0.5, color="0.3", alpha=0.12, label="window above")
+        else:
+            ax.set_title("per iteration (simctl run --out DIR --timeline adds the GPU stream and copy lanes)")
         ax.set_xlabel("iteration")
         ax.set_ylabel("time (ms)")
         ax.set_xlim(per_it.index.min() - 0.5, per_it.index.max() + 0.5)

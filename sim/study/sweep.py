@@ -152,6 +152,22 @@ def check_key(key: str, where: str) -> None:
 
 
 # --- loading and expansion ----------------------------------------------------------------------
+def _trace_model(loaded: Any) -> tuple[str, dict[str, int] | None]:
+    """The model name and shape a point's trace file records (its footer only), so that a model
+    outside the catalog resolves as the run will resolve it; ``("", None)`` without a file."""
+    from moesim.sim.run.runner import trace_shape
+    from moesim.traces.format.trace_file import TraceError, read_meta
+
+    path = loaded.trace_path()
+    if path is None or not path.is_file():
+        return "", None
+    try:
+        model = read_meta(path).model
+    except TraceError:
+        return "", None     # the point's run names the broken file
+    return model.name, trace_shape(model)
+
+
 def _axes(spec: SweepSpec, source: str) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
     """Each axis: its keys and its value tuples."""
     from moesim.policies.contract.registry import policy_names
@@ -225,7 +241,7 @@ def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str
             make_policy(pspec.name, pspec.params)
             loaded.hardware_spec()
             if loaded.scenario.model is not None:
-                loaded.model_spec("")
+                loaded.model_spec(*_trace_model(loaded))
         except (ScenarioError, PolicyError) as exc:
             msg = str(exc)
             raise SweepError(msg if msg.startswith(where) else f"{where}: {msg}") from None

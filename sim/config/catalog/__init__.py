@@ -8,7 +8,8 @@ into the host catalog (:mod:`moesim.sim.config.catalog.host`).
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,6 +23,7 @@ from pydantic import (
 
 from moesim.sim.config.catalog.files import CatalogError, raw_entries, unknown
 from moesim.sim.config.catalog.host import CpuSpec, cpu_fields, host_names
+from moesim.sim.config.keys import fields_at
 
 GIB = 1024**3
 
@@ -42,20 +44,30 @@ __all__ = ["GIB", "PAGEABLE_CAP_GBPS", "PAGEABLE_SHARE", "CatalogError", "Catalo
 
 class CatalogFieldError(CatalogError):
     """An invalid field of a model, hardware or runtime spec: ``field`` is its dotted path
-    inside the spec (``costs.layer_us``) and ``problem`` what is wrong with it."""
+    inside the spec (``costs.layer_us``), ``problem`` what is wrong with it and, for an unknown
+    key, ``suggestion`` the closest known one (its dotted path inside the spec)."""
 
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
+    def __init__(self, field: str, problem: str, suggestion: str | None = None) -> None:
+        super().__init__(f"{field}: {problem}" + (f"; did you mean {suggestion!r}?" if suggestion else ""))
         self.field = field
         self.problem = problem
+        self.suggestion = suggestion
 
 
-def _field_error(exc: ValidationError) -> CatalogFieldError:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ())) or "(spec)"
-    msg = "unknown key" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid value")
+def _field_error(exc: ValidationError, cls: type[BaseModel]) -> CatalogFieldError:
+    # a misspelt key also makes the key meant "missing": name the misspelling, with its fix
+    errors = exc.errors()
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    parts = [str(x) for x in err.get("loc", ())]
+    loc = ".".join(parts) or "(spec)"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return CatalogFieldError(loc, msg + more)
+    if err.get("type") != "extra_forbidden":
+        return CatalogFieldError(loc, err.get("msg", "invalid value") + more)
+    known = fields_at(cls, parts[:-1]) or []
+    if len(parts) == 1:
+        known.append("base")
+    close = difflib.get_close_matches(parts[-1], known, n=1) if parts else []
+    return CatalogFieldError(loc, "unknown key" + more, ".".join([*parts[:-1], close[0]]) if close else None)
 
 
 class ModelSpec(BaseModel):
@@ -137,6 +149,10 @@ class HardwareSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="hardware name")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="what runs the model: a GPU (its VRAM, host-to-device "
+                                          "copies over PCIe) or the CPU (a `simctl calibrate` profile measured on "
+                                          "the CPU: device memory is host memory, copies are memcpy); names the "
+                                          "outputs' labels, changes no timing")
     vram_gib: PositiveFloat = Field(description="GPU memory in GiB")
     pcie_gbps: PositiveFloat = Field(description="effective host-to-device bandwidth in GB/s (1 GB = 1e9 bytes)")
     pcie_latency_us: float = Field(10.0, ge=0, description="fixed cost of one host-to-device transfer")
@@ -166,14 +182,15 @@ class HardwareSpec(BaseModel):
             return self.pageable_gbps
         return min(PAGEABLE_SHARE * self.pcie_gbps, PAGEABLE_CAP_GBPS)
 
-    def source_of(self, field_name: str) -> str:
+    def source_of(self, field_name: str, where: str = "the entry") -> str:
         """Where the value of ``field_name`` comes from: its own entry in ``sources``, the
-        entry's ``source`` for a field the entry sets, else the field's documented default."""
+        entry's ``source`` for a field the entry sets (``where``: the entry, a file's name),
+        that the entry sets it when it states no source, else the field's documented default."""
         if field_name in self.sources:
             return self.sources[field_name]
-        if field_name in self.model_fields_set and self.source:
-            return self.source
-        return "default of HardwareSpec (not stated by the entry)"
+        if field_name in self.model_fields_set:
+            return self.source or f"set in {where} (no source stated)"
+        return f"default of HardwareSpec (not set in {where})"
 
 
 def model_names() -> list[str]:
@@ -225,7 +242,7 @@ def _build(cls: type[BaseModel], data: dict[str, Any]) -> Any:
     try:
         return cls(**data)
     except ValidationError as exc:
-        raise _field_error(exc) from None
+        raise _field_error(exc, cls) from None
 
 
 def get_model(ref: str | dict[str, Any]) -> ModelSpec:
@@ -258,12 +275,16 @@ def load_spec_file(path: Any, section: str) -> dict[str, Any]:
         raise CatalogError(str(exc)) from None
     if not isinstance(data, dict):
         raise CatalogError(f"{p}: a {section} profile must be a mapping")
+    raw = data
     if section in data:
         data = data[section]
         if not isinstance(data, dict):
             raise CatalogError(f"{p}: {section}: must be a mapping")
     spec = {str(k): v for k, v in data.items()}
     spec.setdefault("name", p.stem)
+    prov = raw.get("provenance") if isinstance(raw, dict) else None
+    if section == "hardware" and isinstance(prov, dict) and prov.get("device_type") == "cpu":
+        spec.setdefault("device", "cpu")     # a CPU profile written before the field existed
     return spec
 
 
@@ -277,7 +298,7 @@ def get_cpu(ref: str | dict[str, Any]) -> CpuSpec:
     try:
         return CpuSpec.model_validate(cpu_fields(ref))
     except ValidationError as exc:
-        raise _field_error(exc) from None
+        raise _field_error(exc, CpuSpec) from None
 
 
 def get_runtime(ref: str | dict[str, Any]) -> RuntimeSpec:

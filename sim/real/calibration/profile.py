@@ -48,6 +48,7 @@ import yaml
 from moesim.sim.config.catalog import GIB, ModelSpec, get_hardware, get_runtime
 from moesim.sim.core.atomic import atomic_file
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.sim.real.calibration.awake import cpus_awake
 from moesim.sim.real.calibration.bench import (
     copy_bench,
@@ -112,6 +113,7 @@ def provenance(device: torch.device, threads: int, command: str | None = None) -
     return prov
 
 
+@quiet_library_warnings()
 def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int = 1, seed: int = 0,
               command: str | None = None, routing: tuple[Any, list[int]] | None = None,
               keep_awake: bool = True) -> dict[str, Any]:
@@ -193,6 +195,7 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         "pcie_latency_us": f"{where}; intercept of the copy fit",
         "d2h_gbps": f"{where}; fit of the reverse copies",
         "copy_engines": "the executor's copy engine: one copy thread (CPU) or one CUDA copy stream",
+        "device": f"{where}; the torch device type ({device.type})",
         "vram_gib": f"{where}; device memory (host memory when the device is the CPU)",
         "peak_tflops": f"{where}; {roof['matmul_size']}^3 matmul in {str(om.dtype).replace('torch.', '')}",
         "hbm_gbps": f"{where}; device-to-device copy of {roof['mem_bytes'] // 2**20} MiB, read + write",
@@ -202,6 +205,7 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
     }
     hw = {
         "name": f"calibrated-{device.type}",
+        "device": "cpu" if device.type == "cpu" else "gpu",
         "vram_gib": round(_memory_gib(device), 3),
         "pcie_gbps": round(1 / per_byte / 1e9, 4) if per_byte > 0 else 1e3,
         "pcie_latency_us": round(lat * us, 3),

@@ -44,6 +44,7 @@ from moesim.policies.contract.base import (
     UnitKey,
 )
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.plans import next_in_fixed_order
 from moesim.sim.engine.vram import Unit, Vram
@@ -483,6 +484,7 @@ class Executor:
         return cache
 
     # ------------------------------------------------------------------------------------------
+    @quiet_library_warnings()
     def run(self, warmup: int = 2) -> ExecStats:
         """Replay the workload; returns the counters and wall-clock times (``self.stats``)."""
         from moesim.sim.real.executor.replay import replay

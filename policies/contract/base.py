@@ -44,7 +44,7 @@ recorded routing of later steps; they are labelled as bounds in every output.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -70,6 +70,7 @@ from moesim.policies.contract.hook_data import (  # noqa: F401
     UnitKey,
     VictimChoice,
 )
+from moesim.policies.contract.needs import TOP_K, SetupNeeds  # noqa: F401  (re-exported)
 from moesim.policies.contract.view import IterationInfo, View  # noqa: F401  (re-exported)
 
 # Trace columns a policy may need beside ``experts`` (see :meth:`Policy.required_columns`).
@@ -241,7 +242,11 @@ class Policy:
     * ``lossy``: may run other experts than the routed ones (its plans are checked);
     * ``scope``: ``"layer"`` (one pool per layer, the default) or ``"global"`` (one pool);
     * ``decision_us``: CPU time of each routing decision, charged on the critical path at
-      ``on_routed`` (0 by default).
+      ``on_routed`` (0 by default);
+    * ``setup_needs``: what the mechanism needs from the scenario and trace to run as its paper
+      meant it, with the paper's defaults (:class:`SetupNeeds`, for the default parameters;
+      :meth:`needs` refines it for the instance's). Every registered policy declares it, if
+      only as ``SetupNeeds()``.
     """
 
     name: ClassVar[str] = ""
@@ -250,6 +255,7 @@ class Policy:
     oracle: ClassVar[bool] = False
     lossy: ClassVar[bool] = False
     scope: ClassVar[str] = "layer"
+    setup_needs: ClassVar[SetupNeeds] = SetupNeeds()
     decision_us: float = 0.0
 
     # -- parameters and needs -----------------------------------------------------------------
@@ -258,6 +264,21 @@ class Policy:
         sig = inspect.signature(type(self).__init__)
         return {p.name: getattr(self, p.name) for p in sig.parameters.values()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    def needs(self) -> SetupNeeds:
+        """This instance's setup needs: the class's :attr:`setup_needs`, with ``min_tokens`` read
+        from the parameter it names. A policy whose needs depend on its parameters overrides
+        this (and starts from ``super().needs()``)."""
+        needs = type(self).setup_needs
+        if needs.min_tokens_param is not None:
+            value = getattr(self, needs.min_tokens_param)
+            needs = replace(needs, min_tokens=None if value is None else int(value))
+        return needs
+
+    def kind(self) -> str:
+        """``oracle`` (reads the future: a bound), ``lossy`` (may run other experts than the
+        routed ones) or ``lossless``: the group a comparison ranks it in."""
+        return "oracle" if self.oracle else ("lossy" if self.lossy else "lossless")
 
     def required_columns(self) -> frozenset[str]:
         """Optional trace columns this policy cannot run without (checked at set-up: a trace

@@ -9,7 +9,8 @@ Hook order
 For a run, the engine calls::
 
     policy.setup(ctx)                                  # once, before time 0 (ctx.profile: offline data)
-    policy.warm(view, units)                           # units placed by cache.initial (maybe none)
+    policy.preload(ctx)                                # units loaded with the model, placed at no cost
+    policy.warm(view, units)                           # units placed by preload and cache.initial
     for each iteration (one decode step of the batch, or one request's prefill):
         policy.on_iteration_start(view)
         for layer l in 0..L-1:
@@ -165,6 +166,10 @@ class Costs(Protocol):
         """One routed expert applied to ``n_tokens`` tokens on the GPU."""
         ...
 
+    def cpu_expert_s(self, n_tokens: int) -> float:
+        """One routed expert applied to ``n_tokens`` tokens on the host CPU."""
+        ...
+
     def head_s(self, n_tokens: int) -> float:
         """Once per iteration after the last layer."""
         ...
@@ -243,6 +248,9 @@ class Policy:
     * ``scope``: ``"layer"`` (one pool per layer, the default) or ``"global"`` (one pool);
     * ``decision_us``: CPU time of each routing decision, charged on the critical path at
       ``on_routed`` (0 by default);
+    * ``host_memory``: where the system keeps experts on the host, ``"pinned"`` (the default:
+      copies at ``hardware.pcie_gbps``) or ``"pageable"`` (accelerate: copies at the
+      hardware's pageable rate);
     * ``setup_needs``: what the mechanism needs from the scenario and trace to run as its paper
       meant it, with the paper's defaults (:class:`SetupNeeds`, for the default parameters;
       :meth:`needs` refines it for the instance's). Every registered policy declares it, if
@@ -255,6 +263,7 @@ class Policy:
     oracle: ClassVar[bool] = False
     lossy: ClassVar[bool] = False
     scope: ClassVar[str] = "layer"
+    host_memory: ClassVar[str] = "pinned"
     setup_needs: ClassVar[SetupNeeds] = SetupNeeds()
     decision_us: float = 0.0
 
@@ -319,8 +328,15 @@ class Policy:
         Asked at set-up and after each ``on_iteration_end``. Default: one part."""
         return (1.0,)
 
+    def preload(self, ctx: Context) -> list[UnitKey]:
+        """Units the system loads onto the GPU with the model, before time 0 (llama.cpp's GPU
+        layers, Fiddler's popular experts, accelerate's resident layers): the engine places
+        them resident at no cost, ahead of ``cache.initial``'s fill, and lists them first to
+        ``warm``. They must fit their pools. Called once, after ``setup``. Default: none."""
+        return []
+
     def warm(self, view: View, units: list[UnitKey]) -> None:
-        """The engine placed ``units`` in VRAM before time 0 (``cache.initial``)."""
+        """The engine placed ``units`` in VRAM before time 0 (``preload``, then ``cache.initial``)."""
 
     def on_iteration_start(self, view: View) -> None:
         """A new iteration begins."""

@@ -181,15 +181,24 @@ def models() -> None:
 def hardware(
     name: Annotated[str | None, typer.Argument(help="a catalog entry or a profile YAML file: show where each number comes from")] = None,
 ) -> None:
-    """List the hardware catalog, or show one entry's numbers and their sources."""
+    """List the hardware and host CPU catalogs, or show one entry's numbers and their sources."""
     from moesim.sim.config.catalog import (
         CatalogFieldError,
+        get_cpu,
         get_hardware,
         hardware_names,
+        host_names,
         is_spec_file,
         load_spec_file,
     )
 
+    if name is not None and name in host_names():
+        cpu = get_cpu(name)
+        t = Table("field", "value", "source", title=f"host {name}: {cpu.source}")
+        for field, value in cpu.model_dump(exclude={"name", "source", "sources"}, exclude_none=True).items():
+            t.add_row(field, str(value), cpu.sources.get(field, "default of CpuSpec"))
+        _console().print(t)
+        return
     if name is not None:
         try:
             h = get_hardware(load_spec_file(name, "hardware") if is_spec_file(name) else name)
@@ -202,13 +211,21 @@ def hardware(
         if is_spec_file(name):
             _print_runtime_section(name)
         return
-    t = Table("hardware", "VRAM GiB", "PCIe GB/s", "copy engines", "TFLOP/s", "HBM GB/s", "calibrated", "source")
+    t = Table("hardware", "VRAM GiB", "PCIe GB/s", "pageable GB/s", "copy engines", "TFLOP/s", "HBM GB/s",
+              "calibrated", "source")
     for name_ in hardware_names():
         h = get_hardware(name_)
-        t.add_row(name_, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", str(h.copy_engines), f"{h.peak_tflops:g}",
-                  f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
+        t.add_row(name_, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", f"{h.pageable_rate_gbps:g}", str(h.copy_engines),
+                  f"{h.peak_tflops:g}", f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
     _console().print(t)
-    _console().print("simctl hardware NAME (or a profile .yaml) shows the source of every number")
+    t = Table("host (cpu:)", "cores", "memory GB/s", "per thread GB/s", "TFLOP/s", "source")
+    for name_ in host_names():
+        c = get_cpu(name_)
+        t.add_row(name_, str(c.cores), f"{c.mem_gbps:g}", f"{c.thread_gbps:g}" if c.thread_gbps else "-",
+                  f"{c.tflops:g}", c.source)
+    _console().print(t)
+    _console().print("simctl hardware NAME (a GPU, a host, or a profile .yaml) shows the source of every number; "
+                     "pick a host with hardware: {base: GPU, cpu: HOST}")
 
 
 def _print_runtime_section(path: str) -> None:

@@ -307,6 +307,22 @@ class Transfers:
         self.vram.remove(u)
         self.vram.unclaim(u)
 
+    def issued_units(self, layer: int, experts: tuple[int, ...], running: list[int], nparts: int,
+                     policy_name: str) -> list[Unit]:
+        """The present units of a plan's ``wait_for`` experts of ``layer`` (what the layer waits
+        for); an expert outside the model, or one that a slot runs, breaks the contract."""
+        out = []
+        units = self.vram.units
+        for e in experts:
+            if not 0 <= e < self.E or e in running:
+                raise PolicyError(f"policy {policy_name!r} waits for expert {e} of layer {layer}, which "
+                                  + ("a slot of the plan runs" if 0 <= e < self.E else "the model does not have"))
+            for p in range(nparts):
+                u = units.get((layer, e, p))
+                if u is not None:
+                    out.append(u)
+        return out
+
     def demand_instead(self, u: Unit) -> None:
         """A prefetch still waiting for draining room when its layer is routed: withdraw it;
         the caller loads the unit on demand."""

@@ -115,7 +115,8 @@ def mixtral_config(spec: ModelSpec, *, vocab_size: int = 1024, max_positions: in
 
 
 def build_random(spec: ModelSpec, device: torch.device, *, seed: int = 0) -> nn.Module:
-    """A Mixtral model with ``spec``'s shape and random weights (dtype from ``spec.dtype_bytes``)."""
+    """A Mixtral model with ``spec``'s shape and random weights (dtype from ``spec.dtype_bytes``),
+    drawn on ``device``."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -124,7 +125,10 @@ def build_random(spec: ModelSpec, device: torch.device, *, seed: int = 0) -> nn.
         raise MoesimError(f"model {spec.name!r}: dtype_bytes {spec.dtype_bytes} has no torch dtype "
                           "for the executor (4 = float32, 2 = bfloat16)")
     cfg = mixtral_config(spec)
-    with torch.random.fork_rng(devices=[]):
+    # the weights are drawn where the model runs: a real-shaped layer stack holds billions of
+    # weights, which a GPU draws in well under a second and one CPU thread in minutes
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), torch.device(device):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.to(device).eval()

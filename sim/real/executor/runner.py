@@ -198,7 +198,8 @@ class Executor:
         layer, expert, _ = u.key
         dst = self.store.alloc(u.key)
         u.state = QUEUED
-        self.jobs[u.key] = self.copier.submit(u.key, self.store.source(layer, expert), dst, cls, priority)
+        self.jobs[u.key] = self.copier.submit(u.key, self.store.source(layer, expert), dst, cls, priority,
+                                              after=self.store.fence(u.key))
 
     def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
         """A policy's prefetch: room now (victims from the policy), then a queued copy."""
@@ -312,7 +313,7 @@ class Executor:
         self._charge()
         weights = _combine_weights(logits, plan_m)
         gmask = plan_m >= 0 if on_cpu is None else (plan_m >= 0) & ~on_cpu
-        exps, rows = _access_order(plan_m, gmask)
+        exps, rows = _access_order(plan_m, gmask, x.device)
         self._refresh()
         units = vram.units
         for e in exps:
@@ -352,7 +353,7 @@ class Executor:
         self._charge()
         out = torch.zeros_like(x)
         if cpu_exps:
-            crow = _access_order(plan_m, (plan_m >= 0) & on_cpu)[1]  # type: ignore[operator]
+            crow = _access_order(plan_m, (plan_m >= 0) & on_cpu, x.device)[1]  # type: ignore[operator]
             for e in cpu_exps:
                 tok, slot = crow[e]
                 self._apply(out, x, weights, tok, slot, self.store.source(layer, e).to(x.device))
@@ -388,9 +389,16 @@ class Executor:
             elif self.waiting:
                 self._issue_demand()
                 if not any(u.key in self.jobs for _, u in watch):
+                    # the room is held by copies already started into the load's pool (a CUDA
+                    # stream starts every copy at once and cannot withdraw one): wait for one to
+                    # land, when it can be evicted
                     u0 = self.waiting[0]
-                    raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
-                                        f"but policy {policy.name!r} can evict nothing; raise cache.rate")
+                    started = [j for k, j in self.jobs.items()
+                               if k in vram.units and vram.units[k].pool == u0.pool and self.copier.started(j)]
+                    if not started:
+                        raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
+                                            f"but policy {policy.name!r} can evict nothing; raise cache.rate")
+                    self.copier.wait(started)
             stall += time.perf_counter() - ts
         vram.pinned.clear()
         st.stall_s += stall
@@ -421,7 +429,7 @@ class Executor:
             plan_m = torch.topk(logits, self.K, dim=-1).indices.cpu().numpy()
         weights = _combine_weights(logits, plan_m)
         out = torch.zeros_like(x)
-        exps, rows = _access_order(plan_m, plan_m >= 0)
+        exps, rows = _access_order(plan_m, plan_m >= 0, x.device)
         for e in exps:
             tok, slot = rows[e]
             self._apply(out, x, weights, tok, slot, self.store.source(layer, e).to(x.device))
@@ -436,6 +444,9 @@ class Executor:
             raise ExecutorError(f"policy {self.policy.name!r} made an invalid plan at {where}")
         if not self.policy.lossy and not np.array_equal(ex, routing.experts):
             raise ExecutorError(f"policy {self.policy.name!r} is not lossy but planned other experts at {where}")
+        if plan.wait_for:
+            raise ExecutorError(f"policy {self.policy.name!r} waits for whole-tensor copies (plan.wait_for) at "
+                                f"{where}; the executor does not model them")
         return ex, None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
 
     # ------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from moesim.policies.contract.base import (
     VictimChoice,
     View,
 )
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 
 GIB = 1024**3
@@ -51,6 +52,7 @@ class Accelerate(Policy):
     summary = "stream every offloaded layer's experts from pageable memory each pass, no cache (HF accelerate)"
     paper = ("Hugging Face accelerate device_map offloading (AlignDevicesHook); the naive row of Eliseev & "
              "Mazur, arXiv 2312.17238, Table 2")
+    setup_needs = SetupNeeds()
 
     def __init__(self, *, resident_layers: int | None = None, stream_non_expert: bool = True) -> None:
         if resident_layers is not None and resident_layers < 0:

@@ -4,6 +4,7 @@ all layers, evicting the expert whose layer runs again last; no prefetch."""
 
 from __future__ import annotations
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.least_stale import LeastStaleCache
@@ -20,6 +21,7 @@ class LeastStale(Composed):
     summary = "global cache: evict the expert whose layer runs again last (SpecMD, rule assumed)"
     paper = ("Hoang, Jaiswal, Samragh, Cho: SpecMD (arXiv 2602.03921), Least-Stale eviction; the rule is "
              "an assumption (the paper's precise statement was not available)")
+    setup_needs = SetupNeeds()
 
     def __init__(self) -> None:
         self.assemble(cache=LeastStaleCache())

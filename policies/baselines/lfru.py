@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.lfru import LFRUCache
@@ -20,6 +21,7 @@ class LFRU(Composed):
     summary = "evict the least freq / age expert of the layer (vLLM PR #37190's LFRU)"
     paper = ("vllm-project/vllm PR #37190, expert CPU offloading with a GPU cache "
              "(--moe-expert-cache-size), LFRU eviction")
+    setup_needs = SetupNeeds()
 
     def __init__(self) -> None:
         self.assemble(cache=LFRUCache())

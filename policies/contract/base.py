@@ -45,7 +45,7 @@ recorded routing of later steps; they are labelled as bounds in every output.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -71,6 +71,7 @@ from moesim.policies.contract.hook_data import (  # noqa: F401
     UnitKey,
     VictimChoice,
 )
+from moesim.policies.contract.needs import TOP_K, SetupNeeds  # noqa: F401  (re-exported)
 from moesim.policies.contract.view import IterationInfo, View  # noqa: F401  (re-exported)
 
 # Trace columns a policy may need beside ``experts`` (see :meth:`Policy.required_columns`).
@@ -249,7 +250,11 @@ class Policy:
       ``on_routed`` (0 by default);
     * ``host_memory``: where the system keeps experts on the host, ``"pinned"`` (the default:
       copies at ``hardware.pcie_gbps``) or ``"pageable"`` (accelerate: copies at the
-      hardware's pageable rate).
+      hardware's pageable rate);
+    * ``setup_needs``: what the mechanism needs from the scenario and trace to run as its paper
+      meant it, with the paper's defaults (:class:`SetupNeeds`, for the default parameters;
+      :meth:`needs` refines it for the instance's). Every registered policy declares it, if
+      only as ``SetupNeeds()``.
     """
 
     name: ClassVar[str] = ""
@@ -259,6 +264,7 @@ class Policy:
     lossy: ClassVar[bool] = False
     scope: ClassVar[str] = "layer"
     host_memory: ClassVar[str] = "pinned"
+    setup_needs: ClassVar[SetupNeeds] = SetupNeeds()
     decision_us: float = 0.0
 
     # -- parameters and needs -----------------------------------------------------------------
@@ -267,6 +273,21 @@ class Policy:
         sig = inspect.signature(type(self).__init__)
         return {p.name: getattr(self, p.name) for p in sig.parameters.values()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    def needs(self) -> SetupNeeds:
+        """This instance's setup needs: the class's :attr:`setup_needs`, with ``min_tokens`` read
+        from the parameter it names. A policy whose needs depend on its parameters overrides
+        this (and starts from ``super().needs()``)."""
+        needs = type(self).setup_needs
+        if needs.min_tokens_param is not None:
+            value = getattr(self, needs.min_tokens_param)
+            needs = replace(needs, min_tokens=None if value is None else int(value))
+        return needs
+
+    def kind(self) -> str:
+        """``oracle`` (reads the future: a bound), ``lossy`` (may run other experts than the
+        routed ones) or ``lossless``: the group a comparison ranks it in."""
+        return "oracle" if self.oracle else ("lossy" if self.lossy else "lossless")
 
     def required_columns(self) -> frozenset[str]:
         """Optional trace columns this policy cannot run without (checked at set-up: a trace

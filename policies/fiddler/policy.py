@@ -35,6 +35,7 @@ from moesim.policies.contract.base import (
     VictimChoice,
     View,
 )
+from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, SetupNeeds
 from moesim.policies.contract.registry import register
 
 DECISIONS = ("latency", "repo")
@@ -51,6 +52,9 @@ class Fiddler(Policy):
     summary = "popular experts on the GPU; a miss runs on the CPU or is copied, whichever is faster"
     paper = ("Kamahori et al., Fiddler: CPU-GPU Orchestration for Fast Inference of Mixture-of-Experts "
              "Models (ICLR 2025, arXiv 2402.07033)")
+    setup_needs = SetupNeeds(profile_share=DEFAULT_PROFILE_SHARE,
+                             source="Fiddler: experts placed in the order of popularity determined by an offline "
+                                    "profile (efeslab/fiddler set_expert_loc)")
 
     def __init__(self, *, staging_experts: int = 1, decision: str = "latency") -> None:
         if staging_experts < 1:

@@ -46,6 +46,7 @@ from moesim.policies.contract.base import (
     VictimChoice,
     View,
 )
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.llamacpp.placement import cpu_layers, parse_overrides
 
@@ -63,6 +64,7 @@ class CpuMoe(Policy):
     summary = "llama.cpp --n-cpu-moe: the first layers' experts run on the CPU, the rest stay on the GPU"
     paper = ("llama.cpp --cpu-moe (PR #14992), --n-cpu-moe (PR #15077), -ot overrides, op offload of "
              "batches >= 32 (PR #6083); GPU expert hot-cache: PR #27861 (open)")
+    setup_needs = SetupNeeds()
 
     def __init__(self, *, n_cpu_moe: int | None = None, cpu_moe: bool = False, override_tensor: str = "",
                  dense_blocks: int = 0, hot_cache_slots: int = 0, hot_cache_inserts: int | None = None,

@@ -47,6 +47,7 @@ from moesim.policies.contract.base import (
     VictimChoice,
     View,
 )
+from moesim.policies.contract.needs import TOP_K, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.moepic.configurator import Allocation, CacheConfigurator, SplitStats, Timing
 from moesim.policies.parts.lcp_priority import CachePriority
@@ -80,6 +81,9 @@ class MoEpic(Policy):
 
     name = "moepic"
     summary = "expert split: LCP-cached top segments, speculative bottom prefetch, cache configurator"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}), buffer_experts=TOP_K, min_tokens_param="tau",
+                             source="MoEpic section 4.1: Eq. 3's lookahead gate, a buffer of K experts, "
+                                    "tau = 5000 tokens")
 
     def __init__(self, *, theta: float = 0.5, rho: float = 0.25, omega: float = 128.0,
                  tau: int = 5000, zeta: float = 0.01, speculative: bool = True,
@@ -115,6 +119,13 @@ class MoEpic(Policy):
         neither mechanism, nothing is read."""
         uses = self.speculative and (self.prefetch or self.configurator)
         return frozenset({"lookahead_logits"}) if uses else frozenset()
+
+    def needs(self) -> SetupNeeds:
+        """The lookahead for the speculative ranking, the buffer for any prefetch, the run length
+        for the configurator: each only where its mechanism is on."""
+        needs = super().needs()
+        return needs.without(columns=set() if self.prefetch and self.speculative else {"lookahead_logits"},
+                             buffer=not self.prefetch, min_tokens=not self.configurator)
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, ctx: Context) -> None:

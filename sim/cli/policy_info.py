@@ -63,6 +63,10 @@ def describe_policy(name: str) -> Group:
     lines.append(Text(f"source: {paper_of(cls)}"))
     lines.append(Text("trace must contain: experts" + "".join(f", {c}" for c in req)
                       + (f"; reads when present: {', '.join(reads)}" if reads else "")))
+    needs = make_policy(name, {}).needs()
+    lines.append(Text("runs as its paper meant it with: " + ("; ".join(needs.describe()) or "nothing more")
+                      + (f" ({needs.source})" if needs.source else "")
+                      + "; compare and sweeps apply these or mark the point n/a"))
     params = policy_params(cls)
     t = Table("parameter", "default", title=None, expand=False)
     for key, default in params.items():

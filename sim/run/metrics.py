@@ -135,6 +135,7 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
             "top1_agreement": st.top1_kept / tl if tl else 1.0,
             "effective_top_k": st.slots_run / tl if tl else float(engine.K),
             "lossy_token_layers": st.lossy_layers / tl if tl else 0.0,
+            "routing_mass_weighted": "weights" in engine.ctx.columns,
             "note": "lossy policy: later routing is replayed as recorded; the quality effect is not simulated",
         })
     return out

@@ -64,6 +64,10 @@ class Accelerate(Policy):
         self._non_expert_s = 0.0
         self._kept: set[UnitKey] = set()
 
+    def read_columns(self) -> frozenset[str]:
+        """No optional trace column: it streams whole layers whatever the routing predicts."""
+        return frozenset()
+
     def setup(self, ctx: Context) -> None:
         """Decide the resident layers; refuse an explicit count the budget cannot hold."""
         L, E = ctx.num_layers, ctx.num_experts

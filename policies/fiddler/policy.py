@@ -69,6 +69,10 @@ class Fiddler(Policy):
         self._copy_at: int | None = None
         self.counts = {"copied": 0, "on_cpu": 0}
 
+    def read_columns(self) -> frozenset[str]:
+        """No optional trace column: its placement comes from the profile's popularity and its choice from the cost model."""
+        return frozenset()
+
     def setup(self, ctx: Context) -> None:
         """Choose the popular set and find the token count from which a copy beats the CPU."""
         slots = ctx.total_budget // ctx.expert_bytes - self.staging_experts

@@ -102,6 +102,10 @@ class CpuMoe(Policy):
         E = ctx.num_experts
         return ((ctx.num_layers - n_cpu) * E + min(self.hot_cache_slots, E) * n_cpu) * ctx.expert_bytes
 
+    def read_columns(self) -> frozenset[str]:
+        """No optional trace column: its placement is fixed by layer and its hot cache is an LRU of what ran."""
+        return frozenset()
+
     def setup(self, ctx: Context) -> None:
         """Place the layers; refuse a placement the budget cannot hold."""
         self._reset()

@@ -21,8 +21,26 @@ _DASK = typer.Option("--dask", help="run on Dask: local:N starts a LocalCluster 
 _SET = typer.Option("--set", help="override a key of the base scenario: --set workload.requests=4 (repeatable)")
 
 
-def _show_progress(flag: bool | None) -> bool:
-    return Console(stderr=True).is_terminal if flag is None else flag
+def _show_progress(flag: bool | None) -> str:
+    """The progress mode: the bar on a terminal, a line per few points elsewhere (--progress
+    forces the bar, --no-progress silences both)."""
+    if flag is None:
+        return "bar" if Console(stderr=True).is_terminal else "lines"
+    return "bar" if flag else "off"
+
+
+def _out_dir(out: Path | None, sweep: object) -> Path:
+    """``--out``, or the default folder that never overwrites another study's results."""
+    from moesim.sim.study.study_record import default_out
+    from moesim.sim.study.sweep import Sweep
+
+    assert isinstance(sweep, Sweep)
+    if out is not None:
+        return out
+    folder, note = default_out(sweep)
+    if note:
+        Console(stderr=True).print(note, highlight=False, markup=False, soft_wrap=True)
+    return folder
 
 
 def _report(outcome: object, out: Path) -> None:
@@ -30,11 +48,9 @@ def _report(outcome: object, out: Path) -> None:
 
     assert isinstance(outcome, SweepOutcome)
     err = Console(stderr=True)
-    ok = outcome.total - len(outcome.failed) - len(outcome.not_applicable)
-    n_a = (f", {len(outcome.not_applicable)} n/a (not run: the policy cannot run as its paper meant it here)"
-           if outcome.not_applicable else "")
-    err.print(f"{outcome.total} points: {outcome.ran} run, {outcome.skipped} already done; {ok} ok, "
-              f"{len(outcome.failed)} failed{n_a}; {outcome.wall_s:.1f} s")
+    why = " (not run: the policy cannot run as its paper meant it here)" if outcome.not_applicable else ""
+    err.print(f"{outcome.total} points: {outcome.ran} run, {outcome.skipped} already done; {outcome.counts()}{why}; "
+              f"{outcome.wall_s:.1f} s", highlight=False)
     reasons = list(dict.fromkeys(msg for _, msg in outcome.not_applicable))
     for msg in reasons[:10]:
         err.print(f"  n/a {msg}", highlight=False, markup=False, soft_wrap=True)
@@ -49,13 +65,15 @@ def _report(outcome: object, out: Path) -> None:
 
 def sweep_cmd(
     sweep_file: Annotated[Path, typer.Argument(help="sweep YAML file (base scenario + grid and/or zip)")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: runs/<sweep name>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: runs/<sweep name>, "
+                                             "or a timestamped one beside it if that holds another study)")] = None,
     jobs: Annotated[int | None, _JOBS] = None,
     dask: Annotated[str | None, _DASK] = None,
     set_: Annotated[list[str] | None, _SET] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="run failed points again")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list the points and whether each is done; run nothing")] = False,
-    progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+    progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, "
+                                                   "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh "
                                         "(without it, only a sweep folder is reused: resumed)")] = False,
 ) -> None:
@@ -64,7 +82,7 @@ def sweep_cmd(
     from moesim.sim.study.sweep_run import PointStore, run_sweep
 
     sweep = load_sweep(sweep_file, set_ or [])
-    out_dir = out if out is not None else Path("runs") / sweep.spec.name
+    out_dir = _out_dir(out, sweep) if not dry_run else (out or Path("runs") / sweep.spec.name)
     if jobs is not None and jobs < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--jobs")
     if dry_run:
@@ -101,11 +119,13 @@ def compare_cmd(
     metric: Annotated[str, typer.Option("--metric", "-m", help="rank on: tpot, ttft, throughput, hit-rate, bytes")] = "tpot",
     baseline: Annotated[str | None, typer.Option("--baseline", help="policy of the speed-up column (default: no-cache if compared, else the first)")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table on stdout: markdown or csv")] = "markdown",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: runs/compare-<scenario>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: runs/compare-<scenario>, "
+                                             "or a timestamped one beside it if that holds another comparison)")] = None,
     jobs: Annotated[int | None, _JOBS] = None,
     dask: Annotated[str | None, _DASK] = None,
     figure: Annotated[bool, typer.Option(help="write compare.png and compare.pdf")] = True,
-    progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+    progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, "
+                                                   "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
 ) -> None:
     """Compare policies on one scenario: ranked tables in groups (lossless, lossy, bounds, n/a) and a figure."""
@@ -126,7 +146,7 @@ def compare_cmd(
         compared = names or policy_names()
         if baseline not in compared:
             raise MoesimError(f"--baseline {baseline}: not among the compared policies ({', '.join(compared)})")
-    out_dir = out if out is not None else Path("runs") / sweep.spec.name
+    out_dir = _out_dir(out, sweep)
     outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force)
     df, _ = load_table(outcome.table)
     comp = rank(df, metric=metric, baseline=baseline)

@@ -9,6 +9,8 @@ trace) are :class:`~moesim.sim.core.errors.MoesimError`; anything else is a bug 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ import numpy as np
 from moesim.policies.contract.base import MissingColumnsError, Policy, PolicySetupError, Profile
 from moesim.policies.contract.registry import PolicyError, load_plugin, make_policy
 from moesim.sim.config.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
-from moesim.sim.config.scenario import LoadedScenario, ScenarioError
+from moesim.sim.config.scenario import LoadedScenario, ScenarioError, file_digest
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import BudgetError, Engine
@@ -167,6 +169,7 @@ class PreparedRun:
             "config_hash": config_hash,
         }
         metrics["scenario"] = self.loaded.scenario.name
+        metrics.update(join_keys(self.loaded, model, self.hardware, self.runtime, self.budget, self.engine.trace))
         metrics["config_hash"] = config_hash
         steps = engine.steps.columns() if engine.record_steps else {}
         return RunResult(config=config, metrics=metrics, steps=steps, model=model,
@@ -245,6 +248,30 @@ def describe_trace(loaded: LoadedScenario, trace: Trace) -> str:
     spec = loaded.scenario.trace
     preset = spec["synthetic"].get("preset") if isinstance(spec, dict) else None
     return f"synthetic{f', preset {preset}' if preset else ''} ({shape})"
+
+
+JOIN_KEYS = ("model_name", "hardware_name", "runtime_name", "runtime_source", "cache_rate", "trace_name",
+             "trace_sha256")
+"""The scenario keys every run's metrics carry (besides ``policy`` and ``config_hash``), so
+that ``metrics.json`` files and sweep rows join on them: the model, hardware and runtime names,
+where the runtime's numbers come from, the expert budget as a fraction of the routed experts'
+bytes, and the trace's file name and sha256 (of a synthetic trace: of its parameters)."""
+
+
+def join_keys(loaded: LoadedScenario, model: ModelSpec, hardware: HardwareSpec, runtime: RuntimeSpec, budget: int,
+              trace: Trace) -> dict[str, Any]:
+    """The :data:`JOIN_KEYS` of a run."""
+    path = loaded.trace_path()
+    if path is not None:
+        name, digest = path.name, file_digest(path)
+    else:
+        spec = loaded.scenario.trace if loaded.trace_fit is None else {"fit": loaded.trace_fit}
+        name = describe_trace(loaded, trace)
+        digest = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+    routed = model.expert_bytes * model.num_layers * model.num_experts
+    return {"model_name": model.name, "hardware_name": hardware.name, "runtime_name": runtime.name,
+            "runtime_source": runtime.source, "cache_rate": budget / routed if routed else None,
+            "trace_name": name, "trace_sha256": digest}
 
 
 def trace_shape(model: ModelInfo) -> dict[str, int]:

@@ -36,6 +36,9 @@ class Comparison:
     metric: str
     baseline: str | None
     rates: bool
+    by: list[str]
+    """The columns ranked within (``cache.rate`` in a comparison; every swept key but the
+    policy's in a sweep's report)."""
 
 
 def comparison_sweep(scenario: str | Path, *, policies: Sequence[str] | None = None,
@@ -66,16 +69,19 @@ policies that run other experts than routed (speed bought with routing mass), an
 (bounds: they read the future)."""
 
 
-def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None) -> Comparison:
-    """Rank the policies of a comparison table within each cache rate and group (see
-    :data:`GROUPS`): lossless and lossy policies are ranked apart, oracles are bounds (no rank),
-    then the points that did not run (n/a, with the reason) and the failed ones."""
+def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None,
+         by: Sequence[str] | None = None) -> Comparison:
+    """Rank the policies of a comparison table within each cache rate (or each combination of
+    the ``by`` columns) and group (see :data:`GROUPS`): lossless and lossy policies are ranked
+    apart, oracles are bounds (no rank), then the points that did not run (n/a, with the reason)
+    and the failed ones."""
     import pandas as pd
 
     column, higher = _column(metric)
     df = df.assign(kind=point_kinds(df))
-    has_rates = "cache.rate" in df.columns
-    group = "cache.rate" if has_rates else None
+    keys = [c for c in (by if by is not None else ["cache.rate"]) if c in df.columns]
+    has_rates = "cache.rate" in keys
+    group: list[str] | None = keys or None
     names = list(dict.fromkeys(df["policy"]))
     lossless = [n for n, k in zip(df["policy"], df["kind"], strict=True) if k == "lossless"]
     base = baseline or default_baseline(lossless or names)
@@ -96,7 +102,7 @@ def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None)
         out["speedup"] = base_tpot / out["tpot_ms_mean"].astype(float)
         parts.append(out)
     frame = pd.concat(parts, ignore_index=True)
-    return Comparison(frame=frame, metric=metric, baseline=base, rates=has_rates)
+    return Comparison(frame=frame, metric=metric, baseline=base, rates=has_rates, by=keys)
 
 
 def comparison_figure(comp: Comparison) -> Any:

@@ -51,6 +51,17 @@ def _num(v: Any, fmt: str, scale: float = 1.0) -> str:
     return format(float(v) * scale, fmt)
 
 
+BY_HEADERS = {"cache.rate": "cache rate"}
+"""The header of a column ranked within (:attr:`Comparison.by`), where it differs from the key."""
+
+
+def _cell(v: Any) -> str:
+    """A swept value in a table: numbers as ``%g``, anything else as text."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return _num(v, "g")
+    return "-" if v is None else str(v)
+
+
 def _list(value: Any) -> list[str]:
     """A JSON list cell (``warnings``, ``applied``) as a list of strings."""
     if isinstance(value, (list, tuple)):
@@ -109,10 +120,10 @@ def group_tables(comp: Comparison) -> tuple[list[tuple[str, list[str], list[list
     """Each group's (title, header, rows) in table order, and the notes they refer to."""
     records = comp.frame.to_dict("records")
     notes = Notes(records)
-    rate = ["cache rate"] if comp.rates else []
+    rate = [BY_HEADERS.get(k, k) for k in comp.by]
 
     def rate_cell(r: dict[str, Any]) -> list[str]:
-        return [_num(r.get("cache.rate"), "g")] if comp.rates else []
+        return [_cell(r.get(k)) for k in comp.by]
 
     tables = []
     speedup = f"speed-up vs {comp.baseline}"
@@ -160,7 +171,8 @@ def to_markdown(comp: Comparison) -> str:
                      "simulated; mass kept is the share of the router's probability that still runs"
                      + (" (counted in slots where the trace has no router weights)" if slots else "")
                      + "; `simctl quality` measures the effect on a real model.")
-    scope = " within each cache rate" if comp.rates else ""
+    scope = (" within each cache rate" if comp.by == ["cache.rate"]
+             else f" within each {', '.join(comp.by)}" if comp.by else "")
     lines.append(f"Ranked by {METRIC_NAMES.get(comp.metric, comp.metric)}{scope}, lossless and lossy apart; "
                  f"speed-up is {comp.baseline}'s TPOT over each row's.")
     extra = notes.lines()
@@ -173,7 +185,7 @@ def to_csv(comp: Comparison) -> str:
     """The comparison as CSV with raw numbers (rates as fractions, times in ms), one row per
     point: its group (``kind``), rank, status, warnings and applied defaults (`` | ``-joined)."""
     frame = comp.frame
-    cols = [c for c in (["cache.rate"] if comp.rates else []) + ["kind", "rank", "policy", "bound", "status", *RAW]
+    cols = [c for c in [*comp.by, "kind", "rank", "policy", "bound", "status", *RAW]
             if c in frame.columns]
     out = frame[cols].copy()
     for name in ("warnings", "applied"):

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moesim.sim.study.progress import MODES
+from moesim.sim.study.progress import progress as show_progress
+from moesim.sim.study.study_record import record_study
 from moesim.sim.study.sweep import Point, Sweep, SweepError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -273,6 +276,16 @@ class SweepOutcome:
     not_applicable: list[tuple[int, str]] = field(default_factory=list)
     wall_s: float = 0.0
 
+    def summary(self) -> str:
+        """``40 points: 31 ok, 1 failed, 8 n/a`` (n/a points are not failures: their policy
+        cannot run as its paper meant it here, and they were not run)."""
+        return f"{self.total} points: {self.counts()}"
+
+    def counts(self) -> str:
+        """``31 ok, 1 failed, 8 n/a``."""
+        ok = self.total - len(self.failed) - len(self.not_applicable)
+        return f"{ok} ok, {len(self.failed)} failed, {len(self.not_applicable)} n/a"
+
 
 def default_jobs() -> int:
     """Worker processes for a local pool: the CPUs this process may use."""
@@ -304,9 +317,13 @@ def check_sweep_out(out: Path, *, force: bool = False) -> None:
 
 
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: str | None = None,
-              retry_failed: bool = False, progress: bool = False, force: bool = False) -> SweepOutcome:
+              retry_failed: bool = False, progress: bool | str = False, force: bool = False,
+              command: list[str] | None = None) -> SweepOutcome:
     """Run every point of ``sweep`` not already finished in ``out``, then write the table.
-    ``force`` clears a non-empty ``out`` first (a fresh sweep; see :func:`check_sweep_out`)."""
+    ``force`` clears a non-empty ``out`` first (a fresh sweep; see :func:`check_sweep_out`).
+    ``progress`` is a mode of :data:`moesim.sim.study.progress.MODES` (True: the bar, False:
+    nothing); ``command`` (the command line, default ``sys.argv``) is recorded in
+    ``study.json`` (:func:`record_study`)."""
     t0 = time.perf_counter()
     out_dir = Path(out)
     check_sweep_out(out_dir, force=force)
@@ -327,7 +344,14 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: s
     # longest first would need a cost model; policies with heavier bookkeeping are spread by order
     tasks = [point_task(p) for p in todo if p.unmet is None]
     executor = _dask(dask) if dask else _local_pool(min(jobs or default_jobs(), max(1, len(tasks))))
-    with _progress(progress, sweep.spec.name, len(sweep.points), skipped + len(n_a)) as tick:
+    record_study(out_dir, sweep, command)
+    mode = progress if isinstance(progress, str) else ("bar" if progress else "off")
+    if mode not in MODES:
+        raise SweepError(f"progress: {mode!r}: choose from {', '.join(MODES)}")
+    queued = {t["config_hash"] for t in tasks}
+    pre_na = sum(1 for p in sweep.points if p.config_hash not in queued
+                 and done.get(p.config_hash, {}).get("status") == NOT_APPLICABLE)
+    with show_progress(mode, sweep.spec.name, len(sweep.points), skipped + len(n_a), pre_na) as tick:
         if tasks:
             with executor as run:
                 for rec in run(tasks):
@@ -341,35 +365,6 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: s
                if done[p.config_hash].get("status") == NOT_APPLICABLE]
     return SweepOutcome(table=table, total=len(sweep.points), ran=len(tasks), skipped=skipped, failed=failed,
                         not_applicable=not_run, wall_s=time.perf_counter() - t0)
-
-
-@contextmanager
-def _progress(show: bool, name: str, total: int, skipped: int) -> Iterator[Callable[[dict[str, Any]], None]]:
-    if not show:
-        yield lambda rec: None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    failed = [0]
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("points"),
-                  TextColumn("{task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True)) as bar:
-        task = bar.add_task(name, total=total, completed=skipped, failed="")
-
-        def tick(rec: dict[str, Any]) -> None:
-            if rec.get("status") != "ok":
-                failed[0] += 1
-            bar.update(task, advance=1, failed=f"[red]{failed[0]} failed" if failed[0] else "")
-
-        yield tick
 
 
 # --- the table ------------------------------------------------------------------------------------

@@ -175,9 +175,11 @@ def plot_cmd(
     facet: Annotated[str | None, typer.Option("--facet", help="one panel per value of this column")] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="speed-up baseline (default: no-cache if present, else the first)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: <sweep>/figures or the run folder)")] = None,
-    fmt: Annotated[list[str] | None, typer.Option("--format", "-f", help="png, pdf, svg (repeatable; default: png and pdf)")] = None,
+    fmt: Annotated[list[str] | None, typer.Option("--format", "-f", help="png, pdf, svg, eps (repeatable; default: png and pdf; "
+                                                                         "pdf, svg and eps are vector)")] = None,
     start: Annotated[int, typer.Option(help="timeline: first iteration of the window")] = 0,
     iterations: Annotated[int, typer.Option(help="timeline: iterations in the window")] = 3,
+    policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated policies to draw (default: all)")] = None,
 ) -> None:
     """Paper-style figures from a sweep table, or the timeline view of one run."""
     from moesim.sim.study.plot import FORMATS, KINDS, plot_sweep, plot_timeline
@@ -193,7 +195,8 @@ def plot_cmd(
             if k not in KINDS:
                 raise typer.BadParameter(f"{k}: choose from {', '.join(KINDS)}", param_hint="--kind")
         paths = plot_sweep(source, out if out is not None else default_out, kinds=kind or list(KINDS), x=x, hue=hue,
-                           facet=facet, baseline=baseline, formats=formats)
+                           facet=facet, baseline=baseline, formats=formats,
+                           policies=[p.strip() for p in policies.split(",") if p.strip()] if policies else None)
     for p in paths:
         print(p)
     sys.stdout.flush()

@@ -106,14 +106,18 @@ def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None,
 
 
 def comparison_figure(comp: Comparison) -> Any:
-    """TPOT and hit rate against cache rate per policy, or ranked bars at a single rate."""
+    """TPOT and hit rate against cache rate per policy, or ranked bars at a single rate; titled
+    with the model, hardware and trace, naming the policies without a result."""
     from moesim.sim.study.plot import (
         draw_lines,
+        figure_title,
         legend_outside,
+        missing_note,
         print_style,
         ranked_bars,
         series_styles,
         summarise,
+        swept_ticks,
     )
 
     ok = comp.frame[comp.frame["status"] == "ok"]
@@ -129,6 +133,13 @@ def comparison_figure(comp: Comparison) -> Any:
             draw_lines(ax, summarise(ok, "cache.rate", "policy", None, kind.column), "cache.rate", "policy", kind, styles)
             ax.set_xlabel("expert cache (fraction of routed-expert bytes)")
             ax.set_ylabel(kind.label)
+            swept_ticks(ax, ok["cache.rate"].tolist())
+        title = figure_title(comp.frame)
+        if title:
+            fig.suptitle(title)
         fig.tight_layout()
+        note = missing_note(comp.frame, "policy", list(styles))
+        if note:
+            fig.text(0.0, -0.02, note, ha="left", va="top", fontsize=6.5, color="0.35", wrap=True)
         legend_outside(fig, axes[-1])
     return fig

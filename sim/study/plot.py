@@ -67,7 +67,6 @@ AXIS_LABELS = {
     "seed": "seed",
 }
 PREFERRED_X = ("cache.rate", "cache.experts_per_layer", "cache.gib", "hardware.pcie_gbps", "workload.batch_size")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p", "d", "8", "H", "1")
 
 
 @contextmanager
@@ -205,12 +204,70 @@ def draw_lines(ax: Axes, summary: pd.DataFrame, x: str, hue: str, kind: Kind, st
                     markerfacecolor="white" if bound else color)
 
 
-def series_styles(names: Sequence[str]) -> dict[str, tuple[Any, str]]:
-    """A colour and a marker per series, stable across figures of one table."""
-    import matplotlib.pyplot as plt
+def series_styles(names: Sequence[str], *, policies: bool = True) -> dict[str, tuple[Any, str]]:
+    """A colour and a marker per series: a policy's own, the same in every figure of every
+    command (:mod:`moesim.sim.study.palette`), or by order for other series."""
+    from moesim.sim.study.palette import styles
 
-    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
-    return {str(n): (cmap(i % cmap.N), MARKERS[i % len(MARKERS)]) for i, n in enumerate(names)}
+    return dict(styles(names, policies=policies))
+
+
+TITLE_COLUMNS = (("model_name", "model"), ("hardware_name", "hardware"), ("trace_name", "trace"))
+"""The join keys a figure's title names (:data:`moesim.sim.run.runner.JOIN_KEYS`)."""
+
+
+def figure_title(df: pd.DataFrame) -> str | None:
+    """``flame-moe-290m on rtx-4090, trace flame-moe-290m.parquet``: the model, hardware and
+    trace of a table's finished points (several values joined with ``/``); None for a table
+    written before runs carried them."""
+    ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    parts = {}
+    for col, what in TITLE_COLUMNS:
+        if col in ok.columns:
+            vals = [str(v) for v in dict.fromkeys(ok[col].dropna())]
+            if vals:
+                parts[what] = " / ".join(vals)
+    if not parts:
+        return None
+    head = parts.get("model", "")
+    if "hardware" in parts:
+        head = f"{head} on {parts['hardware']}" if head else parts["hardware"]
+    if "trace" in parts:
+        head = f"{head}, trace {parts['trace']}" if head else f"trace {parts['trace']}"
+    return head
+
+
+def missing_note(df: pd.DataFrame, hue: str, shown: Sequence[str]) -> str | None:
+    """``no result: moepic (n/a), fmoe (failed)``: the series of the table with no finished
+    point, so that none vanishes from a figure without a word."""
+    if hue not in df.columns:
+        return None
+    gone = []
+    for name, g in df.groupby(hue, sort=False):
+        if str(name) in shown:
+            continue
+        status = "n/a" if (g["status"] == "n/a").all() else "failed"
+        gone.append(f"{name} ({status})")
+    return ("no result: " + ", ".join(gone)) if gone else None
+
+
+def pick_policies(df: pd.DataFrame, policies: Sequence[str] | None) -> pd.DataFrame:
+    """The rows of the asked policies (``--policies``); a name the table lacks is one line."""
+    if not policies:
+        return df
+    have = list(dict.fromkeys(df["policy"].astype(str)))
+    unknown = [p for p in policies if p not in have]
+    if unknown:
+        raise PlotError(f"--policies {unknown[0]}: not in this table (it has {', '.join(have)})")
+    return df[df["policy"].astype(str).isin(list(policies))]
+
+
+def swept_ticks(ax: Axes, values: Sequence[Any]) -> None:
+    """Ticks at the swept values of the x axis (at most twelve; more are left to matplotlib)."""
+    vals = sorted({float(v) for v in values if v == v})
+    if 1 < len(vals) <= 12:
+        ax.set_xticks(vals, [f"{v:g}" for v in vals])
+        ax.minorticks_off()
 
 
 def legend_outside(fig: Figure, ax: Axes) -> None:
@@ -221,8 +278,11 @@ def legend_outside(fig: Figure, ax: Axes) -> None:
 
 
 def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str | None = None, hue: str = "policy",
-                 facet: str | None = None, baseline: str | None = None, title: str | None = None) -> Figure:
-    """One figure of a sweep table (see :data:`KINDS`)."""
+                 facet: str | None = None, baseline: str | None = None, title: str | None = None,
+                 policies: Sequence[str] | None = None) -> Figure:
+    """One figure of a sweep table (see :data:`KINDS`): ``policies`` picks the lines; the title
+    names the model, hardware and trace (:func:`figure_title`) unless ``title`` is given; ticks
+    sit at the swept values; a series without a finished point is named under the axes."""
     import matplotlib.pyplot as plt
 
     if kind_name not in KINDS:
@@ -233,9 +293,11 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
     if facet is not None and facet not in df.columns:
         raise PlotError(f"--facet {facet}: not a column of this table (swept keys: {', '.join(params) or 'none'}); "
                         "sweep it to facet by it")
+    df = pick_policies(df, policies)
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         raise PlotError("no finished point in the table")
+    title = title if title is not None else figure_title(df)
     xcol = _pick_x(ok, params, hue, x)
     names = list(dict.fromkeys(ok[hue].astype(str)))
     others = [c for c in params if c not in (xcol, hue, facet)]
@@ -248,13 +310,16 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
     if kind.column not in ok.columns:
         raise PlotError(f"the table has no {kind.column} column")
     facets = list(dict.fromkeys(ok[facet])) if facet else [None]
-    styles = series_styles(names)
+    styles = series_styles(names, policies=hue == "policy")
+    note = missing_note(df, hue, names)
     with print_style():
         fig, axes = plt.subplots(1, len(facets), figsize=(3.3 * len(facets), 2.4), sharey=True, squeeze=False)
         for ax, fv in zip(axes[0], facets, strict=True):
             part = ok if fv is None else ok[ok[facet] == fv]
             draw_lines(ax, summarise(part, xcol, hue, None, kind.column), xcol, hue, kind, styles)
             ax.set_xlabel(axis_label(xcol))
+            if _numeric(ok[xcol]):
+                swept_ticks(ax, part[xcol].tolist())
             if fv is not None:
                 ax.set_title(f"{axis_label(str(facet))} = {fv}")
         axes[0][0].set_ylabel(ylabel)
@@ -264,14 +329,17 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
         if title:
             fig.suptitle(title)
         fig.tight_layout()
+        if note:
+            fig.text(0.0, -0.02, note, ha="left", va="top", fontsize=6.5, color="0.35", wrap=True)
         legend_outside(fig, axes[0][-1])
     return fig
 
 
 def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy", title: str | None = None) -> Figure:
-    """Horizontal bars of one metric per policy (``simctl compare``), in groups: lossless best
-    first, then lossy ones (hatched, labelled ``(lossy)``), then bounds (grey, hatched), each
-    group labelled and set apart."""
+    """Horizontal bars of one metric per policy (``simctl compare``), each in its policy's colour
+    (:mod:`moesim.sim.study.palette`), in groups: lossless best first, then lossy ones (hatched,
+    labelled ``(lossy)``), then bounds (pale, hatched), each group labelled and set apart; the
+    title names model, hardware and trace (:func:`figure_title`) unless ``title`` is given."""
     import matplotlib.pyplot as plt
 
     kind = KINDS[kind_name]
@@ -280,16 +348,18 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
     blocks = [(g, ok[ok["kind"] == g].sort_values(kind.column, ascending=not kind.higher_is_better))
               for g in ("lossless", "lossy", "oracle")]
     blocks = [(g, b) for g, b in blocks if not b.empty]
-    style = {"lossless": ("tab:blue", None), "lossy": ("tab:orange", "xx"), "oracle": ("0.75", "//")}
+    hatch_of = {"lossless": None, "lossy": "xxx", "oracle": "///"}
+    colours = series_styles([str(n) for n in ok[label_col]], policies=label_col == "policy")
     heading = {"lossless": "lossless (ranked)", "lossy": "lossy (ranked apart)", "oracle": "bounds (oracles)"}
     with print_style():
         n = sum(len(b) for _, b in blocks) + len(blocks) - 1
         fig, ax = plt.subplots(figsize=(4.2, 0.22 * n + 0.9))
         ticks, labels, y = [], [], 0
         for g, block in blocks:
-            color, hatch = style[g]
             ys = list(range(y, y + len(block)))
-            ax.barh(ys, block[kind.column] * kind.scale, color=color, hatch=hatch, edgecolor="0.2", linewidth=0.4)
+            ax.barh(ys, block[kind.column] * kind.scale, color=[colours[str(n)][0] for n in block[label_col]],
+                    hatch=hatch_of[g], edgecolor="white" if g == "lossless" else "0.15", linewidth=0.4,
+                    alpha=0.55 if g == "oracle" else 0.9)
             ax.text(1.0, y - 0.45, heading[g], transform=ax.get_yaxis_transform(), ha="right", va="bottom",
                     fontsize=6, color="0.3")
             ticks += ys
@@ -299,6 +369,7 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
         ax.invert_yaxis()
         ax.set_xlabel(kind.label)
         ax.grid(axis="y", visible=False)
+        title = title if title is not None else figure_title(frame)
         if title:
             ax.set_title(title)
         fig.tight_layout()
@@ -331,12 +402,12 @@ def save(fig: Figure, out_dir: str | Path, stem: str, formats: Sequence[str] = F
 
 def plot_sweep(table: str | Path, out_dir: str | Path, *, kinds: Sequence[str] = tuple(KINDS), x: str | None = None,
                hue: str = "policy", facet: str | None = None, baseline: str | None = None,
-               formats: Sequence[str] = FORMATS) -> list[Path]:
+               formats: Sequence[str] = FORMATS, policies: Sequence[str] | None = None) -> list[Path]:
     """Every asked figure of a sweep table, written under ``out_dir``; returns the files."""
     df, params = load_table(table)
     paths: list[Path] = []
     for k in kinds:
-        fig = sweep_figure(df, params, k, x=x, hue=hue, facet=facet, baseline=baseline)
+        fig = sweep_figure(df, params, k, x=x, hue=hue, facet=facet, baseline=baseline, policies=policies)
         paths += save(fig, out_dir, k.replace("-", "_"), formats)
     return paths
 

@@ -36,6 +36,8 @@ _LAST = [
     LazyCommand("sweep", "moesim.sim.cli.study", "sweep_cmd"),
     LazyCommand("compare", "moesim.sim.cli.study", "compare_cmd"),
     LazyCommand("plot", "moesim.sim.cli.study", "plot_cmd"),
+    LazyCommand("report", "moesim.sim.cli.study", "report_cmd"),
+    LazyCommand("table", "moesim.sim.cli.study", "table_cmd"),
     LazyCommand("curve", "moesim.sim.study.curve", "curve_cmd"),
     LazyCommand("trace", "moesim.traces.cli", "app", group=True,
                 help="Record, import, synthesise and inspect moe-trace files."),

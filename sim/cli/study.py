@@ -200,3 +200,58 @@ def plot_cmd(
     for p in paths:
         print(p)
     sys.stdout.flush()
+
+
+def report_cmd(
+    folder: Annotated[Path, typer.Argument(help="a sweep's or comparison's output folder (holding results.parquet)")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="folder for report.html, report.md and report-figures/ (default: FOLDER)")] = None,
+    metric: Annotated[str, typer.Option("--metric", "-m", help="rank on: tpot, ttft, throughput, hit-rate, bytes")] = "tpot",
+    baseline: Annotated[str | None, typer.Option("--baseline", help="policy of the speed-up column (default: no-cache if present, else the first)")] = None,
+) -> None:
+    """One page per study: provenance, the command that made it, figures and the ranked tables
+    with each row's warnings, as self-contained HTML (figures inline) and Markdown."""
+    from moesim.sim.study.compare import METRICS
+    from moesim.sim.study.report import write_report
+
+    if metric not in METRICS:
+        raise typer.BadParameter(f"choose from {', '.join(METRICS)}", param_hint="--metric")
+    for p in write_report(folder, out, metric=metric, baseline=baseline):
+        print(p)
+
+
+def table_cmd(
+    folder: Annotated[Path, typer.Argument(help="a sweep's or comparison's folder, or its results.parquet")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write here instead of stdout")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="csv or markdown")] = "csv",
+    columns: Annotated[str | None, typer.Option("--columns", "-c", help="comma-separated columns (default: all)")] = None,
+) -> None:
+    """A sweep's table as CSV (every row with its swept keys, join keys and metrics) or Markdown."""
+    from moesim.sim.core.atomic import atomic_file
+    from moesim.sim.study.plot import PlotError, load_table
+
+    if fmt not in ("csv", "markdown"):
+        raise typer.BadParameter("choose csv or markdown", param_hint="--format")
+    df, _ = load_table(folder)
+    if columns:
+        cols = [c.strip() for c in columns.split(",") if c.strip()]
+        unknown = [c for c in cols if c not in df.columns]
+        if unknown:
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], list(df.columns), n=1)
+            raise PlotError(f"--columns {unknown[0]}: no such column" + (f"; did you mean {close[0]!r}?" if close else ""))
+        df = df[cols]
+    if fmt == "csv":
+        text = str(df.to_csv(index=False))
+    else:
+        from moesim.sim.study.compare_table import markdown_table
+
+        rows = [["" if v is None or v != v else f"{v:.6g}" if isinstance(v, float) else str(v) for v in r]
+                for r in df.itertuples(index=False)]
+        text = "\n".join(markdown_table([str(c) for c in df.columns], rows)) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+        return
+    with atomic_file(out, option="--out", force=True) as tmp:
+        tmp.write_text(text)
+    print(out)

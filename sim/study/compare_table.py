@@ -150,7 +150,8 @@ def group_tables(comp: Comparison) -> tuple[list[tuple[str, list[str], list[list
     return tables, notes
 
 
-def _markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A GitHub Markdown table's lines: text columns set left, numbers right."""
     left = {"policy", "kind", "rank", "notes", "reason", "error"}
     lines = ["| " + " | ".join(head) + " |",
              "| " + " | ".join("---" if h in left else "---:" for h in head) + " |"]
@@ -163,7 +164,7 @@ def to_markdown(comp: Comparison) -> str:
     tables, notes = group_tables(comp)
     lines: list[str] = []
     for title, head, rows in tables:
-        lines += [f"### {title}", "", *_markdown_table(head, rows), ""]
+        lines += [f"### {title}", "", *markdown_table(head, rows), ""]
     lossy = comp.frame[(comp.frame["status"] == "ok") & (comp.frame["kind"] == "lossy")]
     if not lossy.empty:
         slots = "routing_mass_weighted" in lossy and not lossy["routing_mass_weighted"].fillna(True).astype(bool).all()

@@ -285,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         gc.disable()
         _gc_paused = True
     try:
-        rv = app(args=argv, prog_name="simctl", standalone_mode=False)
+        # the command line as typed, for the studies' record of what made them (study.json)
+        command = ["simctl", *(sys.argv[1:] if argv is None else argv)]
+        rv = app(args=argv, prog_name="simctl", standalone_mode=False, obj={"argv": command})
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except typer.Abort:

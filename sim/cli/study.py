@@ -29,6 +29,13 @@ def _show_progress(flag: bool | None) -> str:
     return "bar" if flag else "off"
 
 
+def _command(ctx: typer.Context) -> list[str] | None:
+    """The command line as typed (``simctl`` passes it to click as ``obj``), for study.json."""
+    obj = ctx.find_root().obj
+    argv = obj.get("argv") if isinstance(obj, dict) else None
+    return [str(a) for a in argv] if isinstance(argv, list) else None
+
+
 def _out_dir(out: Path | None, sweep: object) -> Path:
     """``--out``, or the default folder that never overwrites another study's results."""
     from moesim.sim.study.study_record import default_out
@@ -64,6 +71,7 @@ def _report(outcome: object, out: Path) -> None:
 
 
 def sweep_cmd(
+    ctx: typer.Context,
     sweep_file: Annotated[Path, typer.Argument(help="sweep YAML file (base scenario + grid and/or zip)")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: runs/<sweep name>, "
                                              "or a timestamped one beside it if that holds another study)")] = None,
@@ -98,7 +106,7 @@ def sweep_cmd(
         print(f"{len(sweep.points)} points, {sum(p.config_hash in done for p in sweep.points)} done, output {out_dir}")
         return
     outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
-                        progress=_show_progress(progress), force=force)
+                        progress=_show_progress(progress), force=force, command=_command(ctx))
     _report(outcome, out_dir)
 
 
@@ -112,6 +120,7 @@ def _floats(text: str | None, option: str) -> list[float] | None:
 
 
 def compare_cmd(
+    ctx: typer.Context,
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file: the trace, hardware and workload to compare on")],
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated policies (default: every registered one)")] = None,
     rates: Annotated[str | None, typer.Option("--rates", "-r", help="comma-separated cache rates, e.g. 0.125,0.25,0.5 (default: the scenario's)")] = None,
@@ -147,7 +156,8 @@ def compare_cmd(
         if baseline not in compared:
             raise MoesimError(f"--baseline {baseline}: not among the compared policies ({', '.join(compared)})")
     out_dir = _out_dir(out, sweep)
-    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force)
+    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force,
+                        command=_command(ctx))
     df, _ = load_table(outcome.table)
     comp = rank(df, metric=metric, baseline=baseline)
     md, csv = to_markdown(comp), to_csv(comp)

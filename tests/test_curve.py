@@ -63,3 +63,48 @@ def test_curve_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["curve", str(SAMPLE), "--phases", "warmup"]) == 2
     assert "--phases: 'warmup'" in capsys.readouterr().err
     assert main(["curve", str(tmp_path / "none.parquet")]) == 2
+
+
+def test_curve_of_any_policy_is_the_simulator_at_each_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """fifo's curve at 8 experts per layer is a plain run of that scenario; per-layer hits sum
+    to all layers; sizes come as experts, % of a layer and GiB."""
+    from moesim.sim.config.catalog import GIB
+    from moesim.sim.config.scenario import load_scenario_data
+    from moesim.sim.run.runner import run_loaded
+
+    assert main(["curve", str(SAMPLE), "--policy", "fifo,lru", "--sizes", "8,64", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fifo hit rate" in out and "one-pass sequential curves" in " ".join(out.split())
+    t = pq.read_table(tmp_path / "curve.parquet").to_pandas()
+    assert sorted(set(t["size"])) == [8, 64] and set(t["policy"]) == {"fifo", "lru"}
+    assert set(t[t["policy"] == "fifo"]["method"]) == {"simulated"} and set(t[t["policy"] == "lru"]["method"]) == {"stack"}
+    fifo = t[t["policy"] == "fifo"]
+    for size, g in fifo.groupby("size"):
+        assert g[g["layer"] == -1]["hits"].item() == g[g["layer"] >= 0]["hits"].sum()
+        assert g[g["layer"] == -1]["references"].item() == g[g["layer"] >= 0]["references"].sum()
+    loaded = load_scenario_data({"trace": str(SAMPLE), "hardware": "rtx-4090", "policy": "fifo",
+                                 "cache": {"experts_per_layer": 8, "initial": "empty"},
+                                 "workload": {"batch_size": 1, "phases": ["decode"], "requests": "all"}},
+                                source="t", base_dir=ROOT)
+    m = run_loaded(loaded).metrics
+    row = fifo[(fifo["size"] == 8) & (fifo["layer"] == -1)].iloc[0]
+    assert (row["hits"], row["references"]) == (m["hits"], m["accesses"])
+    assert row["hit_rate"] == pytest.approx(m["hit_rate"])
+    assert row["cache_pct"] == 12.5
+    full = t[(t["size"] == 64) & (t["layer"] == -1)]
+    assert full["cache_gib"].iloc[0] == pytest.approx(m["expert_budget_gib"] * 8, rel=1e-9)
+    assert full["hits"].nunique() == 1      # every expert fits: only first references miss, either way
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--policy", "lfuu"], "--policy: 'lfuu' is not a registered policy; did you mean 'lfu'?"),
+    (["--sizes", "0,4"], "--sizes: 0 is not between 1 and the 64 experts of a layer"),
+    (["--sizes", "four"], "--sizes: expected whole numbers"),
+    (["--policy", "moepic", "--sizes", "8"], "lookahead_logits"),
+])
+def test_curve_bad_policy_or_sizes_is_one_line(args: list[str], needle: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["curve", str(SAMPLE), "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err

@@ -68,7 +68,6 @@ def test_curve_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_curve_of_any_policy_is_the_simulator_at_each_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """fifo's curve at 8 experts per layer is a plain run of that scenario; per-layer hits sum
     to all layers; sizes come as experts, % of a layer and GiB."""
-    from moesim.sim.config.catalog import GIB
     from moesim.sim.config.scenario import load_scenario_data
     from moesim.sim.run.runner import run_loaded
 
@@ -79,7 +78,7 @@ def test_curve_of_any_policy_is_the_simulator_at_each_size(tmp_path: Path, capsy
     assert sorted(set(t["size"])) == [8, 64] and set(t["policy"]) == {"fifo", "lru"}
     assert set(t[t["policy"] == "fifo"]["method"]) == {"simulated"} and set(t[t["policy"] == "lru"]["method"]) == {"stack"}
     fifo = t[t["policy"] == "fifo"]
-    for size, g in fifo.groupby("size"):
+    for _size, g in fifo.groupby("size"):
         assert g[g["layer"] == -1]["hits"].item() == g[g["layer"] >= 0]["hits"].sum()
         assert g[g["layer"] == -1]["references"].item() == g[g["layer"] >= 0]["references"].sum()
     loaded = load_scenario_data({"trace": str(SAMPLE), "hardware": "rtx-4090", "policy": "fifo",

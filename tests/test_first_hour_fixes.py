@@ -161,7 +161,7 @@ def test_readme_faceted_plot_works_as_written(tmp_path: Path, monkeypatch: pytes
 
 
 def test_timeline_view_without_a_timeline_has_no_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from moesim.sim.study.plot import timeline_figure
+    from moesim.sim.study.timeline_plot import timeline_figure
 
     (tmp_path / "s.yaml").write_text(scen())
     assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "r"), "--no-progress"]) == 0

@@ -192,7 +192,8 @@ def plot_cmd(
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated policies to draw (default: all)")] = None,
 ) -> None:
     """Paper-style figures from a sweep table, or the timeline view of one run."""
-    from moesim.sim.study.plot import FORMATS, KINDS, plot_sweep, plot_timeline
+    from moesim.sim.study.plot import FORMATS, KINDS, plot_sweep
+    from moesim.sim.study.timeline_plot import plot_timeline
 
     formats = fmt or list(FORMATS)
     if source.is_dir() and (source / "steps.parquet").is_file():

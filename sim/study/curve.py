@@ -75,7 +75,8 @@ def curve_table(trace: Path, policies: list[str], sizes: list[int] | None, phase
             parts.append({**sim, "method": np.full(sim["size"].size, "simulated")})
     table = {k: np.concatenate([part[k] for part in parts])
              for k in ("policy", "layer", "size", "hits", "references", "method")}
-    order = np.lexsort((table["size"], table["layer"], [policies.index(str(x)) for x in table["policy"]]))
+    rank = np.asarray([policies.index(str(x)) for x in table["policy"]])
+    order = np.lexsort((table["size"], table["layer"], rank))
     table = {k: v[order] for k, v in table.items()}
     h, r = table["hits"].astype(np.float64), table["references"].astype(np.float64)
     table["hit_rate"] = np.divide(h, r, out=np.full(h.size, np.nan), where=r > 0)

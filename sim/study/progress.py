@@ -102,7 +102,14 @@ def progress(mode: str, name: str, total: int, done: int, n_a: int,
         yield line
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("points"),
                   TextColumn("{task.fields[tally]}"), TimeElapsedColumn(), TimeRemainingColumn(),

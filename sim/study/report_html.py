@@ -106,7 +106,8 @@ def _table(head: list[str], rows: list[list[str]], texts: dict[str, str]) -> str
 
 def _prose(lines: list[str]) -> str:
     """Note lines (paragraphs and ``- `` items) as HTML, code spans kept."""
-    html, items = [], []
+    html: list[str] = []
+    items: list[str] = []
 
     def inline(text: str) -> str:
         return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))

@@ -51,7 +51,9 @@ def _num(v: Any, fmt: str, scale: float = 1.0) -> str:
     return format(float(v) * scale, fmt)
 
 
-BY_HEADERS = {"cache.rate": "cache rate"}
+BY_HEADERS = {"cache.rate": "cache rate", "cache.experts_per_layer": "experts/layer", "cache.gib": "cache GiB",
+              "hardware.pcie_gbps": "PCIe GB/s", "hardware.pcie_latency_us": "PCIe latency µs",
+              "workload.batch_size": "batch size"}
 """The header of a column ranked within (:attr:`Comparison.by`), where it differs from the key."""
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import RESIDENT, Context, Outcome, View
+from moesim.policies.base import RESIDENT, Context, Outcome, PolicySetupError, View
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
 from moesim.policies.registry import register
@@ -74,6 +74,9 @@ class AdapMoE(MixtralOffloading):
 
     def setup(self, ctx: Context) -> None:
         """Set up the parts and empty statistics."""
+        if len(ctx.pool_capacity) != ctx.num_layers:
+            raise PolicySetupError(f"{self.name} sizes the cache of each layer: it needs one pool per "
+                                   "layer (cache.scope: layer)")
         super().setup(ctx)
         L, E = ctx.num_layers, ctx.num_experts
         self._E = E

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.paper_runs import run_scenario  # noqa: E402
-from moesim.sim.catalog import get_model  # noqa: E402
+from moesim.sim.config.catalog import get_model  # noqa: E402
 
 GIB = 2**30
 

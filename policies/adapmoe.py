@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import RESIDENT, Context, Outcome, PolicySetupError, View
+from moesim.policies.contract.base import RESIDENT, Context, Outcome, PolicySetupError, View
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
-from moesim.policies.registry import register
-from moesim.policies.speculative import MixtralOffloading
+from moesim.policies.contract.registry import register
+from moesim.policies.baselines.speculative import MixtralOffloading
 
 
 def allocate_cache_sizes(costs: np.ndarray, budget: int, *, minimum: int = 1) -> np.ndarray:

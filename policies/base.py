@@ -51,7 +51,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 # the contract's data types live in hook_data; every name is re-exported here
-from moesim.policies.hook_data import (  # noqa: F401
+from moesim.policies.contract.hook_data import (  # noqa: F401
     ABSENT,
     HIT,
     INFLIGHT,
@@ -71,7 +71,7 @@ from moesim.policies.hook_data import (  # noqa: F401
     UnitKey,
     VictimChoice,
 )
-from moesim.policies.view import IterationInfo, View  # noqa: F401  (re-exported)
+from moesim.policies.contract.view import IterationInfo, View  # noqa: F401  (re-exported)
 
 # Trace columns a policy may need beside ``experts`` (see :meth:`Policy.required_columns`).
 OPTIONAL_COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     ABSENT,
     INFLIGHT,
     RESIDENT,
@@ -54,10 +54,10 @@ from moesim.policies.base import (
     VictimChoice,
     View,
 )
-from moesim.policies.lcp_priority import CachePriority
-from moesim.policies.moepic_config import Allocation, CacheConfigurator, SplitStats, Timing
+from moesim.policies.parts.lcp_priority import CachePriority
+from moesim.policies.moepic.configurator import Allocation, CacheConfigurator, SplitStats, Timing
 from moesim.policies.parts.predictors import softmax_rows
-from moesim.policies.registry import register
+from moesim.policies.contract.registry import register
 
 CACHE_POLICIES = ("lcp", "random")
 

@@ -1,7 +1,7 @@
 """The :class:`View`: what a policy may see and do at a hook, only about the present and the
 past (the engine and the executor implement it; reads ahead of routing raise
-:class:`~moesim.policies.base.CausalityError`), and :class:`IterationInfo`, the current
-iteration as the view describes it. :mod:`moesim.policies.base` re-exports both.
+:class:`~moesim.policies.contract.base.CausalityError`), and :class:`IterationInfo`, the current
+iteration as the view describes it. :mod:`moesim.policies.contract.base` re-exports both.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from moesim.policies.hook_data import Routing, UnitKey
+from moesim.policies.contract.hook_data import Routing, UnitKey
 
 
 class IterationInfo(Protocol):
@@ -34,7 +34,7 @@ class IterationInfo(Protocol):
 
 class View(Protocol):
     """What a policy may see and do, only about the present and the past. Reads of a layer's
-    routing, logits or lookahead before that layer is routed raise :class:`~moesim.policies.base.CausalityError`."""
+    routing, logits or lookahead before that layer is routed raise :class:`~moesim.policies.contract.base.CausalityError`."""
 
     # -- time and position
     @property

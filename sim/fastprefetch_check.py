@@ -1,8 +1,8 @@
-"""Eligibility of the next-layer prefetch kernel (:mod:`moesim.sim.fastprefetch`): which runs
+"""Eligibility of the next-layer prefetch kernel (:mod:`moesim.sim.fast.prefetch`): which runs
 it replays exactly, and why it refuses the others (reported as the run's ``engine_path`` reason).
 
-It takes the shipped :class:`~moesim.policies.speculative.MixtralOffloading` and
-:class:`~moesim.policies.speculative.OraclePrefetch` as such (LRU cache, next-layer prefetcher,
+It takes the shipped :class:`~moesim.policies.baselines.speculative.MixtralOffloading` and
+:class:`~moesim.policies.baselines.speculative.OraclePrefetch` as such (LRU cache, next-layer prefetcher,
 no planner, no subclass) with a lookahead, previous-token or oracle predictor, on per-layer
 pools with one copy lane (priority or fifo order) and whole experts; no swap-out, transfer buffer,
 timeline, synchronous prefetch or VRAM invariant check, and a run that starts with every
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.policies.base import RESIDENT
-from moesim.policies.compose import Composed
+from moesim.policies.contract.base import RESIDENT
+from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.predictors import (
     AutoPredictor,
@@ -27,11 +27,11 @@ from moesim.policies.parts.predictors import (
     PreviousTokenPredictor,
 )
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
-from moesim.policies.speculative import MixtralOffloading, OraclePrefetch
-from moesim.sim.fastrun import run_refusal
+from moesim.policies.baselines.speculative import MixtralOffloading, OraclePrefetch
+from moesim.sim.fast.refusal import run_refusal
 
 if TYPE_CHECKING:
-    from moesim.sim.engine import Engine
+    from moesim.sim.engine.event_loop import Engine
 
 _SOURCES = {LookaheadPredictor: "lookahead", PreviousTokenPredictor: "previous-token", OraclePredictor: "oracle"}
 

@@ -1,13 +1,13 @@
 """What no fast replay reproduces: the features of a run that send it to the event loop
-whatever its policy (shared by :func:`moesim.sim.fastpath.fast_path_refusal` and
-:func:`moesim.sim.fastprefetch_check.prefetch_refusal`)."""
+whatever its policy (shared by :func:`moesim.sim.fast.path.fast_path_refusal` and
+:func:`moesim.sim.fast.prefetch_check.prefetch_refusal`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from moesim.sim.engine import Engine
+    from moesim.sim.engine.event_loop import Engine
 
 
 def run_refusal(engine: Engine) -> str | None:
@@ -15,7 +15,7 @@ def run_refusal(engine: Engine) -> str | None:
     None: a lossy plan or decision time, one global pool, the timeline, swap-out, a transfer
     buffer, synchronous prefetch, experts split into parts. (Aborted copies need no check here:
 the demand-only replays issue no prefetch, and the prefetch kernel takes only policies that
-never abort, see :mod:`moesim.sim.fastprefetch_check`.)"""
+never abort, see :mod:`moesim.sim.fast.prefetch_check`.)"""
     policy = engine.policy
     if policy.lossy or policy.decision_us:
         return "the policy plans or spends decision time"

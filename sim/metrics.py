@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.sim.catalog import GIB
+from moesim.sim.config.catalog import GIB
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import Engine
+    from moesim.sim.engine.event_loop import Engine
 
 
 def percentile(ordered: np.ndarray, p: int) -> float:
@@ -44,7 +44,7 @@ def _dist(values: list[float], scale: float) -> dict[str, float | None]:
 
 
 def compute_metrics(engine: Engine) -> dict[str, Any]:
-    """All reported metrics of a finished :class:`~moesim.sim.engine.Engine` run, as plain data."""
+    """All reported metrics of a finished :class:`~moesim.sim.engine.event_loop.Engine` run, as plain data."""
     st = engine.stats
     wl = engine.workload
     model = engine.cost.model

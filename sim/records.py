@@ -85,7 +85,7 @@ class StepRecords:
 
 @dataclass
 class RunStats:
-    """Raw counters of one run; :mod:`moesim.sim.metrics` turns them into reported metrics."""
+    """Raw counters of one run; :mod:`moesim.sim.run.metrics` turns them into reported metrics."""
 
     hits: int = 0
     late: int = 0

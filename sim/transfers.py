@@ -1,11 +1,11 @@
 """Room, eviction and transfers: how units get VRAM, leave it, and travel over the copy lanes.
 
 :class:`Transfers` owns the waiting lists and both copy lanes of a run and asks the policy for
-victims (:class:`~moesim.policies.base.EvictionRequest`). Demand loads that find no room wait in
+victims (:class:`~moesim.policies.contract.base.EvictionRequest`). Demand loads that find no room wait in
 order; a prefetch whose room is still draining to the host (``swap_out``) claims it and waits;
 queued prefetches can be withdrawn, and a policy may abort one in flight (neither under fifo
 order). Every byte moves through
-:class:`~moesim.sim.vram.Vram`, which keeps the budget's invariant.
+:class:`~moesim.sim.engine.vram.Vram`, which keeps the budget's invariant.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import simpy
 from simpy.events import PENDING
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     ABSENT,
     INFLIGHT,
     QUEUED,
@@ -28,12 +28,12 @@ from moesim.policies.base import (
     UnitKey,
     View,
 )
-from moesim.sim.cost import CostModel
-from moesim.sim.errors import MoesimError
-from moesim.sim.frozen import slot_maker
-from moesim.sim.lanes import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
-from moesim.sim.records import RunStats, TimelineEvent
-from moesim.sim.vram import Unit, Vram
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.engine.frozen import slot_maker
+from moesim.sim.engine.lanes import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
+from moesim.sim.engine.records import RunStats, TimelineEvent
+from moesim.sim.engine.vram import Unit, Vram
 
 SWAP_QUEUED, SWAPPING = 5, 6   # an evicted unit being copied back to the host (not in vram.units)
 

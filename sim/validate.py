@@ -1,5 +1,5 @@
 """``simctl validate``: one scenario run twice, in the simulator with a calibrated profile and on
-the real executor (:mod:`moesim.sim.executor`), and the metrics side by side with the error.
+the real executor (:mod:`moesim.sim.real.executor`), and the metrics side by side with the error.
 
 The simulator's model is the executor's model shape (the scenario's model: the bundled trained
 tiny MoE for ``model: tiny-moe``, else a random Mixtral of its shape; or ``--model PATH``); its hardware and runtime are the calibration profile measured on
@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moesim.sim.errors import MoesimError
-from moesim.sim.scenario import LoadedScenario, load_scenario_data
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.config.scenario import LoadedScenario, load_scenario_data
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("TTFT mean (ms)", "ttft_ms.mean"),
@@ -43,7 +43,7 @@ def error_pct(pred: float | None, meas: float | None) -> float | None:
 def simulate(loaded: LoadedScenario, model_spec: Any, profile: Path, trace: Any) -> dict[str, Any]:
     """The scenario in the simulator with ``profile`` as hardware and runtime and the
     executor's model shape."""
-    from moesim.sim.runner import run_loaded
+    from moesim.sim.run.runner import run_loaded
 
     data = loaded.resolved()
     data.update(hardware=str(profile.resolve()), runtime=str(profile.resolve()),
@@ -55,12 +55,12 @@ def simulate(loaded: LoadedScenario, model_spec: Any, profile: Path, trace: Any)
 def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy: str = "auto",
             threads: int = 1) -> dict[str, Any]:
     """The scenario on the executor: the same requests, budget, initial fill and policy."""
-    from moesim.policies.registry import load_plugin, make_policy
-    from moesim.sim.catalog import get_hardware, get_runtime, load_spec_file
-    from moesim.sim.cost import CostModel
-    from moesim.sim.executor.runner import Executor
-    from moesim.sim.runner import check_shapes, select_requests
-    from moesim.sim.workload import build_workload
+    from moesim.policies.contract.registry import load_plugin, make_policy
+    from moesim.sim.config.catalog import get_hardware, get_runtime, load_spec_file
+    from moesim.sim.engine.cost import CostModel
+    from moesim.sim.real.executor.runner import Executor
+    from moesim.sim.run.runner import check_shapes, select_requests
+    from moesim.sim.engine.workload import build_workload
 
     scen = loaded.scenario
     source = loaded.source or "scenario"
@@ -98,11 +98,11 @@ def execute_repeated(loaded: LoadedScenario, om: Any, profile: Path, trace: Any,
     the same way. Every run's TPOT p50 and hit rate are kept (``tpot_p50_ms_runs``,
     ``hit_rate_runs``). Counters are the first run's; they agree across runs, even where a layer
     needs more experts than its pool holds, since both sides then compute in the fixed order of
-    :func:`moesim.sim.plans.next_in_fixed_order`. On CPU the runs keep every processor awake
-    (:mod:`moesim.sim.calibration.awake`)."""
+    :func:`moesim.sim.engine.plans.next_in_fixed_order`. On CPU the runs keep every processor awake
+    (:mod:`moesim.sim.real.calibration.awake`)."""
     if repeats < 1:
         raise MoesimError(f"--repeats must be >= 1, got {repeats}")
-    from moesim.sim.calibration.awake import cpus_awake
+    from moesim.sim.real.calibration.awake import cpus_awake
 
     with cpus_awake(om.device.type == "cpu" and keep_awake):
         runs = [execute(loaded, om, profile, trace, copy=copy, threads=threads) for _ in range(repeats)]
@@ -135,10 +135,10 @@ def calibration_inputs(loaded: LoadedScenario, trace: Any, *, n_requests: int = 
     validated requests' mean decode position."""
     import numpy as np
 
-    from moesim.sim.profile import trace_requests
-    from moesim.sim.runner import select_requests
-    from moesim.sim.workload import build_workload
-    from moesim.traces.format import DECODE
+    from moesim.sim.run.profile import trace_requests
+    from moesim.sim.run.runner import select_requests
+    from moesim.sim.engine.workload import build_workload
+    from moesim.traces.format.trace_file import DECODE
 
     validated = build_workload(trace, batch_size=1, phases=("prefill", "decode"),
                                requests=select_requests(loaded, trace)[1])

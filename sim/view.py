@@ -1,9 +1,9 @@
 """The causal, read-mostly view a policy gets of a running engine (it implements
-:class:`moesim.policies.base.View`).
+:class:`moesim.policies.contract.base.View`).
 
 Reads are limited to the present and the past: the routing, logits and lookahead of layers
 already routed in the current iteration, earlier iterations, and the residency of units.
-A read of a layer not yet routed raises :class:`~moesim.policies.base.CausalityError`.
+A read of a layer not yet routed raises :class:`~moesim.policies.contract.base.CausalityError`.
 Actions (prefetch, evict, cancel, abort, re-split budgets, spend CPU) go to the engine, which
 keeps every VRAM and lane rule.
 """
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.policies.base import ABSENT, RESIDENT, CausalityError, Routing, UnitKey
+from moesim.policies.contract.base import ABSENT, RESIDENT, CausalityError, Routing, UnitKey
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine import Engine
-    from moesim.sim.workload import Iteration
+    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.workload import Iteration
 
 
 class EngineView:
-    """What a policy may see and do (see :class:`moesim.policies.base.View`)."""
+    """What a policy may see and do (see :class:`moesim.policies.contract.base.View`)."""
 
     __slots__ = ("_e",)
 

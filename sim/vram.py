@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moesim.policies.base import RESIDENT, WAITING, UnitKey
+from moesim.policies.contract.base import RESIDENT, WAITING, UnitKey
 
 
 class Unit:

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moesim.policies.base import ABSENT, INFLIGHT, QUEUED, RESIDENT, Policy, UnitKey, View
-from moesim.policies.moepic import MoEpic
-from moesim.policies.speculative import MixtralOffloading
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.fastpath import fast_path_refusal
-from moesim.sim.workload import build_workload
+from moesim.policies.contract.base import ABSENT, INFLIGHT, QUEUED, RESIDENT, Policy, UnitKey, View
+from moesim.policies.moepic.policy import MoEpic
+from moesim.policies.baselines.speculative import MixtralOffloading
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.fast.path import fast_path_refusal
+from moesim.sim.engine.workload import build_workload
 from tests.util import make_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000

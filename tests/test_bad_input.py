@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moesim.sim.cli import main
+from moesim.sim.cli.main import main
 from tests.bad_input import DELETE, QUICKSTART, SAMPLE, Case, Corpus, Files, check, scen
 from tests.util import ROOT
 
@@ -155,7 +155,7 @@ scenario_case("plugins-syntax", scen(plugins=["p.py"]), "p.py", files={"p.py": "
 scenario_case("plugins-raises", scen(plugins=["p.py"]), "p.py", files={"p.py": "raise RuntimeError('boom')\n"})
 scenario_case("plugins-scalar", scen(plugins="p.py"), "plugins")
 scenario_case("plugins-registers-builtin", scen(plugins=["p.py"]), "p.py", "lru", files={"p.py": (
-    "from moesim.policies.base import Policy\nfrom moesim.policies.registry import register\n"
+    "from moesim.policies.contract.base import Policy\nfrom moesim.policies.contract.registry import register\n"
     "@register\nclass Mine(Policy):\n    name = 'lru'\n")})
 scenario_case("plugins-not-python", scen(plugins=["p.txt"]), "p.txt", files={"p.txt": "hello"})
 scenario_case("pcie-order", scen(pcie={"order": "lifo"}), "pcie.order")

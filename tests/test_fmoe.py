@@ -1,4 +1,4 @@
-"""fMoE (policies/fmoe.py and its parts): the spec sheet's hand-checkable cases (``fmoe.md``
+"""fMoE (policies/fmoe/policy.py and its parts): the spec sheet's hand-checkable cases (``fmoe.md``
 section 8), composition with another cache, its ablations and the ProMoE-style baseline."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moesim.policies.base import ABSENT, QUEUED, EvictionRequest, Profile, Reason
-from moesim.policies.compose import Composed
-from moesim.policies.fmoe import FMoE
+from moesim.policies.contract.base import ABSENT, QUEUED, EvictionRequest, Profile, Reason
+from moesim.policies.parts.compose import Composed
+from moesim.policies.fmoe.policy import FMoE
 from moesim.policies.parts.caches import LCPCache
-from moesim.policies.parts.expert_maps import ExpertMapStore, select_by_mass
-from moesim.policies.parts.map_cache import MapPriorityCache
-from moesim.policies.parts.map_prefetch import ExpertMapPrefetcher
+from moesim.policies.fmoe.expert_maps import ExpertMapStore, select_by_mass
+from moesim.policies.fmoe.map_cache import MapPriorityCache
+from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher
 from moesim.policies.parts.prefetchers import Prefetcher
-from moesim.policies.registry import PolicyError, make_policy
-from moesim.traces.format import DECODE, ModelInfo, TraceMeta, trace_from_columns
+from moesim.policies.contract.registry import PolicyError, make_policy
+from moesim.traces.format.trace_file import DECODE, ModelInfo, TraceMeta, trace_from_columns
 from tests.util import random_trace, run_engine, steps, tiny_hw, tiny_model
 
 P = np.array([0.5, 0.3, 0.15, 0.05])
@@ -179,7 +179,7 @@ def test_spec3b_a_miss_goes_ahead_of_queued_prefetches_and_cancels_none() -> Non
 
 # --- composition, ablations, baselines ---------------------------------------------------------
 def _profiled(seed: int = 7) -> tuple[Any, Profile]:
-    from moesim.sim.profile import profile_from_trace, trace_requests
+    from moesim.sim.run.profile import profile_from_trace, trace_requests
     tr = random_trace(seed, layers=3, experts=8, top_k=2, requests=4, decode=8)
     reqs = trace_requests(tr)
     return tr, profile_from_trace(tr, reqs[:2], "test")

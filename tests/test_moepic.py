@@ -13,21 +13,21 @@ import itertools
 import numpy as np
 import pytest
 
-from moesim.policies.adapmoe import allocate_cache_sizes
-from moesim.policies.base import HIT, LATE, MISS, PARTIAL
-from moesim.policies.moepic import MoEpic, split_fractions
-from moesim.policies.moepic_config import (
+from moesim.policies.baselines.adapmoe import allocate_cache_sizes
+from moesim.policies.contract.base import HIT, LATE, MISS, PARTIAL
+from moesim.policies.moepic.policy import MoEpic, split_fractions
+from moesim.policies.moepic.configurator import (
     CacheConfigurator,
     LayerStats,
     SplitStats,
     Timing,
     solve_layer,
 )
-from moesim.policies.registry import make_policy
-from moesim.sim.catalog import RuntimeSpec
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import Engine
-from moesim.sim.workload import build_workload
+from moesim.policies.contract.registry import make_policy
+from moesim.sim.config.catalog import RuntimeSpec
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
 from tests.util import make_trace, random_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert

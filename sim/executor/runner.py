@@ -1,7 +1,7 @@
 """The executor's loop: a workload of a moe-trace replayed on a real model, teacher-forced (each
 MoE block runs the trace's experts, so hit rates compare with the simulator's), under a policy
-called through the same hooks in the same order as :mod:`moesim.sim.engine` (the order is
-stated in :mod:`moesim.policies.base`).
+called through the same hooks in the same order as :mod:`moesim.sim.engine.event_loop` (the order is
+stated in :mod:`moesim.policies.contract.base`).
 
 Per iteration (batch 1: a request's prefill, or one decode token): ``on_iteration_start``; the
 model's forward pass, in which, per MoE layer, a pre-hook calls ``before_layer``, the decoder
@@ -10,7 +10,7 @@ plan, classifies each planned expert (hit / late / miss as seen at that instant)
 copies (victims from ``choose_victim``, the simulator's own VRAM accounting), calls
 ``on_access`` and ``after_layer`` (prefetches become copies), computes the experts as their
 copies land (ready ones first; one at a time in a fixed order while demand loads wait for room:
-:func:`moesim.sim.plans.next_in_fixed_order`), and calls ``on_layer_end``; then ``on_iteration_end``.
+:func:`moesim.sim.engine.plans.next_in_fixed_order`), and calls ``on_layer_end``; then ``on_iteration_end``.
 Copies run on the copy engine (:mod:`.copier`); unit states change only on the main thread,
 when the executor looks (so every policy callback runs on the main thread).
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from moesim.policies.base import (
+from moesim.policies.contract.base import (
     ABSENT,
     HIT,
     INFLIGHT,
@@ -43,19 +43,19 @@ from moesim.policies.base import (
     Routing,
     UnitKey,
 )
-from moesim.sim.cost import CostModel
-from moesim.sim.errors import MoesimError
-from moesim.sim.executor.copier import DEMAND, PREFETCH, make_copier
-from moesim.sim.executor.kernels import apply_expert
-from moesim.sim.executor.model import OffloadModel
-from moesim.sim.executor.plan import access_order as _access_order
-from moesim.sim.executor.plan import combine_weights as _combine_weights
-from moesim.sim.executor.stats import ExecStats, exec_metrics
-from moesim.sim.executor.store import ExpertStore
-from moesim.sim.executor.view import ExecutorView
-from moesim.sim.plans import next_in_fixed_order
-from moesim.sim.vram import Unit, Vram
-from moesim.sim.workload import Iteration, Workload
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.real.executor.copier import DEMAND, PREFETCH, make_copier
+from moesim.sim.real.executor.kernels import apply_expert
+from moesim.sim.real.executor.model import OffloadModel
+from moesim.sim.real.executor.plan import access_order as _access_order
+from moesim.sim.real.executor.plan import combine_weights as _combine_weights
+from moesim.sim.real.executor.stats import ExecStats, exec_metrics
+from moesim.sim.real.executor.store import ExpertStore
+from moesim.sim.real.executor.view import ExecutorView
+from moesim.sim.engine.plans import next_in_fixed_order
+from moesim.sim.engine.vram import Unit, Vram
+from moesim.sim.engine.workload import Iteration, Workload
 
 
 class ExecutorError(MoesimError, ValueError):
@@ -493,10 +493,10 @@ class Executor:
     # ------------------------------------------------------------------------------------------
     def run(self, warmup: int = 2) -> ExecStats:
         """Replay the workload; returns the counters and wall-clock times (``self.stats``)."""
-        from moesim.sim.executor.replay import replay
+        from moesim.sim.real.executor.replay import replay
 
         return replay(self, warmup)
 
     def metrics(self) -> dict[str, Any]:
-        """The run's metrics, with the simulator's definitions (:mod:`moesim.sim.metrics`)."""
+        """The run's metrics, with the simulator's definitions (:mod:`moesim.sim.run.metrics`)."""
         return exec_metrics(self)

@@ -66,6 +66,10 @@ class CacheSpec(BaseModel):
         "(from an offline profile of the replayed trace), or random experts")
     buffer_experts: float = Field(0, ge=0, description="extra room for transfers in flight, in experts, "
                                   "given equally to every policy (MoEpic's comparison uses top_k)")
+    scope: Literal["layer", "global"] | None = Field(
+        None, description="pool layout: one pool per MoE layer, or one global pool shared by all layers; "
+        "default: the policy's own (fmoe global, the others per layer), so that comparisons can give "
+        "every system the same layout")
     swap_out: bool = Field(False, description="evicting copies the expert back to the host over the D2H lane "
                            "(hardware.d2h_gbps) and frees its room only when that copy lands; default false: "
                            "weights are read-only and the host keeps them, so eviction just drops the copy")

@@ -193,6 +193,8 @@ def prepare_run(
         policy = make_policy(pspec.name, pspec.params)
     except PolicyError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
+    if scen.cache.scope is not None:   # the scenario's pool layout instead of the policy's own
+        policy.scope = scen.cache.scope
     if trace is None:
         cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
         trace = load_trace(loaded, frozenset(cols))

@@ -154,8 +154,8 @@ def llamacpp_options(shape: Shape, mem: Memory) -> list[Option]:
     slot_choices = [0] + [h for h in sorted({max(1, E // 8), max(1, E // 4), max(1, E // 2)}) if h < E]
     for n in steps(least, L):
         for h in slot_choices if n > 0 else [0]:
-            gpu = (L - n) * E + n * h
-            if gpu > room or gpu < 1:
+            gpu = max(1, (L - n) * E + n * h)   # --cpu-moe alone: the simulator's least budget, one expert
+            if gpu > room:
                 continue
             params: dict[str, Any] = {"n_cpu_moe": n, "hot_cache_slots": h}
             setting = f"-ncmoe {n}" + (f", hot cache {h}/layer" if h else "")

@@ -123,7 +123,8 @@ def figure(req: AdviseRequest, advice: Advice) -> Any:
     for r in advice.best():
         ax.scatter([r.option.vram_gib], [r.tokens_per_s], s=180, facecolors="none", edgecolors="red", lw=1.5)
         ax.annotate(f"best: {r.option.system}\n{r.option.setting}", (r.option.vram_gib, r.tokens_per_s or 0),
-                    textcoords="offset points", xytext=(-10, -28), ha="right", fontsize=8)
+                    textcoords="offset points", xytext=(-14, -44), ha="right", fontsize=8,
+                    bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8})
     ax.axvline(req.vram_gib, color="grey", ls=":", lw=1)
     ax.set_xlabel("VRAM used (GiB, reserve included)")
     ax.set_ylabel("predicted tokens/s (decode, batch 1)")

@@ -10,7 +10,8 @@ Systems and their knobs (the policy that stands for each, and its runtime overhe
   them). ``k = E`` is the whole model on the GPU. Runtime ``hf-eager``.
 * ``llama.cpp``: ``--n-cpu-moe N`` (the first ``N`` MoE layers' experts stay in host memory and
   run on the CPU) and the hot-cache slots per CPU layer of PR #27861 (``--moe-expert-cache``).
-  The GPU holds ``(L - N) E + N h`` experts, the host ``N E``. Runtime ``llama-cpp-like``.
+  The GPU holds ``(L - N) E + N h`` experts, the host ``N E``. ``N`` counts MoE layers;
+  llama.cpp's flag counts blocks, so a model with leading dense blocks needs ``N`` plus those. Runtime ``llama-cpp-like``.
 * ``fiddler``: the GPU holds as many experts as fit, most popular first, plus one staging slot
   for a copied expert; a missed expert is computed on the CPU or copied. Its user sets nothing
   but the memory; smaller placements are listed too, for the VRAM-speed front. Runtime

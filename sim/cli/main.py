@@ -37,6 +37,7 @@ _LAST = [
     LazyCommand("compare", "moesim.sim.cli.study", "compare_cmd"),
     LazyCommand("plot", "moesim.sim.cli.study", "plot_cmd"),
     LazyCommand("curve", "moesim.sim.study.curve", "curve_cmd"),
+    LazyCommand("advise", "moesim.sim.cli.advise", "advise_cmd"),
     LazyCommand("trace", "moesim.traces.cli", "app", group=True,
                 help="Record, import, synthesise and inspect moe-trace files."),
     LazyCommand("model", "moesim.traces.tiny.model_cli", "app", group=True,

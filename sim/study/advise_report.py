@@ -112,16 +112,16 @@ def figure(req: AdviseRequest, advice: Advice) -> Any:
             pts = [r for r in advice.ok() if r.option.system == system and r.option.shape.bits == bits]
             if pts:
                 label = system if len(widths) == 1 else f"{system}, {bits:g} bits"
-                ax.scatter([r.option.vram_gib for r in pts], [r.tokens_per_s for r in pts], label=label,
+                ax.scatter([r.option.vram_gib for r in pts], [float(r.tokens_per_s or 0.0) for r in pts], label=label,
                            marker=markers[i % len(markers)], s=28, alpha=0.85)
     for bits in widths:
         front = sorted((r for r in advice.ok() if r.pareto and r.option.shape.bits == bits),
                        key=lambda r: r.option.vram_gib)
         if front:
-            ax.step([r.option.vram_gib for r in front], [r.tokens_per_s for r in front], where="post",
+            ax.step([r.option.vram_gib for r in front], [float(r.tokens_per_s or 0.0) for r in front], where="post",
                     color="black", lw=1, alpha=0.6)
     for r in advice.best():
-        ax.scatter([r.option.vram_gib], [r.tokens_per_s], s=180, facecolors="none", edgecolors="red", lw=1.5)
+        ax.scatter([r.option.vram_gib], [float(r.tokens_per_s or 0.0)], s=180, facecolors="none", edgecolors="red", lw=1.5)
         ax.annotate(f"best: {r.option.system}\n{r.option.setting}", (r.option.vram_gib, r.tokens_per_s or 0),
                     textcoords="offset points", xytext=(-14, -44), ha="right", fontsize=8,
                     bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8})

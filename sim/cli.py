@@ -36,6 +36,7 @@ _LAST = [
     LazyCommand("compare", "moesim.sim.study_cli", "compare_cmd"),
     LazyCommand("plot", "moesim.sim.study_cli", "plot_cmd"),
     LazyCommand("curve", "moesim.sim.curve", "curve_cmd"),
+    LazyCommand("fit", "moesim.sim.cli_fit", "fit_cmd"),
     LazyCommand("trace", "moesim.traces.cli", "app", group=True,
                 help="Record, import, synthesise and inspect moe-trace files."),
     LazyCommand("model", "moesim.traces.model_cli", "app", group=True,
@@ -191,6 +192,11 @@ def hardware(
     )
 
     if name is not None:
+        if is_spec_file(name) and Path(name).is_file():
+            from moesim.sim.study.fitted import print_fit_file
+
+            if print_fit_file(name, _console()) and not _has_section(name, "hardware"):
+                return   # a fit over several hardware: its values are printed above
         try:
             h = get_hardware(load_spec_file(name, "hardware") if is_spec_file(name) else name)
         except CatalogFieldError as exc:
@@ -209,6 +215,13 @@ def hardware(
                   f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
     _console().print(t)
     _console().print("simctl hardware NAME (or a profile .yaml) shows the source of every number")
+
+
+def _has_section(path: str, section: str) -> bool:
+    from moesim.sim.yamlio import load_yaml_file
+
+    data = load_yaml_file(path)
+    return isinstance(data, dict) and section in data
 
 
 def _print_runtime_section(path: str) -> None:

@@ -82,6 +82,9 @@ def summary_table(result: RunResult) -> Table:
     t.add_row("model / hardware", f"{r['model']['name']} on {r['hardware']['name']}")
     if result.changes:
         t.add_row("overrides", escape("; ".join(result.changes)))
+    for fit in m.get("fit", []):
+        values = ", ".join(f"{k}={v:.6g}" for k, v in fit["values"].items())
+        t.add_row("fitted", escape(f"{values} ({fit['via']}: {fit['file']}); {fit['summary']}"))
     t.add_row("budget", f"{m['expert_budget_gib']:.2f} GiB = {r['budget_experts_per_layer']:.2f} experts/layer"
               + (f" + buffer {r['buffer_bytes'] / r['expert_bytes']:.0f} experts" if r["buffer_bytes"] else ""))
     t.add_row("tokens", f"{m['output_tokens']} output, {m['tokens']} processed, {m['requests']} requests, {m['iterations']} iterations")

@@ -16,7 +16,8 @@ from moesim.sim.cli import main
 from moesim.sim.metrics import percentile
 
 LAZY_MODULES = ("moesim.traces.cli", "moesim.traces.model_cli", "moesim.traces.quality_cli",
-                "moesim.sim.study_cli", "moesim.sim.curve", "moesim.sim.real_cli")
+                "moesim.sim.study_cli", "moesim.sim.curve", "moesim.sim.real_cli", "moesim.sim.cli_fit",
+                "moesim.sim.study.fit")
 
 
 def _modules_after(code: str) -> set[str]:

@@ -152,6 +152,35 @@ def test_a_group_with_one_fit_row_has_no_leave_one_out(doc: dict[str, Any], tmp_
     assert res.loo_error is not None and res.loo_error.rows == 3
 
 
+def test_ratio_rows_divide_by_their_reference(doc: dict[str, Any], tmp_path: Path) -> None:
+    truth = {"runtime.layer_us": TRUE_LAYER_US, "hardware.pcie_gbps": TRUE_PCIE["rtx-4090"]}
+    ratio = (simulate({"hardware": "rtx-4090", "policy": "no-cache"}, truth)["tpot_ms"]["mean"]
+             / simulate({"hardware": "rtx-4090", "cache.experts_per_layer": 6}, truth)["tpot_ms"]["mean"])
+    d = copy.deepcopy(doc)
+    d["notes"] = "free text"
+    d["rows"].append({"set": {"hardware": "rtx-4090", "policy": "no-cache"},
+                      "relative_to": {"policy": "lru", "cache.experts_per_layer": 6},
+                      "tpot_ms": round(ratio, 6), "role": "test", "read_off": True})
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    res = fit_measurements(load_measurements(tmp_path / "m.yaml"), jobs=1, loo="none")
+    assert res.measures[-1].row.read_off and res.measures[-1].row.relative_to
+    assert ratio > 1.5 and res.predicted[-1] == pytest.approx(ratio, rel=0.02)
+
+
+def test_an_empty_fit_only_predicts(doc: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = copy.deepcopy(doc)
+    d["fit"] = {}
+    d["base"] = {**d["base"], "runtime": {"base": "hf-eager", "layer_us": TRUE_LAYER_US},
+                 "hardware": {"base": "rtx-4090", "pcie_gbps": TRUE_PCIE["rtx-4090"]}}
+    d["rows"] = [r for r in d["rows"] if r["set"].pop("hardware") == "rtx-4090"]   # the base's hardware
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    assert main(["fit", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "out"), "--jobs", "1"]) == 0
+    assert "nothing fitted" in capsys.readouterr().out
+    rows = csv_rows(tmp_path / "out")
+    assert len(rows) == len(d["rows"]) and all(float(r["ratio"]) == pytest.approx(1, abs=1e-4) for r in rows)
+    assert yaml.safe_load((tmp_path / "out" / "fitted.yaml").read_text())["parameters"] == []
+
+
 def scenario(tmp_path: Path, setup: dict[str, Any], **keys: Any) -> Path:
     data = copy.deepcopy(BASE)
     for key, value in setup.items():
@@ -293,9 +322,18 @@ FIT_CASES = [
     Case("fit-too-many-values", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["3 free values", "2 fit measurements"],
          {"m.yaml": mfile(lambda d: (d["rows"].__setitem__(2, {**d["rows"][2], "role": "test"}),
                                      d["fit"].__setitem__("hardware.peak_tflops", {"min": 10, "max": 1000})))}),
+    Case("fit-group-underdetermined", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"],
+         ["2 free values", "hardware=t4", "1 fit measurement"],
+         {"m.yaml": mfile(lambda d: (d["fit"]["hardware.pcie_gbps"].__setitem__("per", "hardware"),
+                                     d["fit"]["runtime.layer_us"].__setitem__("per", "hardware"),
+                                     d["rows"].append({"set": {"hardware": "t4"}, "tpot_ms": 9.0})))}),
     Case("fit-group-without-fit-row", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["fit.hardware.pcie_gbps", "t4"],
          {"m.yaml": mfile(lambda d: (d["fit"]["hardware.pcie_gbps"].__setitem__("per", "hardware"),
                                      d["rows"].append({"set": {"hardware": "t4"}, "tpot_ms": 9.0, "role": "test"})))}),
+    Case("fit-relative-to-fitted-key", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["rows[0].relative_to", "runtime.layer_us"],
+         {"m.yaml": mfile(_set("rows/0/relative_to", {"runtime.layer_us": 5}))}),
+    Case("fit-relative-to-unknown-key", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["rows[1].relative_to", "polcy"],
+         {"m.yaml": mfile(_set("rows/1/relative_to", {"polcy": "lru"}))}),
     Case("fit-bad-role", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["rows[0].role"],
          {"m.yaml": mfile(_set("rows/0/role", "train"))}),
     Case("fit-base-missing-file", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["base", "nope.yaml"],

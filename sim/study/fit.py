@@ -52,7 +52,7 @@ from typing import Any, Literal
 import numpy as np
 
 from moesim.sim.study.fit_runs import RowRunner, Values
-from moesim.sim.study.fit_spec import FreeValue, Measurements, Row
+from moesim.sim.study.fit_spec import FreeValue, Measurements, Row, value_groups
 from moesim.sim.study.fitted import ErrorSummary
 
 LooMethod = Literal["one-step", "refit", "none"]
@@ -238,24 +238,9 @@ class Problem:
         return full(np.asarray(nm.x) if better else x_ls), info
 
     def components(self, idx: list[int]) -> list[list[int]]:
-        """The free values in independent groups: two values are in one group when a measure of
-        ``idx`` depends on both (a value for all rows joins everything). Each group is fitted on
-        its own rows, which no other group's values change."""
-        parent = list(range(len(self.free)))
-
-        def root(j: int) -> int:
-            while parent[j] != j:
-                j = parent[j]
-            return j
-
-        for i in idx:
-            js = [j for j in range(len(self.free)) if self.affects[j][i]]
-            for j in js[1:]:
-                parent[root(j)] = root(js[0])
-        groups: dict[int, list[int]] = {}
-        for j in range(len(self.free)):
-            groups.setdefault(root(j), []).append(j)
-        return list(groups.values())
+        """The free values in independent groups over the rows of the measures ``idx``
+        (:func:`~moesim.sim.study.fit_spec.value_groups`)."""
+        return value_groups(self.free, list({self.measures[i].row.index: self.measures[i].row for i in idx}.values()))
 
     def measures_of(self, comp: list[int], idx: list[int]) -> list[int]:
         """The measures of ``idx`` that depend on a value of ``comp``."""
@@ -319,7 +304,7 @@ def coarse_start(pb: Problem, fit_idx: list[int], points: int | None) -> tuple[n
 def _rel_std(jac: np.ndarray, r: np.ndarray, pb: Problem) -> list[float | None]:
     """Approximate relative standard errors: the Gauss-Newton covariance in log space."""
     m, n = jac.shape
-    if m <= n:
+    if m <= n or n == 0:
         return [None] * n
     jl = jac / pb.span
     s2 = float(r @ r) / (m - n)
@@ -384,6 +369,36 @@ def _loo(pb: Problem, u: np.ndarray, fit_idx: list[int], jac: np.ndarray, r: np.
     return out
 
 
+def _optimise(pb: Problem, fit_idx: list[int], grid: int | None, max_evals: int,
+              diff_step: float) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The coarse start and the refinement of every independent group: the start, the fitted
+    point and what it took."""
+    if not pb.free:
+        return np.zeros(0), np.zeros(0), {"method": "none: no free values (fit: {}); every row is predicted as "
+                                                    "its scenario gives it"}
+    u0, info = coarse_start(pb, fit_idx, grid)
+    u = u0.copy()
+    comps = pb.components(fit_idx)
+    sols = []
+    for comp, (u_comp, refined) in zip(comps, refine_many(pb, [(u0, pb.measures_of(c, fit_idx), c) for c in comps],
+                                                          max_evals), strict=True):
+        u[comp] = u_comp[comp]
+        sols.append(refined)
+    info.update({"method": "scipy.optimize.least_squares (trf, bounded, log-space unit cube)",
+                 "polish": f"Nelder-Mead from the least-squares point, first simplex {NM_SIMPLEX} of the unit cube",
+                 "diff_step": diff_step, "max_evals": max_evals, "independent_groups": len(sols),
+                 "evaluations": sum(x.ls_evals for x in sols), "jacobians": sum(x.ls_jacobians for x in sols),
+                 "polish_evaluations": sum(x.nm_evals for x in sols),
+                 "polish_improved_groups": sum(x.polish_moved for x in sols),
+                 "sse_after_least_squares": round(sum(x.ls_sse for x in sols), 8),
+                 "sse": round(sum(x.sse for x in sols), 8)})
+    return u0, u, info
+
+
+LOO_METHODS = {"one-step": "one Gauss-Newton step without the row, then the row run at those values",
+               "refit": "refit without the row, then the row run at those values", "none": "not computed"}
+
+
 def fit_measurements(ms: Measurements, *, jobs: int = 1, grid: int | None = None, max_evals: int = 40,
                      diff_step: float = 0.03, loo: LooMethod = "refit") -> FitResult:
     """Fit the free values of ``ms`` to its fit rows and predict every row (see the module)."""
@@ -392,22 +407,15 @@ def fit_measurements(ms: Measurements, *, jobs: int = 1, grid: int | None = None
     try:
         pb = Problem(ms, runner, diff_step)
         fit_idx = [i for i, m in enumerate(pb.measures) if m.row.role == "fit"]
-        mid = np.full(len(pb.free), 0.5)
+        all_idx = list(range(len(pb.measures)))
         # every row runs once before the fit: a row that does not run, or lacks its metric, stops it here
-        pb.residuals(mid, list(range(len(pb.measures))))
-        u0, info = coarse_start(pb, fit_idx, grid)
-        u = u0.copy()
-        comps = pb.components(fit_idx)
-        sols = []
-        for comp, (u_comp, refined) in zip(comps, refine_many(pb, [(u0, pb.measures_of(c, fit_idx), c) for c in comps],
-                                                              max_evals), strict=True):
-            u[comp] = u_comp[comp]
-            sols.append(refined)
+        pb.residuals(np.full(len(pb.free), 0.5), all_idx)
+        u0, u, optimizer = _optimise(pb, fit_idx, grid, max_evals, diff_step)
         jac = pb.jacobian(u, fit_idx)
         r_fit = pb.residuals(u, fit_idx)
         theta, theta0 = pb.theta(u), pb.theta(u0)
+        loo = loo if pb.free and fit_idx else "none"
         loo_u = {} if loo == "none" else _loo(pb, u, fit_idx, jac, r_fit, loo, max_evals)
-        all_idx = list(range(len(pb.measures)))
         loo_idx = {row: [i for i in fit_idx if pb.measures[i].row.index == row] for row in loo_u}
         pb.residuals_many([(u, all_idx)] + [(loo_u[row], loo_idx[row]) for row in loo_u])
         predicted = [pb.predicted(m, theta) for m in pb.measures]
@@ -425,29 +433,18 @@ def fit_measurements(ms: Measurements, *, jobs: int = 1, grid: int | None = None
             held = [ratio[i] for i in test_idx if pb.affects[j][i]]
             values.append(FittedValue(f, theta[j], theta0[j], bound, stds[j], list(dict.fromkeys(rows)),
                                       summarise(held) if held else None))
-        loo_r = [loo_pred[i] / pb.measures[i].measured for i in fit_idx if loo_pred[i] is not None]  # type: ignore[operator]
+        loo_r = [lp / pb.measures[i].measured for i in fit_idx if (lp := loo_pred[i]) is not None]
         paths: dict[str, int] = {}
-        for i in all_idx:
-            m = pb.measures[i]
+        for m in pb.measures:
             path = runner.outcome(m.row.index, pb.row_values(m.row, theta)).engine_path
             paths[path] = paths.get(path, 0) + 1
-        optimizer = {**info, "method": "scipy.optimize.least_squares (trf, bounded, log-space unit cube)",
-                     "polish": f"Nelder-Mead from the least-squares point, first simplex {NM_SIMPLEX} of the unit cube",
-                     "diff_step": diff_step, "max_evals": max_evals, "independent_groups": len(sols),
-                     "evaluations": sum(x.ls_evals for x in sols), "jacobians": sum(x.ls_jacobians for x in sols),
-                     "polish_evaluations": sum(x.nm_evals for x in sols),
-                     "polish_improved_groups": sum(x.polish_moved for x in sols),
-                     "sse_after_least_squares": round(sum(x.ls_sse for x in sols), 8),
-                     "sse": round(sum(x.sse for x in sols), 8),
-                     "rms_log_error": round(math.sqrt(float(r_fit @ r_fit) / max(1, len(r_fit))), 6)}
+        optimizer["rms_log_error"] = round(math.sqrt(float(r_fit @ r_fit) / max(1, len(r_fit))), 6)
         return FitResult(
             ms=ms, values=values, measures=pb.measures, predicted=predicted, loo_predicted=loo_pred,
             fit_error=summarise([ratio[i] for i in fit_idx]),
             loo_error=None if loo == "none" else summarise(loo_r),
             held_out=summarise([ratio[i] for i in test_idx]) if test_idx else None,
-            loo_method={"one-step": "one Gauss-Newton step without the row, then the row run at those values",
-                        "refit": "refit without the row, then the row run at those values",
-                        "none": "not computed"}[loo],
-            optimizer=optimizer, runs=runner.runs, engine_paths=paths, wall_s=time.perf_counter() - t0)
+            loo_method=LOO_METHODS[loo], optimizer=optimizer, runs=runner.runs, engine_paths=paths,
+            wall_s=time.perf_counter() - t0)
     finally:
         runner.close()

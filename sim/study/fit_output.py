@@ -48,7 +48,9 @@ def _row_records(result: FitResult) -> list[dict[str, Any]]:
                                "measured": m.measured, "predicted": round(p, 6), "ratio": round(p / m.measured, 6),
                                "loo_predicted": None if lp is None else round(lp, 6),
                                "loo_ratio": None if lp is None else round(lp / m.measured, 6),
-                               "groups": dict(m.row.groups), "set": dict(m.row.set), "source": m.row.source}
+                               "groups": dict(m.row.groups), "set": dict(m.row.set),
+                               "relative_to": m.row.relative_to or None, "source": m.row.source,
+                               "read_off": m.row.read_off}
         out.append(rec)
     return out
 
@@ -107,7 +109,7 @@ def fitted_document(result: FitResult, command: list[str] | None = None) -> dict
 
 
 CSV_COLUMNS = ("row", "name", "role", "metric", "measured", "predicted", "ratio", "loo_predicted", "loo_ratio",
-               "groups", "set", "source")
+               "groups", "set", "relative_to", "source", "read_off")
 
 
 def rows_csv(result: FitResult) -> str:
@@ -160,7 +162,8 @@ def report(result: FitResult, console: Any) -> None:
         bound = f"[{v.free.lo:g}, {v.free.hi:g}]" + (f" AT {v.at_bound.upper()}" if v.at_bound else "")
         t.add_row(v.free.key, grp, f"{v.value:.5g}", bound, f"{v.start:.4g}",
                   "-" if v.rel_std is None else f"{v.rel_std:.1%}", short(v.held_out))
-    console.print(t)
+    if result.values:
+        console.print(t)
     console.print(f"fit rows:      {result.fit_error.line()}")
     if result.loo_error is not None:
         skipped = n_fit - result.loo_error.rows
@@ -169,6 +172,10 @@ def report(result: FitResult, console: Any) -> None:
     console.print(f"held-out:      {result.held_out.line() if n_test and result.held_out else 'no test rows'}")
     opt = result.optimizer
     paths = ", ".join(f"{k or 'unknown'} {n}" for k, n in result.engine_paths.items())
+    if not result.values:
+        console.print(f"{result.runs} simulator runs, nothing fitted (fit: {{}}); engine: {paths}; "
+                      f"{result.wall_s:.1f} s", markup=False)
+        return
     console.print(f"{result.runs} simulator runs ({opt['grid_combinations']} grid points; least squares "
                   f"{opt['evaluations']} evaluations + {opt['jacobians']} Jacobians, Nelder-Mead polish "
                   f"{opt['polish_evaluations']} evaluations, improved {opt['polish_improved_groups']} of "

@@ -52,11 +52,11 @@ def fit_figure(result: FitResult, path: Path) -> Path:
                 label = f"{name}, {metric}" + (tail if k == 0 else "")
                 ax.scatter([x for x, _ in pts], [y for _, y in pts], marker=marker, s=22, label=label, zorder=3,
                            facecolors=colour if role == "fit" else "none", edgecolors=colour, linewidths=1.0)
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator
 
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(plain)
+        for axis in (ax.xaxis, ax.yaxis):   # ticks at 1, 2, 5 x 10^n, written as plain numbers
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)

@@ -1,7 +1,7 @@
 """Running the rows of a measurement file through the simulator, for ``simctl fit``.
 
 A row's prediction at a point of the fit is one simulator run of its scenario with the fitted
-values that apply to it. :class:`RowRunner` keeps every run's result keyed by the row and those
+values that apply to it (a ratio row, ``relative_to``: two runs, the row's and its reference's). :class:`RowRunner` keeps every run's result keyed by the row and those
 values, so a finite-difference column of a value fitted per hardware reruns only that hardware's
 rows, and the leave-one-out refits reuse the full fit's runs. Runs that are not yet known are
 run in one batch: inline, or over ``jobs`` worker processes (each loads a trace once).
@@ -33,6 +33,9 @@ class RowJob:
     base_dir: str
     fixed: tuple[str, ...]
     metrics: tuple[str, ...]
+    reference: dict[str, Any] | None = None
+    """A ratio row's reference scenario: its metrics divide the row's."""
+    reference_fixed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,24 +104,38 @@ def _trace(loaded: Any) -> Any:
     return _TRACES[key]
 
 
-def run_job(job: RowJob, values: Values) -> Outcome:
-    """Run one row at ``values``: its measured metrics, or the one-line reason it did not run."""
+def _metrics(data: dict[str, Any], source: str, base_dir: str, fixed: tuple[str, ...], values: Values) -> dict[str, Any]:
     from moesim.sim.runner import run_loaded
     from moesim.sim.scenario import load_scenario_data, set_key
 
-    data = copy.deepcopy(job.data)
+    data = copy.deepcopy(data)
+    for key, value in values:
+        set_key(data, key.split("."), value, f"{source}: {key}")
+    loaded = load_scenario_data(data, source=source, base_dir=Path(base_dir), fixed=(*fixed, *(k for k, _ in values)))
+    metrics: dict[str, Any] = run_loaded(loaded, steps=False, trace=_trace(loaded)).metrics
+    return metrics
+
+
+def run_job(job: RowJob, values: Values) -> Outcome:
+    """Run one row at ``values``: its measured metrics (of a ratio row: divided by its
+    reference's), or the one-line reason it did not run."""
     try:
-        for key, value in values:
-            set_key(data, key.split("."), value, f"{job.source}: {key}")
-        loaded = load_scenario_data(data, source=job.source, base_dir=Path(job.base_dir),
-                                    fixed=(*job.fixed, *(k for k, _ in values)))
-        metrics = run_loaded(loaded, steps=False, trace=_trace(loaded)).metrics
+        metrics = _metrics(job.data, job.source, job.base_dir, job.fixed, values)
+        ref = None if job.reference is None else _metrics(job.reference, f"{job.source} (relative_to)",
+                                                          job.base_dir, job.reference_fixed, values)
     except MoesimError as exc:
         return Outcome({}, error=" ".join(str(exc).split()))
     out: dict[str, float | None] = {}
     for name in job.metrics:
         try:
-            out[name] = metric_value(metrics, name)
+            value = metric_value(metrics, name)
+            if ref is not None and value is not None:
+                denominator = metric_value(ref, name)
+                if not denominator:
+                    return Outcome({}, error=f"{job.source}: {name} of the relative_to reference is "
+                                             f"{denominator}: no ratio")
+                value /= denominator
+            out[name] = value
         except KeyError:
             return Outcome({}, missing=name, scalars=tuple(scalar_metrics(metrics)))
     return Outcome(out, engine_path=str(metrics.get("engine_path", "")))
@@ -127,7 +144,8 @@ def run_job(job: RowJob, values: Values) -> Outcome:
 def row_jobs(ms: Measurements) -> list[RowJob]:
     """What running each row of ``ms`` takes, by row index."""
     return [RowJob(index=r.index, data=r.data, source=f"{ms.source}: {r.where}", base_dir=str(ms.base_dir),
-                   fixed=tuple(r.set), metrics=tuple(r.measured)) for r in ms.rows]
+                   fixed=tuple(r.set), metrics=tuple(r.measured), reference=r.reference,
+                   reference_fixed=(*r.set, *r.relative_to)) for r in ms.rows]
 
 
 def _init_worker(ms: Measurements) -> None:

@@ -13,6 +13,13 @@ A measurement file (YAML)::
         tokens_per_s: 2.918                  # any scalar metric of metrics.json (tpot_ms: its mean)
         role: fit                            # fit (default) or test: never seen by the fit
         source: "Table 2, row ..., column ..."
+        read_off: false                      # optional: true where the value was read off a chart
+      - set: {policy: mixtral-offloading}
+        relative_to: {policy: lru}           # a ratio row: metric(row) / metric(row with these keys)
+        tpot_ms: 0.81
+
+An empty ``fit: {}`` fits nothing: the rows are only predicted (a base with ``calibration:``
+judged on published rows). ``notes:`` is free text.
 
 :func:`load_measurements` validates it into :class:`Measurements`: every key checked against
 the scenario schema, each row's scenario built (its ``set`` applied to ``base`` as ``--set``
@@ -34,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from moesim.sim.errors import MoesimError
 from moesim.sim.yamlio import load_yaml_file
 
-ROW_KEYS = ("set", "role", "source", "name")
+ROW_KEYS = ("set", "role", "source", "name", "read_off", "relative_to")
 """The keys of a row that are not measurements."""
 
 
@@ -70,6 +77,10 @@ class RowSpec(BaseModel):
     role: Literal["fit", "test"] = Field("fit", description="fit: the fit sees it; test: held out, only predicted")
     source: str | None = Field(None, description="where this row's numbers come from (table, row, column)")
     name: str | None = Field(None, description="a label for the row (default: its set)")
+    read_off: bool = Field(False, description="true where the value was read off a chart, not printed")
+    relative_to: dict[str, Any] | None = Field(
+        None, description="a ratio row: dotted keys applied on top of this row's set give the reference; the "
+        "measured value is the row's metric divided by the same metric of the reference run (same fitted values)")
 
     @model_validator(mode="after")
     def _measured(self) -> RowSpec:
@@ -96,7 +107,8 @@ class MeasurementSpec(BaseModel):
     name: str = Field(description="name of the measurement set (shown wherever the fit is used)")
     source: str = Field(description="where the measurements come from")
     base: str | dict[str, Any] = Field(description="scenario keys every row starts from, or a scenario file")
-    fit: dict[str, FreeSpec] = Field(min_length=1, description="dotted scenario key -> bounds (and per)")
+    notes: str = Field("", description="free text: the setup as the source states it, the assumptions made")
+    fit: dict[str, FreeSpec] = Field(description="dotted scenario key -> bounds (and per); empty: only predict the rows")
     rows: list[RowSpec] = Field(min_length=1, description="the measured setups")
 
     @field_validator("name")
@@ -120,6 +132,10 @@ class Row:
     data: dict[str, Any]
     groups: dict[str, str] = field(default_factory=dict)
     """For each ``per:`` key of the fit, this row's group."""
+    relative_to: dict[str, Any] = field(default_factory=dict)
+    reference: dict[str, Any] | None = None
+    """A ratio row's reference scenario (``data`` with ``relative_to`` applied), else None."""
+    read_off: bool = False
 
     @property
     def where(self) -> str:
@@ -162,14 +178,6 @@ class Measurements:
     def source(self) -> str:
         """The file, as named on the command line."""
         return str(self.path)
-
-    def fit_rows(self) -> list[Row]:
-        """Rows the fit sees."""
-        return [r for r in self.rows if r.role == "fit"]
-
-    def test_rows(self) -> list[Row]:
-        """Held-out rows."""
-        return [r for r in self.rows if r.role == "test"]
 
 
 def _describe(values: dict[str, Any]) -> str:
@@ -231,7 +239,22 @@ def _rows(spec: MeasurementSpec, path: Path, base: dict[str, Any]) -> list[Row]:
             except ScenarioError as exc:
                 raise FitError(str(exc)) from None
         row = Row(index=i, label=rs.name or _describe(rs.set), role=rs.role, source=rs.source or "",
-                  set=dict(rs.set), measured=rs.measured(), data=data)
+                  set=dict(rs.set), measured=rs.measured(), data=data, read_off=rs.read_off)
+        if rs.relative_to is not None:
+            where_ref = f"{path}: rows[{i}].relative_to"
+            if not rs.relative_to:
+                raise FitError(f"{where_ref}: empty: give the keys that turn this row into its reference")
+            ref = copy.deepcopy(data)
+            for key, value in rs.relative_to.items():
+                _check_key(key, where_ref)
+                if key in spec.fit:
+                    raise FitError(f"{where_ref}: {key}: is fitted (under fit:); a reference cannot set it")
+                try:
+                    set_key(ref, key.split("."), value, f"{where_ref}: {key}")
+                except ScenarioError as exc:
+                    raise FitError(str(exc)) from None
+            row.relative_to, row.reference = dict(rs.relative_to), ref
+            row.label += f" / {_describe(rs.relative_to)}"
         for key, free in spec.fit.items():
             if free.per is None:
                 continue
@@ -264,7 +287,34 @@ def _free_values(spec: MeasurementSpec, path: Path, rows: list[Row]) -> list[Fre
         names = ", ".join(f.label for f in free)
         raise FitError(f"{path}: {len(free)} free values ({names}) but only {n_fit} fit measurements; "
                        "fit fewer values or add fit rows")
+    for group in value_groups(free, fit_rows):
+        n = sum(len(r.measured) for r in fit_rows if any(free[j].applies_to(r) for j in group))
+        if len(group) > n:
+            names = ", ".join(free[j].label for j in group)
+            raise FitError(f"{path}: {len(group)} free values ({names}) rest on {n} fit measurement"
+                           f"{'s' if n != 1 else ''} only (no other row depends on them); add fit rows there")
     return free
+
+
+def value_groups(free: list[FreeValue], rows: list[Row]) -> list[list[int]]:
+    """The free values (indices into ``free``) in independent groups: two values are in one
+    group when a row of ``rows`` depends on both (a value for all rows joins everything). A
+    group's values change only its own rows, so each group can be fitted on its own."""
+    parent = list(range(len(free)))
+
+    def root(j: int) -> int:
+        while parent[j] != j:
+            j = parent[j]
+        return j
+
+    for row in rows:
+        js = [j for j, f in enumerate(free) if f.applies_to(row)]
+        for j in js[1:]:
+            parent[root(j)] = root(js[0])
+    groups: dict[int, list[int]] = {}
+    for j in range(len(free)):
+        groups.setdefault(root(j), []).append(j)
+    return list(groups.values())
 
 
 def parse_measurements(data: Any, path: Path) -> Measurements:

@@ -93,7 +93,7 @@ class FittedFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fit: FitProvenance
-    parameters: list[FittedParameter] = Field(min_length=1)
+    parameters: list[FittedParameter] = Field(description="the fitted values (empty for a set that fits nothing)")
     rows: list[dict[str, Any]] = Field(default_factory=list)
     context: dict[str, Any] = Field(
         default_factory=dict, description="for a fitted key's section (runtime, model...): the value every row "

@@ -83,6 +83,8 @@ def metric_value(metrics: dict[str, Any], name: str) -> float | None:
     return float(node)
 
 
+TRACES_KEPT = 16
+"""Traces a process keeps loaded (the oldest loaded goes first)."""
 _TRACES: dict[str, Any] = {}
 _JOBS: list[RowJob] = []
 _MS: Measurements | None = None
@@ -100,6 +102,8 @@ def _trace(loaded: Any) -> Any:
         st = path.stat() if path.exists() else None
         key = f"{path.resolve()}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
     if key not in _TRACES:
+        if len(_TRACES) >= TRACES_KEPT:   # a fitted trace.synthetic.* key makes a new trace at each point
+            del _TRACES[next(iter(_TRACES))]
         _TRACES[key] = load_trace(loaded)
     return _TRACES[key]
 

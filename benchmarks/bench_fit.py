@@ -37,8 +37,8 @@ ALGORITHMS = (("mixtral-offloading", {"policy": "mixtral-offloading"}), ("lru", 
 
 def measurement_file(decode_len: int, noise: float, seed: int = 0) -> dict[str, Any]:
     """The 24-row set (see the module)."""
-    from moesim.sim.runner import run_loaded
-    from moesim.sim.scenario import load_scenario_data, set_key
+    from moesim.sim.run.runner import run_loaded
+    from moesim.sim.config.scenario import load_scenario_data, set_key
 
     base = {"trace": {"synthetic": {"model": "mixtral-8x7b", "requests": 2, "prompt_len": 8,
                                     "decode_len": decode_len, "seed": 1}},
@@ -75,7 +75,7 @@ def main() -> None:
         for loo in args.loo.split(","):
             for jobs in args.jobs.split(","):
                 out = Path(tmp) / f"out-{loo}-{jobs}"
-                cmd = [sys.executable, "-m", "moesim.sim.cli", "fit", str(path), "--out", str(out),
+                cmd = [sys.executable, "-m", "moesim.sim.cli.main", "fit", str(path), "--out", str(out),
                        "--jobs", jobs, "--loo", loo]
                 t0 = time.perf_counter()
                 proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -18,28 +18,28 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.blas_spin import quiet_blas_workers
-from moesim.sim.errors import MoesimError
-from moesim.sim.lazy_commands import LazyCommand, lazy_group
+from moesim.sim.cli.blas_spin import quiet_blas_workers
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.cli.lazy_commands import LazyCommand, lazy_group
 
 # Commands of other modules, imported and built only when named (simctl run never needs them);
 # `simctl --help` lists them where they were registered: quality first, the others last.
 _FIRST = [
     # `quality` needs the optional torch extra; the command imports it only when it runs
-    LazyCommand("quality", "moesim.traces.quality_cli", "quality",
+    LazyCommand("quality", "moesim.sim.cli.quality", "quality",
                 help="Run a lossy policy's plans on a real model: KL, next-token agreement, perplexity (extra: tracer)."),
 ]
 _LAST = [
-    LazyCommand("calibrate", "moesim.sim.real_cli", "calibrate"),
-    LazyCommand("validate", "moesim.sim.real_cli", "validate"),
-    LazyCommand("sweep", "moesim.sim.study_cli", "sweep_cmd"),
-    LazyCommand("compare", "moesim.sim.study_cli", "compare_cmd"),
-    LazyCommand("plot", "moesim.sim.study_cli", "plot_cmd"),
-    LazyCommand("curve", "moesim.sim.curve", "curve_cmd"),
+    LazyCommand("calibrate", "moesim.sim.cli.real", "calibrate"),
+    LazyCommand("validate", "moesim.sim.cli.real", "validate"),
+    LazyCommand("sweep", "moesim.sim.cli.study", "sweep_cmd"),
+    LazyCommand("compare", "moesim.sim.cli.study", "compare_cmd"),
+    LazyCommand("plot", "moesim.sim.cli.study", "plot_cmd"),
+    LazyCommand("curve", "moesim.sim.study.curve", "curve_cmd"),
     LazyCommand("fit", "moesim.sim.cli_fit", "fit_cmd"),
     LazyCommand("trace", "moesim.traces.cli", "app", group=True,
                 help="Record, import, synthesise and inspect moe-trace files."),
-    LazyCommand("model", "moesim.traces.model_cli", "app", group=True,
+    LazyCommand("model", "moesim.traces.tiny.model_cli", "app", group=True,
                 help="The tiny MoE trained in this repository: train it, find it."),
 ]
 
@@ -70,10 +70,10 @@ def run(
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
 ) -> None:
     """Run one scenario and print its summary."""
-    from moesim.sim.atomic import check_target
-    from moesim.sim.outputs import print_summary, write_outputs
-    from moesim.sim.runner import run_loaded
-    from moesim.sim.scenario import load_scenario
+    from moesim.sim.core.atomic import check_target
+    from moesim.sim.run.outputs import print_summary, write_outputs
+    from moesim.sim.run.runner import run_loaded
+    from moesim.sim.config.scenario import load_scenario
 
     _resume_gc()
 
@@ -122,7 +122,7 @@ def run(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files."""
-    from moesim.sim.scenario import scenario_schema
+    from moesim.sim.config.scenario import scenario_schema
 
     print(json.dumps(scenario_schema(), indent=2))
 
@@ -157,7 +157,7 @@ def policies(
     name: Annotated[str | None, typer.Argument(help="one policy: its parameters, paper and the trace columns it needs")] = None,
 ) -> None:
     """List the registered policies, or describe one (simctl policies NAME)."""
-    from moesim.sim.policy_info import describe_policy, policy_table
+    from moesim.sim.cli.policy_info import describe_policy, policy_table
 
     console = Console() if sys.stdout.isatty() else Console(width=80)
     console.print(describe_policy(name) if name is not None else policy_table())
@@ -168,7 +168,7 @@ def policies(
 @app.command()
 def models() -> None:
     """List the model catalog."""
-    from moesim.sim.catalog import get_model, model_names
+    from moesim.sim.config.catalog import get_model, model_names
 
     t = Table("model", "MoE layers", "experts", "top-k", "shared", "expert MB", "routed GB", "non-expert GB")
     for name in model_names():
@@ -183,7 +183,7 @@ def hardware(
     name: Annotated[str | None, typer.Argument(help="a catalog entry or a profile YAML file: show where each number comes from")] = None,
 ) -> None:
     """List the hardware catalog, or show one entry's numbers and their sources."""
-    from moesim.sim.catalog import (
+    from moesim.sim.config.catalog import (
         CatalogFieldError,
         get_hardware,
         hardware_names,
@@ -218,7 +218,7 @@ def hardware(
 
 
 def _has_section(path: str, section: str) -> bool:
-    from moesim.sim.yamlio import load_yaml_file
+    from moesim.sim.core.yamlio import load_yaml_file
 
     data = load_yaml_file(path)
     return isinstance(data, dict) and section in data
@@ -226,7 +226,7 @@ def _has_section(path: str, section: str) -> bool:
 
 def _print_runtime_section(path: str) -> None:
     """The ``runtime:`` section of a profile file, when it has one, with its source."""
-    from moesim.sim.catalog import get_runtime, load_spec_file
+    from moesim.sim.config.catalog import get_runtime, load_spec_file
 
     try:
         rt = get_runtime(load_spec_file(path, "runtime"))

@@ -1,6 +1,6 @@
 """``simctl fit``: fit scenario values to measurements (:mod:`moesim.sim.study.fit`).
 
-Registered lazily in :mod:`moesim.sim.cli`; scipy and matplotlib load only when it runs.
+Registered lazily in :mod:`moesim.sim.cli.main`; scipy and matplotlib load only when it runs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def fit_cmd(
     """Fit declared scenario values to measured results by running the simulator; judge the fit on held-out rows."""
     from rich.console import Console
 
-    from moesim.sim.atomic import check_target
+    from moesim.sim.core.atomic import check_target
     from moesim.sim.study.fit import fit_measurements
     from moesim.sim.study.fit_output import report, write_fit
     from moesim.sim.study.fit_spec import load_measurements

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from moesim.sim.atomic import atomic_folder
-from moesim.sim.records import STEP_FIELDS
-from moesim.sim.runner import RunResult
-from moesim.traces.arrow_numpy import from_numpy
+from moesim.sim.core.atomic import atomic_folder
+from moesim.sim.engine.records import STEP_FIELDS
+from moesim.sim.run.runner import RunResult
+from moesim.traces.format.arrow_numpy import from_numpy
 
 
 def steps_table(result: RunResult) -> pa.Table:
@@ -52,7 +52,7 @@ def chrome_trace(result: RunResult, name: str) -> dict[str, Any]:
 def write_outputs(result: RunResult, out_dir: str | Path, *, timeline: bool = True, force: bool = False) -> Path:
     """Write the run's files into the folder ``out_dir``, which must not exist or be empty
     unless ``force`` (then it is replaced). The files are written into a temporary sibling
-    renamed at the end (:func:`moesim.sim.atomic.atomic_folder`): a failure or a kill leaves
+    renamed at the end (:func:`moesim.sim.core.atomic.atomic_folder`): a failure or a kill leaves
     nothing under ``out_dir``."""
     out = Path(out_dir)
     with atomic_folder(out, option="--out", force=force) as tmp:

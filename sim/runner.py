@@ -4,7 +4,7 @@ build the profile split and the workload, run the engine and compute the metrics
 
 A :class:`RunResult` is plain data (dicts, numpy arrays, lists, pydantic specs): it pickles,
 so a sweep worker can send it back. User errors (bad scenario, a policy that cannot run on this
-trace) are :class:`~moesim.sim.errors.MoesimError`; anything else is a bug and keeps its traceback.
+trace) are :class:`~moesim.sim.core.errors.MoesimError`; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.base import MissingColumnsError, Policy, PolicySetupError, Profile
-from moesim.policies.registry import PolicyError, load_plugin, make_policy
-from moesim.sim.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
-from moesim.sim.cost import CostModel
-from moesim.sim.engine import BudgetError, Engine
-from moesim.sim.errors import MoesimError
-from moesim.sim.metrics import compute_metrics
-from moesim.sim.profile import profile_from_trace, trace_requests
-from moesim.sim.records import TimelineEvent
-from moesim.sim.run_warnings import run_warnings
-from moesim.sim.scenario import LoadedScenario, ScenarioError
-from moesim.sim.workload import build_workload
-from moesim.traces.format import Trace, read_trace, trace_from_columns
+from moesim.policies.contract.base import MissingColumnsError, Policy, PolicySetupError, Profile
+from moesim.policies.contract.registry import PolicyError, load_plugin, make_policy
+from moesim.sim.config.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import BudgetError, Engine
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.run.metrics import compute_metrics
+from moesim.sim.run.profile import profile_from_trace, trace_requests
+from moesim.sim.engine.records import TimelineEvent
+from moesim.sim.run.run_warnings import run_warnings
+from moesim.sim.config.scenario import LoadedScenario, ScenarioError
+from moesim.sim.engine.workload import build_workload
+from moesim.traces.format.trace_file import Trace, read_trace, trace_from_columns
 
 
 class PolicyNotApplicable(ScenarioError):
@@ -56,7 +56,7 @@ def load_trace(loaded: LoadedScenario, columns: frozenset[str] | None = None) ->
     path = loaded.trace_path()
     if path is not None:
         return read_trace(path, None if columns is None else sorted(columns))
-    from moesim.traces.synthetic import SynthParams, generate  # generator only when asked for
+    from moesim.traces.synthetic.generator import SynthParams, generate  # generator only when asked for
 
     spec = loaded.scenario.trace
     assert isinstance(spec, dict)

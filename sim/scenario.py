@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from moesim.sim.catalog import (
+from moesim.sim.config.catalog import (
     GIB,
     CatalogError,
     CatalogFieldError,
@@ -37,8 +37,8 @@ from moesim.sim.catalog import (
     is_spec_file,
     load_spec_file,
 )
-from moesim.sim.errors import MoesimError
-from moesim.sim.yamlio import load_yaml_file
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.yamlio import load_yaml_file
 
 
 class ScenarioError(MoesimError, ValueError):

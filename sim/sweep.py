@@ -34,8 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from moesim.sim.errors import MoesimError
-from moesim.sim.yamlio import load_yaml_file
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.yamlio import load_yaml_file
 
 ALL = "all"
 
@@ -122,8 +122,8 @@ def check_key(key: str, where: str) -> None:
     ``model.*``, ``hardware.*`` and ``runtime.*`` are checked against the catalog specs (plus ``base``);
     ``policy.params.*`` is checked later, against the policy of each point.
     """
-    from moesim.sim.catalog import CostsSpec, HardwareSpec, ModelSpec, RuntimeSpec
-    from moesim.sim.scenario import PolicySpec, Scenario
+    from moesim.sim.config.catalog import CostsSpec, HardwareSpec, ModelSpec, RuntimeSpec
+    from moesim.sim.config.scenario import PolicySpec, Scenario
 
     parts = key.split(".")
     if not key or any(not p for p in parts):
@@ -154,7 +154,7 @@ def check_key(key: str, where: str) -> None:
 # --- loading and expansion ----------------------------------------------------------------------
 def _axes(spec: SweepSpec, source: str) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
     """Each axis: its keys and its value tuples."""
-    from moesim.policies.registry import policy_names
+    from moesim.policies.contract.registry import policy_names
 
     axes: list[tuple[list[str], list[tuple[Any, ...]]]] = []
     for key, values in spec.grid.items():
@@ -192,8 +192,8 @@ def overrides_for(values: dict[str, Any]) -> list[str]:
 
 def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str] | None = None) -> Sweep:
     """Expand and validate every point of ``spec``; raise :class:`SweepError` on the first bad one."""
-    from moesim.policies.registry import PolicyError, make_policy, policy_class
-    from moesim.sim.scenario import ScenarioError, apply_overrides, load_scenario_data
+    from moesim.policies.contract.registry import PolicyError, make_policy, policy_class
+    from moesim.sim.config.scenario import ScenarioError, apply_overrides, load_scenario_data
 
     axes = _axes(spec, source)
     if isinstance(spec.base, str):

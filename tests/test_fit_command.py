@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from moesim.sim.cli import main
-from moesim.sim.runner import run_loaded
-from moesim.sim.scenario import load_scenario_data, set_key
+from moesim.sim.cli.main import main
+from moesim.sim.run.runner import run_loaded
+from moesim.sim.config.scenario import load_scenario_data, set_key
 from moesim.sim.study.fit import fit_measurements
 from moesim.sim.study.fit_spec import load_measurements
 from tests.bad_input import Case, check

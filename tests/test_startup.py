@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moesim.sim.cli import main
-from moesim.sim.metrics import percentile
+from moesim.sim.cli.main import main
+from moesim.sim.run.metrics import percentile
 
-LAZY_MODULES = ("moesim.traces.cli", "moesim.traces.model_cli", "moesim.traces.quality_cli",
-                "moesim.sim.study_cli", "moesim.sim.curve", "moesim.sim.real_cli", "moesim.sim.cli_fit",
+LAZY_MODULES = ("moesim.traces.cli", "moesim.traces.tiny.model_cli", "moesim.sim.cli.quality",
+                "moesim.sim.cli.study", "moesim.sim.study.curve", "moesim.sim.cli.real", "moesim.sim.cli_fit",
                 "moesim.sim.study.fit")
 
 
@@ -28,12 +28,12 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_importing_the_cli_loads_no_other_command_module() -> None:
-    loaded = _modules_after("import moesim.sim.cli")
+    loaded = _modules_after("import moesim.sim.cli.main")
     assert not loaded & set(LAZY_MODULES)
 
 
 def test_run_help_builds_no_other_command() -> None:
-    loaded = _modules_after("from moesim.sim.cli import main\nmain(['run', '--help'])")
+    loaded = _modules_after("from moesim.sim.cli.main import main\nmain(['run', '--help'])")
     assert not loaded & set(LAZY_MODULES)
     assert "pandas" not in loaded and "matplotlib" not in loaded
 
@@ -87,7 +87,7 @@ def test_percentile_of_run_times_is_numpys() -> None:
                                               (["calibrate", "--out", "p.yaml"], None),
                                               (["validate", "s.yaml"], None)])
 def test_blas_workers_sleep_unless_the_command_times_compute(argv: list[str], expect: str | None) -> None:
-    code = ("import os\nfrom moesim.sim.blas_spin import quiet_blas_workers\n"
+    code = ("import os\nfrom moesim.sim.cli.blas_spin import quiet_blas_workers\n"
             f"quiet_blas_workers({argv!r})\nimport numpy\nprint(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
@@ -95,12 +95,12 @@ def test_blas_workers_sleep_unless_the_command_times_compute(argv: list[str], ex
 
 
 def test_blas_setting_of_the_user_or_a_loaded_numpy_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    from moesim.sim.blas_spin import quiet_blas_workers
+    from moesim.sim.cli.blas_spin import quiet_blas_workers
 
     monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
     assert not quiet_blas_workers(["run"])     # numpy is loaded in this process: too late
     assert "OPENBLAS_THREAD_TIMEOUT" not in os.environ
-    code = "from moesim.sim.blas_spin import quiet_blas_workers\nprint(quiet_blas_workers(['run']))"
+    code = "from moesim.sim.cli.blas_spin import quiet_blas_workers\nprint(quiet_blas_workers(['run']))"
     env = {**os.environ, "OPENBLAS_THREAD_TIMEOUT": "20"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.strip() == "False"

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 GIB = 1024**3
 
@@ -252,7 +252,7 @@ def load_spec_file(path: Any, section: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise CatalogError(f"{p}: no such {section} profile file")
-    from moesim.sim.yamlio import YamlError, load_yaml_file
+    from moesim.sim.core.yamlio import YamlError, load_yaml_file
 
     try:
         data = load_yaml_file(p)

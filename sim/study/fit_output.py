@@ -27,7 +27,7 @@ from moesim.sim.study.fitted import ErrorSummary, FitProvenance, FittedFile, loo
 
 def provenance(result: FitResult, command: list[str] | None = None) -> FitProvenance:
     """The ``fit:`` section of ``result``."""
-    from moesim.sim.sweep_run import moesim_version
+    from moesim.sim.study.sweep_run import moesim_version
 
     ms = result.ms
     return FitProvenance(
@@ -58,7 +58,7 @@ def _row_records(result: FitResult) -> list[dict[str, Any]]:
 def _sections(result: FitResult, fit: FitProvenance) -> dict[str, dict[str, Any]]:
     """The ``hardware:`` / ``runtime:`` sections: written where the fit has a value of that
     section and every row resolves to one and the same spec at the fitted values."""
-    from moesim.sim.scenario import load_scenario_data, set_key
+    from moesim.sim.config.scenario import load_scenario_data, set_key
 
     ms = result.ms
     fitted = {v.free.key: v for v in result.values}
@@ -125,7 +125,7 @@ def rows_csv(result: FitResult) -> str:
 
 def write_fit(result: FitResult, out: Path, *, force: bool = False, command: list[str] | None = None) -> list[Path]:
     """Write ``fitted.yaml``, ``rows.csv`` and ``fit.png`` into ``out``, whole or not at all."""
-    from moesim.sim.atomic import atomic_folder
+    from moesim.sim.core.atomic import atomic_folder
     from moesim.sim.study.fit_plot import fit_figure
 
     doc = fitted_document(result, command)

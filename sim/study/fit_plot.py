@@ -20,7 +20,7 @@ def fit_figure(result: FitResult, path: Path) -> Path:
     """Draw the figure of ``result`` into ``path`` (PNG)."""
     from matplotlib.figure import Figure
 
-    from moesim.sim.plot import print_style
+    from moesim.sim.study.plot import print_style
 
     metrics = list(dict.fromkeys(m.metric for m in result.measures))
     colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 from moesim.sim.study.fit_spec import FitError, Measurements
 
 Values = tuple[tuple[str, float], ...]
@@ -93,7 +93,7 @@ _MS: Measurements | None = None
 def _trace(loaded: Any) -> Any:
     """The scenario's trace, loaded once per process (keyed by the synthetic parameters, or the
     file's path, size and modification time)."""
-    from moesim.sim.runner import load_trace
+    from moesim.sim.run.runner import load_trace
 
     path = loaded.trace_path()
     if path is None:
@@ -109,8 +109,8 @@ def _trace(loaded: Any) -> Any:
 
 
 def _metrics(data: dict[str, Any], source: str, base_dir: str, fixed: tuple[str, ...], values: Values) -> dict[str, Any]:
-    from moesim.sim.runner import run_loaded
-    from moesim.sim.scenario import load_scenario_data, set_key
+    from moesim.sim.run.runner import run_loaded
+    from moesim.sim.config.scenario import load_scenario_data, set_key
 
     data = copy.deepcopy(data)
     for key, value in values:
@@ -187,7 +187,7 @@ class RowRunner:
             from concurrent.futures import ProcessPoolExecutor
 
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["moesim.sim.study.fit", "moesim.sim.runner"])
+            ctx.set_forkserver_preload(["moesim.sim.study.fit", "moesim.sim.run.runner"])
             self._pool = ProcessPoolExecutor(max_workers=self.jobs_n, mp_context=ctx,
                                              initializer=_init_worker, initargs=(self.ms,))
         return self._pool

@@ -38,8 +38,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from moesim.sim.errors import MoesimError
-from moesim.sim.yamlio import load_yaml_file
+from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.yamlio import load_yaml_file
 
 ROW_KEYS = ("set", "role", "source", "name", "read_off", "relative_to")
 """The keys of a row that are not measurements."""
@@ -199,7 +199,7 @@ def _format(exc: ValidationError, source: str) -> FitError:
 
 
 def _check_key(key: str, where: str) -> None:
-    from moesim.sim.sweep import SweepError, check_key
+    from moesim.sim.study.sweep import SweepError, check_key
 
     try:
         check_key(key, where)
@@ -223,7 +223,7 @@ def _base(spec: MeasurementSpec, path: Path) -> tuple[dict[str, Any], Path]:
 
 
 def _rows(spec: MeasurementSpec, path: Path, base: dict[str, Any]) -> list[Row]:
-    from moesim.sim.scenario import ScenarioError, set_key
+    from moesim.sim.config.scenario import ScenarioError, set_key
     from moesim.sim.study.fitted import group_label
 
     rows: list[Row] = []

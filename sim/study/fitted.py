@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from moesim.sim.errors import MoesimError
+from moesim.sim.core.errors import MoesimError
 
 
 class FittedFileError(MoesimError, ValueError):
@@ -112,7 +112,7 @@ _CACHE: dict[tuple[str, int, int], FittedFile] = {}
 
 def read_fitted(path: Path) -> FittedFile:
     """Read and validate a fitted file (remembered per path, size and modification time)."""
-    from moesim.sim.yamlio import load_yaml_file
+    from moesim.sim.core.yamlio import load_yaml_file
 
     p = Path(path)
     if not p.is_file():
@@ -177,7 +177,7 @@ def apply_calibration(data: dict[str, Any], *, base_dir: Path, source: str, fixe
     """Apply the fitted values of ``data['calibration']`` to the raw scenario ``data`` (in place)
     and return their provenance. Keys in ``fixed`` (``--set`` items, a fit's own values) are left
     alone; a scenario that writes a calibrated key with another value is an error."""
-    from moesim.sim.scenario import ScenarioError, set_key
+    from moesim.sim.config.scenario import ScenarioError, set_key
 
     ref = data["calibration"]
     if not isinstance(ref, str):
@@ -232,7 +232,7 @@ def apply_calibration(data: dict[str, Any], *, base_dir: Path, source: str, fixe
 def spec_file_provenance(path: Path, section: str) -> dict[str, Any] | None:
     """The provenance of a ``hardware:`` or ``runtime:`` file that ``simctl fit`` wrote (None
     for any other file, such as a ``simctl calibrate`` profile)."""
-    from moesim.sim.yamlio import load_yaml_file
+    from moesim.sim.core.yamlio import load_yaml_file
 
     try:
         data = load_yaml_file(path)
@@ -250,7 +250,7 @@ def print_fit_file(path: str | Path, console: Any) -> bool:
     file is not a fitted file (nothing printed)."""
     from rich.table import Table
 
-    from moesim.sim.yamlio import load_yaml_file
+    from moesim.sim.core.yamlio import load_yaml_file
 
     if not is_fit_data(load_yaml_file(path)):
         return False

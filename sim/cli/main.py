@@ -42,7 +42,7 @@ _LAST = [
     LazyCommand("trace", "moesim.traces.cli", "app", group=True,
                 help="Record, import, synthesise and inspect moe-trace files."),
     LazyCommand("model", "moesim.traces.tiny.model_cli", "app", group=True,
-                help="The tiny MoE trained in this repository: train it, find it."),
+                help="The small MoEs trained in this repository (tiny-moe, fine-moe): train one, find it."),
 ]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.policies.baselines.speculative import MixtralOffloading
-from moesim.policies.contract.base import RESIDENT, Context, Outcome, View
+from moesim.policies.contract.base import RESIDENT, Context, Outcome, PolicySetupError, View
 from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
@@ -78,6 +78,9 @@ class AdapMoE(MixtralOffloading):
 
     def setup(self, ctx: Context) -> None:
         """Set up the parts and empty statistics."""
+        if len(ctx.pool_capacity) != ctx.num_layers:
+            raise PolicySetupError(f"{self.name} sizes the cache of each layer: it needs one pool per "
+                                   "layer (cache.scope: layer)")
         super().setup(ctx)
         L, E = ctx.num_layers, ctx.num_experts
         self._E = E

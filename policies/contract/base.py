@@ -35,7 +35,8 @@ Between hooks, whenever they happen:
 * ``on_loaded(view, unit, demand)`` when a host-to-device transfer lands;
 * ``admit(view, unit)`` when a unit staged in the transfer buffer has been used by its layer;
 * ``on_evict(view, unit)`` for every unit that leaves VRAM, whoever asked for it;
-* ``on_cancel(view, unit)`` for every prefetch withdrawn before its transfer started.
+* ``on_cancel(view, unit)`` for every prefetch withdrawn before it landed: queued (or waiting
+  for room), or aborted in flight (``view.abort_prefetch``).
 
 What a policy sees goes through ``view`` (:class:`View`), which refuses reads of the future with
 :class:`CausalityError`. Only classes with ``oracle = True`` receive ``ctx.future``, the
@@ -174,6 +175,16 @@ class Costs(Protocol):
         """Once per iteration after the last layer."""
         ...
 
+    def overhead_layer_s(self) -> float:
+        """The runtime's framework overhead per MoE layer (on the GPU stream with the non-MoE
+        compute of every layer; 0 without a ``runtime:``)."""
+        ...
+
+    def overhead_iteration_s(self, n_tokens: int) -> float:
+        """The runtime's framework overhead per forward pass of ``n_tokens`` tokens (on the GPU
+        stream with the head, after the last layer; 0 without a ``runtime:``)."""
+        ...
+
 
 @dataclass
 class Context:
@@ -262,7 +273,7 @@ class Policy:
     paper: ClassVar[str] = ""
     oracle: ClassVar[bool] = False
     lossy: ClassVar[bool] = False
-    scope: ClassVar[str] = "layer"
+    scope: str = "layer"   # a class default; a scenario's cache.scope overrides it per instance
     host_memory: ClassVar[str] = "pinned"
     setup_needs: ClassVar[SetupNeeds] = SetupNeeds()
     decision_us: float = 0.0
@@ -383,5 +394,6 @@ class Policy:
         """``unit`` left VRAM."""
 
     def on_cancel(self, view: View, unit: UnitKey) -> None:
-        """A prefetch of ``unit`` was withdrawn before its transfer started (it held room, but
-        was never resident)."""
+        """A prefetch of ``unit`` was withdrawn before it landed: before its transfer started,
+        or aborted in flight by ``view.abort_prefetch`` (it held room, but was never
+        resident)."""

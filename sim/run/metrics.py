@@ -123,6 +123,9 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "engine_path": engine.path,
         "engine_path_reason": engine.path_reason,   # why no fast replay ran ("" when one did)
     }
+    if st.aborted_prefetches:   # only runs whose policy aborted copies in flight (MoEpic)
+        out["aborted_prefetches"] = st.aborted_prefetches
+        out["aborted_prefetch_gb"] = st.aborted_bytes / 1e9
     report = policy.report()
     if report:
         out["policy_report"] = report

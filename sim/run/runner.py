@@ -171,6 +171,9 @@ class PreparedRun:
         metrics["scenario"] = self.loaded.scenario.name
         metrics.update(join_keys(self.loaded, model, self.hardware, self.runtime, self.budget, self.engine.trace))
         metrics["config_hash"] = config_hash
+        fits = self.loaded.fit_provenance()
+        if fits:   # fitted values in this run: where they come from and how well they predict
+            metrics["fit"] = fits
         steps = engine.steps.columns() if engine.record_steps else {}
         return RunResult(config=config, metrics=metrics, steps=steps, model=model,
                          hardware=self.hardware, timeline=engine.timeline, changes=self.loaded.changes())
@@ -196,6 +199,8 @@ def prepare_run(
         policy = make_policy(pspec.name, pspec.params)
     except PolicyError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
+    if scen.cache.scope is not None:   # the scenario's pool layout instead of the policy's own
+        policy.scope = scen.cache.scope
     if trace is None:
         cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
         trace = load_trace(loaded, frozenset(cols))

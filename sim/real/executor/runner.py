@@ -256,6 +256,25 @@ class Executor:
             self.policy.on_cancel(self.view, key)
         return len(dropped)
 
+    def abort_prefetch(self, key: UnitKey) -> bool:
+        """Stop a prefetch that has not landed: a queued copy is withdrawn (as
+        :meth:`cancel_queued` does); one the copy engine has started cannot be stopped on a
+        real device, so it is left to land (False), as are demand loads and pinned units."""
+        self._refresh()
+        u = self.vram.units.get(key)
+        job = self.jobs.get(key)
+        if u is None or job is None or u.demand or key in self.vram.pinned or u.state != QUEUED:
+            return False
+        if not self.copier.cancel(job):
+            return False
+        del self.jobs[key]
+        u.state = ABSENT
+        self.vram.remove(u)
+        self.vram.release(u)
+        self.store.free(key)
+        self.policy.on_cancel(self.view, key)
+        return True
+
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the budget among layers (bytes per layer), usage fitting."""
         if self.global_pool or len(budgets) != self.L:

@@ -37,7 +37,7 @@ def advise_cmd(
     show_all: Annotated[bool, typer.Option("--all", help="list every option (default: the 25 fastest)")] = False,
     jobs: Annotated[int | None, _JOBS] = None,
     dask: Annotated[str | None, _DASK] = None,
-    progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
+    progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, else a line per few points with the time left)")] = None,
 ) -> None:
     """Which flags for my GPU: predicted tokens/s of every setting of each offloading system that fits."""
     from moesim.sim.study.advise import AdviseError, AdviseRequest, run_advice

@@ -323,7 +323,7 @@ def fit_error(path: str) -> str | None:
 
 
 def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: str | None = None,
-               progress: bool = False, force: bool = False) -> Advice:
+               progress: bool | str = False, force: bool = False) -> Advice:
     """Search every option that fits: simulate them as sweep points in ``out`` (reused when
     already there) and mark the best and the Pareto front."""
     from moesim.sim.study.sweep_run import PointStore, run_sweep

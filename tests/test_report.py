@@ -152,3 +152,22 @@ def test_report_renders_in_a_real_browser(study: Path, tmp_path: Path) -> None:
     assert len(widths) == 3 and all(w > 0 for w in widths)     # every figure decoded
     assert rows == [4, 2, 2, 2]     # lossless, lossy, bounds, n/a: one row per point
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_a_sweep_over_hardware_names_gets_ranked_bars_per_value(tmp_path: Path) -> None:
+    """Nothing numeric swept: one ranked-bar chart per hardware, ranked within each hardware."""
+    import yaml
+
+    spec = {"name": "hw", "base": str(QUICKSTART), "set": {"workload.requests": 1},
+            "grid": {"policy": ["lru", "no-cache"], "hardware": ["rtx-4090", "a100-sxm-80gb"]}}
+    (tmp_path / "hw.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["sweep", str(tmp_path / "hw.yaml"), "--out", str(tmp_path / "o"), "-j", "1", "--no-progress"]) == 0
+    assert main(["report", str(tmp_path / "o"), "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert re.findall(r"!\[[^]]*\]\(([^)]+)\)", md) == ["report-figures/ranked_1.png", "report-figures/ranked_2.png"]
+    assert "hardware = rtx-4090" in md and "hardware = a100-sxm-80gb" in md
+    rows = _rows(md, "Lossless")
+    assert [(r[0], r[1], r[2]) for r in rows] == [("a100-sxm-80gb", "1", "lru"), ("a100-sxm-80gb", "2", "no-cache"),
+                                                 ("rtx-4090", "1", "lru"), ("rtx-4090", "2", "no-cache")]
+    assert "Ranked by TPOT (mean) within each hardware" in md
+    assert not (tmp_path / "o" / "report.html").exists()     # --out: the study's folder is left as it was

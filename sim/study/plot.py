@@ -151,7 +151,7 @@ def _pick_x(df: pd.DataFrame, params: list[str], hue: str, x: str | None) -> str
         if x not in df.columns:
             raise PlotError(f"--x {x}: no such column; swept keys: {', '.join(params) or 'none'}")
         return x
-    varying = [c for c in params if c != hue and df[c].nunique() > 1 and _numeric(df[c])]
+    varying = [c for c in params if c != hue and df[c].nunique() > 1 and is_numeric(df[c])]
     for c in PREFERRED_X:
         if c in varying:
             return c
@@ -160,7 +160,8 @@ def _pick_x(df: pd.DataFrame, params: list[str], hue: str, x: str | None) -> str
     raise PlotError("no numeric swept key to put on the x axis; sweep one (cache.rate, hardware.pcie_gbps...) or give --x")
 
 
-def _numeric(col: pd.Series) -> bool:
+def is_numeric(col: pd.Series) -> bool:
+    """Whether a column holds numbers (not booleans): a swept key that can be an x axis."""
     import pandas as pd
 
     return bool(pd.api.types.is_numeric_dtype(col)) and not pd.api.types.is_bool_dtype(col)
@@ -316,7 +317,7 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
             part = ok if fv is None else ok[ok[facet] == fv]
             draw_lines(ax, summarise(part, xcol, hue, None, kind.column), xcol, hue, kind, styles)
             ax.set_xlabel(axis_label(xcol))
-            if _numeric(ok[xcol]):
+            if is_numeric(ok[xcol]):
                 swept_ticks(ax, part[xcol].tolist())
             if fv is not None:
                 ax.set_title(f"{axis_label(str(facet))} = {fv}")

@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.study.compare import Comparison
 
 HTML, MARKDOWN, FIGURES = "report.html", "report.md", "report-figures"
+MAX_BAR_CHARTS = 6
+"""Ranked-bar charts a report draws at most (one per value of a non-numeric swept key)."""
 
 
 @dataclass
@@ -103,17 +105,22 @@ def _png(fig: Any) -> bytes:
 def figures(df: pd.DataFrame, params: list[str], comp: Comparison) -> list[Figure]:
     """The report's figures: TPOT, hit rate and speed-up against the first numeric swept key
     (faceted by a second one), or ranked bars of the metric where nothing numeric varies."""
-    from moesim.sim.study.plot import KINDS, ranked_bars, sweep_figure
+    from moesim.sim.study.plot import KINDS, is_numeric, ranked_bars, sweep_figure
 
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return []
     others = [c for c in params if not _is_policy_key(c) and c in ok.columns and ok[c].nunique() > 1]
-    numeric = [c for c in others if str(ok[c].dtype) not in ("object", "string", "bool")]
+    numeric = [c for c in others if is_numeric(ok[c])]
     out = []
-    if not numeric:
+    if not numeric:   # ranked bars: one chart per value of a swept key (a policy appears once per chart)
         kind = comp.metric if comp.metric in KINDS else "tpot"
-        out.append(Figure("ranked", f"{KINDS[kind].label}, ranked in groups", _png(ranked_bars(df, kind))))
+        if not others:
+            out.append(Figure("ranked", f"{KINDS[kind].label}, ranked in groups", _png(ranked_bars(df, kind))))
+        for i, value in enumerate(list(dict.fromkeys(ok[others[0]]))[:MAX_BAR_CHARTS] if others else []):
+            part = df[df[others[0]] == value]
+            caption = f"{KINDS[kind].label}, ranked in groups, {others[0]} = {value}"
+            out.append(Figure(f"ranked_{i + 1}", caption, _png(ranked_bars(part, kind))))
         return out
     x = numeric[0]
     facet = next((c for c in others if c != x), None)

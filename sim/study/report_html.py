@@ -34,7 +34,9 @@ table.ranking td.num, table.ranking th.num { text-align: right; }
 table.ranking tbody tr:nth-child(even) { background: #fafbfc; }
 table.ranking tbody tr:hover { background: #eef4fb; }
 table.ranking tr.group-start td { border-top: 2px solid #b9c1cd; }
-table.ranking td.name { white-space: nowrap; font-weight: 500; }
+table.ranking td { white-space: nowrap; }
+table.ranking td.wrap { white-space: normal; min-width: 280px; }
+table.ranking td.name { font-weight: 500; }
 table.prov th { width: 190px; background: none; color: var(--muted); font-weight: 500; }
 table.prov td { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; word-break: break-all; }
 .scroll { overflow-x: auto; }
@@ -98,6 +100,8 @@ def _table(head: list[str], rows: list[list[str]], texts: dict[str, str]) -> str
         for h, c, v in zip(head, cls, row, strict=True):
             if h == "policy":
                 c = ' class="name"'
+            elif h in ("reason", "error"):
+                c = ' class="wrap"'
             cells.append(f"<td{c}>{_badges(v, texts) if h == 'notes' else escape(v)}</td>")
         out.append(('<tr class="group-start">' if start else "<tr>") + "".join(cells) + "</tr>")
     out.append("</tbody></table></div>")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.core.atomic import check_target
+from moesim.sim.core.atomic import atomic_file, check_target
 from moesim.sim.core.errors import MoesimError
 from moesim.traces.tracer.record import record
 
@@ -87,7 +85,8 @@ def import_cmd(
         raise MoesimError(f"--from {fmt!r}: unknown format (expected one of {', '.join(FORMATS)})")
     name = model or (FLAME_MODEL if fmt == "flame" else None)
     if name is None:
-        raise MoesimError(f"--model is required with --from {fmt}")
+        raise MoesimError(f"--model is required with --from {fmt}: a catalog name (simctl models), or a name "
+                          "of your own with --num-layers, --num-experts and --top-k")
     info = model_info(name, num_layers=num_layers, num_experts=num_experts, top_k=top_k)
     lengths = parse_request_lengths(request_lengths) if request_lengths else None
     check_target(out, option="-o", folder=False, force=force)
@@ -137,20 +136,11 @@ def synth_cmd(
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, then
-    ``os.replace``); an OS error becomes one line naming the path."""
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise MoesimError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``text`` to ``path`` whole or not at all (:func:`moesim.sim.core.atomic.atomic_file`:
+    a temporary sibling renamed at the end, removed on an error, Ctrl-C or SIGTERM); an OS error
+    becomes one line naming the path."""
+    with atomic_file(path, option="-o", force=True) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _row_source(name: str) -> str:
@@ -165,7 +155,7 @@ def fit_cmd(
     file: Annotated[Path | None, typer.Argument(
         help="moe-trace Parquet file to fit (its statistics are the targets); optional with --targets/--target")] = None,
     out: Annotated[Path | None, typer.Option(
-        "-o", "--out", help="write the fitted parameters as YAML ({synthetic: ...}, for a scenario's trace:)")] = None,
+        "-o", "--out", help="write the fitted parameters as YAML ({synthetic: ...}); a scenario takes the file as its trace:")] = None,
     preset: Annotated[str | None, typer.Option(
         help="start from this preset's knobs (without FILE: also its model and workload)")] = None,
     knobs: Annotated[str | None, typer.Option(
@@ -256,7 +246,7 @@ def fit_cmd(
     for k, why in res.held.items():
         console.print(f"{k}: not fitted ({why})")
     if out is not None:
-        console.print(f"wrote {out} (use it as a scenario's trace: {{synthetic: ...}})")
+        console.print(f"wrote {out} (a scenario synthesises its trace from these knobs with trace: {out})")
 
 
 @app.command("synth-params")

@@ -94,7 +94,8 @@ class Composed(Policy):
             return False
         own = type(self)
         return all(getattr(own, h) is getattr(Composed, h)
-                   for h in (*_DISPATCHED, "on_routed", "choose_victim", "admit", "setup", "part_fractions"))
+                   for h in (*_DISPATCHED, "on_routed", "choose_victim", "admit", "setup", "part_fractions",
+                             "preload"))
 
     def required_columns(self) -> frozenset[str]:
         """Union of the parts' required columns."""
@@ -119,6 +120,13 @@ class Composed(Policy):
     def part_fractions(self, layer: int) -> tuple[float, ...]:
         """The cache rule's split of experts."""
         return self.cache.part_fractions(layer)
+
+    def preload(self, ctx: Context) -> list[UnitKey]:
+        """The parts' preloaded units, in hook order, each once."""
+        out: dict[UnitKey, None] = {}
+        for p in self._parts:
+            out.update(dict.fromkeys(p.preload(ctx)))
+        return list(out)
 
     def warm(self, view: View, units: list[UnitKey]) -> None:
         """Every part learns of the warm start."""

@@ -35,13 +35,22 @@ from moesim.sim.config.catalog import (
     get_runtime,
     is_spec_file,
     load_spec_file,
+    model_names,
 )
+from moesim.sim.config.keys import unknown_key_hint
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
 
 
 class ScenarioError(MoesimError, ValueError):
     """A scenario that cannot run; the message names the file and the YAML path."""
+
+
+ASSUMED_SIZES: dict[str, Any] = {"hidden_size": 4096, "expert_intermediate_size": 14336, "dtype_bytes": 2,
+                                 "non_expert_bytes": 0}
+"""The sizes a model outside the catalog gets when the scenario gives none (a trace knows the
+routing shape, not the weights): Mixtral-8x7B's expert (352 MB in bf16) and no weights besides
+the routed experts. The run's summary and ``metrics.json`` say so."""
 
 
 class CacheSpec(BaseModel):
@@ -57,6 +66,10 @@ class CacheSpec(BaseModel):
         "(from an offline profile of the replayed trace), or random experts")
     buffer_experts: float = Field(0, ge=0, description="extra room for transfers in flight, in experts, "
                                   "given equally to every policy (MoEpic's comparison uses top_k)")
+    scope: Literal["layer", "global"] | None = Field(
+        None, description="pool layout: one pool per MoE layer, or one global pool shared by all layers; "
+        "default: the policy's own (fmoe global, the others per layer), so that comparisons can give "
+        "every system the same layout")
     swap_out: bool = Field(False, description="evicting copies the expert back to the host over the D2H lane "
                            "(hardware.d2h_gbps) and frees its room only when that copy lands; default false: "
                            "weights are read-only and the host keeps them, so eviction just drops the copy")
@@ -215,6 +228,8 @@ class LoadedScenario(BaseModel):
     source: str | None = None
     overrides: list[str] = []
     """The ``--set`` items applied on top of the file, in order (shown in the run summary)."""
+    trace_fit: str | None = None
+    """The ``simctl trace fit`` YAML that ``trace:`` named, now the synthetic mapping it holds."""
 
     def resolved(self) -> dict[str, Any]:
         """The scenario as plain data, for ``config.yaml``: every file it names (trace, profile
@@ -293,7 +308,10 @@ class LoadedScenario(BaseModel):
             return resolve(ref)
         except CatalogFieldError as exc:
             sep = " " if spec_file is not None else "."
-            raise ScenarioError(f"{src}: {where}{sep}{exc.field}: {exc.problem}") from None
+            hint = ""
+            if exc.suggestion:
+                hint = f"; did you mean {exc.suggestion if spec_file is not None else f'{key}.{exc.suggestion}'!r}?"
+            raise ScenarioError(f"{src}: {where}{sep}{exc.field}: {exc.problem}{hint}") from None
         except CatalogError as exc:
             raise ScenarioError(f"{src}: {where}: {exc}") from None
         except ValidationError as exc:
@@ -320,11 +338,51 @@ class LoadedScenario(BaseModel):
         t = self.scenario.trace
         return self._file(t) if isinstance(t, str) else None
 
-    def model_spec(self, trace_model_name: str) -> ModelSpec:
-        """The resolved model (the trace's own model name when the scenario names none)."""
-        ref = self.scenario.model if self.scenario.model is not None else trace_model_name
+    def model_spec(self, trace_model_name: str, trace_shape: dict[str, int] | None = None) -> ModelSpec:
+        """The resolved model: the scenario's ``model:``, else the trace's own model by name.
+
+        A trace's model outside the catalog (an imported capture) takes its shape from the trace
+        (``trace_shape``: ``num_layers``, ``num_experts``, ``top_k``, ``num_shared_experts``) and
+        its sizes from ``model: {hidden_size: ..., expert_intermediate_size: ...}`` (a mapping
+        without a catalog ``base``; ``--set model.hidden_size=H`` makes one), each size not given
+        from :data:`ASSUMED_SIZES`; :meth:`model_note` says which."""
+        derived = self._derived_sizes(trace_model_name, trace_shape)
+        if derived is not None and trace_shape is not None:
+            ref: Any = {"name": trace_model_name, **trace_shape, **ASSUMED_SIZES, **derived}
+        else:
+            ref = self.scenario.model if self.scenario.model is not None else trace_model_name
         spec: ModelSpec = self._catalog("model", get_model, ref)
         return spec
+
+    def _derived_sizes(self, trace_model_name: str, trace_shape: dict[str, int] | None) -> dict[str, Any] | None:
+        """The sizes the scenario gives a model derived from the trace (see :meth:`model_spec`),
+        or None when the model comes from the catalog or the scenario alone."""
+        ref = self.scenario.model
+        if trace_shape is None or trace_model_name in model_names():
+            return None
+        if ref is None or ref == trace_model_name:
+            return {}
+        if (isinstance(ref, dict) and "num_layers" not in ref
+                and ref.get("base", trace_model_name) == trace_model_name):
+            return {k: v for k, v in ref.items() if k != "base"}
+        return None
+
+    def model_note(self, trace_model_name: str, trace_shape: dict[str, int] | None) -> str | None:
+        """What the run assumed about a model outside the catalog, as one sentence for the
+        summary and ``metrics.json`` (None when nothing was assumed)."""
+        given = self._derived_sizes(trace_model_name, trace_shape)
+        if given is None or trace_shape is None:
+            return None
+        assumed = [k for k in ASSUMED_SIZES if k not in given]
+        if not assumed:
+            return None
+        shape = (f"{trace_shape['num_layers']} MoE layers x {trace_shape['num_experts']} experts, "
+                 f"top-{trace_shape['top_k']}")
+        sizes = ", ".join(f"{k} {ASSUMED_SIZES[k]}" for k in assumed)
+        return (f"model {trace_model_name!r} is not in the catalog: its shape ({shape}) comes from the trace and "
+                f"these sizes are assumed: {sizes} (defaults: Mixtral-8x7B's expert, bf16, no other weights); give "
+                f"the real ones as model: {{hidden_size: H, expert_intermediate_size: I, dtype_bytes: B, "
+                f"non_expert_bytes: N}} (or --set model.hidden_size=H ...)")
 
     def hardware_spec(self) -> HardwareSpec:
         """The resolved hardware (a catalog name, a mapping or a YAML file such as a
@@ -357,7 +415,10 @@ def file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
-def _format_validation(exc: ValidationError, source: str | None, prefix: str = "") -> str:
+def _format_validation(exc: ValidationError, source: str | None, prefix: str = "",
+                       root: type[BaseModel] | None = None) -> str:
+    """One line naming the YAML path of the error that matters; an unknown key of ``root``
+    (the document validated) gets a did-you-mean."""
     def clean(err: Any) -> list[str]:
         loc = [str(x) for x in err.get("loc", ()) if not str(x).startswith(("function-after", "union["))]
         # pydantic puts the union member's type name in the location; drop those
@@ -370,7 +431,7 @@ def _format_validation(exc: ValidationError, source: str | None, prefix: str = "
     path = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + (unknown_key_hint(root, loc) if root is not None else "")
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{source or 'scenario'}: {path}: {msg}{more}"
 
@@ -422,17 +483,51 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def inline_trace_fit(data: dict[str, Any], *, source: str | None, base_dir: Path) -> str | None:
+    """A ``trace:`` that names a YAML file (``simctl trace fit -o FIT.yaml``'s output, or any
+    file holding ``{synthetic: {...}}``) is replaced in place by its mapping: the trace is then
+    synthesised with those knobs. Returns the file's path as given (None when ``trace:`` is not
+    such a file); a file that is no such mapping is one line naming it."""
+    ref = data.get("trace")
+    if not is_spec_file(ref):
+        return None
+    assert isinstance(ref, str)
+    path = Path(ref).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    where = f"{source or 'scenario'}: trace: {ref}"
+    if not path.is_file():
+        raise ScenarioError(f"{where}: no such file")
+    try:
+        fit = load_yaml_file(path)
+    except MoesimError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    if not isinstance(fit, dict) or not isinstance(fit.get("synthetic"), dict) or set(fit) != {"synthetic"}:
+        raise ScenarioError(f"{where}: a YAML trace must hold {{synthetic: {{...}}}} (what `simctl trace fit -o` "
+                            "writes); a recorded trace is a .parquet file")
+    data["trace"] = {"synthetic": dict(fit["synthetic"])}
+    return str(path)
+
+
 def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrides: list[str] | None = None) -> LoadedScenario:
+    """Override and validate a scenario given as plain data (``base_dir``: where its relative
+    paths start). A ``trace:`` naming a ``simctl trace fit`` YAML becomes its synthetic mapping
+    (:func:`inline_trace_fit`) before the overrides and after each one, so that
+    ``--set trace=FIT.yaml --set trace.synthetic.requests=4`` works."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError(f"{source or 'scenario'}: the top level must be a mapping")
-    data = apply_overrides(data, list(overrides or []))
+    fit = inline_trace_fit(data, source=source, base_dir=base_dir)
+    for item in overrides or []:
+        apply_overrides(data, [item])
+        fit = inline_trace_fit(data, source=source, base_dir=base_dir) or (
+            fit if isinstance(data.get("trace"), dict) else None)
     try:
         scen = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(_format_validation(exc, source)) from None
-    return LoadedScenario(scenario=scen, base_dir=base_dir, source=source, overrides=list(overrides or []))
+        raise ScenarioError(_format_validation(exc, source, root=Scenario)) from None
+    return LoadedScenario(scenario=scen, base_dir=base_dir, source=source, overrides=list(overrides or []),
+                          trace_fit=fit)
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:

@@ -19,6 +19,7 @@ lane before its room frees; a prefetch whose room still drains waits for it (``W
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -78,6 +79,8 @@ class Engine:
     ) -> None:
         tr = workload.trace
         m = tr.model
+        if policy.host_memory != cost.host_memory:   # a runtime that does not pin its host copies
+            cost = dataclasses.replace(cost, host_memory=policy.host_memory)
         self.workload, self.trace, self.policy, self.cost = workload, tr, policy, cost
         self.L, self.E, self.K = m.num_layers, m.num_experts, m.top_k
         self.expert_bytes = cost.expert_bytes
@@ -244,7 +247,7 @@ class Engine:
             self.path = "fast"
             fast.run(self)
         else:
-            self.path_reason = refusal
+            self.path_reason = refusal or ""
             self._run_events()
         self.stats.vram_peak_bytes = self.vram.peak
         self.warnings.extend(self.ctx.warnings)

@@ -6,7 +6,9 @@ It takes the shipped :class:`~moesim.policies.baselines.speculative.MixtralOfflo
 no planner, no subclass) with a lookahead, previous-token or oracle predictor, on per-layer
 pools with one copy lane (priority or fifo order) and whole experts; no swap-out, transfer buffer,
 timeline, synchronous prefetch or VRAM invariant check, and a run that starts with every
-present unit resident.
+present unit resident. Neither policy ever aborts a copy in flight (``view.abort_prefetch``),
+which the kernel does not model; a policy that may (MoEpic, or any subclass of these two) is
+not taken and runs on the event loop.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -50,6 +51,7 @@ def prompts_cmd(
 
 
 @app.command("train-tiny")
+@quiet_library_warnings()
 def train_tiny_cmd(
     out: Annotated[Path, typer.Option("-o", "--out", help="Output folder (model.safetensors, "
                                       "config.json, train_log.json, NOTICE.md).")],

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.traces.tiny.tiny_corpus import EOS_ID, VOCAB_SIZE, Corpus, stdlib_root
 
 
@@ -222,6 +223,7 @@ class TrainResult:
         }
 
 
+@quiet_library_warnings()
 def train(cfg: TinyConfig, corpus: Corpus, *, progress: Callable[[int, dict[str, float]], None] | None = None,
           log_every: int = 50) -> TrainResult:
     """Train a tiny MoE of ``cfg`` on ``corpus``; ``progress(step, stats)`` after every step.

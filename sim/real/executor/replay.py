@@ -26,6 +26,9 @@ def _setup(ex: Executor) -> None:
 
     policy = ex.policy
     check_columns(policy, ex.ctx.columns, ex.trace.model.name)
+    if policy.host_memory != "pinned":
+        raise ExecutorError(f"policy {policy.name!r} copies from {policy.host_memory} host memory; the "
+                            "executor copies from pinned memory only")
     ex.ctx.replayed_frequency = replayed_frequency(ex.workload, ex.trace, ex.L, ex.E)
     policy.setup(ex.ctx)
     for layer in range(ex.L):

@@ -44,6 +44,7 @@ from moesim.policies.contract.base import (
     UnitKey,
 )
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.plans import next_in_fixed_order
 from moesim.sim.engine.vram import Unit, Vram
@@ -255,6 +256,25 @@ class Executor:
             self.policy.on_cancel(self.view, key)
         return len(dropped)
 
+    def abort_prefetch(self, key: UnitKey) -> bool:
+        """Stop a prefetch that has not landed: a queued copy is withdrawn (as
+        :meth:`cancel_queued` does); one the copy engine has started cannot be stopped on a
+        real device, so it is left to land (False), as are demand loads and pinned units."""
+        self._refresh()
+        u = self.vram.units.get(key)
+        job = self.jobs.get(key)
+        if u is None or job is None or u.demand or key in self.vram.pinned or u.state != QUEUED:
+            return False
+        if not self.copier.cancel(job):
+            return False
+        del self.jobs[key]
+        u.state = ABSENT
+        self.vram.remove(u)
+        self.vram.release(u)
+        self.store.free(key)
+        self.policy.on_cancel(self.view, key)
+        return True
+
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the budget among layers (bytes per layer), usage fitting."""
         if self.global_pool or len(budgets) != self.L:
@@ -444,6 +464,9 @@ class Executor:
             raise ExecutorError(f"policy {self.policy.name!r} made an invalid plan at {where}")
         if not self.policy.lossy and not np.array_equal(ex, routing.experts):
             raise ExecutorError(f"policy {self.policy.name!r} is not lossy but planned other experts at {where}")
+        if plan.wait_for:
+            raise ExecutorError(f"policy {self.policy.name!r} waits for whole-tensor copies (plan.wait_for) at "
+                                f"{where}; the executor does not model them")
         return ex, None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
 
     # ------------------------------------------------------------------------------------------
@@ -480,6 +503,7 @@ class Executor:
         return cache
 
     # ------------------------------------------------------------------------------------------
+    @quiet_library_warnings()
     def run(self, warmup: int = 2) -> ExecStats:
         """Replay the workload; returns the counters and wall-clock times (``self.stats``)."""
         from moesim.sim.real.executor.replay import replay

@@ -10,8 +10,9 @@ each target with its citation and metric mapping beside what the preset gives at
 workload (8 requests of 128 prompt + 128 decode tokens): seed 0 (the seed the fit calibrated
 on, and the figure ``tests/test_preset_targets.py`` checks against the tolerance), seeds 1
 and 2 (how much the figure moves with the random draws) and the legacy preset (the knobs
-before the fit). Statistics nothing published pins are listed after, with the recorded tiny
-MoE's value carried to the model's chance level, for comparison. Prediction recall uses the
+before the fit). Statistics nothing published pins are listed after, with the value of the
+recorded trace the preset's file draws on (the tiny MoE for Mixtral, the fine-grained MoE for
+the others) carried to the model's chance level, for comparison. Prediction recall uses the
 default profile split (the first 70% of the requests); LRU and top@C count every token.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from moesim.sim.core.atomic import atomic_file
 from moesim.traces.analysis.recall import trace_recall
+from moesim.traces.format.trace_file import read_meta
 from moesim.traces.synthetic.fit import measure
 from moesim.traces.synthetic.fit_targets import top_size
 from moesim.traces.synthetic.generator import parse_params
@@ -39,7 +42,7 @@ from moesim.traces.synthetic.preset_targets import (
 from moesim.traces.synthetic.presets import VOCAB_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "traces" / "samples" / "tiny-moe.parquet"
+RECORDED = re.compile(r"^recorded: (traces/samples/[\w.-]+\.parquet)")
 FIT_KNOBS = "popularity_skew,layer_correlation,token_locality,topic_strength,token_strength"
 REPORTED = ("lookahead", "transition@1", "transition@3", "previous_token", "same_token", "popularity", "semantic",
             "trajectory@1", "trajectory@3")
@@ -72,9 +75,31 @@ def why_missed(preset: str, c: Comparison) -> str:
     return f"{c.statistic}: the knobs that drive it are fitted to other targets (see simctl trace fit's table)"
 
 
-def _carried(tiny: float, chance_tiny: float, chance: float) -> float:
+def _carried(value: float, chance_from: float, chance: float) -> float:
     """A recorded recall carried to another chance level, keeping its lift over chance."""
-    return chance + (1.0 - chance) * (tiny - chance_tiny) / (1.0 - chance_tiny)
+    return chance + (1.0 - chance) * (value - chance_from) / (1.0 - chance_from)
+
+
+class Recorded:
+    """The overall prediction recall and chance level of a recorded trace (default profile split)."""
+
+    def __init__(self, rel: str) -> None:
+        self.rel = rel
+        path = ROOT / rel
+        self.recall = {k: float(v) for k, v in trace_recall(path).overall.items() if v is not None}
+        model = read_meta(path).model
+        self.chance = model.top_k / model.num_experts
+
+
+def recorded_source(preset: str, cache: dict[str, Recorded]) -> Recorded:
+    """The recorded trace the targets file of ``preset`` draws on."""
+    for entry in preset_targets(preset).values():
+        m = RECORDED.match(entry.source)
+        if m:
+            if m.group(1) not in cache:
+                cache[m.group(1)] = Recorded(m.group(1))
+            return cache[m.group(1)]
+    raise SystemExit(f"{preset}: its targets file draws on no recorded trace")
 
 
 def refit(preset: str) -> dict[str, object]:
@@ -88,7 +113,7 @@ def refit(preset: str) -> dict[str, object]:
     return json.loads(out)
 
 
-def preset_section(preset: str, tiny: dict[str, float], chance_tiny: float) -> list[str]:
+def preset_section(preset: str, rec: Recorded) -> list[str]:
     """The markdown lines of one preset: its targets table and the untargeted statistics."""
     entries = preset_targets(preset)
     params = parse_params({"preset": preset})
@@ -124,13 +149,13 @@ def preset_section(preset: str, tiny: dict[str, float], chance_tiny: float) -> l
                      f"{_md(c.entry.metric or 'same statistic')} |")
     new = measure(params, recall=True).recall
     old = measure(parse_params({"preset": f"{preset}-legacy"}), recall=True).recall
-    lines += ["", "Not targeted (the recorded tiny MoE's recall carried to this model's chance level, for "
+    lines += ["", f"Not targeted (the recall of `{rec.rel}` carried to this model's chance level, for "
               "comparison; `-`: undefined, e.g. same-token without token ids):", "",
-              "| statistic | refitted | legacy | tiny MoE, carried |", "| --- | --- | --- | --- |"]
+              "| statistic | refitted | legacy | recorded, carried |", "| --- | --- | --- | --- |"]
     for name in REPORTED:
         if name in entries:
             continue
-        carried = _carried(tiny[name], chance_tiny, chance) if name in tiny else None
+        carried = _carried(rec.recall[name], rec.chance, chance) if name in rec.recall else None
         lines.append(f"| {name} | {_pct(new.get(name))} | {_pct(old.get(name))} | {_pct(carried)} |")
     missed = [c for c in main if not c.met]
     lines += ["", f"Met {len(main) - len(missed)} of {len(main)} targets at seed 0"
@@ -141,17 +166,20 @@ def preset_section(preset: str, tiny: dict[str, float], chance_tiny: float) -> l
     return lines
 
 
-def check_recorded(tiny: dict[str, float], chance_tiny: float) -> list[str]:
-    """Lines comparing the recorded-derived targets of every file with the tiny trace today."""
-    lines = ["## Targets carried from the recorded tiny MoE", "",
-             f"`{TINY.relative_to(ROOT)}` now gives (8 of 12 requests profiled): "
-             + ", ".join(f"{k} {v:.3f}" for k, v in tiny.items() if k in REPORTED) + ".", "",
-             "| preset | statistic | in the targets file | carried from the trace now |", "| --- | --- | --- | --- |"]
+def check_recorded(cache: dict[str, Recorded]) -> list[str]:
+    """Lines comparing the recorded-derived targets of every file with their traces today."""
+    lines = ["## Targets carried from the recorded traces", ""]
+    for rec in cache.values():
+        lines.append(f"`{rec.rel}` now gives (default profile split, chance {rec.chance:.3f}): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in rec.recall.items() if k in REPORTED) + ".")
+    lines += ["", "| preset | statistic | in the targets file | carried from the trace now |", "| --- | --- | --- | --- |"]
     for preset in fitted_presets():
         shape = parse_params({"preset": preset}).shape()
         for name, entry in preset_targets(preset).items():
-            if entry.source.startswith("recorded:") and name in tiny and not isinstance(entry.value, tuple):
-                now = _carried(tiny[name], chance_tiny, shape.top_k / shape.num_experts)
+            m = RECORDED.match(entry.source)
+            if m and not isinstance(entry.value, tuple):
+                rec = cache[m.group(1)] if m.group(1) in cache else Recorded(m.group(1))
+                now = _carried(rec.recall[name], rec.chance, shape.top_k / shape.num_experts)
                 lines.append(f"| {preset} | {name} | {entry.value:.3f} | {now:.3f} |")
     return lines + [""]
 
@@ -170,9 +198,7 @@ def main() -> None:
                 if row["target"] is not None and not str(row["statistic"]).startswith("reuse layer"):
                     print(f"    {row['statistic']:>14}  target {row['target']:.3f}  fitted {row['fitted']:.3f}")
         return
-    rec = trace_recall(TINY)
-    tiny = {k: float(v) for k, v in rec.overall.items() if v is not None}
-    chance_tiny = 2 / 16
+    cache: dict[str, Recorded] = {}
     lines = ["# Synthetic presets against published routing statistics", "",
              "Output of `python benchmarks/fit_presets.py` (issue 22 item 2). Each preset was fitted with "
              "`simctl trace fit --preset <preset>-legacy --set vocab_size=<model's> --targets "
@@ -180,8 +206,8 @@ def main() -> None:
              "(`python benchmarks/fit_presets.py --refit`). Figures are simulated, so the machine's load does "
              "not change them.", ""]
     for preset in fitted_presets():
-        lines += preset_section(preset, tiny, chance_tiny)
-    lines += check_recorded(tiny, chance_tiny)
+        lines += preset_section(preset, recorded_source(preset, cache))
+    lines += check_recorded(cache)
     text = "\n".join(lines)
     print(text)
     if args.out is not None:

@@ -11,6 +11,8 @@ reference, with their default parameters, on:
   lookahead logits, embeddings, token ids) with its experts scaled to Mixtral-8x7B's size (hidden
   4096, expert FFN 14336, bf16: 352 MB per expert; non-expert weights Mixtral's per layer), so
   that copies take as long as Mixtral's;
+* the recorded trace of the fine-grained MoE (``traces/samples/fine-moe.parquet``: 64 experts,
+  top-8, every column), scaled the same way;
 * the recorded FLAME-MoE-290M sample (``traces/samples/flame-moe-290m.parquet``: routed experts,
   weights and token ids only, no logits), scaled the same way, where the policies that need
   logits are n/a;
@@ -46,6 +48,7 @@ from moesim.traces.synthetic.preset_targets import fitted_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "traces" / "samples" / "tiny-moe.parquet"
+FINE = ROOT / "traces" / "samples" / "fine-moe.parquet"
 FLAME = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 POLICIES = ["lru", "mixtral-offloading", "pregated", "adapmoe", "promoe-style", "moe-infinity", "fmoe",
             "commitmoe", "moepic"]
@@ -57,6 +60,7 @@ NEEDS = {  # trace columns a policy cannot run without (their fallbacks would ra
 MIXTRAL_NON_EXPERT_PER_LAYER = 3205686784 // 32  # catalog mixtral-8x7b non_expert_bytes / its 32 layers
 MIXTRAL_EXPERT = {"hidden_size": 4096, "expert_intermediate_size": 14336, "dtype_bytes": 2}
 TINY_SCALED = {"base": "tiny-moe", **MIXTRAL_EXPERT, "non_expert_bytes": 4 * MIXTRAL_NON_EXPERT_PER_LAYER}
+FINE_SCALED = {"base": "fine-moe", **MIXTRAL_EXPERT, "non_expert_bytes": 8 * MIXTRAL_NON_EXPERT_PER_LAYER}
 FLAME_SCALED = {"base": "flame-moe-290m", **MIXTRAL_EXPERT, "non_expert_bytes": 8 * MIXTRAL_NON_EXPERT_PER_LAYER}
 WORKLOAD = {"requests": 10, "prompt_len": 32, "decode_len": 64, "seed": 0}
 QUICK = {"requests": 4, "prompt_len": 8, "decode_len": 16, "seed": 0}
@@ -66,6 +70,7 @@ def traces(workload: dict[str, int]) -> list[tuple[str, Any, Any, Trace]]:
     """``(label, trace spec, model, trace)`` of every trace compared."""
     out: list[tuple[str, Any, Any, Trace]] = [
         ("tiny-moe (recorded)", str(TINY), TINY_SCALED, read_trace(TINY)),
+        ("fine-moe (recorded)", str(FINE), FINE_SCALED, read_trace(FINE)),
         ("flame-moe-290m (recorded)", str(FLAME), FLAME_SCALED, read_trace(FLAME)),
     ]
     for preset in fitted_presets():

@@ -17,7 +17,8 @@ from moesim.sim.cli.main import main
 from moesim.sim.run.metrics import percentile
 
 LAZY_MODULES = ("moesim.traces.cli", "moesim.traces.tiny.model_cli", "moesim.sim.cli.quality",
-                "moesim.sim.cli.study", "moesim.sim.study.curve", "moesim.sim.cli.real")
+                "moesim.sim.cli.study", "moesim.sim.study.curve", "moesim.sim.cli.real", "moesim.sim.cli.fit",
+                "moesim.sim.study.fit")
 
 
 def _modules_after(code: str) -> set[str]:

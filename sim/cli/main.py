@@ -37,10 +37,12 @@ _LAST = [
     LazyCommand("compare", "moesim.sim.cli.study", "compare_cmd"),
     LazyCommand("plot", "moesim.sim.cli.study", "plot_cmd"),
     LazyCommand("curve", "moesim.sim.study.curve", "curve_cmd"),
+    LazyCommand("advise", "moesim.sim.cli.advise", "advise_cmd"),
+    LazyCommand("fit", "moesim.sim.cli.fit", "fit_cmd"),
     LazyCommand("trace", "moesim.traces.cli", "app", group=True,
                 help="Record, import, synthesise and inspect moe-trace files."),
     LazyCommand("model", "moesim.traces.tiny.model_cli", "app", group=True,
-                help="The tiny MoE trained in this repository: train it, find it."),
+                help="The small MoEs trained in this repository (tiny-moe, fine-moe): train one, find it."),
 ]
 
 
@@ -207,6 +209,11 @@ def hardware(
         _console().print(t)
         return
     if name is not None:
+        if is_spec_file(name) and Path(name).is_file():
+            from moesim.sim.config.fitted import print_fit_file
+
+            if print_fit_file(name, _console()) and not _has_section(name, "hardware"):
+                return   # a fit over several hardware: its values are printed above
         try:
             h = get_hardware(load_spec_file(name, "hardware") if is_spec_file(name) else name)
         except CatalogFieldError as exc:
@@ -233,6 +240,13 @@ def hardware(
     _console().print(t)
     _console().print("simctl hardware NAME (a GPU, a host, or a profile .yaml) shows the source of every number; "
                      "pick a host with hardware: {base: GPU, cpu: HOST}")
+
+
+def _has_section(path: str, section: str) -> bool:
+    from moesim.sim.core.yamlio import load_yaml_file
+
+    data = load_yaml_file(path)
+    return isinstance(data, dict) and section in data
 
 
 def _print_runtime_section(path: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ from moesim.sim.config.catalog import (
     load_spec_file,
     model_names,
 )
+from moesim.sim.config.fitted import CalibrationError, apply_calibration
 from moesim.sim.config.keys import unknown_key_hint
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
@@ -198,6 +200,10 @@ class Scenario(BaseModel):
                                           "(none, hf-eager, vllm-like, llama-cpp-like), {base: NAME, ...}, or a YAML "
                                           "file (*.yaml, relative to the scenario) such as a `simctl calibrate` profile")
     profile: ProfileSpec | None = Field(None, description="profiling split handed to policies at set-up, never measured")
+    calibration: str | None = Field(
+        None, description="a `simctl fit` file (fitted.yaml, relative to the scenario) whose fitted values this "
+        "scenario takes: every value fitted for all rows, and each per-group value of the group matching this "
+        "scenario (e.g. its hardware); `--set` items win over it, a different value in this file is an error")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")  # type: ignore[arg-type]
     seed: int = Field(0, ge=0, description="seed of every random choice of the run")
     resolved: dict[str, Any] | None = Field(
@@ -230,6 +236,8 @@ class LoadedScenario(BaseModel):
     """The ``--set`` items applied on top of the file, in order (shown in the run summary)."""
     trace_fit: str | None = None
     """The ``simctl trace fit`` YAML that ``trace:`` named, now the synthetic mapping it holds."""
+    calibration: dict[str, Any] | None = None
+    """Provenance of the ``calibration:`` file and the values it applied (``None`` without one)."""
 
     def resolved(self) -> dict[str, Any]:
         """The scenario as plain data, for ``config.yaml``: every file it names (trace, profile
@@ -248,16 +256,33 @@ class LoadedScenario(BaseModel):
                 data[key] = str(spec.resolve())
         if data.get("plugins"):
             data["plugins"] = [str(p.resolve()) for p in self.plugin_paths()]
+        if self.scenario.calibration is not None:
+            data["calibration"] = str(self._file(self.scenario.calibration).resolve())
         return data
 
     def changes(self) -> list[str]:
         """Every change applied on top of a catalog entry or the file: the ``--set`` items and
         the inline overrides of ``model:``, ``hardware:`` and ``runtime:`` (``{base: NAME, ...}``)."""
         out = [f"--set {o}" for o in self.overrides]
+        calibrated = set(self.calibration["values"]) if self.calibration else set()
         for key in ("model", "hardware", "runtime"):
             ref = getattr(self.scenario, key)
             if isinstance(ref, dict) and "base" in ref:
-                out += [f"{key}.{k}={json.dumps(v)} (on {ref['base']})" for k, v in ref.items() if k != "base"]
+                out += [f"{key}.{k}={json.dumps(v)} (on {ref['base']})" for k, v in ref.items()
+                        if k != "base" and f"{key}.{k}" not in calibrated]
+        return out
+
+    def fit_provenance(self) -> list[dict[str, Any]]:
+        """Where fitted values of this run come from: the ``calibration:`` file, and any
+        ``hardware:`` / ``runtime:`` file written by ``simctl fit`` (one entry each; empty when the
+        run uses no fitted value). Shown in the run summary and ``metrics.json`` (``fit``)."""
+        out = [self.calibration] if self.calibration else []
+        files = [(key, self.spec_file(key)) for key in ("hardware", "runtime")]
+        if any(path is not None for _, path in files):
+            from moesim.sim.config.fitted import spec_file_provenance
+
+            out += [prov for key, path in files if path is not None
+                    for prov in [spec_file_provenance(path, key)] if prov is not None]
         return out
 
     def config_hash(self) -> str:
@@ -281,6 +306,9 @@ class LoadedScenario(BaseModel):
                 del data[key]
         for i, plugin in enumerate(self.plugin_paths()):   # a policy's code decides its results
             files[f"plugin{i}"] = file_digest(plugin)
+        if self.scenario.calibration is not None:
+            files["calibration"] = file_digest(self._file(self.scenario.calibration))
+            del data["calibration"]
         data.pop("plugins", None)
         blob = json.dumps({"scenario": data, "files": files}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
@@ -451,6 +479,38 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def set_key(data: dict[str, Any], path: list[str], value: Any, label: str) -> None:
+    """Set the dotted scenario key ``path`` to ``value`` in the raw mapping ``data`` (in place),
+    as ``--set`` does; ``label`` names the change in an error (``--set a.b=1``).
+
+    A catalog name on the way (``hardware: rtx-4090``) becomes ``{base: rtx-4090}``, a policy
+    name ``{name: ...}``; setting one of the mutually exclusive cache sizes drops the others.
+    """
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        nxt = node.get(part)
+        if isinstance(nxt, str) and part in ("model", "hardware", "runtime") and node is data:
+            if is_spec_file(nxt):
+                raise ScenarioError(f"{label}: {part} is the file {nxt}; put the change in that file, "
+                                    f"or name a catalog entry as {part}")
+            nxt = {"base": nxt}
+            node[part] = nxt
+        elif isinstance(nxt, str) and part == "policy" and node is data:
+            nxt = {"name": nxt}
+            node[part] = nxt
+        elif nxt is None:
+            nxt = {}
+            node[part] = nxt
+        elif not isinstance(nxt, dict):
+            raise ScenarioError(f"{label}: {'.'.join(path[:i + 1])} is not a mapping")
+        node = nxt
+    last = path[-1]
+    if path[:-1] == ["cache"] and last in ("rate", "experts_per_layer", "gib"):
+        for other in ("rate", "experts_per_layer", "gib"):
+            node.pop(other, None)
+    node[last] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``--set`` overrides to the raw scenario mapping (in place; returns it).
 
@@ -459,27 +519,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """
     for item in overrides:
         path, value = parse_override(item)
-        node: Any = data
-        for i, part in enumerate(path[:-1]):
-            if isinstance(node, dict):
-                nxt = node.get(part)
-                if isinstance(nxt, str) and part in ("model", "hardware", "runtime"):
-                    nxt = {"base": nxt}
-                    node[part] = nxt
-                elif isinstance(nxt, str) and part == "policy":
-                    nxt = {"name": nxt}
-                    node[part] = nxt
-                elif nxt is None:
-                    nxt = {}
-                    node[part] = nxt
-                elif not isinstance(nxt, dict):
-                    raise ScenarioError(f"--set {item}: {'.'.join(path[:i + 1])} is not a mapping")
-                node = nxt
-        last = path[-1]
-        if path[:-1] == ["cache"] and last in ("rate", "experts_per_layer", "gib"):
-            for other in ("rate", "experts_per_layer", "gib"):
-                node.pop(other, None)
-        node[last] = value
+        set_key(data, path, value, f"--set {item}")
     return data
 
 
@@ -508,11 +548,14 @@ def inline_trace_fit(data: dict[str, Any], *, source: str | None, base_dir: Path
     return str(path)
 
 
-def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrides: list[str] | None = None) -> LoadedScenario:
+def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrides: list[str] | None = None,
+                       fixed: Collection[str] = ()) -> LoadedScenario:
     """Override and validate a scenario given as plain data (``base_dir``: where its relative
     paths start). A ``trace:`` naming a ``simctl trace fit`` YAML becomes its synthetic mapping
     (:func:`inline_trace_fit`) before the overrides and after each one, so that
-    ``--set trace=FIT.yaml --set trace.synthetic.requests=4`` works."""
+    ``--set trace=FIT.yaml --set trace.synthetic.requests=4`` works. A ``calibration:`` file
+    (:mod:`moesim.sim.config.fitted`) applies its fitted values last, leaving alone the keys of
+    ``overrides`` and the dotted keys ``fixed`` (values the caller has set)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -522,12 +565,20 @@ def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrid
         apply_overrides(data, [item])
         fit = inline_trace_fit(data, source=source, base_dir=base_dir) or (
             fit if isinstance(data.get("trace"), dict) else None)
+    calibration = None
+    if data.get("calibration") is not None:
+        keep = {*fixed, *(".".join(parse_override(o)[0]) for o in overrides or [])}
+        try:
+            calibration = apply_calibration(data, base_dir=base_dir, source=source or "scenario", fixed=keep,
+                                            set_key=set_key)
+        except CalibrationError as exc:
+            raise ScenarioError(str(exc)) from None
     try:
         scen = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_validation(exc, source, root=Scenario)) from None
     return LoadedScenario(scenario=scen, base_dir=base_dir, source=source, overrides=list(overrides or []),
-                          trace_fit=fit)
+                          trace_fit=fit, calibration=calibration)
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:

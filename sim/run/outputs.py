@@ -150,6 +150,9 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     t.add_row("model / hardware", f"{r['model']['name']} on {r['hardware']['name']}")
     if result.changes:
         t.add_row("overrides", escape("; ".join(result.changes)))
+    for fit in m.get("fit", []):
+        values = ", ".join(f"{k}={v:.6g}" for k, v in fit["values"].items())
+        t.add_row("fitted", escape(f"{values} ({fit['via']}: {fit['file']}); {fit['summary']}"))
     t.add_row("tokens", f"{m['output_tokens']} output, {m['tokens']} processed, {m['requests']} requests, {m['iterations']} iterations")
     t.add_row("TTFT ms", f"mean {_fmt(m['ttft_ms']['mean'])}  p50 {_fmt(m['ttft_ms']['p50'])}  p99 {_fmt(m['ttft_ms']['p99'])}")
     t.add_row("TPOT ms", f"mean {_fmt(m['tpot_ms']['mean'])}  p50 {_fmt(m['tpot_ms']['p50'])}  p99 {_fmt(m['tpot_ms']['p99'])}")

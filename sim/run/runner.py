@@ -168,6 +168,9 @@ class PreparedRun:
         }
         metrics["scenario"] = self.loaded.scenario.name
         metrics["config_hash"] = config_hash
+        fits = self.loaded.fit_provenance()
+        if fits:   # fitted values in this run: where they come from and how well they predict
+            metrics["fit"] = fits
         steps = engine.steps.columns() if engine.record_steps else {}
         return RunResult(config=config, metrics=metrics, steps=steps, model=model,
                          hardware=self.hardware, timeline=engine.timeline, changes=self.loaded.changes())

@@ -126,23 +126,23 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
 def check_key(key: str, where: str) -> None:
     """Raise :class:`SweepError` unless ``key`` is a dotted path of the scenario schema.
 
-    ``model.*`` and ``hardware.*`` are checked against the catalog specs (plus ``base``);
+    ``model.*``, ``hardware.*`` and ``runtime.*`` are checked against the catalog specs (plus ``base``);
     ``policy.params.*`` is checked later, against the policy of each point.
     """
-    from moesim.sim.config.catalog import CostsSpec, HardwareSpec, ModelSpec
+    from moesim.sim.config.catalog import CostsSpec, HardwareSpec, ModelSpec, RuntimeSpec
     from moesim.sim.config.scenario import PolicySpec, Scenario
 
     parts = key.split(".")
     if not key or any(not p for p in parts):
         raise SweepError(f"{where}: {key!r}: not a dotted scenario key")
     models: dict[str, type[BaseModel]] = {"model": ModelSpec, "hardware": HardwareSpec, "costs": CostsSpec,
-                                          "policy": PolicySpec}
+                                          "policy": PolicySpec, "runtime": RuntimeSpec}
     model: type[BaseModel] | None = Scenario
     for i, part in enumerate(parts):
         if model is None:
             return  # a free mapping (policy params, synthetic trace parameters): checked when validated
         known = list(model.model_fields)
-        if model in (ModelSpec, HardwareSpec):
+        if model in (ModelSpec, HardwareSpec, RuntimeSpec):
             known.append("base")
         if part not in known:
             prefix = ".".join(parts[:i])

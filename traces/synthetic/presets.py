@@ -4,7 +4,8 @@
 about the model's routing, each target with its citation and metric mapping in
 ``traces/synthetic/targets/<model>.yaml``; what is not published (how strongly a token's
 identity fixes its routing, and OLMoE's next-layer lookahead) comes from moesim's recorded
-tiny MoE trace, carried to the model's chance level. ``python benchmarks/fit_presets.py``
+traces (the tiny MoE's for Mixtral, the fine-grained MoE's for the others), carried to the
+model's chance level. ``python benchmarks/fit_presets.py``
 prints every target against what the preset gives, with its citation
 (``benchmarks/results/fit_presets.md``), and ``--refit`` runs the fits again. All knobs not
 named by the fit keep the legacy values; ``vocab_size`` is the model's own (config.json),
@@ -79,19 +80,19 @@ FITTED_PRESETS: dict[str, dict[str, Any]] = {
     },
     "qwen1.5-moe-a2.7b": {
         "model": "qwen1.5-moe-a2.7b", "popularity_skew": 0.0156, "token_locality": 0.0039,
-        "layer_correlation": 0.9327, "router_temperature": 1.0, "topic_strength": 0.0, "token_strength": 0.9795,
+        "layer_correlation": 0.9327, "router_temperature": 1.0, "topic_strength": 0.0, "token_strength": 0.9405,
         "vocab_size": VOCAB_SIZES["qwen1.5-moe-a2.7b"], "num_topics": 16, "prompt_len": 128, "decode_len": 128,
         "requests": 8,
     },
     "deepseek-v2-lite": {
-        "model": "deepseek-v2-lite", "popularity_skew": 0.3, "token_locality": 0.206,
-        "layer_correlation": 0.9561, "router_temperature": 1.0, "topic_strength": 0.4412, "token_strength": 0.886,
+        "model": "deepseek-v2-lite", "popularity_skew": 0.3, "token_locality": 0.035,
+        "layer_correlation": 0.9561, "router_temperature": 1.0, "topic_strength": 0.4482, "token_strength": 0.8407,
         "vocab_size": VOCAB_SIZES["deepseek-v2-lite"], "num_topics": 16, "prompt_len": 128, "decode_len": 128,
         "requests": 8,
     },
     "olmoe-1b-7b": {
-        "model": "olmoe-1b-7b", "popularity_skew": 0.3, "token_locality": 0.9911,
-        "layer_correlation": 0.7766, "router_temperature": 1.0, "topic_strength": 0.5, "token_strength": 0.8415,
+        "model": "olmoe-1b-7b", "popularity_skew": 0.3, "token_locality": 0.8279,
+        "layer_correlation": 0.9092, "router_temperature": 1.0, "topic_strength": 0.5, "token_strength": 0.8077,
         "vocab_size": VOCAB_SIZES["olmoe-1b-7b"], "num_topics": 16, "prompt_len": 128, "decode_len": 128,
         "requests": 8,
     },

@@ -259,7 +259,7 @@ def get_hardware(ref: str | dict[str, Any]) -> HardwareSpec:
 
 def load_spec_file(path: Any, section: str) -> dict[str, Any]:
     """Read a hardware or runtime spec from a YAML file (a calibration profile written by
-    ``simctl calibrate``, or a hand-written spec). A file with a top-level ``section`` key
+    ``simctl calibrate``, a ``simctl fit`` file, or a hand-written spec). A file with a top-level ``section`` key
     (``hardware`` or ``runtime``) gives that mapping; otherwise the whole file is the spec.
     Bad input is a one-line :class:`CatalogError` naming the file."""
     from pathlib import Path
@@ -275,6 +275,9 @@ def load_spec_file(path: Any, section: str) -> dict[str, Any]:
         raise CatalogError(str(exc)) from None
     if not isinstance(data, dict):
         raise CatalogError(f"{p}: a {section} profile must be a mapping")
+    if section not in data and isinstance(data.get("fit"), dict) and "parameters" in data:
+        raise CatalogError(f"{p}: this `simctl fit` file has no {section}: section (its rows do not share one "
+                           f"{section}, or it fits no {section} field); give it as calibration: {p.name}")
     raw = data
     if section in data:
         data = data[section]

@@ -192,20 +192,21 @@ def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[s
 
 
 def trained_weights(spec: ModelSpec | None) -> str | None:
-    """The folder of real weights for ``spec`` when it is the catalog's ``tiny-moe`` exactly
-    (the tiny MoE trained in this repository, :mod:`moesim.traces.tiny.tiny_model`), else None."""
-    from moesim.traces.tiny.tiny_model import NAME, model_dir
+    """The folder of real weights for ``spec`` when it is exactly the catalog entry of a model
+    trained in this repository (``tiny-moe``, ``fine-moe``: :mod:`moesim.traces.tiny.tiny_model`),
+    else None."""
+    from moesim.traces.tiny.tiny_model import BUNDLED, model_dir
 
-    if spec is None or spec.name != NAME or spec != get_model(NAME):
+    if spec is None or spec.name not in BUNDLED or spec != get_model(spec.name):
         return None
-    return str(model_dir())
+    return str(model_dir(spec.name))
 
 
 def model_argument(arg: str | None, default: ModelSpec | None) -> tuple[str | None, ModelSpec | None]:
     """``--model``: an existing path (a model directory or config JSON: loaded), a model catalog
     name or an inline YAML mapping of a model spec (a random Mixtral of that shape); None gives
-    ``default``. The catalog's ``tiny-moe`` (by name, or as ``default``) is the bundled trained
-    model, not random weights: it is the executor's default real model. Returns
+    ``default``. The catalog's ``tiny-moe`` and ``fine-moe`` (by name, or as ``default``) are the
+    bundled trained models, not random weights; ``tiny-moe`` is the executor's default real model. Returns
     ``(path, spec)``, one of them None."""
     from pathlib import Path
 

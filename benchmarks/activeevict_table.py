@@ -37,7 +37,7 @@ PAPER = {
 METHODS = {"Offload": ("lru", {}), "MoE-Offload": ("mixtral-offloading", {}),
            "MoE-APEX": ("moe-apex-style", {}), "ActiveEvict": ("activeevict", {})}
 SETUPS = {
-    "mixtral": {"trace": {"synthetic": {"preset": "mixtral-8x7b", "prompt_len": 16, "seed": 0}},
+    "mixtral": {"trace": {"synthetic": {"preset": "mixtral-8x7b-legacy", "prompt_len": 16, "seed": 0}},
                 "model": "mixtral-8x7b", "experts_per_layer": 4},
     "llama": {"trace": {"synthetic": {"model": "llama-moe-3.5b-4-16", "popularity_skew": 0.3,
                                       "token_locality": 0.25, "layer_correlation": 0.9,

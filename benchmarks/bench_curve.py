@@ -5,7 +5,7 @@ libCacheSim runs in C (``process_trace`` over an ``oracleGeneral`` binary trace 
 cache per size, ``hashpower=10``); writing those files is not timed. Prints figures; asserts
 only that the counts agree.
 
-    python benchmarks/bench_curve.py [--preset mixtral-8x7b] [--tokens 2000]
+    python benchmarks/bench_curve.py [--preset mixtral-8x7b-legacy] [--tokens 2000]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def libcachesim_counts(streams: list[np.ndarray], num_experts: int, tmp: Path) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="mixtral-8x7b", help="synthetic trace preset (model shape)")
+    ap.add_argument("--preset", default="mixtral-8x7b-legacy", help="synthetic trace preset (model shape)")
     ap.add_argument("--tokens", type=int, default=2000, help="decode tokens")
     args = ap.parse_args()
     streams, E, what = layer_streams(args.preset, args.tokens)

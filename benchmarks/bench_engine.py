@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print the 15 most expensive functions")
     ap.add_argument("--event-loop", action="store_true", help="force the SimPy event loop (no fast path)")
     ap.add_argument("--initial", default="empty", help="cache.initial: empty, popular or random")
-    ap.add_argument("--preset", default="mixtral-8x7b", help="synthetic trace preset (the model's shape)")
+    ap.add_argument("--preset", default="mixtral-8x7b-legacy", help="synthetic trace preset (the model's shape)")
     ap.add_argument("--model", default=None,
                     help="catalog model whose shape the trace takes (default: the preset's), e.g. deepseek-v3")
     args = ap.parse_args()

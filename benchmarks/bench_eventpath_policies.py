@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--policies", default="mixtral-offloading,moe-infinity,fmoe,activeevict")
     args = ap.parse_args()
 
-    params = SynthParams.from_preset("mixtral-8x7b", requests=4, prompt_len=0,
+    params = SynthParams.from_preset("mixtral-8x7b-legacy", requests=4, prompt_len=0,
                                      decode_len=args.tokens // 4, seed=0)
     cols, meta = generate(params)
     trace = trace_from_columns(cols, meta)

@@ -28,7 +28,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "mixtral.parquet"
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b",
+        subprocess.run([sys.executable, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b-legacy",
                         "--set", "requests=8", "--set", f"decode_len={tokens // 8}", "--set", "prompt_len=0",
                         "-o", str(trace)], check=True, stdout=subprocess.DEVNULL)
         size = trace.stat().st_size

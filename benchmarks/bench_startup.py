@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         d = Path(tmp)
         trace = d / "mixtral.parquet"
-        subprocess.run([args.python, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b",
+        subprocess.run([args.python, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b-legacy",
                         "--set", "requests=4", "--set", f"decode_len={args.tokens // 4}", "--set", "prompt_len=0",
                         "-o", str(trace)], check=True, capture_output=True)
         scenario = d / "scenario.yaml"

@@ -1,6 +1,6 @@
 """Throughput of the trace layer: the synthetic generator and the moe-trace reader.
 
-Run: ``python benchmarks/bench_traces.py [--tokens 100000] [--preset mixtral-8x7b]``.
+Run: ``python benchmarks/bench_traces.py [--tokens 100000] [--preset mixtral-8x7b-legacy]``.
 
 Each phase runs in a fresh process so that its peak memory is its own: ``peak RSS`` is the
 process's maximum resident set (``ru_maxrss``) and ``+RSS`` the growth over the process
@@ -58,7 +58,7 @@ def _phase(name: str, path: str, preset: str, requests: int, prompt: int, decode
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=100_000, help="tokens in the trace (default 100000)")
-    ap.add_argument("--preset", default="mixtral-8x7b", help="generator preset (default mixtral-8x7b)")
+    ap.add_argument("--preset", default="mixtral-8x7b-legacy", help="generator preset (default mixtral-8x7b)")
     ap.add_argument("--prompt-len", type=int, default=100, help="prompt tokens per request")
     ap.add_argument("--decode-len", type=int, default=400, help="decode tokens per request")
     ap.add_argument("--dir", default=None, help="where to write the trace (default: a temp folder)")

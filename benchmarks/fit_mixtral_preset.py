@@ -23,7 +23,7 @@ LOW, HIGH = 0.26, 0.32
 
 
 def main() -> None:
-    base = {k: v for k, v in PRESETS["mixtral-8x7b"].items() if k != "token_locality"}  # fit it afresh
+    base = {k: v for k, v in PRESETS["mixtral-8x7b-legacy"].items() if k != "token_locality"}  # fit it afresh
     shape = SynthParams(**base).shape()
     L = shape.num_layers
     flat = measure(SynthParams(**base, token_locality=0.25))

@@ -56,7 +56,7 @@ ABLATIONS = {"Speculate": {"matcher": "speculate"}, "Hit count": {"matcher": "hi
 def scenario(policy: str, params: dict[str, Any], sync: bool, gib: float, requests: int,
              tokens: int) -> dict[str, Any]:
     return {"name": f"fmoe-{policy}",
-            "trace": {"synthetic": {"preset": "mixtral-8x7b", "requests": requests, "prompt_len": tokens,
+            "trace": {"synthetic": {"preset": "mixtral-8x7b-legacy", "requests": requests, "prompt_len": tokens,
                                     "decode_len": tokens, "seed": 0}},
             "profile": {"requests": requests * 7 // 10}, "model": "mixtral-8x7b",
             "hardware": {"base": "rtx-3090", "vram_gib": 144, "copy_engines": 6},

@@ -55,10 +55,10 @@ PAPER_FIG7_QWEN_TTFT_480 = {  # TTFT s at a budget of 480 experts (section 4.2)
 }
 
 # --- setups (as scenarios/moepic/*.yaml) ----------------------------------------------------
-QWEN_TRACE = {"preset": "qwen1.5-moe-a2.7b", "popularity_skew": 0.1, "token_locality": 0.05,
+QWEN_TRACE = {"preset": "qwen1.5-moe-a2.7b-legacy", "popularity_skew": 0.1, "token_locality": 0.05,
               "topic_strength": 0.15, "seed": 0}
-QWEN_PRESET_TRACE = {"preset": "qwen1.5-moe-a2.7b", "seed": 0}
-MIXTRAL_TRACE = {"preset": "mixtral-8x7b", "seed": 0}
+QWEN_PRESET_TRACE = {"preset": "qwen1.5-moe-a2.7b-legacy", "seed": 0}
+MIXTRAL_TRACE = {"preset": "mixtral-8x7b-legacy", "seed": 0}
 SETUPS: dict[str, dict[str, Any]] = {
     "qwen": {"trace": QWEN_TRACE, "model": "qwen1.5-moe-a2.7b",
              "hardware": {"base": "rtx-a6000", "pcie_gbps": 10.0, "costs": {"layer_us": 1575, "expert_us": 200}},

@@ -74,7 +74,7 @@ MOEPIC_TPOT_MS = {"moepic": 85, "pregated": 248, "mixtral-offloading": 162, "ada
 
 
 def _trace(requests: int, tokens: int) -> dict[str, Any]:
-    return {"synthetic": {"preset": "mixtral-8x7b", "requests": requests, "prompt_len": 16,
+    return {"synthetic": {"preset": "mixtral-8x7b-legacy", "requests": requests, "prompt_len": 16,
                           "decode_len": tokens, "seed": 0}}
 
 

@@ -79,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         trace = tmp / "mixtral.parquet"
-        synth = [PY, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b", "--set", "requests=4",
+        synth = [PY, "-m", "moesim.sim.cli.main", "trace", "synth", "--preset", "mixtral-8x7b-legacy", "--set", "requests=4",
                  "--set", f"decode_len={tokens // 4}", "--set", "prompt_len=0", "-o", str(trace)]
         child(synth)
         steps = tokens * 32
@@ -96,7 +96,7 @@ def main() -> None:
             add(f"`simctl run --out`, {policy}, Mixtral {tokens} tokens x 32 layers, A100, rate 0.25: "
                 "layer-steps/s of the whole process (median of 3 processes)",
                 f"{steps / wall:,.0f} wall, {steps / cpu:,.0f} per CPU s", goal,
-                f"python -m moesim.sim.cli.main trace synth --preset mixtral-8x7b --set requests=4 --set "
+                f"python -m moesim.sim.cli.main trace synth --preset mixtral-8x7b-legacy --set requests=4 --set "
                 f"decode_len={tokens // 4} --set prompt_len=0 -o mixtral.parquet; simctl run SCENARIO --out DIR "
                 f"(trace: mixtral.parquet, hardware: a100-pcie-80gb, cache.rate 0.25, policy {policy})", at)
 
@@ -155,7 +155,7 @@ def main() -> None:
     add("`simctl --help` (median of 5)", f"{statistics.median(helps):.2f} s wall, "
         f"{statistics.median(help_cpu):.2f} s CPU", "< 0.3 s", "simctl --help", at)
 
-    for preset, n in (("mixtral-8x7b", tokens), ("olmoe-1b-7b", tokens // 2)):
+    for preset, n in (("mixtral-8x7b-legacy", tokens), ("olmoe-1b-7b-legacy", tokens // 2)):
         cmd = [PY, str(HERE / "bench_curve.py"), "--preset", preset, "--tokens", str(n)]
         at = load()
         _, _, _, out = child(cmd)
@@ -199,7 +199,10 @@ def main() -> None:
         "",
         "Other scripts here print figures of their own (`bench_sweep.py`, `bench_traces.py`, `bench_tracer.py`, "
         "`bench_eventpath_policies.py`, and `bench_startup.py`: the phases of one `simctl run --out` process) "
-        "or reproduce papers' tables (`*_table.py`, `paper_runs.py`, `crosscheck_libcachesim.py`).",
+        "or reproduce papers' tables (`*_table.py`, `paper_runs.py`, `crosscheck_libcachesim.py`); "
+        "`fit_presets.py` and `routing_rankings.py` compare the synthetic presets with published routing "
+        "statistics and rank policies on recorded and fitted routing (outputs in `results/`). The speed "
+        "figures above use the `-legacy` presets.",
         "",
     ]
     (HERE / "README.md").write_text("\n".join(lines))

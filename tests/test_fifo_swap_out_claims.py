@@ -17,7 +17,7 @@ POLICIES = ["moe-infinity", "prefetch-fallback", "adapmoe", "buddymoe", "moe-ape
 
 
 def _run(policy: str, order: str) -> dict[str, object]:
-    data = {"trace": {"synthetic": {"preset": "mixtral-8x7b", "num_layers": 8, "requests": 2, "prompt_len": 8,
+    data = {"trace": {"synthetic": {"preset": "mixtral-8x7b-legacy", "num_layers": 8, "requests": 2, "prompt_len": 8,
                                     "decode_len": 40, "seed": 1}},
             "model": {"base": "mixtral-8x7b", "num_layers": 8}, "hardware": "a100-pcie-80gb",
             "cache": {"experts_per_layer": 2.5, "swap_out": True}, "pcie": {"order": order}, "policy": policy}

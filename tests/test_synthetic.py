@@ -103,10 +103,12 @@ def test_same_seed_same_bytes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_presets(tmp_path: Path, name: str) -> None:
     p = SynthParams.from_preset(name, requests=1, prompt_len=3, decode_len=2, num_layers=3)
-    assert p.model == name and p.num_layers == 3 and p.requests == 1
+    model = name.removesuffix("-legacy")  # a legacy preset keeps its model's name and shape
+    assert p.model == model and p.num_layers == 3 and p.requests == 1
     assert p.token_locality == PRESETS[name]["token_locality"]
     cols, meta = generate(p)
-    assert meta.model.num_experts == SynthParams(model=name).shape().num_experts
+    assert meta.model.num_experts == SynthParams(model=model).shape().num_experts
+    assert ("token_id" in cols) == (not name.endswith("-legacy"))  # fitted presets carry token identity
     assert cols["experts"].shape == (5 * 3, meta.model.top_k)
     assert SynthParams(preset=name) == SynthParams.from_preset(name)
 

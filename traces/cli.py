@@ -162,7 +162,8 @@ def fit_cmd(
         help="comma-separated knobs to fit (default: all of popularity_skew, layer_correlation, token_locality, "
         "topic_strength, token_strength, lookahead_quality that the targets drive)")] = None,
     targets: Annotated[Path | None, typer.Option(
-        "--targets", help="YAML mapping statistic: value (or {value, source}); overrides FILE's values")] = None,
+        "--targets", help="YAML mapping statistic: value (or {value, source, metric, tolerance}); overrides "
+        "FILE's values")] = None,
     target: Annotated[list[str] | None, typer.Option(
         "--target", help="one target, NAME=VALUE (repeatable; overrides --targets)")] = None,
     set_: Annotated[list[str] | None, typer.Option(
@@ -177,7 +178,7 @@ def fit_cmd(
     from moesim.traces.analysis.recall import trace_recall
     from moesim.traces.analysis.stats import trace_stats
     from moesim.traces.synthetic.fit import ALL_KNOBS, RECALL_KNOBS, FitTarget, fit, trace_tokens
-    from moesim.traces.synthetic.fit_targets import load_targets, parse_targets
+    from moesim.traces.synthetic.fit_targets import TargetValue, load_targets, parse_targets
     from moesim.traces.synthetic.generator import PRESETS, parse_params
 
     names = [k.strip() for k in knobs.split(",") if k.strip()] if knobs else list(ALL_KNOBS)
@@ -186,7 +187,7 @@ def fit_cmd(
             raise MoesimError(f"--knobs {k!r}: not a fittable knob (expected some of {', '.join(ALL_KNOBS)})")
     if preset is not None and preset not in PRESETS:
         raise MoesimError(f"--preset {preset!r}: unknown preset (known: {', '.join(PRESETS)})")
-    values: dict[str, float] = {}
+    values: dict[str, TargetValue] = {}
     sources: dict[str, str] = {}
     if targets is not None:
         values, sources = load_targets(targets)

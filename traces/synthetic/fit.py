@@ -4,9 +4,11 @@ statistics (:mod:`traces.synthetic.fit_targets`).
 Each knob is fitted to one statistic (its *driver*):
 
 * ``popularity_skew`` -> popularity entropy (mean over layers, ``trace stats``), or without
-  it the ``popularity`` recall;
+  it the ``popularity`` recall, or without either the share ``top@C`` of the smallest ``C``
+  given;
 * ``token_locality`` -> per-layer token-to-token **reuse** (a per-layer profile), or without
-  it the ``previous_token`` recall (one value);
+  it the ``previous_token`` recall (one value), or without either the LRU hit rate ``lru@C``
+  of the smallest cache size given (one value);
 * ``topic_strength`` only when reuse stays above the target even with independent tokens
   (the request-level topic sets a floor on reuse): it is lowered until the floor meets it;
 * ``lookahead_quality`` -> the ``lookahead`` recall (it can only lower the lookahead below what
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +46,10 @@ import numpy as np
 from moesim.sim.config.catalog import model_names
 from moesim.sim.core.errors import MoesimError
 from moesim.traces.analysis.recall import MEASURES, recall_stats, routing_arrays, trace_recall
-from moesim.traces.analysis.stats import trace_stats
+from moesim.traces.analysis.stats import LruStackDistances, trace_stats
 from moesim.traces.format.trace_file import read_trace
 from moesim.traces.importers.common import model_info
-from moesim.traces.synthetic.fit_targets import FitTarget
+from moesim.traces.synthetic.fit_targets import FitTarget, lru_size, sized_stat, top_size
 from moesim.traces.synthetic.generator import SynthParams, generate, parse_params
 
 __all__ = ["ALL_KNOBS", "FIT_KNOBS", "RECALL_KNOBS", "FitResult", "FitTarget", "Measured", "fit", "fit_trace",
@@ -68,20 +70,26 @@ _CORRECTIONS = 2  # measured-error corrections of the per-layer profile
 @dataclass(frozen=True)
 class Measured:
     """Statistics of one generated trace (same definitions as :mod:`traces.stats` and
-    :mod:`traces.analysis.recall`; ``recall`` is empty unless asked for)."""
+    :mod:`traces.analysis.recall`; ``recall``, ``lru`` and ``top`` are empty unless asked for)."""
 
     reuse: np.ndarray  # [L]
     entropy: float
     top10_share: float
     next_layer_acc: float | None
     recall: dict[str, float | None] = field(default_factory=dict)
+    lru: dict[int, float] = field(default_factory=dict)  # cache size -> LRU hit rate, pooled over layers
+    top: dict[int, float] = field(default_factory=dict)  # C -> share of the C most popular experts
 
     def value(self, name: str) -> float | None:
-        """Statistic ``name`` (``reuse``: the mean over layers)."""
+        """Statistic ``name`` (``reuse``: the mean over layers; ``lru@C``: the hit rate with
+        ``C`` experts per layer; ``top@C``: the share of the ``C`` most popular)."""
         if name == "reuse":
             return float(np.mean(self.reuse))
         if name in ("entropy", "next_layer_acc"):
             return getattr(self, name)
+        sized = sized_stat(name)
+        if sized is not None:
+            return (self.lru if sized[0] == "lru" else self.top).get(sized[1])
         return self.recall.get(name)
 
 
@@ -107,6 +115,8 @@ class FitResult:
         out.append(("entropy (mean)", self.target.entropy, self.achieved.entropy))
         out.append(("next-layer acc", self.target.next_layer_acc, self.achieved.next_layer_acc))
         out += [(m, self.target.recall[m], self.achieved.recall.get(m)) for m in MEASURES if m in self.target.recall]
+        out += [(f"lru@{c}", self.target.lru[c], self.achieved.lru.get(c)) for c in sorted(self.target.lru)]
+        out += [(f"top@{c}", self.target.top[c], self.achieved.top.get(c)) for c in sorted(self.target.top)]
         return out
 
     def synthetic_yaml(self) -> dict[str, Any]:
@@ -117,6 +127,8 @@ class FitResult:
         keep = {k: v for k, v in data.items() if k == "model" or v != getattr(defaults, k)}
         if isinstance(keep.get("token_locality"), list):
             keep["token_locality"] = [round(float(x), 4) for x in keep["token_locality"]]
+        elif "token_locality" in keep:
+            keep["token_locality"] = round(float(keep["token_locality"]), 4)
         for key in ("popularity_skew", "layer_correlation", "topic_strength", "token_strength", "lookahead_quality"):
             if key in keep:
                 keep[key] = round(float(keep[key]), 4)
@@ -131,11 +143,14 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a[..., :, None] == b[..., None, :]).sum(axis=(-1, -2))
 
 
-def measure(params: SynthParams, *, recall: bool = False, profile_requests: int | None = None) -> Measured:
+def measure(params: SynthParams, *, recall: bool = False, profile_requests: int | None = None,
+            lru_sizes: Sequence[int] = (), top_sizes: Sequence[int] = ()) -> Measured:
     """Generate ``params`` in memory and compute its reuse per layer, mean popularity entropy,
-    top-10% share and next-layer accuracy exactly as :func:`traces.stats.trace_stats` does,
-    and with ``recall`` the overall prediction recall of
-    :func:`traces.analysis.recall.recall_stats` (decode tokens, ``profile_requests``)."""
+    top-10% share, next-layer accuracy and the LRU hit rate of each of ``lru_sizes`` (pooled
+    over the layers) exactly as :func:`traces.stats.trace_stats` does, the share of the ``C``
+    most popular experts for each ``C`` of ``top_sizes``, and with ``recall``
+    the overall prediction recall of :func:`traces.analysis.recall.recall_stats` (decode
+    tokens, ``profile_requests``)."""
     cols, meta = generate(params)
     m = meta.model
     L, E, k = m.num_layers, m.num_experts, m.top_k
@@ -152,7 +167,9 @@ def measure(params: SynthParams, *, recall: bool = False, profile_requests: int 
     with np.errstate(divide="ignore", invalid="ignore"):
         ent = -(np.where(p > 0, p * np.log(p), 0.0)).sum(axis=1) / math.log(E) if E > 1 else np.ones(L)
     n_top = max(1, math.ceil(E / 10))
-    top10 = float(np.mean(np.sort(counts, axis=1)[:, ::-1][:, :n_top].sum(axis=1) / counts.sum(axis=1)))
+    ranked = np.sort(counts, axis=1)[:, ::-1]
+    top10 = float(np.mean(ranked[:, :n_top].sum(axis=1) / counts.sum(axis=1)))
+    shares = {int(c): float(np.mean(ranked[:, :c].sum(axis=1) / counts.sum(axis=1))) for c in top_sizes}
     acc = None
     look = cols.get("lookahead_logits")
     if look is not None:
@@ -166,8 +183,15 @@ def measure(params: SynthParams, *, recall: bool = False, profile_requests: int 
         cnt += n
         acc = s / (cnt * k) if cnt else None
     rec = recall_stats(routing_arrays(cols, m), profile_requests=profile_requests).overall if recall else {}
+    lru: dict[int, float] = {}
+    if lru_sizes:
+        stacks = [LruStackDistances(E) for _ in range(L)]
+        for lay, st in enumerate(stacks):
+            st.update(ex[:, lay, :].reshape(-1), group=k)
+        refs = sum(st.references for st in stacks)
+        lru = {int(c): sum(int(st.histogram[: min(int(c), E)].sum()) for st in stacks) / refs for c in lru_sizes}
     return Measured(reuse=np.asarray(reuse, dtype=np.float64), entropy=float(np.mean(ent)), top10_share=top10,
-                    next_layer_acc=acc, recall=rec)
+                    next_layer_acc=acc, recall=rec, lru=lru, top=shares)
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,24 +229,26 @@ def _drivers(target: FitTarget, knobs: set[str]) -> tuple[dict[str, str], dict[s
         return next((n for n in names if target.value(n) is not None), None)
 
     q_fits = "lookahead_quality" in knobs and "lookahead" in rec
+    lru_names = [f"lru@{c}" for c in sorted(target.lru)]
+    top_names = [f"top@{c}" for c in sorted(target.top)]
     c_stat = first("transition@1") if q_fits else first("next_layer_acc", "lookahead")
     choices = {
-        "popularity_skew": first("entropy", "popularity"),
+        "popularity_skew": first("entropy", "popularity", *top_names),
         "token_strength": first("trajectory@1", "semantic", "same_token"),
         "layer_correlation": c_stat,
         "lookahead_quality": "lookahead" if q_fits else None,
-        "token_locality": first("reuse", "previous_token"),
-        "topic_strength": first("reuse", "previous_token"),
+        "token_locality": first("reuse", "previous_token", *lru_names),
+        "topic_strength": first("reuse", "previous_token", *lru_names),
     }
     why = {
-        "popularity_skew": "the target has neither entropy nor popularity",
+        "popularity_skew": "the target has none of entropy, popularity, top@C",
         "token_strength": "the target has none of trajectory@1, semantic, same_token",
         "layer_correlation": "lookahead_quality takes the lookahead target and there is no transition@1 target"
         if q_fits else "the target has no lookahead_logits" if not rec
         else "the target has neither next_layer_acc nor lookahead",
         "lookahead_quality": "the target has no lookahead recall",
-        "token_locality": "the target has neither reuse nor previous_token",
-        "topic_strength": "the target has neither reuse nor previous_token",
+        "token_locality": "the target has none of reuse, previous_token, lru@C",
+        "topic_strength": "the target has none of reuse, previous_token, lru@C",
     }
     for k in ALL_KNOBS:
         if k not in knobs:
@@ -282,7 +308,9 @@ def fit(
         return start.model_copy(update={**calib, **cur, "emit_logits": emit, **over})
 
     def stat(name: str, **over: Any) -> float:
-        v = measure(params(**over), recall=name in MEASURES, profile_requests=prof).value(name)
+        size, top = lru_size(name), top_size(name)
+        v = measure(params(**over), recall=name in MEASURES, profile_requests=prof,
+                    lru_sizes=() if size is None else (size,), top_sizes=() if top is None else (top,)).value(name)
         return 0.0 if v is None else float(v)
 
     order = ("popularity_skew", "token_strength", "layer_correlation", "lookahead_quality", "token_locality")
@@ -303,7 +331,8 @@ def fit(
     if drive.get("token_locality") == "reuse" and target.num_layers > 1:
         cur["token_locality"] = _per_layer(target, params, float(cur["token_locality"]))
     final = params()
-    achieved = measure(final, recall=with_recall, profile_requests=prof)
+    achieved = measure(final, recall=with_recall, profile_requests=prof, lru_sizes=sorted(target.lru),
+                       top_sizes=sorted(target.top))
     out = start.model_copy(update={**cur, "requests": target.requests, "prompt_len": target.prompt_len,
                                    "decode_len": target.decode_len, "seed": seed})
     return FitResult(params=parse_params(_dump(out)), target=target, achieved=achieved, held=held)

@@ -61,6 +61,7 @@ from moesim.sim.config.catalog import CatalogError, model_names
 from moesim.sim.core.errors import MoesimError
 from moesim.traces.format.trace_file import DECODE, PREFILL, ModelInfo, TraceMeta
 from moesim.traces.importers.registry import model_info, save_trace
+from moesim.traces.synthetic.presets import PRESETS
 from moesim.traces.synthetic.tokens import hashed_normals, token_stream
 
 GENERATOR_VERSION = 2
@@ -70,47 +71,6 @@ GENERATOR_VERSION = 2
 MAX_MEMORY_BYTES = 16 * 2**30
 """Largest working memory :class:`SynthParams` allows (an estimate, see ``memory_bytes``):
 a typo such as ``requests=1000000`` is refused before anything is allocated."""
-
-# Presets: the routed-expert shape of a catalog model plus knob values chosen to look like
-# published characterisations of it (strong next-layer predictability for Mixtral, weaker
-# locality and a longer tail for the fine-grained models). They are plausible settings, not
-# fits to recorded traces, except Mixtral's per-layer reuse:
-#
-# mixtral-8x7b: ``token_locality`` is a per-layer profile fitted (``python
-# benchmarks/fit_mixtral_preset.py``, :mod:`traces.fit`) so that token-to-token expert reuse
-# (``simctl trace stats``) rises from 26% at layer 0 to 32% at layer 31 at the preset's
-# workload and seed 0 (measured: 26.3% .. 31.9%, at most 1.7 points off the line). Source of
-# the range: moesim issue 15, which reports that a real Mixtral-8x7B capture varies 26-32%
-# across layers; the linear shape is an assumption (no public per-layer source was found;
-# see NOTICE.md). With reuse that close to chance (k/E = 25%), the request-level topic share
-# had to drop from 0.4 to 0.15 (0.4 alone gave 28-37% reuse at zero locality).
-MIXTRAL_LOCALITY = [
-    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.054, 0.043, 0.0, 0.0, 0.0, 0.0, 0.038, 0.05, 0.0,
-    0.01, 0.043, 0.0, 0.006, 0.011, 0.032, 0.013, 0.035, 0.036, 0.018, 0.053, 0.0, 0.0, 0.028, 0.049, 0.036,
-]
-PRESETS: dict[str, dict[str, Any]] = {
-    "mixtral-8x7b": {
-        "model": "mixtral-8x7b", "popularity_skew": 0.2, "token_locality": MIXTRAL_LOCALITY,
-        "layer_correlation": 0.95, "router_temperature": 1.0, "topic_strength": 0.15,
-        "num_topics": 8, "prompt_len": 128, "decode_len": 128, "requests": 8,
-    },
-    "qwen1.5-moe-a2.7b": {
-        "model": "qwen1.5-moe-a2.7b", "popularity_skew": 0.4, "token_locality": 0.2,
-        "layer_correlation": 0.9, "router_temperature": 1.0, "topic_strength": 0.5,
-        "num_topics": 16, "prompt_len": 128, "decode_len": 128, "requests": 8,
-    },
-    "deepseek-v2-lite": {
-        "model": "deepseek-v2-lite", "popularity_skew": 0.3, "token_locality": 0.2,
-        "layer_correlation": 0.92, "router_temperature": 1.0, "topic_strength": 0.45,
-        "num_topics": 16, "prompt_len": 128, "decode_len": 128, "requests": 8,
-    },
-    "olmoe-1b-7b": {
-        "model": "olmoe-1b-7b", "popularity_skew": 0.3, "token_locality": 0.25,
-        "layer_correlation": 0.88, "router_temperature": 1.0, "topic_strength": 0.5,
-        "num_topics": 16, "prompt_len": 128, "decode_len": 128, "requests": 8,
-    },
-}
-
 
 class SynthError(MoesimError, ValueError):
     """Invalid generator parameters; the message is one line naming the parameter."""

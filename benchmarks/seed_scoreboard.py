@@ -61,7 +61,7 @@ OWN: dict[str, tuple[str, str]] = {
 TIME = {"tpot_ms", "ttft_ms", "blocking_io_ms_per_token", "io_busy_ms_per_token", "h2d_gb_per_token"}
 """Metrics where less is better: a speed-up (or reduction) is baseline / own."""
 
-REASONS = ("hit_rate", "late_rate", "h2d_gb_per_token", "wasted_prefetch_gb", "gpu_busy_fraction",
+REASONS = ("hit_rate", "late_rate", "partial_rate", "h2d_gb_per_token", "wasted_prefetch_gb", "gpu_busy_fraction",
            "stall_ms_per_token", "runtime_overhead_ms")
 """The measured quantities printed beside a speed-up that is off by more than 1.5x."""
 

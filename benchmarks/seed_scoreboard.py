@@ -301,6 +301,11 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
         lines.append(f"| {s} | {len(t)} | {100 * statistics.median(e):.1f}% | {mx:.2f}x | "
                      f"{sum(max(r.predicted / r.measured, r.measured / r.predicted) > 1.5 for r in t)} | "
                      f"{sum(ok for _, _, ok in ps)} of {len(ps)} |")
+    wrong = [h for h in heads if h not in sign]
+    if wrong:
+        lines += ["", "Headlines with the wrong sign:", ""]
+        lines += [f"- {h.stem} row {h.own.index} vs {h.baseline} ({h.metric}): published {_fmt(h.published)}, "
+                  f"predicted {_fmt(h.predicted)}" for h in wrong]
     if beyond:
         lines += ["", "Held-out rows beyond 1.5x:", ""]
         lines += [f"- {r.stem} row {r.index} ({r.policy}, {r.metric}): measured {r.measured:.4g}, "

@@ -5,7 +5,8 @@ the ratio moesim / published and whether the rankings agree.
     python benchmarks/published_figures.py                # ~10 s on 2 cores
     python benchmarks/published_figures.py --tokens 64    # longer decode per request
 
-Sources (cited in full in PUBLISHED below; nothing here is fitted to them):
+Sources (cited in full in PUBLISHED below; since issue 21 `hf-eager-hqq` is fitted
+on Table 2's 2-bit rows, so only the 3-bit rows and MoEpic's are out of sample):
 
 1. Eliseev & Mazur, "Fast Inference of Mixture-of-Experts Language Models with Offloading",
    arXiv 2312.17238v1, Table 2 (tokens/s, section 4.3): Mixtral-8x7B-Instruct, HQQ 4-bit
@@ -22,8 +23,8 @@ Sources (cited in full in PUBLISHED below; nothing here is fitted to them):
 
 moesim's side: the catalog entries `mixtral-8x7b-hqq-a4e2` / `-a4e3` (bytes from arXiv
 2312.17238 Table 1's model sizes), hardware `a100-sxm-80gb`, `rtx-3080-laptop-16gb`,
-`rtx-3060-12gb`, `t4`, `rtx-a6000` (spec sheets), runtime `hf-eager-hqq` (a derivation of an
-eager HF loop over HQQ layers, see runtime.yaml), the synthetic Mixtral-8x7B trace (routing with
+`rtx-3060-12gb`, `t4`, `rtx-a6000` (spec sheets), runtime `hf-eager-hqq` (its per-layer time
+fitted on Eliseev & Mazur's 2-bit rows since issue 21, see runtime.yaml), the synthetic Mixtral-8x7B trace (routing with
 next-layer lookahead logits), decode at batch 1. For MoEpic's testbed the host link is the one
 measured there (10.1 GB/s, MoEpic section 2.2, as in scenarios/moepic/), a measurement of a
 different experiment from the compared one.

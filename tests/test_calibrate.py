@@ -93,7 +93,7 @@ def test_hardware_catalog_states_its_sources(capsys: pytest.CaptureFixture[str])
     for name in hardware_names():
         h = get_hardware(name)
         for field in ("vram_gib", "pcie_gbps", "peak_tflops", "hbm_gbps"):
-            assert h.source_of(field).split(":")[0] in ("spec sheet", "derivation", "assumption", "measurement")
+            assert h.source_of(field).split(":")[0] in ("spec sheet", "derivation", "assumption", "measurement", "fit")
     assert main(["hardware", "rtx-4090"]) == 0
     assert "PCIe 4.0" in capsys.readouterr().out
 

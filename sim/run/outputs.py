@@ -121,6 +121,20 @@ def cache_line(result: RunResult) -> str:
     return text
 
 
+RUNTIME_TIMES = ("layer_us", "iteration_us", "token_us", "demand_load_us", "prefetch_issue_us")
+"""The runtime profile's framework times; all zero means no framework overhead is modelled."""
+
+
+def runtime_line(runtime: dict[str, Any]) -> str:
+    """``hf-eager: 350 us/layer, 1000 us/iteration, 0 us/token``, or, for a runtime with no
+    time at all, that the run models no framework overhead (kernels back to back)."""
+    name = runtime.get("name", "?")
+    if not any(runtime.get(k) for k in RUNTIME_TIMES):
+        return f"{name}: no framework overhead modelled (kernels back to back); name a runtime: to add one"
+    return (f"{name}: {runtime.get('layer_us', 0):g} us/layer, {runtime.get('iteration_us', 0):g} us/iteration, "
+            f"{runtime.get('token_us', 0):g} us/token")
+
+
 def speedup_line(speedups: list[Any]) -> str:
     """``2.31x over no-cache, 1.00x over lru (TPOT, same scenario)``, or why one is missing."""
     done = [f"{s.speedup:.2f}x over {s.baseline}" for s in speedups if s.speedup is not None]
@@ -148,6 +162,8 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     if speedups:
         t.add_row("speed-up", escape(speedup_line(speedups)))
     t.add_row("model / hardware", f"{r['model']['name']} on {r['hardware']['name']}")
+    if r.get("runtime"):
+        t.add_row("runtime", escape(runtime_line(r["runtime"])))
     if result.changes:
         t.add_row("overrides", escape("; ".join(result.changes)))
     for fit in m.get("fit", []):

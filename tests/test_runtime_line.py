@@ -1,0 +1,21 @@
+"""The summary's runtime row (issue 21 item 3): a run with no framework overhead says so."""
+
+from __future__ import annotations
+
+from moesim.sim.config.catalog import get_runtime
+from moesim.sim.run.outputs import runtime_line
+
+
+def test_no_runtime_says_no_framework_overhead() -> None:
+    line = runtime_line(get_runtime("none").model_dump(mode="json"))
+    assert line.startswith("none: no framework overhead modelled")
+
+
+def test_a_runtime_shows_its_times() -> None:
+    line = runtime_line(get_runtime("hf-eager").model_dump(mode="json"))
+    assert line == "hf-eager: 350 us/layer, 1000 us/iteration, 0 us/token"
+
+
+def test_any_nonzero_time_counts_as_overhead() -> None:
+    spec = {**get_runtime("none").model_dump(mode="json"), "name": "custom", "demand_load_us": 5.0}
+    assert "no framework overhead" not in runtime_line(spec)

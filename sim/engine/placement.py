@@ -10,13 +10,16 @@ for a single global pool, the layer's running share of it) has room.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from moesim.policies.contract.base import RESIDENT, UnitKey
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.engine.vram import Unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from moesim.sim.engine.state import RunState
 
 
 def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:
@@ -29,11 +32,10 @@ def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:
     return freq
 
 
-def initial_fill(run: Any, on_place: Callable[[UnitKey], object] | None = None) -> list[UnitKey]:
-    """Place ``run.initial``'s units as resident in ``run.vram`` (``run``: the engine or the
-    executor, with ``L``, ``E``, ``vram``, ``fractions``, ``global_pool``, ``ctx``, ``rng``,
-    ``pool_of`` and ``part_bytes``); ``on_place`` is called with each placed key (the executor
-    copies the weights in). Returns the placed keys in placement order."""
+def initial_fill(run: RunState[Any], on_place: Callable[[UnitKey], object] | None = None) -> list[UnitKey]:
+    """Place ``run.initial``'s units as resident in ``run.vram`` (the simulator's run or the
+    executor's); ``on_place`` is called with each placed key (the executor copies the weights
+    in). Returns the placed keys in placement order."""
     if run.initial == "empty":
         return []
     L, E = run.L, run.E

@@ -31,7 +31,8 @@ from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.fast.prefetch_guess import GuessMaker
 
 if TYPE_CHECKING:
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
 
 
 class _U:
@@ -48,24 +49,24 @@ class _U:
         self.used = used
 
 
-def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
-    """Replay ``eng``'s workload with the kernel (see the module docstring), the prefetcher
+def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
+    """Replay ``state``'s workload with the kernel (see the module docstring), the prefetcher
     guessing from ``source`` (:class:`~moesim.sim.fast.prefetch_guess.GuessMaker`); leaves the
     counters, step records and clock as the event loop would."""
-    cost, st, tx, vram = eng.cost, eng.stats, eng.transfers, eng.vram
-    L, E = eng.L, eng.E
-    policy: Any = eng.policy
+    cost, st, tx, vram = state.cost, state.stats, state.transfers, state.vram
+    L, E = state.L, state.E
+    policy: Any = state.policy
     cache = policy.cache
     pf = policy.prefetcher
-    eb = eng.expert_bytes
-    steps = eng.steps if eng.record_steps else None
+    eb = state.expert_bytes
+    steps = state.steps if state.record_steps else None
     step_rows = steps.rows if steps is not None else None
-    iters, progress = eng.workload.iterations, eng.progress
+    iters, progress = state.workload.iterations, state.progress
     n_iters = len(iters)
-    experts = eng.trace.experts
+    experts = state.trace.experts
     kp = int(pf._k)
     cross = bool(pf.cross_token)
-    guess = GuessMaker(source, eng.trace, iters, L, E, kp)
+    guess = GuessMaker(source, state.trace, iters, L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
     overhead_layer = cost.overhead_layer_s()
@@ -253,7 +254,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
         return delay
 
     for pos, it in enumerate(iters):
-        eng.cur_iter = it
+        state.cur_iter = it
         it_index = it.index
         cur_layer = -1
         st.start_iteration(it, now, batch_start)
@@ -481,7 +482,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
             ovh += over
         st.end_iteration(it, now)
         cur_layer = L
-        eng.prev_iter = it
+        state.prev_iter = it
         if progress is not None:
             progress(it.index + 1, n_iters)
     # the GPU process ends at ``now``: SimPy processes every landing due by then first
@@ -496,5 +497,5 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
         setattr(st, name, getattr(st, name) + n)
     tx.last_evict_iter.update({(k // E, k % E, 0): v for k, v in last_evict.items()})
     vram.peak = max(vram.peak, peak)
-    eng.cur_layer = L
-    eng.fast_now = now
+    state.cur_layer = L
+    state.fast_now = now

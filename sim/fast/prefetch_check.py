@@ -29,53 +29,54 @@ from moesim.policies.parts.prefetchers import NextLayerPrefetcher
 from moesim.sim.fast.refusal import run_refusal
 
 if TYPE_CHECKING:
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
 
 _SOURCES = {LookaheadPredictor: "lookahead", PreviousTokenPredictor: "previous-token", OraclePredictor: "oracle"}
 
 
-def is_prefetch_policy(engine: Engine) -> bool:
+def is_prefetch_policy(state: RunState[Transfers]) -> bool:
     """The run's policy is the shipped mixtral-offloading or oracle-prefetch as such (no
     subclass, no part replaced): the kernel's policies, whether or not the rest of the run
     suits it."""
-    p = engine.policy
+    p = state.policy
     return (type(p) in (MixtralOffloading, OraclePrefetch) and isinstance(p, Composed)
             and type(p.cache) is LRUCache and type(p.prefetcher) is NextLayerPrefetcher and p.planner is None)
 
 
-def prefetch_source(engine: Engine) -> str | None:
+def prefetch_source(state: RunState[Transfers]) -> str | None:
     """What the run's prefetcher predicts from: ``lookahead``, ``previous-token`` or ``oracle``
     (None: a predictor the kernel does not reproduce)."""
-    pred: Any = engine.policy.prefetcher.predictor   # type: ignore[attr-defined]
+    pred: Any = state.policy.prefetcher.predictor   # type: ignore[attr-defined]
     if isinstance(pred, AutoPredictor):
         pred = pred.inner
     return _SOURCES.get(type(pred))
 
 
-def prefetch_refusal(engine: Engine) -> str | None:
-    """Why the kernel cannot replay ``engine``'s run exactly, or None (call after the policy's
+def prefetch_refusal(state: RunState[Transfers]) -> str | None:
+    """Why the kernel cannot replay ``state``'s run exactly, or None (call after the policy's
     ``setup`` and the initial fill, on a run whose policy :func:`is_prefetch_policy` accepted)."""
-    policy: Any = engine.policy
-    source = prefetch_source(engine)
+    policy: Any = state.policy
+    source = prefetch_source(state)
     if source is None:
         return f"the kernel does not reproduce predictor {policy.prefetcher.predictor.__class__.__name__}"
     if source == "lookahead":
-        la = engine.trace.lookahead_logits
+        la = state.trace.lookahead_logits
         if la is None:
             return "the trace has no lookahead_logits"
         if la.dtype.kind != "f" or bool(np.isnan(la).any()):
             return "the lookahead logits are not plain floats (or hold NaN)"
-    if source == "oracle" and bool((engine.trace.experts < 0).any()):
+    if source == "oracle" and bool((state.trace.experts < 0).any()):
         return "the trace has dropped routing slots (the oracle would prefetch expert -1)"
-    why = run_refusal(engine)
+    why = run_refusal(state)
     if why is not None:
         return why
-    if engine.check_invariants:
+    if state.check_invariants:
         return "the VRAM invariant is checked"
-    if engine.cost.prefetch_issue_s():
+    if state.cost.prefetch_issue_s():
         return "runtime.prefetch_issue_us is set (the kernel does not charge it)"
-    if int(engine.cost.hardware.copy_engines) != 1:
+    if int(state.cost.hardware.copy_engines) != 1:
         return "the kernel models one copy engine"
-    if any(u.state != RESIDENT or not u.used for u in engine.vram.units.values()):
+    if any(u.state != RESIDENT or not u.used for u in state.vram.units.values()):
         return "the run starts with transfers under way"
     return None

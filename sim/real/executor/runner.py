@@ -82,6 +82,7 @@ class Executor:
         self.expert_bytes = om.spec.expert_bytes
         self.threads = threads
         self.view = ExecutorView(self)
+        self.transfers = self   # where the view's actions go: the executor issues its copies itself
         self.initial = initial
         pol_seed, eng_seed = np.random.SeedSequence(seed).spawn(2)
         self.rng = np.random.default_rng(eng_seed)

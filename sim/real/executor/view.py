@@ -6,7 +6,7 @@ going to the executor, which keeps the simulator's VRAM rules and issues real co
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moesim.sim.engine.view import EngineView
 
@@ -21,11 +21,6 @@ class ExecutorView(EngineView):
 
     def __init__(self, executor: Executor) -> None:
         super().__init__(executor)  # type: ignore[arg-type]  # the executor has the engine's fields
-
-    @property
-    def _actions(self) -> Any:
-        """The executor issues prefetches, evictions and cancellations itself."""
-        return self._e
 
     @property
     def now(self) -> float:

@@ -11,10 +11,11 @@ iterations.
    same time, so its layer needs only its hit and miss counts (:func:`uniform_loads`); a step of
    several tokens builds its layer as the generic replay does.
 
-The kernels keep their own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for the
-registered ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` and ``static`` (FIFO beside its
-static set, :mod:`moesim.sim.fast.static`) as shipped (the exact classes, no hook overridden) on
-runs that the fast path accepts and that do not check the VRAM invariant.
+The kernels keep their own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for a
+policy that is one cache rule declaring ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` or
+``static`` (FIFO beside its static set, :mod:`moesim.sim.fast.static`) as its ``kernel``, alone
+or in a composition that adds no hook (:mod:`moesim.sim.fast.capability`), on runs that the
+fast path accepts and that do not check the VRAM invariant.
 ``tests/test_fastpath.py`` checks them against the event loop.
 """
 
@@ -25,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
-from moesim.policies.parts.caches import BeladyCache, FIFOCache, LFUCache, LRUCache, RandomCache
-from moesim.policies.parts.compose import Composed
+from moesim.policies.parts.caches import RandomCache
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.vram import Unit
+from moesim.sim.fast.capability import rule_kernel, sole_rule
 from moesim.sim.fast.loads import compute_with_loads, one_lane_loads, uniform_loads
 from moesim.sim.fast.plan import (
     NO_MISS,
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
     from moesim.sim.engine.transfers import Transfers
     from moesim.sim.engine.workload import Iteration
 
-_RULES = {LRUCache: "lru", FIFOCache: "fifo", LFUCache: "lfu", RandomCache: "random", BeladyCache: "belady"}
+KINDS = ("lru", "fifo", "lfu", "random", "belady")
+"""The cache rules (their declared ``kernel``) replayed here, besides ``static``."""
 
 
 def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> float:
@@ -66,20 +68,16 @@ def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> flo
 
 def ordered_kind(state: RunState[Transfers]) -> str | None:
     """``"lru"``, ``"fifo"``, ``"lfu"``, ``"random"``, ``"belady"`` or ``"static"`` when
-    ``state``'s policy is exactly that shipped cache (alone or in a composition of nothing else
-    that overrides no hook), else None (call on runs the fast path accepted; None too with a
-    ``runtime.demand_load_us``, which the generic fast replay charges)."""
-    policy = state.policy
+    ``state``'s policy is one cache rule that declares that kernel (alone, or in a composition
+    of nothing else that overrides no hook: :mod:`moesim.sim.fast.capability`), else None (call
+    on runs the fast path accepted; None too with a ``runtime.demand_load_us``, which the
+    generic fast replay charges)."""
     if state.cost.demand_load_s():   # the kernels time demand loads without it; the generic replay charges it
         return None
     if static_sets(state) is not None:   # the fast path took it: its set is resident
         return "static"
-    rule: Any = policy
-    if isinstance(policy, Composed):
-        if not policy.demand_only():
-            return None
-        rule = policy.cache
-    return _RULES.get(type(rule))
+    kind = rule_kernel(state.policy)
+    return kind if kind in KINDS else None
 
 
 class _Resident:
@@ -142,9 +140,10 @@ def _planner(state: RunState[Transfers], kind: str, clean: bool) -> Planner:
         return FifoPlanner(L, slots, warm, last, static_sets(state))
     if kind == "lfu":
         return LfuPlanner(L, slots, warm, last)
-    rule: Any = state.policy.cache if isinstance(state.policy, Composed) else state.policy
     if kind == "random":
-        return RandomPlanner(L, slots, warm, last, rule._rng)   # the rule's own stream (the run's policy seed)
+        rule = sole_rule(state.policy)
+        assert isinstance(rule, RandomCache), "the random kernel replays a random rule"
+        return RandomPlanner(L, slots, warm, last, rule.rng)   # the rule's own stream (the run's policy seed)
     # belady: each layer's whole access sequence, for the next uses
     experts = state.trace.experts
     iters = state.workload.iterations

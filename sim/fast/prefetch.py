@@ -2,8 +2,8 @@
 caches per layer and one copy lane, replayed without SimPy or policy objects, with the event
 loop's exact metrics and step records.
 
-State is kept flat: per layer the units present (:class:`_U`) and their LRU clocks (the cache's
-``_last``); the lane's transfer in flight with its landing (time, creation order) and its queue
+State is kept flat: per layer the units present (:class:`_U`) and their LRU clocks (taken from
+the rule's ``last_uses``); the lane's transfer in flight with its landing (time, creation order) and its queue
 ``(class, -priority, order, unit)`` (demand loads first, a prefetch's priority its score; under
 ``pcie.order: fifo`` issue order, nothing withdrawn). Each landing SimPy would process before
 the GPU resumes (by time, then creation order) is processed first, with the GPU's state of that
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.sim.engine.plans import access_order, next_in_fixed_order
 from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.fast.capability import next_layer_parts
 from moesim.sim.fast.prefetch_guess import GuessMaker
 
 if TYPE_CHECKING:
@@ -55,16 +56,16 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
     counters, step records and clock as the event loop would."""
     cost, st, tx, vram = state.cost, state.stats, state.transfers, state.vram
     L, E = state.L, state.E
-    policy: Any = state.policy
-    cache = policy.cache
-    pf = policy.prefetcher
+    parts = next_layer_parts(state.policy)
+    assert parts is not None, "not a policy of the prefetch kernel (sim/fast/prefetch_check.py)"
+    cache, pf = parts
     eb = state.expert_bytes
     steps = state.steps if state.record_steps else None
     step_rows = steps.rows if steps is not None else None
     iters, progress = state.workload.iterations, state.progress
     n_iters = len(iters)
     experts = state.trace.experts
-    kp = int(pf._k)
+    kp = pf.experts_per_token
     cross = bool(pf.cross_token)
     guess = GuessMaker(source, state.trace, iters, L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
@@ -86,9 +87,9 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
         w0 = pools[layer][e] = objs[layer][e]
         w0.state, w0.demand, w0.used = RESIDENT, u0.demand, u0.used
     lru: list[dict[int, int]] = [{} for _ in range(L)]
-    for (layer, e, _p), c in cache._last.items():
+    for (layer, e, _p), c in cache.last_uses().items():
         lru[layer][e] = c
-    clock = cache._clock
+    clock = cache.clock
     last_evict: dict[int, int] = {k[0] * E + k[1]: v for k, v in tx.last_evict_iter.items()}
 
     # the copy lane: the transfer in flight (None: idle), its landing (time, creation order)
@@ -109,7 +110,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
     now = 0.0
 
     def start(u: _U, t: float) -> None:
-        """The lane starts ``u`` at ``t`` (Transfers._on_transfer_start's books)."""
+        """The lane starts ``u`` at ``t`` (Transfers.count_start's books)."""
         nonlocal cur, t_land, q_land, q, layer_pf, n_refetch, n_demand, n_pf, n_pfu
         u.state = INFLIGHT
         r = last_evict.get(u.layer * E + u.e)

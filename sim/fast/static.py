@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moesim.policies.baselines.caching import Static
 from moesim.policies.contract.base import RESIDENT
 from moesim.policies.parts.caches import StaticCache
+from moesim.sim.fast.capability import sole_rule
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
@@ -22,15 +22,13 @@ if TYPE_CHECKING:
 
 
 def static_sets(state: RunState[Transfers]) -> list[set[int]] | None:
-    """Each layer's static experts when ``state``'s policy is exactly the shipped ``static``
-    (its composition of the rule alone, no hook overridden), else None."""
-    policy = state.policy
-    if type(policy) is not Static or type(policy.cache) is not StaticCache:
-        return None
-    if policy.prefetcher is not None or policy.planner is not None:
+    """Each layer's static experts when ``state``'s policy is one cache rule that declares the
+    ``static`` kernel (the shipped ``static``: the rule alone, no hook overridden), else None."""
+    rule = sole_rule(state.policy)
+    if rule is None or rule.kernel != "static" or not isinstance(rule, StaticCache):
         return None
     sets: list[set[int]] = [set() for _ in range(state.L)]
-    for layer, e, _p in policy.cache.static:
+    for layer, e, _p in rule.static:
         sets[layer].add(e)
     return sets
 

@@ -1,12 +1,17 @@
-"""Simulator against the real executor on this machine's CPU: policies x cache rates.
+"""Simulator against the real executor on this machine's CPU (or GPU, ``--device cuda``): policies x
+cache rates.
 
-Calibrates (``simctl calibrate`` on the scenario's model shape) before and after the executor runs and simulates with the calibration during which the machine was least disturbed; for each policy and
+Calibrates (``simctl calibrate`` on the scenario's model shape) before and after the executor runs and
+simulates with the calibration during which the machine was least disturbed (or, ``--use-profile``,
+simulates with a profile calibrated beforehand and does not calibrate); for each policy and
 cache rate runs ``scenarios/validate-cpu.yaml`` on the executor (the scenario's model: the bundled
 trained tiny MoE by default, ``--model random`` for random weights of its shape; copies on a copy
 thread) and in the simulator with the calibrated profile, and prints one markdown
 table: TPOT p50 / mean, TTFT, hit rate and H2D bytes, simulated vs measured, error in %.
 
     python benchmarks/validate_cpu.py [--policies lru lfu fifo belady mixtral-offloading] [--rates 0.25 0.5 0.75]
+    python benchmarks/validate_cpu.py --device cuda --scenario scenarios/validate-h100-mixtral.yaml \
+        --use-profile h100-profile.yaml --policies lru mixtral-offloading --rates 0.25 0.5
 
 Speed figures, never assertions: the numbers depend on the machine and its load.
 """
@@ -25,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     """Print the validation table."""
-    import torch
+    import yaml
 
     from moesim.sim.config.scenario import load_scenario
     from moesim.sim.real.calibration.awake import cpus_awake
@@ -47,46 +52,65 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="runs/validate-cpu/profile.yaml")
     ap.add_argument("--quick", action="store_true", help="quick calibration")
     ap.add_argument("--repeats", type=int, default=3, help="executor runs per point (timings: the best of them)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--use-profile", default=None, help="simulate with this profile (from `simctl calibrate` on "
+                    "the same device and model shape) instead of calibrating before and after the runs")
     ap.add_argument("--model", default=None, help="model directory, catalog name or 'random' "
                     "(default: the scenario's model; tiny-moe is the bundled trained model)")
     args = ap.parse_args(argv)
 
+    from moesim.traces.tracer.model_loading import resolve_device
+
+    device = resolve_device(args.device)
     base = load_scenario(args.scenario)
     trace = load_trace(base)
     ref, spec = model_argument(args.model, base.model_spec(trace.model.name))
-    om = load(ref, spec, torch.device("cpu"))
+    om = load(ref, spec, device)
     context, routing = calibration_inputs(base, trace)
     points = [(pol, rate) for pol in args.policies for rate in args.rates]
     scenarios = {pt: load_scenario(args.scenario, [f"policy={pt[0]}", f"cache.rate={pt[1]}"]) for pt in points}
     # calibrated before and after the executor runs; the calibration during which the machine was
     # least disturbed (the faster resident executor step it measured) is the one simulated
+    on_cpu = device.type == "cpu"
     t0 = time.time()
-    before = calibrate(om, quick=args.quick, context=context, routing=routing)
+    if args.use_profile:
+        before = yaml.safe_load(Path(args.use_profile).read_text())
+        path = Path(args.use_profile)
+    else:
+        before = calibrate(om, quick=args.quick, context=context, routing=routing)
+        path = write_profile(before, args.profile, force=True)   # a benchmark run recalibrates
     cal_s = time.time() - t0
-    path = write_profile(before, args.profile, force=True)   # a benchmark run recalibrates
     # rounds over all points (a slow spell of the machine falls on one round of several points,
     # not on every run of one point); each point keeps its best round
     runs: dict[tuple[str, float], list[dict[str, Any]]] = {pt: [] for pt in points}
-    with cpus_awake():
+    with cpus_awake(on_cpu):
         for _ in range(args.repeats):
             for pt in points:
                 runs[pt].append(execute(scenarios[pt], om, path, trace))
-    after = calibrate(om, quick=args.quick, context=context, routing=routing)
-    steps = [c["measurements"]["executor_step_s"] for c in (before, after)]
-    prof = before if steps[0] <= steps[1] else after
-    path = write_profile(prof, args.profile, force=True)
-    write_profile(after if prof is before else before, Path(args.profile).with_suffix(".other.yaml"), force=True)
+    prof = before
+    if not args.use_profile:
+        after = calibrate(om, quick=args.quick, context=context, routing=routing)
+        steps = [c["measurements"]["executor_step_s"] for c in (before, after)]
+        prof = before if steps[0] <= steps[1] else after
+        path = write_profile(prof, args.profile, force=True)
+        write_profile(after if prof is before else before, Path(args.profile).with_suffix(".other.yaml"), force=True)
     hw, rt = prof["hardware"], prof["runtime"]
-    print(f"# Simulator vs executor on CPU\n\ncommand: `python benchmarks/{Path(__file__).name} {' '.join(argv or sys.argv[1:])}`  ")
+    where = "CPU" if on_cpu else prof["provenance"]["device"]
+    print(f"# Simulator vs executor on {where}\n\ncommand: `python benchmarks/{Path(__file__).name} {' '.join(argv or sys.argv[1:])}`  ")
+    threads = f"{prof['provenance']['torch_threads']} thread(s), " if on_cpu else ""
     print(f"device: {prof['provenance']['device']}, torch {prof['provenance']['torch']}, "
-          f"{prof['provenance']['torch_threads']} thread(s), {prof['provenance']['date']}  ")
+          f"{threads}{prof['provenance']['date']}  ")
     weights = om.source.get("weights", om.source.get("model", "?"))
     print(f"model: {om.spec.name} ({weights}), Mixtral architecture, {om.spec.num_layers} layers x {om.spec.num_experts} experts, top-{om.spec.top_k}, "
           f"hidden {om.hidden}, intermediate {om.inter}, {str(om.dtype).replace('torch.', '')} "
           f"({om.spec.expert_bytes / 1e6:.1f} MB per expert)  ")
-    print(f"executor: {args.repeats} rounds over the {len(points)} points, each point's best round; calibrated "
-          f"before and after them ({cal_s:.0f} s each), resident executor step {steps[0] * 1e3:.3f} / "
-          f"{steps[1] * 1e3:.3f} ms: the {'first' if prof is before else 'second'} calibration is used  ")
+    if args.use_profile:
+        print(f"executor: {args.repeats} rounds over the {len(points)} points, each point's best round; simulated "
+              f"with the profile {args.use_profile} (command: `{prof['provenance']['command']}`)  ")
+    else:
+        print(f"executor: {args.repeats} rounds over the {len(points)} points, each point's best round; calibrated "
+              f"before and after them ({cal_s:.0f} s each), resident executor step {steps[0] * 1e3:.3f} / "
+              f"{steps[1] * 1e3:.3f} ms: the {'first' if prof is before else 'second'} calibration is used  ")
     c = hw["costs"]
     print(f"calibrated: copies {hw['pcie_gbps']:.2f} GB/s + {hw['pcie_latency_us']:.0f} us; "
           f"expert {c['expert_us']:.0f} us; layer {c['layer_us']:.0f} us; head {c['head_us']:.0f} us; "

@@ -70,8 +70,8 @@ trace_case("phase-int", mutate("phase", lambda v: [1 for _ in v], pa.int8()), "p
 trace_case("weights-strings", mutate("weights", lambda v: [[str(x) for x in r] for r in v], pa.list_(pa.string())),
            "weights")
 trace_case("weights-negative", mutate("weights", lambda v: at(v, 11, [-0.5, 0.1, 0.1, 0.1, 0.1, 0.1])),
-           "weights", "row 11", run=False)
-trace_case("weights-nan", mutate("weights", lambda v: at(v, 12, [float("nan")] * 6)), "weights", "row 12", run=False)
+           "weights", "row 11")
+trace_case("weights-nan", mutate("weights", lambda v: at(v, 12, [float("nan")] * 6)), "weights", "row 12")
 trace_case("token-id-strings", mutate("token_id", lambda v: [str(x) for x in v], pa.string()), "token_id")
 trace_case("unknown-column", rows(lambda t: t.append_column("expertz", pa.array([0] * t.num_rows))), "expertz")
 trace_case("empty", rows(lambda t: t.slice(0, 0)), "no rows")

@@ -59,6 +59,13 @@ def test_profile_has_provenance_measurements_and_fits(profile: Path) -> None:
     assert rt["demand_load_us"] == pytest.approx(max(0.0, (fit["measured_gap_us"] - fit["predicted_gap_us"])
                                                       / fit["loads_per_step"]), abs=1e-3)
     assert data["model"]["hidden_size"] == 32
+    # the host CPU: on a CPU device the device's expert times, with the bandwidth they imply
+    cpu = hw["cpu"]
+    assert cpu["threads"] == 1 and cpu["expert_us"] == c["expert_us"]
+    one = next(r["s"] for r in m["host_experts"] if r["tokens"] == 1)
+    assert cpu["mem_gbps"] == pytest.approx(4 * 3 * 32 * 64 / one / 1e9, rel=1e-3)
+    assert set(cpu["sources"]) >= {"mem_gbps", "expert_us", "threads"}
+    assert "pageable_gbps" not in hw   # pinned and pageable differ on a GPU only
 
 
 def test_a_scenario_accepts_the_profile(profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -86,6 +86,25 @@ def test_prefetch_issue_cost_makes_the_simulator_reproduce_the_measured_gap() ->
     assert prefetch_issue_cost(spec, wl, dict(runs, prefetch_s=res), HW, rt)["prefetch_issue_us"] == 0.0
 
 
+def test_prefetch_issue_cost_where_the_copies_set_the_step_is_the_share_of_the_excess() -> None:
+    """Copies far slower than a layer (as real-shaped Mixtral experts over PCIe): the prefetches
+    cannot land in time, the simulated step hardly responds to an issue cost, and bisection
+    would put a small measured excess on a huge per-prefetch cost (5.65 ms on an H100); the
+    fit takes each prefetch's share of the excess instead and says so."""
+    spec = get_model("tiny-moe")
+    wl = calibration_workload(spec, None, context=8, tokens=6, seed=1)
+    slow = dict(HW, pcie_gbps=0.05)
+    rt = dict(RT, demand_load_us=0.0)
+    res = simulated_tpot(spec, wl, "resident", slow, rt, 1)
+    pre, issued = simulated_run(spec, wl, "prefetch", slow, rt, 1)
+    assert pre > 2 * res   # copy-bound
+    runs = {"seed": 1, "resident_s": res, "prefetch_s": pre + 200e-6}
+    fit = prefetch_issue_cost(spec, wl, runs, slow, rt)
+    share = 200.0 / fit["prefetches_per_step"]
+    assert fit["copy_bound"] and fit["bisection_us"] > 10 * share
+    assert fit["prefetch_issue_us"] == pytest.approx(share, rel=1e-6)
+
+
 def test_validation_calibrates_on_requests_it_does_not_validate() -> None:
     from moesim.sim.config.scenario import load_scenario
     from moesim.sim.real.validate import calibration_inputs

@@ -68,6 +68,20 @@ def test_set_overrides_any_key(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert m["misses"] == len(pairs) and m["evictions"] == 0
 
 
+def test_set_reaches_into_a_runtime_named_by_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--set runtime.layer_us=...`` on a scenario whose runtime is a catalog name changes that
+    entry (as ``model.*`` and ``hardware.*`` do), instead of failing on a string."""
+    scen = small_scenario(tmp_path)
+    base = ["run", str(scen), "--json", "--set", "runtime=hf-eager"]
+    code, out, _ = run_cli(base, capsys)
+    assert code == 0
+    before = json.loads(out)["runtime_overhead_ms"]
+    code, out, _ = run_cli([*base, "--set", "runtime.layer_us=700"], capsys)
+    assert code == 0
+    after = json.loads(out)["runtime_overhead_ms"]
+    assert after > before   # hf-eager's layer_us is 350: twice the per-layer overhead
+
+
 def test_same_scenario_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scen = small_scenario(tmp_path, policy="random")
     for out in ("a", "b"):

@@ -49,21 +49,21 @@ def test_compare_ranks_policies_and_labels_bounds(tmp_path: Path, capsys: pytest
     for rate in ("0.25", "0.5"):
         block = [r for r in rows if r[0] == rate]
         assert [r[1] for r in block] == ["1", "2", "3", "bound"]
-        assert block[-1][2] == "belady (bound)" and block[-1][3] == "oracle bound"
-        tpots = [float(r[4]) for r in block[:3]]
+        assert block[-1][2] == "belady (bound)"
+        tpots = [float(r[3]) for r in block[:3]]
         assert tpots == sorted(tpots)  # ranked by TPOT, lowest first
         no_cache = next(r for r in block if r[2] == "no-cache")
-        assert no_cache[-1] == "1.00"  # the default baseline of the speed-up column
-    assert "oracle policies are bounds" in md
+        assert no_cache[-2] == "1.00"  # the default baseline of the speed-up column (before notes)
+    assert "### Bounds: oracle policies" in md and "### Lossy" not in md
     csv = pd.read_csv(io.StringIO((out / "compare.csv").read_text()))
-    assert list(csv["kind"]).count("oracle bound") == 2 and csv["rank"].isna().sum() == 2
+    assert list(csv["kind"]).count("oracle") == 2 and csv["rank"].isna().sum() == 2
     assert (out / "compare.md").read_text() == md
     assert _is_figure(out / "compare.png") and _is_figure(out / "compare.pdf")
     # again: every point is already done; CSV on stdout, ranked on hit rate
     code, text, err = run_cli(["compare", str(QUICKSTART), "-p", "lru,belady,no-cache,lfu", "-r", "0.25,0.5",
                                "--set", "workload.requests=1", "--out", str(out), "-f", "csv", "-m", "hit-rate",
                                "--no-figure"], capsys)
-    assert code == 0 and text.startswith("cache.rate,rank,policy,bound") and "8 points" not in text
+    assert code == 0 and text.startswith("cache.rate,kind,rank,policy,bound") and "8 points" not in text
     again = pd.read_csv(io.StringIO(text))
     ranked = again[again["rank"].notna() & (again["cache.rate"] == 0.25)]
     assert list(ranked["hit_rate"]) == sorted(ranked["hit_rate"], reverse=True)
@@ -110,7 +110,7 @@ def test_sweep_figure_labels_units_bounds_and_averages_seeds(sweep_dir: Path) ->
     assert labels == ["no-cache", "lru", "belady (bound)"]
     assert not ax.get_legend()  # the legend sits outside the axes
     series = {c.get_label(): c.lines[0] for c in ax.containers}  # one errorbar container per line
-    assert series["belady (bound)"].get_linestyle() == "--" and series["lru"].get_linestyle() == "-"
+    assert series["belady (bound)"].get_linestyle() == ":" and series["lru"].get_linestyle() == "-"
     ok = df[(df["policy"] == "lru") & (df["cache.rate"] == 0.25)]
     assert series["lru"].get_ydata()[0] == pytest.approx(ok["tpot_ms_mean"].mean())  # mean over the two seeds
     plt.close(fig)

@@ -102,3 +102,64 @@ def test_too_small_a_budget_is_one_line() -> None:
 
     with pytest.raises(MoesimError, match="budget"):
         _execute("lru", 1)
+
+
+class _StreamLikeCopier:
+    """A copy engine that behaves as a CUDA stream seen from the host: every copy starts at once
+    and cannot be withdrawn, and none lands until the host waits for it."""
+
+    name = "stream-like"
+
+    def __init__(self) -> None:
+        from moesim.sim.real.executor.copier import SyncCopier
+
+        self._sync = SyncCopier()
+
+    def submit(self, key: Any, src: Any, dst: Any, cls: int, priority: float = 0.0, after: Any = None) -> Any:
+        job = self._sync.submit(key, src, dst, cls, priority)
+        job.finished = False
+        return job
+
+    def done(self, job: Any) -> bool:
+        return bool(job.finished)
+
+    def started(self, job: Any) -> bool:
+        return True
+
+    def wait(self, jobs: list[Any]) -> None:
+        jobs[0].finished = True
+
+    def cancel(self, job: Any) -> bool:
+        return False
+
+    def reprioritize(self, job: Any, priority: float) -> bool:
+        return False
+
+    def busy_s(self) -> float:
+        return self._sync.busy_s()
+
+    def close(self) -> None:
+        pass
+
+
+def test_demand_load_waits_for_room_held_by_started_prefetches() -> None:
+    """Speculative prefetches that cannot be withdrawn (a CUDA stream) can fill a layer's pool
+    with experts the layer does not use; a demand load then waits for one to land and evicts it.
+    On this trace and budget (2 experts per layer) that was an error ('the expert budget is too
+    small'), first met on an H100."""
+    from moesim.sim.real.executor.model import load
+    from moesim.sim.real.executor.runner import Executor
+    from moesim.traces.format.trace_file import trace_from_columns
+    from moesim.traces.synthetic.generator import generate, parse_params
+
+    spec = dict(SPEC, name="tiny4", num_layers=4)
+    om = load(None, get_model(spec), torch.device("cpu"))
+    tr = trace_from_columns(*generate(parse_params({"preset": "mixtral-8x7b", "num_layers": 4, "requests": 2,
+                                                    "prompt_len": 16, "decode_len": 32, "seed": 0})))
+    ex = Executor(build_workload(tr, phases=["prefill", "decode"]), make_policy("mixtral-offloading", {}), om,
+                  CostModel(om.spec, tiny_hw()), budget_bytes=8 * om.spec.expert_bytes)
+    ex.res.copier.close()
+    ex.res.copier = _StreamLikeCopier()
+    ex.run(warmup=1)
+    met = ex.metrics()
+    assert met["output_tokens"] == 2 * 33 and met["misses"] > 0 and met["prefetch_gb"] > 0

@@ -21,7 +21,8 @@ from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, tiny_hw, tiny_model
 
-DEMAND_ONLY = sorted(n for n in policy_names() if make_policy(n).demand_only())
+# the fast path replays per-layer pools only (one global pool goes to the event loop)
+DEMAND_ONLY = sorted(n for n in policy_names() if make_policy(n).demand_only() and make_policy(n).scope == "layer")
 
 
 def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: Any, initial: str,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moesim.sim.run import outputs
 from moesim.sim.cli.main import main
 from moesim.sim.core.atomic import TMP_TAG
+from moesim.sim.run import outputs
 from tests.bad_input import scen
 
 

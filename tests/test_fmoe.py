@@ -242,3 +242,20 @@ def test_promoe_style_prefetches_beyond_the_next_layer() -> None:
     assert m3["prefetch_gb"] > m1["prefetch_gb"] > 0
     with pytest.raises(PolicyError):
         make_policy("promoe-style", {"stride": 0})
+
+
+def test_fmoe_table_compares_every_system_on_one_global_pool() -> None:
+    """benchmarks/fmoe_table.py gives fMoE and every baseline the same pool layout (one global
+    pool, ``cache.scope: global``), so that scope alone does not move the comparison."""
+    from benchmarks.fmoe_table import METHODS, scenario
+    from benchmarks.paper_runs import run_scenario
+
+    for policy, params, sync in METHODS.values():
+        data = scenario(policy, params, sync, 12.0, 10, 32)
+        assert data["cache"]["scope"] == "global"
+    # the scenario key reaches the engine: lru (per-layer by default) runs on one pool
+    small = scenario("lru", {}, True, 12.0, 2, 4)
+    m, pol = run_scenario(small)
+    assert pol.scope == "global" and m["expert_budget_gib"] == pytest.approx(12.0)
+    m_layer, pol_layer = run_scenario({**small, "cache": {"gib": 12.0}})
+    assert pol_layer.scope == "layer" and m_layer["ttft_ms"]["mean"] != m["ttft_ms"]["mean"]

@@ -24,6 +24,10 @@ from moesim.policies.moepic.configurator import (
     solve_layer,
 )
 from moesim.policies.moepic.policy import MoEpic, split_fractions
+from moesim.sim.config.catalog import RuntimeSpec
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
 from tests.util import make_trace, random_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert
@@ -56,9 +60,14 @@ def test_solve_layer_picks_the_cache_size_of_eq_11() -> None:
     # budget 1.5: C in [2, 4]; m = H(C) * 1.5 / C: C=2: 0.675 (theta .75), C=3: 0.475, C=4: .375
     sp = solve_layer(LAYER, 1.5, 0.5, tm)
     assert (sp.cache_size, sp.theta) == (2, 0.75) and sp.loaded == pytest.approx(0.675)
-    # no budget: whole experts prefetched, two fit in 2.5: m = P(1) + P(2)
+    # no budget: whole experts prefetched; two would fit in 2.5, but MoEpic prefetches its K = 1
+    # predicted expert only: m = P(1); with K = 2, m = P(1) + P(2)
     sp = solve_layer(LAYER, 0.0, 2.5, tm)
-    assert (sp.cache_size, sp.theta) == (0, 0.0) and sp.loaded == pytest.approx(0.7)
+    assert (sp.cache_size, sp.theta) == (0, 0.0) and sp.loaded == pytest.approx(0.5)
+    tm2 = Timing(t_att=0.5, t_moe=0.4, t_head=0.3, t_load=1.0, top_k=2)
+    assert solve_layer(LAYER, 0.0, 2.5, tm2).loaded == pytest.approx(0.7)
+    # with a cache: a window of 3 loads fits three prefetches of 0.75, K = 1 takes one
+    assert solve_layer(LAYER, 1.0, 3.0, tm).loaded == pytest.approx(0.825)
 
 
 def test_expert_split_chains_the_windows_of_eqs_5_to_7() -> None:
@@ -189,6 +198,40 @@ def test_prefetch_fetches_only_the_bottom_of_a_cached_expert() -> None:
     assert sorted(k for k in eng.state.vram.units if k[2] == 0) == [(0, 0, 0), (1, 1, 0)]
 
 
+def test_prefetch_covers_exactly_the_top_k_predicted_experts() -> None:
+    """Section 3.2: the prefetch for a layer is its K predicted (activated) experts in
+    descending score, each as its bottom when its top is cached, else whole; nothing past the
+    K-th prediction, even with buffer room for every expert of the layer."""
+    look = np.zeros((2, 2, 8), dtype=np.float16)
+    look[0, 0, [3, 5, 1, 0]] = [5, 4, 3, 2]     # layer 1 of token 0: 3, 5, then 1, 0, ...
+    look[1, 0, [3, 6, 2, 7]] = [5, 4, 3, 2]     # layer 1 of token 1: 3, 6, then 2, 7, ...
+    look[:, 1, [0, 1, 4]] = [5, 4, 3]           # layer 0 of the next token: 0, 1, then 4
+    tr = make_trace([[[0, 1], [3, 5]], [[0, 1], [3, 6]]], num_experts=8, lookahead=look)
+    model = tiny_model(2, 8, 2)
+    wl = build_workload(tr, batch_size=1, phases=("decode",))
+    eng = Engine(wl, MoEpic(configurator=False), CostModel(model, tiny_hw(layer_us=10_000)),
+                 budget_bytes=2 * model.expert_bytes, buffer_bytes=8 * model.expert_bytes,
+                 check_invariants=True)
+    issued: dict[int, set[tuple[int, int, int]]] = {}
+    issue = eng.state.transfers.issue_prefetch
+
+    def spy(key: tuple[int, int, int], priority: float, into_buffer: bool) -> bool:
+        ok = issue(key, priority, into_buffer)
+        if ok:
+            issued.setdefault(eng.state.cur_iter.index, set()).add(key)
+        return ok
+
+    eng.state.transfers.issue_prefetch = spy   # type: ignore[method-assign]
+    eng.run()
+    # token 0: nothing cached in layer 1: experts 3 and 5 whole (both halves); after layer 1 the
+    # tops of 0 and 1 (layer 0) and of 3 and 5 (layer 1) are cached, so the next token's layer 0
+    # gets the bottoms of 0 and 1. Token 1: layer 1's expert 3 has its top cached (bottom only),
+    # expert 6 does not (whole); then layer 0 of a token that never comes: bottoms of 0 and 1.
+    assert issued == {0: {(1, 3, 0), (1, 3, 1), (1, 5, 0), (1, 5, 1), (0, 0, 1), (0, 1, 1)},
+                      1: {(1, 3, 1), (1, 6, 0), (1, 6, 1), (0, 0, 1), (0, 1, 1)}}
+    assert [(s.hits, s.misses) for s in steps(eng)] == [(0, 2), (2, 0), (2, 0), (2, 0)]
+
+
 def test_statuses_of_segmented_accesses() -> None:
     tr = make_trace([[[0]], [[0]]], num_experts=2)
     eng, m = run_engine(tr, MoEpic(prefetch=False, configurator=False), tiny_model(1, 2, 1), tiny_hw(),
@@ -232,6 +275,21 @@ def test_the_configurator_is_what_the_policy_runs() -> None:
     alloc = pol.configuration()
     assert alloc.budgets.sum() == pytest.approx(9.0)
     assert (alloc.theta > 0).all() and (alloc.theta <= 1).all()
+
+
+def test_the_configurator_times_windows_on_the_engine_clock() -> None:
+    """T_comp^att and T_comp^head (Algorithm 1's inputs) as the engine spends them: a layer's
+    non-MoE part plus the runtime's per-layer overhead, the head plus its per-forward-pass
+    overhead; so the first window (line 30) is their sum."""
+    tr = random_trace(12, layers=3, experts=8, top_k=2, requests=1, prompt=1, decode=8)
+    rt = RuntimeSpec(name="rt", layer_us=300, iteration_us=1000, token_us=200)
+    pol = MoEpic(tau=10_000)
+    run_engine(tr, pol, tiny_model(3, 8, 2), tiny_hw(layer_us=100), budget_experts=9, buffer_experts=2,
+               runtime=rt)
+    assert pol.timing is not None
+    assert (pol.timing.t_att, pol.timing.t_head) == pytest.approx((400e-6, 1200e-6))
+    assert (pol.timing.t_moe, pol.timing.t_load) == pytest.approx((100e-6, 1000e-6))
+    assert pol.configuration().split.window[0] == pytest.approx(1600e-6)
 
 
 @pytest.mark.parametrize("params", [{"speculative": False}, {"cache_policy": "random"},

@@ -95,7 +95,8 @@ def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: in
                         batch_size=batch, phases=("prefill", "decode"), swap_out=swap_out,
                         pcie_order=order, sync_prefetch=sync)
     assert eng.state.stats.vram_peak_bytes <= (budget + buffer) * model.expert_bytes
-    assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"] > 0
+    assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"]
+    assert m["accesses"] + m["cpu_expert_runs"] > 0   # experts ran (cpu-moe may run all on the CPU)
     assert all(used >= 0 for used in eng.state.vram.used)
     assert all(d >= 0 for d in eng.state.vram.draining) and eng.state.vram.buffer_draining >= 0
     if policy_class(name).lossy:

@@ -3,20 +3,22 @@ needs, and the lazily loaded commands behave as registered ones (help, order, su
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from moesim.sim.cli.main import main
 from moesim.sim.run.metrics import percentile
 
 LAZY_MODULES = ("moesim.traces.cli", "moesim.traces.tiny.model_cli", "moesim.sim.cli.quality",
-                "moesim.sim.cli.study", "moesim.sim.study.curve", "moesim.sim.cli.real")
+                "moesim.sim.cli.study", "moesim.sim.study.curve", "moesim.sim.cli.real", "moesim.sim.cli.fit",
+                "moesim.sim.study.fit")
 
 
 def _modules_after(code: str) -> set[str]:
@@ -66,6 +68,9 @@ def test_lazy_group_and_command_take_their_options(capsys: pytest.CaptureFixture
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=60),
        st.sampled_from([0, 1, 25, 50, 75, 90, 99, 100]))
+@example([math.inf], 0)          # numpy interpolates at the top end: inf - inf is NaN
+@example([-0.0], 0)              # ... and keeps a lone -0.0
+@example([-0.0, -0.0], 100)      # ... but not a -0.0 at the top of two
 def test_percentile_is_numpys_bit_for_bit(values: list[float], p: int) -> None:
     a = np.asarray(values, dtype=np.float64)
     with np.errstate(invalid="ignore"):

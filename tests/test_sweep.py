@@ -145,10 +145,12 @@ def test_a_policy_that_needs_a_missing_column_is_not_applicable(tmp_path: Path, 
     path = write_sweep(tmp_path, grid={"policy": ["lru", "moe-apex-style"]})
     code, _, err = run_cli(["sweep", str(path), "--out", str(tmp_path / "o"), "-j", "1", "--no-progress"], capsys)
     assert code == 0, err
-    assert "2 points: 2 run, 0 already done; 1 ok, 0 failed, 1 n/a" in err
+    assert "2 points: 1 run, 0 already done; 1 ok, 0 failed, 1 n/a" in err   # the n/a point is not run
+    assert "n/a moe-apex-style: needs trace column lookahead_logits, which the trace (flame-moe-290m) lacks" in err
+    assert "not run: the policy cannot run as its paper meant it here" in " ".join(err.split())
     df = pq.read_table(tmp_path / "o" / "results.parquet").to_pandas()
-    assert list(df["status"]) == ["ok", "n/a"]
-    assert "needs trace column(s) lookahead_logits" in df["error"][1]
+    assert list(df["status"]) == ["ok", "n/a"] and list(df["kind"]) == ["lossless", "lossless"]
+    assert "needs trace column lookahead_logits" in df["error"][1]
 
 
 def _done(out: Path) -> list[Path]:
@@ -210,12 +212,13 @@ def test_example_sweeps_run(path: Path, tmp_path: Path) -> None:
     assert len(sw.points) >= 4
     small = ["workload.requests=1"]
     if isinstance(yaml.safe_load(path.read_text()).get("base"), str) and "moepic" in path.name:
-        small = ["trace.synthetic.decode_len=4", "trace.synthetic.prompt_len=4", "trace.synthetic.requests=1"]
+        # one request profiled, one replayed: 64 tokens, as many as the sweep's re-planning period
+        small = ["trace.synthetic.decode_len=60", "trace.synthetic.prompt_len=4", "trace.synthetic.requests=2"]
     shrunk = load_sweep(path, small)
     picked = shrunk.points[:: max(1, len(shrunk.points) // 4)][:4]
     sub = Sweep(spec=shrunk.spec, source=shrunk.source, base_dir=shrunk.base_dir, points=picked)
     outcome = run_sweep(sub, tmp_path / "o", jobs=1)
     # ``policy: all`` includes policies that need a column the trace may lack (moe-apex-style
     # needs lookahead_logits, which the FLAME sample has not): such points are n/a, never failures
-    assert outcome.ran == len(picked) and not outcome.failed, outcome.failed
+    assert outcome.ran + len(outcome.not_applicable) == len(picked) and not outcome.failed, outcome.failed
     assert len(outcome.not_applicable) < len(picked)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from moesim.sim.core.atomic import check_target
+from moesim.sim.core.atomic import atomic_file, check_target
 from moesim.sim.core.errors import MoesimError
 from moesim.traces.tracer.record import record
 
@@ -32,13 +30,13 @@ def _console() -> Console:
     return console
 
 
-def _parse_sets(items: list[str] | None) -> dict[str, Any]:
+def _parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise MoesimError(f"--set {item!r}: expected KEY=VALUE")
+            raise MoesimError(f"{option} {item!r}: expected KEY=VALUE")
         try:
             out[key] = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError:
@@ -87,7 +85,8 @@ def import_cmd(
         raise MoesimError(f"--from {fmt!r}: unknown format (expected one of {', '.join(FORMATS)})")
     name = model or (FLAME_MODEL if fmt == "flame" else None)
     if name is None:
-        raise MoesimError(f"--model is required with --from {fmt}")
+        raise MoesimError(f"--model is required with --from {fmt}: a catalog name (simctl models), or a name "
+                          "of your own with --num-layers, --num-experts and --top-k")
     info = model_info(name, num_layers=num_layers, num_experts=num_experts, top_k=top_k)
     lengths = parse_request_lengths(request_lengths) if request_lengths else None
     check_target(out, option="-o", folder=False, force=force)
@@ -137,78 +136,116 @@ def synth_cmd(
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, then
-    ``os.replace``); an OS error becomes one line naming the path."""
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise MoesimError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``text`` to ``path`` whole or not at all (:func:`moesim.sim.core.atomic.atomic_file`:
+    a temporary sibling renamed at the end, removed on an error, Ctrl-C or SIGTERM); an OS error
+    becomes one line naming the path."""
+    with atomic_file(path, option="-o", force=True) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def _row_source(name: str) -> str:
+    """The target-statistic name behind a row of :meth:`FitResult.rows`."""
+    if name.startswith("reuse"):
+        return "reuse"
+    return {"entropy (mean)": "entropy", "next-layer acc": "next_layer_acc"}.get(name, name)
 
 
 @app.command("fit")
 def fit_cmd(
-    file: Annotated[Path, typer.Argument(help="moe-trace Parquet file to fit (e.g. an imported capture)")],
+    file: Annotated[Path | None, typer.Argument(
+        help="moe-trace Parquet file to fit (its statistics are the targets); optional with --targets/--target")] = None,
     out: Annotated[Path | None, typer.Option(
-        "-o", "--out", help="write the fitted parameters as YAML ({synthetic: ...}, for a scenario's trace:)")] = None,
-    preset: Annotated[str | None, typer.Option(help="start from this preset's other knobs")] = None,
+        "-o", "--out", help="write the fitted parameters as YAML ({synthetic: ...}); a scenario takes the file as its trace:")] = None,
+    preset: Annotated[str | None, typer.Option(
+        help="start from this preset's knobs (without FILE: also its model and workload)")] = None,
     knobs: Annotated[str | None, typer.Option(
-        help="comma-separated knobs to fit (default: popularity_skew,layer_correlation,token_locality,topic_strength)")] = None,
+        help="comma-separated knobs to fit (default: all of popularity_skew, layer_correlation, token_locality, "
+        "topic_strength, token_strength, lookahead_quality that the targets drive)")] = None,
+    targets: Annotated[Path | None, typer.Option(
+        "--targets", help="YAML mapping statistic: value (or {value, source}); overrides FILE's values")] = None,
+    target: Annotated[list[str] | None, typer.Option(
+        "--target", help="one target, NAME=VALUE (repeatable; overrides --targets)")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="base generator parameter KEY=VALUE (repeatable; without FILE the shape and workload too)")] = None,
+    profile_requests: Annotated[int | None, typer.Option(
+        "--profile-requests", min=0, help="profile split of FILE's prediction recall (default: 70%)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the calibration traces and of the fitted parameters")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
-    """Fit the synthetic generator to a trace: per-layer reuse, popularity skew, cross-layer correlation."""
+    """Fit the synthetic generator to a trace or to given statistics: reuse, popularity, cross-layer
+    correlation, and the prediction recall of lookahead, token identity and fMoE's maps."""
+    from moesim.traces.analysis.recall import trace_recall
     from moesim.traces.analysis.stats import trace_stats
-    from moesim.traces.synthetic.fit import FIT_KNOBS, FitTarget, fit
-    from moesim.traces.synthetic.generator import PRESETS
+    from moesim.traces.synthetic.fit import ALL_KNOBS, RECALL_KNOBS, FitTarget, fit, trace_tokens
+    from moesim.traces.synthetic.fit_targets import load_targets, parse_targets
+    from moesim.traces.synthetic.generator import PRESETS, parse_params
 
-    names = [k.strip() for k in knobs.split(",") if k.strip()] if knobs else list(FIT_KNOBS)
+    names = [k.strip() for k in knobs.split(",") if k.strip()] if knobs else list(ALL_KNOBS)
     for k in names:
-        if k not in FIT_KNOBS:
-            raise MoesimError(f"--knobs {k!r}: not a fittable knob (expected some of {', '.join(FIT_KNOBS)})")
+        if k not in ALL_KNOBS:
+            raise MoesimError(f"--knobs {k!r}: not a fittable knob (expected some of {', '.join(ALL_KNOBS)})")
     if preset is not None and preset not in PRESETS:
         raise MoesimError(f"--preset {preset!r}: unknown preset (known: {', '.join(PRESETS)})")
-    st = trace_stats(file, cache_sizes=[1])
-    if any(x.reuse is None for x in st.layers):
-        raise MoesimError(f"{file}: no token has a previous token in its request, so reuse is undefined; "
-                          "nothing to fit")
-    base = {k: v for k, v in PRESETS[preset].items() if k not in ("model", "requests", "prompt_len", "decode_len")} \
-        if preset else None
+    values: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    if targets is not None:
+        values, sources = load_targets(targets)
+    if target:
+        given, given_src = parse_targets(_parse_sets(target, "--target"), "--target")
+        values.update(given)
+        sources.update(given_src)
+    sets = _parse_sets(set_)
+    if file is None and not values:
+        raise MoesimError("give a trace FILE to fit, or targets with --targets/--target")
+    base: dict[str, Any] = dict(PRESETS[preset]) if preset else {}
+    if file is not None:
+        st = trace_stats(file, cache_sizes=[1])
+        if any(x.reuse is None for x in st.layers):
+            raise MoesimError(f"{file}: no token has a previous token in its request, so reuse is undefined; "
+                              "nothing to fit")
+        rec = trace_recall(file, profile_requests=profile_requests) if set(names) & set(RECALL_KNOBS) else None
+        base = {k: v for k, v in base.items() if k not in ("model", "requests", "prompt_len", "decode_len")}
+        tgt = FitTarget.from_stats(st, rec, trace_tokens(file) if rec is not None else None)
+    else:
+        p = parse_params({**base, **sets})
+        info = p.shape()
+        tgt = FitTarget(model=p.model, num_layers=info.num_layers, num_experts=info.num_experts, top_k=info.top_k,
+                        reuse=(), entropy=None, next_layer_acc=None, requests=p.requests, prompt_len=p.prompt_len,
+                        decode_len=p.decode_len)
+    base.update({k: v for k, v in sets.items() if file is None or k not in ("model", "num_layers", "num_experts",
+                                                                              "top_k")})
+    tgt = tgt.with_values(values, sources)
     t0 = time.perf_counter()
-    res = fit(FitTarget.from_stats(st), base=base, knobs=names, seed=seed)
+    res = fit(tgt, base=base or None, knobs=names, seed=seed)
     dt = time.perf_counter() - t0
     doc = res.synthetic_yaml()
     if out is not None:
         _write_text_atomic(out, yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100))
+    rows = [(n, t, f, res.target.sources.get(_row_source(n), "")) for n, t, f in res.rows()]
     if as_json:
         typer.echo(json.dumps({"params": doc["synthetic"], "held": res.held,
-                               "rows": [{"statistic": n, "target": t, "fitted": f} for n, t, f in res.rows()]},
-                              indent=2))
+                               "rows": [{"statistic": n, "target": t, "fitted": f, "source": s}
+                                        for n, t, f, s in rows]}, indent=2))
         return
     console = _console()
-    table = Table(title=f"fit of {file} ({dt:.1f} s)")
-    for col in ("statistic", "target", "fitted", "|diff|"):
-        table.add_column(col, justify="right")
-    for name, t, f in res.rows():
+    show_src = any(s and s != str(file) for *_, s in rows)
+    table = Table(title=f"fit of {file if file is not None else 'the given targets'} ({dt:.1f} s)")
+    for col in ("statistic", "target", "fitted", "|diff|", *(["source"] if show_src else [])):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for name, t, f, src in rows:
         diff = "-" if t is None or f is None else f"{abs(t - f):.3f}"
-        table.add_row(name, _num(t), _num(f), diff)
+        table.add_row(name, _num(t), _num(f), diff, *([src] if show_src else []))
     console.print(table)
     p = res.params
     loc = p.token_locality
     loc_text = ", ".join(f"{x:.3f}" for x in loc) if isinstance(loc, list) else f"{loc:.3f}"
     console.print(f"popularity_skew {p.popularity_skew:.3f}, layer_correlation {p.layer_correlation:.3f}, "
-                  f"token_locality [{loc_text}]")
+                  f"topic_strength {p.topic_strength:.3f}, token_strength {p.token_strength:.3f}, "
+                  f"lookahead_quality {p.lookahead_quality:.3f}, token_locality [{loc_text}]")
     for k, why in res.held.items():
         console.print(f"{k}: not fitted ({why})")
     if out is not None:
-        console.print(f"wrote {out} (use it as a scenario's trace: {{synthetic: ...}})")
+        console.print(f"wrote {out} (a scenario synthesises its trace from these knobs with trace: {out})")
 
 
 @app.command("synth-params")
@@ -284,9 +321,23 @@ def stats_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     cache_sizes: Annotated[str | None, typer.Option(
         help="LRU cache sizes in experts per layer, comma-separated (default: k and E/4, E/2, 3E/4)")] = None,
+    profile_requests: Annotated[int | None, typer.Option(
+        "--profile-requests", min=0, help="prediction recall: the first N requests form the profile (what a "
+        "policy may study: popularity, transitions, fMoE's map store), the others are evaluated "
+        "(default: 70%, at least 1)")] = None,
+    phase: Annotated[str, typer.Option(
+        help="prediction recall: evaluate the decode tokens, the prefill tokens or all")] = "decode",
+    recall: Annotated[bool, typer.Option(
+        "--recall/--no-recall", help="compute the prediction recall (reads the whole trace into memory)")] = True,
 ) -> None:
-    """Routing statistics per layer: popularity, reuse, next-layer prediction, co-activation, LRU."""
+    """Routing statistics per layer: popularity, reuse, next-layer prediction, co-activation, LRU,
+    and the prediction recall of lookahead, transitions, previous/same token, popularity and fMoE's maps."""
+    from moesim.traces.analysis.recall import trace_recall
     from moesim.traces.analysis.stats import trace_stats
+
+    phases = {"decode": ("decode",), "prefill": ("prefill",), "all": ("prefill", "decode")}.get(phase)
+    if phases is None:
+        raise MoesimError(f"--phase {phase!r}: expected decode, prefill or all")
 
     sizes: list[int] | None = None
     if cache_sizes:
@@ -302,8 +353,12 @@ def stats_cmd(
         if max(sizes) > experts:
             raise MoesimError(f"--cache-sizes {cache_sizes!r}: a layer has only {experts} experts")
     st = trace_stats(file, cache_sizes=sizes)
+    rec = trace_recall(file, profile_requests=profile_requests, phases=phases) if recall else None
     if as_json:
-        typer.echo(json.dumps(st.to_dict(), indent=2))
+        doc = st.to_dict()
+        if rec is not None:
+            doc["recall"] = rec.to_dict()
+        typer.echo(json.dumps(doc, indent=2))
         return
     m = st.meta.model
     console = _console()
@@ -326,3 +381,35 @@ def stats_cmd(
                   "1 - (pairs holding 90% of co-activations) / (all pairs); LRU@C: hit rate with C experts "
                   "of the layer cached, a token's experts looked up together (the hit_rate of simctl run "
                   "with policy lru, cache.experts_per_layer C, batch 1, all requests)")
+    if rec is not None:
+        _print_recall(console, rec)
+
+
+_RECALL_HEADS = {"lookahead": "lookahead", "transition@1": "trans@1", "transition@2": "trans@2",
+                 "transition@3": "trans@3", "previous_token": "prev-token", "same_token": "same-token",
+                 "popularity": "popularity", "semantic": "semantic", "trajectory@1": "traj@1",
+                 "trajectory@2": "traj@2", "trajectory@3": "traj@3"}
+
+
+def _print_recall(console: Console, rec: Any) -> None:
+    """The prediction-recall table of ``simctl trace stats`` (a :class:`RecallStats`)."""
+    names = [m for m in _RECALL_HEADS if m not in rec.missing]
+    console.print(f"prediction recall (top-k guess vs routed experts): profile = the first {rec.profile_requests} "
+                  f"request(s) ({rec.store_maps:,} iterations in the map store), evaluated = {rec.eval_tokens:,} "
+                  f"{'+'.join(rec.phases)} token(s) of the other {rec.eval_requests}; chance {100 * rec.chance:.1f}%")
+    table = Table()
+    table.add_column("layer", justify="right")
+    for m in names:
+        table.add_column(_RECALL_HEADS[m], justify="right")
+    L = len(rec.layers["previous_token"]) if rec.layers else 0
+    for lay in range(L):
+        table.add_row(str(lay), *[_pct(rec.layers[m][lay]) for m in names], end_section=lay == L - 1)
+    table.add_row("all", *[_pct(rec.overall[m]) for m in names])
+    console.print(table)
+    console.print("by target layer. lookahead: top-k of lookahead_logits of the layer before; trans@d: co-routing "
+                  "counts of the profile from d layers before (promoe-style); prev-token: the request's previous "
+                  "token; same-token: the latest earlier token of the same id; popularity: the profile's k most "
+                  "routed; semantic / traj@d: fMoE's expert maps matched by embedding / by the iteration's "
+                  "layers up to d before (README, \"Prediction recall\")")
+    for m, why in rec.missing.items():
+        console.print(f"{_RECALL_HEADS[m]}: not measured ({why})")

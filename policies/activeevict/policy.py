@@ -28,6 +28,7 @@ from moesim.policies.activeevict.budget_topk import BudgetTopKPlanner
 from moesim.policies.activeevict.importance import ImportanceCache, ImportanceScorer
 from moesim.policies.activeevict.pre_eviction import PreEvictor
 from moesim.policies.contract.base import Context
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.compose import Composed
 
@@ -41,6 +42,9 @@ class ActiveEvict(Composed):
     paper = "ActiveEvict: Budget-Aware Pre-Eviction for Efficient MoE Offloading (ACL submission)"
     lossy = True
     scope = "layer"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}), swap_out=True,
+                             source="ActiveEvict sections 3.3-3.4: the next router's guess ranks the residents "
+                                    "(Eqs. 10-13); pre-eviction hides the copies back to the host")
 
     def __init__(self, *, alpha: float = 0.5, gamma: float = 0.9, window: int = 32, tau: float = 0.05,
                  r_max: int = 1, k_max: int | None = None, dynamic_topk: bool = True,
@@ -63,6 +67,17 @@ class ActiveEvict(Composed):
                                       boundary=boundary, cross_token=cross_token, preevict_at=preevict_at)
         self.assemble(cache=ImportanceCache(self.scorer), prefetcher=self.pre_evictor,
                       planner=BudgetTopKPlanner(k_max) if dynamic_topk else None)
+
+    def needs(self) -> SetupNeeds:
+        """The lookahead only where the score reads the prediction (not ``hotness``, ``lru``, or
+        ``combined`` with ``alpha`` 1)."""
+        needs = super().needs()
+        predicts = self.score == "prediction" or (self.score == "combined" and self.alpha < 1.0)
+        return needs if predicts else needs.without(columns={"lookahead_logits"})
+
+    def kind(self) -> str:
+        """Lossy with dynamic top-k; with a fixed top-k every routed expert runs (lossless)."""
+        return "lossy" if self.dynamic_topk else "lossless"
 
     def setup(self, ctx: Context) -> None:
         """Set up the parts; say so when evictions are free (no ``cache.swap_out``)."""

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.policies.baselines.speculative import MixtralOffloading
-from moesim.policies.contract.base import RESIDENT, Context, Outcome, View
+from moesim.policies.contract.base import RESIDENT, Context, Outcome, PolicySetupError, View
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
@@ -63,6 +64,9 @@ class AdapMoE(MixtralOffloading):
     name = "adapmoe"
     summary = "AdapMoE: LRU + speculative prefetch + per-layer cache sizes by dynamic programming"
     paper = "Zhong et al., AdapMoE (ICCAD 2024), as MoEpic's evaluation describes it"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}), min_tokens_param="realloc_tokens",
+                             source="MoEpic section 4.1: Mixtral-offloading's gate lookahead, sizes re-planned "
+                                    "every realloc_tokens tokens")
 
     def __init__(self, *, prefetch_experts: int | None = None, predictor: str = "auto",
                  cross_token: bool = True, realloc_tokens: int = 512) -> None:
@@ -74,6 +78,9 @@ class AdapMoE(MixtralOffloading):
 
     def setup(self, ctx: Context) -> None:
         """Set up the parts and empty statistics."""
+        if len(ctx.pool_capacity) != ctx.num_layers:
+            raise PolicySetupError(f"{self.name} sizes the cache of each layer: it needs one pool per "
+                                   "layer (cache.scope: layer)")
         super().setup(ctx)
         L, E = ctx.num_layers, ctx.num_experts
         self._E = E
@@ -149,3 +156,11 @@ class AdapMoE(MixtralOffloading):
         self.sizes.append(sizes)
         while self._next <= self._tokens:
             self._next += self.realloc_tokens
+
+    def final_warnings(self) -> list[str]:
+        """Say so when the cache sizes were never re-planned (a run shorter than ``realloc_tokens``)."""
+        if not self.sizes and self._tokens < self.realloc_tokens:
+            return [f"adapmoe: realloc_tokens = {self.realloc_tokens}, but the run routed only {self._tokens} "
+                    "tokens: the per-layer cache sizes were never re-planned (it ran as mixtral-offloading); "
+                    "lower policy.params.realloc_tokens or replay more tokens"]
+        return []

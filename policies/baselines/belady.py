@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import BeladyCache
 from moesim.policies.parts.compose import Composed
@@ -14,6 +15,7 @@ class Belady(Composed):
 
     name = "belady"
     oracle = True
+    setup_needs = SetupNeeds()
     summary = "oracle: evict the expert used farthest in the future (bound)"
 
     def __init__(self) -> None:

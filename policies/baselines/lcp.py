@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LCPCache
 from moesim.policies.parts.compose import Composed
@@ -15,6 +16,7 @@ class LCP(Composed):
     nothing is prefetched. Priorities count every token, resident or not."""
 
     name = "lcp"
+    setup_needs = SetupNeeds()
     summary = "evict the expert of least cache priority mu*rho^(nu/omega) (MoEpic's LCP)"
     paper = "MoEpic (Yan et al.), section 3.3, Eq. 4"
 

@@ -12,6 +12,7 @@ Label it approximate in outputs: we rebuild MoE-APEX from ActiveEvict's descript
 from __future__ import annotations
 
 from moesim.policies.contract.base import Context, Outcome, View
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.compose import Composed
@@ -58,6 +59,8 @@ class MoEApexStyle(Composed):
     name = "moe-apex-style"
     summary = "approximate MoE-APEX: LRU + lookahead top-(k+1) prefetch of l+1 and previous-token l+2"
     paper = "Tang et al., MoE-APEX (ASPLOS'26), as ActiveEvict's evaluation describes it (approximate)"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}),
+                             source="ActiveEvict's evaluation: router-guided prefetch across layers")
 
     def __init__(self, *, extra_experts: int = 1, second_layer: bool = True) -> None:
         self.extra_experts = extra_experts

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.policies.contract.base import Context, Outcome, View
+from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LFUCache
 from moesim.policies.parts.compose import Composed
@@ -33,6 +34,8 @@ class MoEInfinity(Composed):
     name = "moe-infinity"
     summary = "MoE-Infinity: LFU + activation-matrix (EAM) matching prefetch"
     paper = "Xue et al., MoE-Infinity (2024), as MoEpic's evaluation describes it"
+    setup_needs = SetupNeeds(profile_share=DEFAULT_PROFILE_SHARE,
+                             source="MoE-Infinity: the activation-matrix collection is built before serving")
 
     def __init__(self, *, eamc_capacity: int = 64, prefetch_experts: int | None = None,
                  prefetch_distance: int = 1) -> None:

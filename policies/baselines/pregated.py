@@ -13,6 +13,7 @@ previous token's routing of layer ``l + 1`` stands in (the run warns).
 from __future__ import annotations
 
 from moesim.policies.contract.base import Context, Plan, Routing, UnitKey, View
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import DropAfterUseCache
 from moesim.policies.parts.compose import Composed
@@ -62,6 +63,8 @@ class PreGated(Composed):
     name = "pregated"
     summary = "Pre-gated MoE: prefetch the next layer's pre-gated experts, cache nothing"
     paper = "Hwang et al., Pre-gated MoE (ISCA 2024), as MoEpic's evaluation runs it"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}),
+                             source="Pre-gated MoE: the pre-gate of layer l selects layer l+1's experts")
 
     def __init__(self, *, prefetch_experts: int | None = None, cross_token: bool = False) -> None:
         self.prefetch_experts = prefetch_experts

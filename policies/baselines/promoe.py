@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.policies.contract.base import Context, Outcome, View
+from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.compose import Composed
@@ -87,6 +88,8 @@ class ProMoEStyle(Composed):
     name = "promoe-style"
     summary = "approximate ProMoE: LRU + lookahead prefetch of l+1, learned co-routing strides for l+2..l+stride"
     paper = "Song et al., ProMoE (2024), as fMoE's evaluation rebuilds it (approximate)"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}), profile_share=DEFAULT_PROFILE_SHARE,
+                             source="ProMoE: predictors learnt offline; l+1 from the next gate's lookahead")
 
     def __init__(self, *, stride: int = 3) -> None:
         self.stride = stride

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.compose import Composed
-from moesim.policies.parts.lossless_base import base_parts
+from moesim.policies.parts.lossless_base import base_needs, base_parts
 from moesim.policies.parts.planners import RandomSubstitutePlanner
 
 
@@ -22,6 +23,7 @@ class RandomSubstitute(Composed):
     lossy = True
     summary = "lossy: swap each absent expert for a random resident one of its layer"
     paper = "baseline of BuddyMoE (Wang et al., PPoPP 2026)"
+    setup_needs = SetupNeeds()
 
     def __init__(self, *, max_per_token: int | None = None, base: str = "lru",
                  base_params: dict[str, Any] | None = None) -> None:
@@ -30,3 +32,7 @@ class RandomSubstitute(Composed):
         self.base_params = base_params
         cache, prefetcher = base_parts(base, base_params)
         self.assemble(cache=cache, prefetcher=prefetcher, planner=RandomSubstitutePlanner(max_per_token))
+
+    def needs(self) -> SetupNeeds:
+        """Its own (none) and its base policy's."""
+        return super().needs().merged(base_needs(self.base, self.base_params))

@@ -3,6 +3,7 @@ lookahead) and ``oracle-prefetch`` (perfect knowledge of the next layer: a bound
 
 from __future__ import annotations
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.compose import Composed
@@ -26,6 +27,8 @@ class MixtralOffloading(Composed):
     name = "mixtral-offloading"
     summary = "LRU + speculative next-layer prefetch from the router lookahead"
     paper = "Eliseev & Mazur, Fast Inference of Mixture-of-Experts Language Models with Offloading (2023)"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}),
+                             source="Eliseev & Mazur (2023): the next layer's gate on the current hidden state")
 
     def __init__(self, *, prefetch_experts: int | None = None, predictor: str = "auto",
                  cross_token: bool = False) -> None:
@@ -34,6 +37,11 @@ class MixtralOffloading(Composed):
         self.cross_token = cross_token
         self.assemble(cache=LRUCache(), prefetcher=NextLayerPrefetcher(
             make_predictor(predictor), experts=prefetch_experts, cross_token=cross_token))
+
+    def needs(self) -> SetupNeeds:
+        """The lookahead only for the predictors that read it (``auto``, ``lookahead``)."""
+        needs = super().needs()
+        return needs if self.predictor in ("auto", "lookahead") else needs.without(columns={"lookahead_logits"})
 
 
 @register
@@ -44,6 +52,7 @@ class OraclePrefetch(Composed):
 
     name = "oracle-prefetch"
     oracle = True
+    setup_needs = SetupNeeds()
     summary = "oracle: LRU + exact next-layer prefetch (bound for prefetchers)"
 
     def __init__(self) -> None:

@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from moesim.policies.buddymoe.planner import BuddySubstitutePlanner
+from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.compose import Composed
-from moesim.policies.parts.lossless_base import base_parts
+from moesim.policies.parts.lossless_base import base_needs, base_parts
 
 
 @register
@@ -42,6 +43,9 @@ class BuddyMoE(Composed):
     paper = ("Wang et al., BuddyMoE: Exploiting Expert Redundancy to Accelerate Memory-Constrained "
              "Mixture-of-Experts Inference (PPoPP 2026)")
     lossy = True
+    setup_needs = SetupNeeds(profile_share=DEFAULT_PROFILE_SHARE,
+                             source="BuddyMoE section 3.3: buddy lists from an offline co-activation profile "
+                                    "(the profiling set is not named)")
 
     def __init__(self, *, base: str = "mixtral-offloading", base_params: dict[str, Any] | None = None,
                  alpha: float | Sequence[float] = 0.95, k_max: int = 16, search_depth: int | None = None,
@@ -75,3 +79,7 @@ class BuddyMoE(Composed):
             tau_percentile=tau_percentile, temperature=temperature, gamma=gamma, beta=beta, eta=eta,
             coactivation=coactivation, epsilon=epsilon, substitute_late=substitute_late,
             fallback=fallback, apply_to_prefill=apply_to_prefill))
+
+    def needs(self) -> SetupNeeds:
+        """Its offline profile and its base policy's needs."""
+        return super().needs().merged(base_needs(self.base, self.base_params))

@@ -37,6 +37,7 @@ from typing import Any
 
 from moesim.policies.commitmoe.commit import Commitments, CommitPlanner, CommitPrefetcher
 from moesim.policies.contract.base import PolicySetupError
+from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LFUCache
 from moesim.policies.parts.compose import Composed
@@ -59,6 +60,21 @@ def commit_predictor(name: str) -> Predictor:
     return make_predictor(name)
 
 
+def predictor_needs(name: str, source: str) -> SetupNeeds:
+    """What the Commit Router ``name`` reads: the lookahead (``auto``, ``lookahead``), the
+    router logits and a profile split to fit on (``trained``), nothing (``previous-token``)."""
+    if name in ("auto", "lookahead"):
+        return SetupNeeds(columns=frozenset({"lookahead_logits"}), source=source)
+    if name == "trained":
+        return SetupNeeds(columns=frozenset({"logits"}), profile_share=DEFAULT_PROFILE_SHARE, source=source)
+    return SetupNeeds(source=source)
+
+
+COMMIT_SOURCE = ("CommitMoE section 4.1: the Commit Router predicts layer l+1 from layer l (the trace's "
+                 "lookahead stands in for its trained MLP, spec C1)")
+"""Where CommitMoE's setup needs come from (both of its policies)."""
+
+
 def _predictor_report(name: str, predictor: Predictor) -> dict[str, Any]:
     out: dict[str, Any] = {"predictor": predictor.source if isinstance(predictor, AutoPredictor) else name}
     if isinstance(predictor, TrainedPredictor) and predictor.routers:
@@ -77,6 +93,7 @@ class CommitMoE(Composed):
     summary = "CommitMoE: run the predicted next-layer experts, no fallback load (lossy)"
     paper = "CommitMoE (Li, Sun, Lin, Sun, USTC): commit router, no fallback, OWA"
     lossy = True
+    setup_needs = predictor_needs("auto", COMMIT_SOURCE)
 
     def __init__(self, *, predictor: str = "auto", cross_token: bool = True, owa: bool = True,
                  alpha1: float = 1.0, alpha2: float = 1.0, owa_correct: list[int] | None = None) -> None:
@@ -93,6 +110,10 @@ class CommitMoE(Composed):
                       planner=CommitPlanner(store, owa=owa, alpha1=alpha1, alpha2=alpha2,
                                             owa_correct=None if owa_correct is None else frozenset(owa_correct)))
 
+    def needs(self) -> SetupNeeds:
+        """What its predictor reads."""
+        return predictor_needs(self.predictor, COMMIT_SOURCE)
+
     def report(self) -> dict[str, Any]:
         """Which predictor ran (and its fit), then the planner's accuracy and OWA counts."""
         return {**_predictor_report(self.predictor, self._predictor), **super().report()}
@@ -106,6 +127,7 @@ class PrefetchFallback(Composed):
     name = "prefetch-fallback"
     summary = "+Prefetch (CommitMoE ablation): LFU + commit-router prefetch, misses load on demand"
     paper = "CommitMoE (Li, Sun, Lin, Sun, USTC), section 5.3 '+Prefetch' baseline"
+    setup_needs = predictor_needs("auto", COMMIT_SOURCE)
 
     def __init__(self, *, predictor: str = "auto", cross_token: bool = True,
                  cancel_mispredicted: bool = False) -> None:
@@ -115,6 +137,10 @@ class PrefetchFallback(Composed):
         self._predictor = commit_predictor(predictor)
         self.assemble(cache=LFUCache(), prefetcher=CommitPrefetcher(
             self._predictor, cross_token=cross_token, cancel_mispredicted=cancel_mispredicted))
+
+    def needs(self) -> SetupNeeds:
+        """What its predictor reads."""
+        return predictor_needs(self.predictor, COMMIT_SOURCE)
 
     def report(self) -> dict[str, Any]:
         """Which predictor ran, and how many queued prefetches were withdrawn."""

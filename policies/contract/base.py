@@ -9,7 +9,8 @@ Hook order
 For a run, the engine calls::
 
     policy.setup(ctx)                                  # once, before time 0 (ctx.profile: offline data)
-    policy.warm(view, units)                           # units placed by cache.initial (maybe none)
+    policy.preload(ctx)                                # units loaded with the model, placed at no cost
+    policy.warm(view, units)                           # units placed by preload and cache.initial
     for each iteration (one decode step of the batch, or one request's prefill):
         policy.on_iteration_start(view)
         for layer l in 0..L-1:
@@ -34,7 +35,8 @@ Between hooks, whenever they happen:
 * ``on_loaded(view, unit, demand)`` when a host-to-device transfer lands;
 * ``admit(view, unit)`` when a unit staged in the transfer buffer has been used by its layer;
 * ``on_evict(view, unit)`` for every unit that leaves VRAM, whoever asked for it;
-* ``on_cancel(view, unit)`` for every prefetch withdrawn before its transfer started.
+* ``on_cancel(view, unit)`` for every prefetch withdrawn before it landed: queued (or waiting
+  for room), or aborted in flight (``view.abort_prefetch``).
 
 What a policy sees goes through ``view`` (:class:`View`), which refuses reads of the future with
 :class:`CausalityError`. Only classes with ``oracle = True`` receive ``ctx.future``, the
@@ -44,7 +46,7 @@ recorded routing of later steps; they are labelled as bounds in every output.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -70,6 +72,7 @@ from moesim.policies.contract.hook_data import (  # noqa: F401
     UnitKey,
     VictimChoice,
 )
+from moesim.policies.contract.needs import TOP_K, SetupNeeds  # noqa: F401  (re-exported)
 from moesim.policies.contract.view import IterationInfo, View  # noqa: F401  (re-exported)
 
 # Trace columns a policy may need beside ``experts`` (see :meth:`Policy.required_columns`).
@@ -164,8 +167,22 @@ class Costs(Protocol):
         """One routed expert applied to ``n_tokens`` tokens on the GPU."""
         ...
 
+    def cpu_expert_s(self, n_tokens: int) -> float:
+        """One routed expert applied to ``n_tokens`` tokens on the host CPU."""
+        ...
+
     def head_s(self, n_tokens: int) -> float:
         """Once per iteration after the last layer."""
+        ...
+
+    def overhead_layer_s(self) -> float:
+        """The runtime's framework overhead per MoE layer (on the GPU stream with the non-MoE
+        compute of every layer; 0 without a ``runtime:``)."""
+        ...
+
+    def overhead_iteration_s(self, n_tokens: int) -> float:
+        """The runtime's framework overhead per forward pass of ``n_tokens`` tokens (on the GPU
+        stream with the head, after the last layer; 0 without a ``runtime:``)."""
         ...
 
 
@@ -241,7 +258,14 @@ class Policy:
     * ``lossy``: may run other experts than the routed ones (its plans are checked);
     * ``scope``: ``"layer"`` (one pool per layer, the default) or ``"global"`` (one pool);
     * ``decision_us``: CPU time of each routing decision, charged on the critical path at
-      ``on_routed`` (0 by default).
+      ``on_routed`` (0 by default);
+    * ``host_memory``: where the system keeps experts on the host, ``"pinned"`` (the default:
+      copies at ``hardware.pcie_gbps``) or ``"pageable"`` (accelerate: copies at the
+      hardware's pageable rate);
+    * ``setup_needs``: what the mechanism needs from the scenario and trace to run as its paper
+      meant it, with the paper's defaults (:class:`SetupNeeds`, for the default parameters;
+      :meth:`needs` refines it for the instance's). Every registered policy declares it, if
+      only as ``SetupNeeds()``.
     """
 
     name: ClassVar[str] = ""
@@ -249,7 +273,9 @@ class Policy:
     paper: ClassVar[str] = ""
     oracle: ClassVar[bool] = False
     lossy: ClassVar[bool] = False
-    scope: ClassVar[str] = "layer"
+    scope: str = "layer"   # a class default; a scenario's cache.scope overrides it per instance
+    host_memory: ClassVar[str] = "pinned"
+    setup_needs: ClassVar[SetupNeeds] = SetupNeeds()
     decision_us: float = 0.0
 
     # -- parameters and needs -----------------------------------------------------------------
@@ -258,6 +284,21 @@ class Policy:
         sig = inspect.signature(type(self).__init__)
         return {p.name: getattr(self, p.name) for p in sig.parameters.values()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    def needs(self) -> SetupNeeds:
+        """This instance's setup needs: the class's :attr:`setup_needs`, with ``min_tokens`` read
+        from the parameter it names. A policy whose needs depend on its parameters overrides
+        this (and starts from ``super().needs()``)."""
+        needs = type(self).setup_needs
+        if needs.min_tokens_param is not None:
+            value = getattr(self, needs.min_tokens_param)
+            needs = replace(needs, min_tokens=None if value is None else int(value))
+        return needs
+
+    def kind(self) -> str:
+        """``oracle`` (reads the future: a bound), ``lossy`` (may run other experts than the
+        routed ones) or ``lossless``: the group a comparison ranks it in."""
+        return "oracle" if self.oracle else ("lossy" if self.lossy else "lossless")
 
     def required_columns(self) -> frozenset[str]:
         """Optional trace columns this policy cannot run without (checked at set-up: a trace
@@ -298,8 +339,15 @@ class Policy:
         Asked at set-up and after each ``on_iteration_end``. Default: one part."""
         return (1.0,)
 
+    def preload(self, ctx: Context) -> list[UnitKey]:
+        """Units the system loads onto the GPU with the model, before time 0 (llama.cpp's GPU
+        layers, Fiddler's popular experts, accelerate's resident layers): the engine places
+        them resident at no cost, ahead of ``cache.initial``'s fill, and lists them first to
+        ``warm``. They must fit their pools. Called once, after ``setup``. Default: none."""
+        return []
+
     def warm(self, view: View, units: list[UnitKey]) -> None:
-        """The engine placed ``units`` in VRAM before time 0 (``cache.initial``)."""
+        """The engine placed ``units`` in VRAM before time 0 (``preload``, then ``cache.initial``)."""
 
     def on_iteration_start(self, view: View) -> None:
         """A new iteration begins."""
@@ -346,5 +394,6 @@ class Policy:
         """``unit`` left VRAM."""
 
     def on_cancel(self, view: View, unit: UnitKey) -> None:
-        """A prefetch of ``unit`` was withdrawn before its transfer started (it held room, but
-        was never resident)."""
+        """A prefetch of ``unit`` was withdrawn before it landed: before its transfer started,
+        or aborted in flight by ``view.abort_prefetch`` (it held room, but was never
+        resident)."""

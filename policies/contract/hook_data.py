@@ -54,11 +54,16 @@ class Plan:
     computed on the CPU instead of loading the expert (Fiddler, llama.cpp ``--n-cpu-moe``).
     ``weights`` (optional) are the combination weights the slots run with, for the quality
     harness; the simulator's timing does not depend on them. ``k`` may be smaller than the
-    routing's top-k (dynamic top-k) or larger (a policy that runs more experts)."""
+    routing's top-k (dynamic top-k) or larger (a policy that runs more experts).
+    ``wait_for`` names experts of the layer, none of which any slot runs, whose copies the
+    policy has issued (``view.prefetch``) and which the layer waits for before it ends: a
+    runtime that copies a whole expert tensor to run any part of it (llama.cpp's op offload of
+    large batches, accelerate's streaming of a whole decoder layer)."""
 
     experts: np.ndarray
     on_cpu: np.ndarray | None = None
     weights: np.ndarray | None = None
+    wait_for: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         ex = np.asarray(self.experts)

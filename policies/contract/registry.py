@@ -40,6 +40,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "moesim.policies.baselines.promoe": ("promoe-style",),
     "moesim.policies.buddymoe.policy": ("buddymoe",),
     "moesim.policies.commitmoe.policy": ("commitmoe", "prefetch-fallback"),
+    "moesim.policies.baselines.lfru": ("lfru",),
+    "moesim.policies.baselines.least_stale": ("least-stale",),
+    "moesim.policies.llamacpp.policy": ("cpu-moe",),
+    "moesim.policies.fiddler.policy": ("fiddler",),
+    "moesim.policies.baselines.accelerate": ("accelerate",),
 }
 _MODULE_OF = {name: mod for mod, names in _MODULES.items() for name in names}
 _loaded = False

@@ -169,6 +169,14 @@ class View(Protocol):
         """Withdraw queued prefetches (of ``layer``, or all); how many. None under fifo order."""
         ...
 
+    def abort_prefetch(self, layer: int, expert: int, part: int = 0) -> bool:
+        """Stop a prefetch that has not landed: withdrawn if queued (or waiting for draining
+        room); if in flight, the copy stops now and its lane frees at once (the bytes moved so
+        far count as transferred and wasted). Its room is released at once and ``on_cancel``
+        follows. False, doing nothing, for a unit absent, resident, loaded on demand, pinned,
+        awaited by the GPU stream, or issued under ``pcie.order: fifo``."""
+        ...
+
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the budget among layers (bytes), at an idle point, usage fitting."""
         ...

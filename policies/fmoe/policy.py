@@ -24,6 +24,7 @@ in a thread; Fig. 15 counts it outside the synchronous overhead), 0 to leave it 
 from __future__ import annotations
 
 from moesim.policies.baselines.moe_infinity import EAMPrefetcher
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.fmoe.map_cache import MapPriorityCache
 from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher
@@ -44,6 +45,9 @@ class FMoE(Composed):
     summary = "fMoE: semantic + trajectory expert-map matching prefetch, 1/(p*freq) eviction, global cache"
     paper = "Yu et al., fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving (2025)"
     scope = "global"
+    setup_needs = SetupNeeds(columns=frozenset({"logits", "embedding"}), profile_share=0.7,
+                             source="fMoE section 6.1: expert maps of router probabilities and semantic "
+                                    "embeddings, a 7:3 history split")
 
     def __init__(self, *, prefetch_distance: int = 3, store_capacity: int = 1000, semantic: bool = True,
                  trajectory: bool = True, dynamic_threshold: bool = True, matcher: str = "map",
@@ -83,3 +87,12 @@ class FMoE(Composed):
         else:
             cache = LRUCache() if eviction == "lru" else LFUCache()
         self.assemble(cache=cache, prefetcher=prefetcher)
+
+    def needs(self) -> SetupNeeds:
+        """The history split always; the map matcher reads router logits (and embeddings when
+        ``semantic``), the ``speculate`` matcher the lookahead, ``hit-count`` no column."""
+        needs = super().needs()
+        if self.matcher == "map":
+            return needs if self.semantic else needs.without(columns={"embedding"})
+        columns = frozenset({"lookahead_logits"}) if self.matcher == "speculate" else frozenset()
+        return SetupNeeds(columns=columns, profile_share=needs.profile_share, source=needs.source)

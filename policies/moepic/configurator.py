@@ -124,21 +124,23 @@ def solve_layer(stats: LayerStats, budget: float, window: float, timing: Timing)
         m(C) = K * H(C) * theta + sum_{y <= Y} [1 - PH(y, C) * theta] * P(y)        (Eqs. 10, 11)
 
     where ``Y`` is the number of prefetches, in predicted order, whose times
-    ``[1 - PH(y, C) * theta] * T_load`` (Eq. 9) fit in ``window``. ``m`` is capped at ``K``;
-    ties go to the smallest ``C`` (largest top segment). A budget of 0 caches nothing and
-    prefetches whole experts. ``budget`` is in experts."""
+    ``[1 - PH(y, C) * theta] * T_load`` (Eq. 9) fit in ``window``, and at most ``K``: MoEpic
+    prefetches only its ``K`` predicted experts (section 3.2), so no more can complete. A
+    prefetch still under way when the window ends counts as nothing (the cut-off of Eq. 11).
+    ``m`` is capped at ``K``; ties go to the smallest ``C`` (largest top segment). A budget of 0
+    caches nothing and prefetches whole experts. ``budget`` is in experts."""
     N, K = stats.num_experts, timing.top_k
     P = stats.pred
     if budget <= 0:
         cum = np.cumsum(np.full(N, timing.t_load))
-        Y = int((cum <= window * (1 + 1e-12)).sum())
+        Y = min(K, int((cum <= window * (1 + 1e-12)).sum()))
         return LayerSplit(loaded=min(float(K), float(P[:Y].sum())), cache_size=0, theta=0.0)
     c_lo = min(N, max(1, math.ceil(budget - 1e-9)))
     C = np.arange(c_lo, N + 1)
     theta = np.minimum(1.0, budget / C)
     frac = 1.0 - stats.pred_hit[:, C] * theta[None, :]                 # [N, nC]: share to fetch
     cum = np.cumsum(frac * timing.t_load, axis=0)                      # Eq. 9, summed over y
-    Y = (cum <= window * (1 + 1e-12)).sum(axis=0)                      # prefetches that fit
+    Y = np.minimum(K, (cum <= window * (1 + 1e-12)).sum(axis=0))      # prefetches that fit, <= K
     cum_a = np.vstack([np.zeros((1, C.size)), np.cumsum(frac * P[:, None], axis=0)])   # Eq. 10
     m = K * stats.hit[C] * theta + cum_a[Y, np.arange(C.size)]
     m = np.minimum(m, float(K))

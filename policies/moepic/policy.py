@@ -10,10 +10,15 @@ Mechanism (section 3), per layer ``i``:
   :mod:`policies.lcp`). ``theta = 1`` is a whole-expert cache, ``theta = 0`` no cache.
 * While layer ``i - 1`` computes, the router of layer ``i`` applied to layer ``i - 1``'s hidden
   state (Eq. 3, the trace's ``lookahead_logits``; for layer 0 the previous token's last layer)
-  ranks the experts of layer ``i``; they are prefetched one by one in descending predicted
-  score into the transfer buffer (``cache.buffer_experts``, ``K`` experts in the paper): only the
-  bottom when the top is cached, else the whole expert. When layer ``i`` is routed the queued
-  prefetches stop; missing segments load on demand while resident segments compute (the
+  predicts the ``K`` activated experts of layer ``i`` (its top-``K`` scores: section 3.2
+  prefetches "the activated experts" predicted, into a buffer of ``K`` experts); they are
+  prefetched one by one in descending predicted score into the transfer buffer
+  (``cache.buffer_experts``): only the bottom when the top is cached, else the whole expert.
+  Nothing past the ``K``-th prediction is fetched, however much buffer room is left (for an
+  iteration of many tokens the ``K`` experts of best score over its tokens). When layer ``i``
+  is routed MoEpic terminates the prefetch: every copy of a wrong guess stops, queued or in
+  flight (``view.abort_prefetch``); a right guess still queued loads on demand instead, one in
+  flight goes on; missing segments load on demand while resident segments compute (the
   engine's partial compute).
 * A segment staged in the buffer is dropped after use, except the top segment of an activated
   expert, which replaces the least-priority cached top (LCP replacement on a miss).
@@ -36,17 +41,20 @@ import numpy as np
 
 from moesim.policies.contract.base import (
     ABSENT,
+    INFLIGHT,
     RESIDENT,
     Context,
     EvictionRequest,
     Outcome,
     Plan,
     Policy,
+    PolicySetupError,
     Routing,
     UnitKey,
     VictimChoice,
     View,
 )
+from moesim.policies.contract.needs import TOP_K, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.moepic.configurator import Allocation, CacheConfigurator, SplitStats, Timing
 from moesim.policies.parts.lcp_priority import CachePriority
@@ -80,6 +88,9 @@ class MoEpic(Policy):
 
     name = "moepic"
     summary = "expert split: LCP-cached top segments, speculative bottom prefetch, cache configurator"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}), buffer_experts=TOP_K, min_tokens_param="tau",
+                             source="MoEpic section 4.1: Eq. 3's lookahead gate, a buffer of K experts, "
+                                    "tau = 5000 tokens")
 
     def __init__(self, *, theta: float = 0.5, rho: float = 0.25, omega: float = 128.0,
                  tau: int = 5000, zeta: float = 0.01, speculative: bool = True,
@@ -107,11 +118,29 @@ class MoEpic(Policy):
         self.cache_policy = cache_policy
         self.configurator = configurator
         self.applied: list[Allocation] = []     # every configuration installed, in order
+        self.timing: Timing | None = None        # Algorithm 1's latency inputs, set by setup()
         self._fractions: list[tuple[float, ...]] = []
+
+    def read_columns(self) -> frozenset[str]:
+        """The lookahead router logits rank the experts to prefetch (Eq. 3) and feed the
+        configurator's hit statistics; ranked at random (``speculative`` False) or used by
+        neither mechanism, nothing is read."""
+        uses = self.speculative and (self.prefetch or self.configurator)
+        return frozenset({"lookahead_logits"}) if uses else frozenset()
+
+    def needs(self) -> SetupNeeds:
+        """The lookahead for the speculative ranking, the buffer for any prefetch, the run length
+        for the configurator: each only where its mechanism is on."""
+        needs = super().needs()
+        return needs.without(columns=set() if self.prefetch and self.speculative else {"lookahead_logits"},
+                             buffer=not self.prefetch, min_tokens=not self.configurator)
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, ctx: Context) -> None:
         L, E, K = ctx.num_layers, ctx.num_experts, ctx.top_k
+        if len(ctx.pool_capacity) != L:
+            raise PolicySetupError(f"{self.name} sets a budget per layer: it needs one pool per layer "
+                                   "(cache.scope: layer)")
         self._L, self._E, self._K = L, E, K
         self._eb = ctx.expert_bytes
         self._theta = [float(self.theta)] * L
@@ -128,8 +157,11 @@ class MoEpic(Policy):
         self._prio = CachePriority(L, E, rho=self.rho, omega=self.omega)
         self._stats = SplitStats(L, E) if self.configurator else None
         cost = ctx.cost
-        self._timing = Timing(t_att=cost.layer_s(1), t_moe=K * cost.expert_s(1), t_head=cost.head_s(1),
-                              t_load=cost.transfer_s(self._eb), top_k=K)
+        # the engine's clock: a layer's non-MoE part carries the runtime's per-layer overhead,
+        # the head the runtime's per-forward-pass overhead (both 0 without a runtime:)
+        self.timing = Timing(t_att=cost.layer_s(1) + cost.overhead_layer_s(), t_moe=K * cost.expert_s(1),
+                             t_head=cost.head_s(1) + cost.overhead_iteration_s(1),
+                             t_load=cost.transfer_s(self._eb), top_k=K)
         self._rng = ctx.rng
         self._tokens = 0
         self._next_config = self.tau
@@ -184,15 +216,6 @@ class MoEpic(Policy):
             if view.state(layer, e, part) == RESIDENT and not view.in_buffer(layer, e, part):
                 view.evict(layer, e, part)
 
-    def _forget_absent(self, view: View, layer: int | None) -> list[UnitKey]:
-        """Drop the bookkeeping of prefetches the engine cancelled; returns the cancelled reloads."""
-        for key in [k for k in self._spec if (layer is None or k[0] == layer) and view.state(*k) == ABSENT]:
-            del self._spec[key]
-        lost = [k for k in self._reload if (layer is None or k[0] == layer) and view.state(*k) == ABSENT]
-        for key in lost:
-            self._reload.discard(key)
-        return lost
-
     # -- speculative prefetch (section 3.2) -----------------------------------------------------
     def _predict(self, view: View, target: int, target_iter: int, logits: np.ndarray | None) -> None:
         """Rank the experts of layer ``target`` (of iteration ``target_iter``) by predicted
@@ -222,12 +245,14 @@ class MoEpic(Policy):
             per_token = order[None, :]
         else:                              # the first token has nothing to predict from
             return
-        self._queue[target] = [target_iter, order.tolist(), scores.tolist(), 0]
+        K = self._K   # the predicted activated experts (section 3.2), no further
+        self._queue[target] = [target_iter, order[:K].tolist(), scores[:K].tolist(), 0]
         self._pred[target] = (target_iter, per_token)
 
     def _fill(self, view: View, layer: int) -> None:
-        """Issue the guesses for ``layer`` in order while the transfer buffer has room for the
-        next one: its bottom if the top is cached, else the whole expert."""
+        """Issue the guesses for ``layer`` (its ``K`` predicted experts) in order while the
+        transfer buffer has room for the next one: its bottom if the top is cached, else the
+        whole expert; one that does not fit yet is retried at the next hook."""
         entry = self._queue.get(layer)
         if entry is None:
             return
@@ -293,14 +318,9 @@ class MoEpic(Policy):
         self._routed = (it, layer)
         self._needed = needed
         self._admitting = None
-        # the routing is known: prefetching for this layer stops (section 3.2)
+        # the routing is known: MoEpic terminates the prefetch for this layer (section 3.2)
         self._queue.pop(layer, None)
-        cancelled = view.cancel_prefetches(layer)
-        for key in (self._forget_absent(view, layer) if cancelled else []):
-            # a re-load, not a guess: keep it going
-            if (key[1] not in needed and view.free(view.pool_of(layer)) >= view.part_bytes(layer, key[2])
-                    and view.prefetch(*key, priority=-(1.0 + layer))):
-                self._reload.add(key)
+        self._terminate(view, layer, needed)
         # wrong guesses already in the buffer make room for the demand loads
         for key in [k for k, t in self._spec.items() if k[0] == layer and t <= it]:
             if key[1] not in needed and view.state(*key) == RESIDENT:
@@ -308,6 +328,23 @@ class MoEpic(Policy):
         if routing.n_tokens > 1 and len(self._fractions[layer]) == 2:
             self._whole_misses_when_tight(view, layer, needed)
         return None
+
+    def _terminate(self, view: View, layer: int, needed: set[int]) -> None:
+        """Stop the prefetch of ``layer`` now that it is routed: the copies of wrong guesses,
+        queued or in flight, are aborted (their lane and room free at once); a right guess still
+        queued is withdrawn so that it loads on demand, ahead of every prefetch; one in flight
+        goes on (stopping it would only move its bytes again). A top segment re-loading after a
+        reconfiguration is not a guess: if its expert is needed it is treated as a right guess,
+        else it goes on."""
+        for key in view.units_of_layer(layer):
+            state = view.state(*key)
+            if state == RESIDENT:
+                continue
+            if key[1] in needed:
+                if state != INFLIGHT:
+                    view.abort_prefetch(*key)
+            elif key not in self._reload:
+                view.abort_prefetch(*key)
 
     def _whole_misses_when_tight(self, view: View, layer: int, needed: set[int]) -> None:
         """A many-token iteration whose missing segments cannot all get room at once: drop the
@@ -404,6 +441,10 @@ class MoEpic(Policy):
         self._spec.pop(unit, None)
         self._reload.discard(unit)
 
+    def on_cancel(self, view: View, unit: UnitKey) -> None:
+        self._spec.pop(unit, None)
+        self._reload.discard(unit)
+
     def final_warnings(self) -> list[str]:
         if self.configurator and self._next_config == self.tau and self._tokens < self.tau:
             return [f"{self.name}: tau = {self.tau} tokens, but the run routed only {self._tokens}: the cache "
@@ -418,15 +459,14 @@ class MoEpic(Policy):
     # -- cache configuration (Algorithm 1, lines 8-10) --------------------------------------------
     def configuration(self) -> Allocation:
         """Run the configurator on the statistics so far from the current budgets (no change)."""
-        assert self._stats is not None
+        assert self._stats is not None and self.timing is not None
         stats = [self._stats.layer(i) for i in range(self._L)]
-        conf = CacheConfigurator(timing=self._timing, total=self._total, zeta=self.zeta,
+        conf = CacheConfigurator(timing=self.timing, total=self._total, zeta=self.zeta,
                                  min_budget=self._min_budget)
         return conf.allocate(stats, self._budget)
 
     def _reconfigure(self, view: View) -> None:
-        view.cancel_prefetches()
-        self._forget_absent(view, None)
+        view.cancel_prefetches()   # on_cancel forgets them
         self._queue.clear()
         for key in list(self._spec):
             if view.state(*key) == RESIDENT:

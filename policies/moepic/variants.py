@@ -7,6 +7,7 @@ defaults.
 
 from __future__ import annotations
 
+from moesim.policies.contract.needs import TOP_K, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.moepic.policy import MoEpic
 
@@ -17,6 +18,7 @@ class MoEpicCacheOnly(MoEpic):
     LCP with uniform budgets, no prefetch."""
 
     name = "moepic-cache-only"
+    setup_needs = SetupNeeds(source="MoEpic section 2.3: theta 1, no prefetch")
     summary = "MoEpic degenerate case: theta 1, LCP whole-expert cache, no prefetch"
 
     def __init__(self, *, theta: float = 1.0, rho: float = 0.25, omega: float = 128.0,
@@ -34,6 +36,8 @@ class MoEpicPrefetchOnly(MoEpic):
     whole experts prefetched speculatively into the transfer buffer."""
 
     name = "moepic-prefetch-only"
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}), buffer_experts=TOP_K,
+                             source="MoEpic section 2.3: theta 0, speculative prefetch into a buffer of K experts")
     summary = "MoEpic degenerate case: theta 0, no cache, speculative whole-expert prefetch"
 
     def __init__(self, *, theta: float = 0.0, rho: float = 0.25, omega: float = 128.0,

@@ -39,7 +39,7 @@ from moesim.policies.parts.prefetchers import Prefetcher
 
 _DISPATCHED = ("on_iteration_start", "before_layer", "on_access", "after_layer", "on_layer_end",
                "on_iteration_end", "on_loaded", "on_evict", "on_cancel")
-_OWN = (*_DISPATCHED, "on_routed", "choose_victim", "admit", "setup", "part_fractions")
+_OWN = (*_DISPATCHED, "on_routed", "choose_victim", "admit", "setup", "part_fractions", "preload")
 
 
 class Composed(Policy):
@@ -124,6 +124,13 @@ class Composed(Policy):
     def part_fractions(self, layer: int) -> tuple[float, ...]:
         """The cache rule's split of experts."""
         return self.cache.part_fractions(layer)
+
+    def preload(self, ctx: Context) -> list[UnitKey]:
+        """The parts' preloaded units, in hook order, each once."""
+        out: dict[UnitKey, None] = {}
+        for p in self._parts:
+            out.update(dict.fromkeys(p.preload(ctx)))
+        return list(out)
 
     def warm(self, view: View, units: list[UnitKey]) -> None:
         """Every part learns of the warm start."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import make_policy
 from moesim.policies.parts.caches import CacheRule
 from moesim.policies.parts.compose import _DISPATCHED, Composed
@@ -32,3 +33,9 @@ def base_parts(name: str, params: dict[str, Any] | None = None) -> tuple[CacheRu
     if own:
         raise ValueError(f"base {name!r} adds hooks of its own ({', '.join(own)}) beyond its parts")
     return pol.cache, pol.prefetcher
+
+
+def base_needs(name: str, params: dict[str, Any] | None = None) -> SetupNeeds:
+    """The setup needs of the registered policy ``name`` built with ``params``: a policy that
+    sits on that base needs what the base needs besides its own."""
+    return make_policy(name, params).needs()

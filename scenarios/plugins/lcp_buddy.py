@@ -3,6 +3,7 @@ BuddyMoE's substitution planner (policies/buddymoe/planner.py), in one file and 
 mechanism. A scenario lists this file under ``plugins:`` and names ``lcp-buddy``."""
 
 from moesim.policies.buddymoe.planner import BuddySubstitutePlanner
+from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LCPCache
 from moesim.policies.parts.compose import Composed
@@ -16,6 +17,8 @@ class LcpBuddy(Composed):
     name = "lcp-buddy"
     summary = "MoEpic's LCP cache + BuddyMoE's buddy substitution (plugin example, lossy)"
     lossy = True
+    setup_needs = SetupNeeds(profile_share=DEFAULT_PROFILE_SHARE,
+                             source="BuddyMoE section 3.3: buddy lists from an offline co-activation profile")
 
     def __init__(self, *, rho: float = 0.25, omega: float = 128.0, alpha: float = 0.95, k_max: int = 16,
                  swaps_per_token: int | None = 3) -> None:

@@ -3,6 +3,7 @@
 A scenario lists this file under ``plugins:`` and names the policy; nothing in moesim changes.
 """
 
+from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LFUCache
 from moesim.policies.parts.compose import Composed
@@ -16,9 +17,17 @@ class LfuPrefetch(Composed):
 
     name = "lfu-prefetch"
     summary = "LFU + next-layer prefetch (plugin example)"
+    # what it needs to run as meant: studies mark it n/a on a trace without the lookahead
+    setup_needs = SetupNeeds(columns=frozenset({"lookahead_logits"}),
+                             source="the next layer's router on the current hidden state")
 
     def __init__(self, *, prefetch_experts: int = 2, predictor: str = "auto") -> None:
         self.prefetch_experts = prefetch_experts
         self.predictor = predictor
         self.assemble(cache=LFUCache(),
                       prefetcher=NextLayerPrefetcher(make_predictor(predictor), experts=prefetch_experts))
+
+    def needs(self) -> SetupNeeds:
+        """``predictor: previous-token`` reads no lookahead."""
+        needs = super().needs()
+        return needs.without(columns={"lookahead_logits"}) if self.predictor == "previous-token" else needs

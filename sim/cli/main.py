@@ -20,6 +20,7 @@ from rich.table import Table
 
 from moesim.sim.cli.blas_spin import quiet_blas_workers
 from moesim.sim.cli.lazy_commands import LazyCommand, lazy_group
+from moesim.sim.core.atomic import Terminated
 from moesim.sim.core.errors import MoesimError
 
 # Commands of other modules, imported and built only when named (simctl run never needs them);
@@ -36,10 +37,12 @@ _LAST = [
     LazyCommand("compare", "moesim.sim.cli.study", "compare_cmd"),
     LazyCommand("plot", "moesim.sim.cli.study", "plot_cmd"),
     LazyCommand("curve", "moesim.sim.study.curve", "curve_cmd"),
+    LazyCommand("advise", "moesim.sim.cli.advise", "advise_cmd"),
+    LazyCommand("fit", "moesim.sim.cli.fit", "fit_cmd"),
     LazyCommand("trace", "moesim.traces.cli", "app", group=True,
                 help="Record, import, synthesise and inspect moe-trace files."),
     LazyCommand("model", "moesim.traces.tiny.model_cli", "app", group=True,
-                help="The tiny MoE trained in this repository: train it, find it."),
+                help="The small MoEs trained in this repository (tiny-moe, fine-moe): train one, find it."),
 ]
 
 
@@ -67,12 +70,14 @@ def run(
     timeline: Annotated[bool, typer.Option("--timeline", help="also write timeline.json, the GPU/CPU/PCIe activity as a Chrome trace (with --out)")] = False,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
+    baselines: Annotated[bool, typer.Option(help="the summary's speed-up over lru and no-cache (the same scenario, "
+                                            "on the fast path)")] = True,
 ) -> None:
     """Run one scenario and print its summary."""
     from moesim.sim.config.scenario import load_scenario
     from moesim.sim.core.atomic import check_target
     from moesim.sim.run.outputs import print_summary, write_outputs
-    from moesim.sim.run.runner import run_loaded
+    from moesim.sim.run.runner import prepare_run
 
     _resume_gc()
 
@@ -104,16 +109,20 @@ def run(
                     last[0] = now
                     bar.update(task, completed=done, total=total)
 
-            result = run_loaded(loaded, timeline=want_timeline, steps=out is not None, progress=tick)
+            prepared = prepare_run(loaded, timeline=want_timeline, steps=out is not None, progress=tick)
+            result = prepared.run()
     else:
-        result = run_loaded(loaded, timeline=want_timeline, steps=out is not None)
+        prepared = prepare_run(loaded, timeline=want_timeline, steps=out is not None)
+        result = prepared.run()
     if out is not None:
         write_outputs(result, out, timeline=want_timeline, force=force)
     if json_out:
         print(json.dumps(result.metrics, indent=2, sort_keys=True))
     else:
+        from moesim.sim.run.baselines import speedups
+
         console = _console()
-        print_summary(result, console)
+        print_summary(result, console, speedups(loaded, result, prepared.engine.state.trace) if baselines else None)
         if out is not None:
             console.print(f"wrote {out}/config.yaml, metrics.json, steps.parquet" + (", timeline.json" if want_timeline else ""))
 
@@ -181,34 +190,63 @@ def models() -> None:
 def hardware(
     name: Annotated[str | None, typer.Argument(help="a catalog entry or a profile YAML file: show where each number comes from")] = None,
 ) -> None:
-    """List the hardware catalog, or show one entry's numbers and their sources."""
+    """List the hardware and host CPU catalogs, or show one entry's numbers and their sources."""
     from moesim.sim.config.catalog import (
         CatalogFieldError,
+        get_cpu,
         get_hardware,
         hardware_names,
+        host_names,
         is_spec_file,
         load_spec_file,
     )
 
+    if name is not None and name in host_names():
+        cpu = get_cpu(name)
+        t = Table("field", "value", "source", title=f"host {name}: {cpu.source}")
+        for field, value in cpu.model_dump(exclude={"name", "source", "sources"}, exclude_none=True).items():
+            t.add_row(field, str(value), cpu.sources.get(field, "default of CpuSpec"))
+        _console().print(t)
+        return
     if name is not None:
+        if is_spec_file(name) and Path(name).is_file():
+            from moesim.sim.config.fitted import print_fit_file
+
+            if print_fit_file(name, _console()) and not _has_section(name, "hardware"):
+                return   # a fit over several hardware: its values are printed above
         try:
             h = get_hardware(load_spec_file(name, "hardware") if is_spec_file(name) else name)
         except CatalogFieldError as exc:
             raise MoesimError(f"{name}: {exc}") from None
         t = Table("field", "value", "source", title=f"{h.name}: {h.source or 'no source stated'}")
         for field, value in h.model_dump(exclude={"name", "source", "sources"}, exclude_none=True).items():
-            t.add_row(field, str(value), h.source_of(field))
+            t.add_row(field, str(value), h.source_of(field, name if is_spec_file(name) else "the entry"))
         _console().print(t)
         if is_spec_file(name):
             _print_runtime_section(name)
         return
-    t = Table("hardware", "VRAM GiB", "PCIe GB/s", "copy engines", "TFLOP/s", "HBM GB/s", "calibrated", "source")
+    t = Table("hardware", "VRAM GiB", "PCIe GB/s", "pageable GB/s", "copy engines", "TFLOP/s", "HBM GB/s",
+              "calibrated", "source")
     for name_ in hardware_names():
         h = get_hardware(name_)
-        t.add_row(name_, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", str(h.copy_engines), f"{h.peak_tflops:g}",
-                  f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
+        t.add_row(name_, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", f"{h.pageable_rate_gbps:g}", str(h.copy_engines),
+                  f"{h.peak_tflops:g}", f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
     _console().print(t)
-    _console().print("simctl hardware NAME (or a profile .yaml) shows the source of every number")
+    t = Table("host (cpu:)", "cores", "memory GB/s", "per thread GB/s", "TFLOP/s", "source")
+    for name_ in host_names():
+        c = get_cpu(name_)
+        t.add_row(name_, str(c.cores), f"{c.mem_gbps:g}", f"{c.thread_gbps:g}" if c.thread_gbps else "-",
+                  f"{c.tflops:g}", c.source)
+    _console().print(t)
+    _console().print("simctl hardware NAME (a GPU, a host, or a profile .yaml) shows the source of every number; "
+                     "pick a host with hardware: {base: GPU, cpu: HOST}")
+
+
+def _has_section(path: str, section: str) -> bool:
+    from moesim.sim.core.yamlio import load_yaml_file
+
+    data = load_yaml_file(path)
+    return isinstance(data, dict) and section in data
 
 
 def _print_runtime_section(path: str) -> None:
@@ -274,6 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("simctl: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("simctl: terminated (SIGTERM); no partial output left", file=sys.stderr)
+        return 143
+    except PermissionError as exc:
+        # an output or input the OS refuses (a read-only mount, a folder made unwritable
+        # meanwhile): the user's environment, not a bug
+        print(f"simctl: error: {exc.filename or exc}: permission denied", file=sys.stderr)
+        return 2
     except Exception as exc:
         # click's usage errors (typer vendors its own click in recent releases, so match by shape)
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):

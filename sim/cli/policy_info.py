@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from moesim.policies.contract.base import OPTIONAL_COLUMNS, Policy
+from moesim.policies.contract.base import Policy
 from moesim.policies.contract.registry import make_policy, policy_class, policy_names, policy_params
 
 
@@ -30,11 +30,11 @@ def policy_table() -> Table:
 
 def trace_needs(cls: type[Policy]) -> tuple[list[str], list[str]]:
     """(required, read when present) optional trace columns of the policy with its defaults;
-    ``experts`` is always needed."""
+    ``experts`` is always needed. A policy that does not declare what it reads gets every
+    column, and is listed so."""
     pol = make_policy(cls.name, {})
     req = sorted(pol.required_columns())
-    declared = pol.read_columns()
-    reads = [] if declared == frozenset(OPTIONAL_COLUMNS) else sorted(declared - set(req))
+    reads = sorted(set(pol.read_columns()) - set(req))
     return req, reads
 
 
@@ -63,6 +63,10 @@ def describe_policy(name: str) -> Group:
     lines.append(Text(f"source: {paper_of(cls)}"))
     lines.append(Text("trace must contain: experts" + "".join(f", {c}" for c in req)
                       + (f"; reads when present: {', '.join(reads)}" if reads else "")))
+    needs = make_policy(name, {}).needs()
+    lines.append(Text("runs as its paper meant it with: " + ("; ".join(needs.describe()) or "nothing more")
+                      + (f" ({needs.source})" if needs.source else "")
+                      + "; compare and sweeps apply these or mark the point n/a"))
     params = policy_params(cls)
     t = Table("parameter", "default", title=None, expand=False)
     for key, default in params.items():

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 
 def _params(items: list[str] | None) -> dict[str, Any]:
@@ -43,6 +44,7 @@ def _held_out_texts(n: int, seed: int) -> Path:
     return path
 
 
+@quiet_library_warnings()
 def quality(
     model: Annotated[str | None, typer.Option(
         "--model", help="Local HF model directory (weights loaded) or a config (random weights). "

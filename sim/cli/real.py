@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 
 def _console() -> Console:
@@ -33,6 +34,7 @@ def require_tracer(command: str) -> None:
                           "pip install 'torch==2.13.0' && pip install 'moesim[tracer]'")
 
 
+@quiet_library_warnings()
 def calibrate(
     out: Annotated[Path, typer.Option("--out", "-o", help="profile YAML to write (use it as hardware: and runtime: in a scenario)")],
     model: Annotated[str | None, typer.Option("--model", help="model directory / config JSON, catalog model name (tiny-moe: the bundled trained model; others: random weights of that shape), or an inline YAML spec (default: tiny-moe)")] = None,
@@ -84,6 +86,7 @@ def calibrate(
     _console().print(f"wrote {out}")
 
 
+@quiet_library_warnings()
 def validate(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a key (repeatable)")] = None,

@@ -31,9 +31,15 @@ def _report(outcome: object, out: Path) -> None:
     assert isinstance(outcome, SweepOutcome)
     err = Console(stderr=True)
     ok = outcome.total - len(outcome.failed) - len(outcome.not_applicable)
-    n_a = f", {len(outcome.not_applicable)} n/a (the policy needs a column the trace lacks)" if outcome.not_applicable else ""
+    n_a = (f", {len(outcome.not_applicable)} n/a (not run: the policy cannot run as its paper meant it here)"
+           if outcome.not_applicable else "")
     err.print(f"{outcome.total} points: {outcome.ran} run, {outcome.skipped} already done; {ok} ok, "
               f"{len(outcome.failed)} failed{n_a}; {outcome.wall_s:.1f} s")
+    reasons = list(dict.fromkeys(msg for _, msg in outcome.not_applicable))
+    for msg in reasons[:10]:
+        err.print(f"  n/a {msg}", highlight=False, markup=False, soft_wrap=True)
+    if len(reasons) > 10:
+        err.print(f"  ... and {len(reasons) - 10} more (see the error column)")
     for index, msg in outcome.failed[:10]:
         err.print(f"  [red]point {index} failed[/red]: {msg}", markup=True, highlight=False)
     if len(outcome.failed) > 10:
@@ -64,9 +70,13 @@ def sweep_cmd(
     if dry_run:
         done = PointStore(out_dir).load() if out_dir.is_dir() else {}
         for p in sweep.points:
-            state = done.get(p.config_hash, {}).get("status", "todo")
+            state = done.get(p.config_hash, {}).get("status", "n/a" if p.unmet else "todo")
             vals = "  ".join(f"{k}={json.dumps(v)}" for k, v in p.params.items())
             print(f"{p.index:5d}  {p.config_hash}  {state:5s}  {vals}")
+        for note in dict.fromkeys(n for p in sweep.points for n in p.applied):
+            print(f"applied: {note}")
+        for name, reason in dict.fromkeys((p.policy, p.unmet) for p in sweep.points if p.unmet):
+            print(f"n/a {name}: {reason}")
         print(f"{len(sweep.points)} points, {sum(p.config_hash in done for p in sweep.points)} done, output {out_dir}")
         return
     outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
@@ -98,15 +108,9 @@ def compare_cmd(
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: on a terminal)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
 ) -> None:
-    """Compare policies on one scenario: a ranked table (bounds labelled) and a figure."""
-    from moesim.sim.study.compare import (
-        METRICS,
-        comparison_figure,
-        comparison_sweep,
-        rank,
-        to_csv,
-        to_markdown,
-    )
+    """Compare policies on one scenario: ranked tables in groups (lossless, lossy, bounds, n/a) and a figure."""
+    from moesim.sim.study.compare import METRICS, comparison_figure, comparison_sweep, rank
+    from moesim.sim.study.compare_table import to_csv, to_markdown
     from moesim.sim.study.plot import load_table, save
     from moesim.sim.study.sweep_run import run_sweep
 
@@ -135,6 +139,10 @@ def compare_cmd(
     if figure:
         written += save(comparison_figure(comp), out_dir, "compare")
     err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    if outcome.not_applicable:
+        n = len(outcome.not_applicable)
+        err.print(f"{n} {'point' if n == 1 else 'points'} n/a on this trace and scenario (the table says why)",
+                  highlight=False)
     if outcome.failed:
         err.print(f"{len(outcome.failed)} points failed (see the table)")
 

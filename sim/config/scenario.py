@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,13 +36,23 @@ from moesim.sim.config.catalog import (
     get_runtime,
     is_spec_file,
     load_spec_file,
+    model_names,
 )
+from moesim.sim.config.fitted import CalibrationError, apply_calibration
+from moesim.sim.config.keys import unknown_key_hint
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
 
 
 class ScenarioError(MoesimError, ValueError):
     """A scenario that cannot run; the message names the file and the YAML path."""
+
+
+ASSUMED_SIZES: dict[str, Any] = {"hidden_size": 4096, "expert_intermediate_size": 14336, "dtype_bytes": 2,
+                                 "non_expert_bytes": 0}
+"""The sizes a model outside the catalog gets when the scenario gives none (a trace knows the
+routing shape, not the weights): Mixtral-8x7B's expert (352 MB in bf16) and no weights besides
+the routed experts. The run's summary and ``metrics.json`` say so."""
 
 
 class CacheSpec(BaseModel):
@@ -57,6 +68,10 @@ class CacheSpec(BaseModel):
         "(from an offline profile of the replayed trace), or random experts")
     buffer_experts: float = Field(0, ge=0, description="extra room for transfers in flight, in experts, "
                                   "given equally to every policy (MoEpic's comparison uses top_k)")
+    scope: Literal["layer", "global"] | None = Field(
+        None, description="pool layout: one pool per MoE layer, or one global pool shared by all layers; "
+        "default: the policy's own (fmoe global, the others per layer), so that comparisons can give "
+        "every system the same layout")
     swap_out: bool = Field(False, description="evicting copies the expert back to the host over the D2H lane "
                            "(hardware.d2h_gbps) and frees its room only when that copy lands; default false: "
                            "weights are read-only and the host keeps them, so eviction just drops the copy")
@@ -185,6 +200,10 @@ class Scenario(BaseModel):
                                           "(none, hf-eager, vllm-like, llama-cpp-like), {base: NAME, ...}, or a YAML "
                                           "file (*.yaml, relative to the scenario) such as a `simctl calibrate` profile")
     profile: ProfileSpec | None = Field(None, description="profiling split handed to policies at set-up, never measured")
+    calibration: str | None = Field(
+        None, description="a `simctl fit` file (fitted.yaml, relative to the scenario) whose fitted values this "
+        "scenario takes: every value fitted for all rows, and each per-group value of the group matching this "
+        "scenario (e.g. its hardware); `--set` items win over it, a different value in this file is an error")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")  # type: ignore[arg-type]
     seed: int = Field(0, ge=0, description="seed of every random choice of the run")
     resolved: dict[str, Any] | None = Field(
@@ -215,6 +234,10 @@ class LoadedScenario(BaseModel):
     source: str | None = None
     overrides: list[str] = []
     """The ``--set`` items applied on top of the file, in order (shown in the run summary)."""
+    trace_fit: str | None = None
+    """The ``simctl trace fit`` YAML that ``trace:`` named, now the synthetic mapping it holds."""
+    calibration: dict[str, Any] | None = None
+    """Provenance of the ``calibration:`` file and the values it applied (``None`` without one)."""
 
     def resolved(self) -> dict[str, Any]:
         """The scenario as plain data, for ``config.yaml``: every file it names (trace, profile
@@ -233,16 +256,33 @@ class LoadedScenario(BaseModel):
                 data[key] = str(spec.resolve())
         if data.get("plugins"):
             data["plugins"] = [str(p.resolve()) for p in self.plugin_paths()]
+        if self.scenario.calibration is not None:
+            data["calibration"] = str(self._file(self.scenario.calibration).resolve())
         return data
 
     def changes(self) -> list[str]:
         """Every change applied on top of a catalog entry or the file: the ``--set`` items and
         the inline overrides of ``model:``, ``hardware:`` and ``runtime:`` (``{base: NAME, ...}``)."""
         out = [f"--set {o}" for o in self.overrides]
+        calibrated = set(self.calibration["values"]) if self.calibration else set()
         for key in ("model", "hardware", "runtime"):
             ref = getattr(self.scenario, key)
             if isinstance(ref, dict) and "base" in ref:
-                out += [f"{key}.{k}={json.dumps(v)} (on {ref['base']})" for k, v in ref.items() if k != "base"]
+                out += [f"{key}.{k}={json.dumps(v)} (on {ref['base']})" for k, v in ref.items()
+                        if k != "base" and f"{key}.{k}" not in calibrated]
+        return out
+
+    def fit_provenance(self) -> list[dict[str, Any]]:
+        """Where fitted values of this run come from: the ``calibration:`` file, and any
+        ``hardware:`` / ``runtime:`` file written by ``simctl fit`` (one entry each; empty when the
+        run uses no fitted value). Shown in the run summary and ``metrics.json`` (``fit``)."""
+        out = [self.calibration] if self.calibration else []
+        files = [(key, self.spec_file(key)) for key in ("hardware", "runtime")]
+        if any(path is not None for _, path in files):
+            from moesim.sim.config.fitted import spec_file_provenance
+
+            out += [prov for key, path in files if path is not None
+                    for prov in [spec_file_provenance(path, key)] if prov is not None]
         return out
 
     def config_hash(self) -> str:
@@ -266,6 +306,9 @@ class LoadedScenario(BaseModel):
                 del data[key]
         for i, plugin in enumerate(self.plugin_paths()):   # a policy's code decides its results
             files[f"plugin{i}"] = file_digest(plugin)
+        if self.scenario.calibration is not None:
+            files["calibration"] = file_digest(self._file(self.scenario.calibration))
+            del data["calibration"]
         data.pop("plugins", None)
         blob = json.dumps({"scenario": data, "files": files}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
@@ -293,7 +336,10 @@ class LoadedScenario(BaseModel):
             return resolve(ref)
         except CatalogFieldError as exc:
             sep = " " if spec_file is not None else "."
-            raise ScenarioError(f"{src}: {where}{sep}{exc.field}: {exc.problem}") from None
+            hint = ""
+            if exc.suggestion:
+                hint = f"; did you mean {exc.suggestion if spec_file is not None else f'{key}.{exc.suggestion}'!r}?"
+            raise ScenarioError(f"{src}: {where}{sep}{exc.field}: {exc.problem}{hint}") from None
         except CatalogError as exc:
             raise ScenarioError(f"{src}: {where}: {exc}") from None
         except ValidationError as exc:
@@ -320,11 +366,51 @@ class LoadedScenario(BaseModel):
         t = self.scenario.trace
         return self._file(t) if isinstance(t, str) else None
 
-    def model_spec(self, trace_model_name: str) -> ModelSpec:
-        """The resolved model (the trace's own model name when the scenario names none)."""
-        ref = self.scenario.model if self.scenario.model is not None else trace_model_name
+    def model_spec(self, trace_model_name: str, trace_shape: dict[str, int] | None = None) -> ModelSpec:
+        """The resolved model: the scenario's ``model:``, else the trace's own model by name.
+
+        A trace's model outside the catalog (an imported capture) takes its shape from the trace
+        (``trace_shape``: ``num_layers``, ``num_experts``, ``top_k``, ``num_shared_experts``) and
+        its sizes from ``model: {hidden_size: ..., expert_intermediate_size: ...}`` (a mapping
+        without a catalog ``base``; ``--set model.hidden_size=H`` makes one), each size not given
+        from :data:`ASSUMED_SIZES`; :meth:`model_note` says which."""
+        derived = self._derived_sizes(trace_model_name, trace_shape)
+        if derived is not None and trace_shape is not None:
+            ref: Any = {"name": trace_model_name, **trace_shape, **ASSUMED_SIZES, **derived}
+        else:
+            ref = self.scenario.model if self.scenario.model is not None else trace_model_name
         spec: ModelSpec = self._catalog("model", get_model, ref)
         return spec
+
+    def _derived_sizes(self, trace_model_name: str, trace_shape: dict[str, int] | None) -> dict[str, Any] | None:
+        """The sizes the scenario gives a model derived from the trace (see :meth:`model_spec`),
+        or None when the model comes from the catalog or the scenario alone."""
+        ref = self.scenario.model
+        if trace_shape is None or trace_model_name in model_names():
+            return None
+        if ref is None or ref == trace_model_name:
+            return {}
+        if (isinstance(ref, dict) and "num_layers" not in ref
+                and ref.get("base", trace_model_name) == trace_model_name):
+            return {k: v for k, v in ref.items() if k != "base"}
+        return None
+
+    def model_note(self, trace_model_name: str, trace_shape: dict[str, int] | None) -> str | None:
+        """What the run assumed about a model outside the catalog, as one sentence for the
+        summary and ``metrics.json`` (None when nothing was assumed)."""
+        given = self._derived_sizes(trace_model_name, trace_shape)
+        if given is None or trace_shape is None:
+            return None
+        assumed = [k for k in ASSUMED_SIZES if k not in given]
+        if not assumed:
+            return None
+        shape = (f"{trace_shape['num_layers']} MoE layers x {trace_shape['num_experts']} experts, "
+                 f"top-{trace_shape['top_k']}")
+        sizes = ", ".join(f"{k} {ASSUMED_SIZES[k]}" for k in assumed)
+        return (f"model {trace_model_name!r} is not in the catalog: its shape ({shape}) comes from the trace and "
+                f"these sizes are assumed: {sizes} (defaults: Mixtral-8x7B's expert, bf16, no other weights); give "
+                f"the real ones as model: {{hidden_size: H, expert_intermediate_size: I, dtype_bytes: B, "
+                f"non_expert_bytes: N}} (or --set model.hidden_size=H ...)")
 
     def hardware_spec(self) -> HardwareSpec:
         """The resolved hardware (a catalog name, a mapping or a YAML file such as a
@@ -357,7 +443,10 @@ def file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
-def _format_validation(exc: ValidationError, source: str | None, prefix: str = "") -> str:
+def _format_validation(exc: ValidationError, source: str | None, prefix: str = "",
+                       root: type[BaseModel] | None = None) -> str:
+    """One line naming the YAML path of the error that matters; an unknown key of ``root``
+    (the document validated) gets a did-you-mean."""
     def clean(err: Any) -> list[str]:
         loc = [str(x) for x in err.get("loc", ()) if not str(x).startswith(("function-after", "union["))]
         # pydantic puts the union member's type name in the location; drop those
@@ -370,7 +459,7 @@ def _format_validation(exc: ValidationError, source: str | None, prefix: str = "
     path = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + (unknown_key_hint(root, loc) if root is not None else "")
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{source or 'scenario'}: {path}: {msg}{more}"
 
@@ -390,6 +479,38 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def set_key(data: dict[str, Any], path: list[str], value: Any, label: str) -> None:
+    """Set the dotted scenario key ``path`` to ``value`` in the raw mapping ``data`` (in place),
+    as ``--set`` does; ``label`` names the change in an error (``--set a.b=1``).
+
+    A catalog name on the way (``hardware: rtx-4090``) becomes ``{base: rtx-4090}``, a policy
+    name ``{name: ...}``; setting one of the mutually exclusive cache sizes drops the others.
+    """
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        nxt = node.get(part)
+        if isinstance(nxt, str) and part in ("model", "hardware", "runtime") and node is data:
+            if is_spec_file(nxt):
+                raise ScenarioError(f"{label}: {part} is the file {nxt}; put the change in that file, "
+                                    f"or name a catalog entry as {part}")
+            nxt = {"base": nxt}
+            node[part] = nxt
+        elif isinstance(nxt, str) and part == "policy" and node is data:
+            nxt = {"name": nxt}
+            node[part] = nxt
+        elif nxt is None:
+            nxt = {}
+            node[part] = nxt
+        elif not isinstance(nxt, dict):
+            raise ScenarioError(f"{label}: {'.'.join(path[:i + 1])} is not a mapping")
+        node = nxt
+    last = path[-1]
+    if path[:-1] == ["cache"] and last in ("rate", "experts_per_layer", "gib"):
+        for other in ("rate", "experts_per_layer", "gib"):
+            node.pop(other, None)
+    node[last] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``--set`` overrides to the raw scenario mapping (in place; returns it).
 
@@ -398,41 +519,66 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """
     for item in overrides:
         path, value = parse_override(item)
-        node: Any = data
-        for i, part in enumerate(path[:-1]):
-            if isinstance(node, dict):
-                nxt = node.get(part)
-                if isinstance(nxt, str) and part in ("model", "hardware"):
-                    nxt = {"base": nxt}
-                    node[part] = nxt
-                elif isinstance(nxt, str) and part == "policy":
-                    nxt = {"name": nxt}
-                    node[part] = nxt
-                elif nxt is None:
-                    nxt = {}
-                    node[part] = nxt
-                elif not isinstance(nxt, dict):
-                    raise ScenarioError(f"--set {item}: {'.'.join(path[:i + 1])} is not a mapping")
-                node = nxt
-        last = path[-1]
-        if path[:-1] == ["cache"] and last in ("rate", "experts_per_layer", "gib"):
-            for other in ("rate", "experts_per_layer", "gib"):
-                node.pop(other, None)
-        node[last] = value
+        set_key(data, path, value, f"--set {item}")
     return data
 
 
-def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrides: list[str] | None = None) -> LoadedScenario:
+def inline_trace_fit(data: dict[str, Any], *, source: str | None, base_dir: Path) -> str | None:
+    """A ``trace:`` that names a YAML file (``simctl trace fit -o FIT.yaml``'s output, or any
+    file holding ``{synthetic: {...}}``) is replaced in place by its mapping: the trace is then
+    synthesised with those knobs. Returns the file's path as given (None when ``trace:`` is not
+    such a file); a file that is no such mapping is one line naming it."""
+    ref = data.get("trace")
+    if not is_spec_file(ref):
+        return None
+    assert isinstance(ref, str)
+    path = Path(ref).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    where = f"{source or 'scenario'}: trace: {ref}"
+    if not path.is_file():
+        raise ScenarioError(f"{where}: no such file")
+    try:
+        fit = load_yaml_file(path)
+    except MoesimError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    if not isinstance(fit, dict) or not isinstance(fit.get("synthetic"), dict) or set(fit) != {"synthetic"}:
+        raise ScenarioError(f"{where}: a YAML trace must hold {{synthetic: {{...}}}} (what `simctl trace fit -o` "
+                            "writes); a recorded trace is a .parquet file")
+    data["trace"] = {"synthetic": dict(fit["synthetic"])}
+    return str(path)
+
+
+def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrides: list[str] | None = None,
+                       fixed: Collection[str] = ()) -> LoadedScenario:
+    """Override and validate a scenario given as plain data (``base_dir``: where its relative
+    paths start). A ``trace:`` naming a ``simctl trace fit`` YAML becomes its synthetic mapping
+    (:func:`inline_trace_fit`) before the overrides and after each one, so that
+    ``--set trace=FIT.yaml --set trace.synthetic.requests=4`` works. A ``calibration:`` file
+    (:mod:`moesim.sim.config.fitted`) applies its fitted values last, leaving alone the keys of
+    ``overrides`` and the dotted keys ``fixed`` (values the caller has set)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError(f"{source or 'scenario'}: the top level must be a mapping")
-    data = apply_overrides(data, list(overrides or []))
+    fit = inline_trace_fit(data, source=source, base_dir=base_dir)
+    for item in overrides or []:
+        apply_overrides(data, [item])
+        fit = inline_trace_fit(data, source=source, base_dir=base_dir) or (
+            fit if isinstance(data.get("trace"), dict) else None)
+    calibration = None
+    if data.get("calibration") is not None:
+        keep = {*fixed, *(".".join(parse_override(o)[0]) for o in overrides or [])}
+        try:
+            calibration = apply_calibration(data, base_dir=base_dir, source=source or "scenario", fixed=keep,
+                                            set_key=set_key)
+        except CalibrationError as exc:
+            raise ScenarioError(str(exc)) from None
     try:
         scen = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(_format_validation(exc, source)) from None
-    return LoadedScenario(scenario=scen, base_dir=base_dir, source=source, overrides=list(overrides or []))
+        raise ScenarioError(_format_validation(exc, source, root=Scenario)) from None
+    return LoadedScenario(scenario=scen, base_dir=base_dir, source=source, overrides=list(overrides or []),
+                          trace_fit=fit, calibration=calibration)
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:

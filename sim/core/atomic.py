@@ -5,7 +5,8 @@ Every command that writes (``run --out``, ``calibrate -o``, ``trace synth/import
 renames it into place at the end, so a failure or a kill never leaves a half-written output
 under the name the user gave. A later write to the same name removes such leftovers whose
 process is gone. An existing non-empty output is refused unless ``force`` (``--force``), and
-then replaced in one rename.
+then replaced in one rename. While a temporary sibling exists, SIGTERM unwinds the process as
+Ctrl-C does (:func:`terminate_cleanly`), so ``kill PID`` removes it too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from moesim.sim.core.errors import MoesimError
 
@@ -24,6 +28,40 @@ TMP_TAG = ".moesim-tmp-"
 
 class OutputError(MoesimError, ValueError):
     """An output path that cannot be written; the message names it and the option."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while an output was being written (see :func:`terminate_cleanly`). A
+    ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except Exception`` swallows it
+    and every ``finally`` on the way out runs; ``simctl`` ends with exit status 143."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(f"terminated by signal {signum}")
+
+
+@contextlib.contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` instead of ending the process at
+    once, so the cleanup of the temporary outputs runs (Python does that for Ctrl-C already).
+    Only in the main thread and only where SIGTERM has its default action: a handler that an
+    application installed (Dask, a notebook kernel) is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except (ValueError, AttributeError):   # no SIGTERM on this platform
+        yield
+        return
+    if previous is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -84,7 +122,7 @@ def _mkparent(path: Path, option: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"{option} {path}: cannot create the folder ({exc.strerror or exc})") from None
+        raise OutputError(f"{option} {path}: cannot create the folder ({_reason(exc)})") from None
 
 
 @contextlib.contextmanager
@@ -97,21 +135,22 @@ def atomic_folder(path: str | Path, *, option: str = "--out", force: bool = Fals
     clean_stale(out)
     tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-    except OSError as exc:
-        raise OutputError(f"{option} {out}: cannot write ({exc.strerror or exc})") from None
-    try:
-        yield tmp
-        old = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}-old"
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
-        raise OutputError(f"{option} {out}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with terminate_cleanly():
+        try:
+            tmp.mkdir()
+        except OSError as exc:
+            raise OutputError(f"{option} {out}: cannot write ({_reason(exc)})") from None
+        try:
+            yield tmp
+            old = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}-old"
+            if out.exists():
+                out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError as exc:
+            raise OutputError(f"{option} {out}: cannot write ({_reason(exc)})") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -123,11 +162,20 @@ def atomic_file(path: str | Path, *, option: str = "-o", force: bool = False) ->
     _mkparent(out, option)
     clean_stale(out)
     tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}{out.suffix}"
-    try:
-        yield tmp
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise OutputError(f"{option} {out}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    with terminate_cleanly():
+        try:
+            yield tmp
+            os.replace(tmp, out)
+        except OSError as exc:
+            raise OutputError(f"{option} {out}: cannot write ({_reason(exc)})") from None
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _reason(exc: OSError) -> str:
+    """The OS's words for an error (``Permission denied``), without the library's decoration
+    (pyarrow puts the whole file path and a "Detail:" into its message)."""
+    if exc.errno:
+        return os.strerror(exc.errno)
+    return exc.strerror or str(exc)

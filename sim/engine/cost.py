@@ -3,7 +3,10 @@
 Without calibrated ``costs`` the model is a roofline: a kernel group takes
 ``max(bytes_read / hbm, flops / peak) + kernel_us``. With ``hardware.costs`` (from a real GPU,
 see the calibration harness) the measured per-layer and per-expert times are used instead,
-with optional per-token slopes.
+with optional per-token slopes. An expert on the host CPU is the same roofline over the host's
+memory and the threads that compute it (:mod:`moesim.sim.config.catalog.host`). Copies come
+from pinned host memory at ``pcie_gbps``, or, for a runtime that does not pin
+(``host_memory="pageable"``), at the hardware's pageable rate.
 """
 
 from __future__ import annotations
@@ -24,15 +27,26 @@ class CostModel:
     model: ModelSpec
     hardware: HardwareSpec
     runtime: RuntimeSpec = NO_RUNTIME
+    host_memory: str = "pinned"   # where copies come from: "pinned" or "pageable" host memory
+
+    def __post_init__(self) -> None:
+        if self.host_memory not in ("pinned", "pageable"):
+            raise ValueError(f"host_memory must be 'pinned' or 'pageable', got {self.host_memory!r}")
 
     @property
     def expert_bytes(self) -> int:
         return self.model.expert_bytes
 
-    def transfer_s(self, nbytes: float) -> float:
-        """Host-to-device copy of ``nbytes``: fixed latency plus bytes over bandwidth."""
+    @property
+    def h2d_gbps(self) -> float:
+        """Host-to-device GB/s of this run's copies: pinned (``pcie_gbps``) or pageable."""
         hw = self.hardware
-        return hw.pcie_latency_us * US + nbytes / (hw.pcie_gbps * 1e9)
+        return hw.pcie_gbps if self.host_memory == "pinned" else hw.pageable_rate_gbps
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Host-to-device copy of ``nbytes``: fixed latency plus bytes over bandwidth (pinned
+        or pageable, as ``host_memory`` says)."""
+        return self.hardware.pcie_latency_us * US + nbytes / (self.h2d_gbps * 1e9)
 
     def d2h_transfer_s(self, nbytes: float) -> float:
         """Device-to-host copy of ``nbytes`` (a swap-out): the same fixed latency, bytes over
@@ -67,17 +81,19 @@ class CostModel:
         return self._roofline(m.expert_bytes, 2.0 * m.expert_params * n_tokens)
 
     def cpu_expert_s(self, n_tokens: int) -> float:
-        """One routed expert applied to ``n_tokens`` tokens on the host CPU: a roofline over host
-        memory bandwidth (weights read once) and throughput, plus a fixed call cost, unless the
-        hardware's ``cpu.expert_us`` gives a measured figure."""
+        """One routed expert applied to ``n_tokens`` tokens on the host CPU: a roofline over the
+        bandwidth and throughput the expert threads reach (weights read once; see
+        :class:`~moesim.sim.config.catalog.host.CpuSpec`), plus a fixed call cost, unless the
+        host's ``expert_us`` gives a measured figure (scaled by the share of time the host's
+        other work leaves)."""
         if n_tokens <= 0:
             return 0.0
         cpu = self.hardware.cpu
         if cpu.expert_us is not None:
-            return (cpu.expert_us + cpu.expert_us_per_token * (n_tokens - 1)) * US
+            return (cpu.expert_us + cpu.expert_us_per_token * (n_tokens - 1)) * US / (1.0 - cpu.busy_fraction)
         m = self.model
-        return max(m.expert_bytes / (cpu.mem_gbps * 1e9),
-                   2.0 * m.expert_params * n_tokens / (cpu.tflops * 1e12)) + cpu.call_us * US
+        return max(m.expert_bytes / (cpu.read_gbps * 1e9),
+                   2.0 * m.expert_params * n_tokens / (cpu.compute_tflops * 1e12)) + cpu.call_us * US
 
     def overhead_layer_s(self) -> float:
         """The runtime's framework overhead per MoE layer of a forward pass."""

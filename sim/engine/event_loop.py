@@ -20,6 +20,7 @@ lane before its room frees; a prefetch whose room still drains waits for it (``W
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import simpy
@@ -63,6 +64,8 @@ class Engine:
         progress: Callable[[int, int], None] | None = None,
         fast_replay: FastReplay | None = None,
     ) -> None:
+        if policy.host_memory != cost.host_memory:   # a runtime that does not pin its host copies
+            cost = dataclasses.replace(cost, host_memory=policy.host_memory)
         if policy.scope not in ("layer", "global"):
             raise PolicyError(f"policy {policy.name!r} has unknown scope {policy.scope!r}")
         env = self.env = simpy.Environment()
@@ -97,7 +100,8 @@ class Engine:
         policy.warm(run.view, placed)
         fast = self.fast_replay
         refusal = fast.refusal(run) if fast is not None else "the fast path is turned off"
-        if fast is not None and refusal is None:
+        if refusal is None:
+            assert fast is not None
             run.path = "fast"
             fast.run(run)
         else:

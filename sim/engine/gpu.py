@@ -8,7 +8,7 @@ issued (late) or absent (a demand load, ahead of queued prefetches under priorit
 ``on_access`` and ``after_layer`` run while the loads are under way; expert parts compute as
 they become resident (ready ones first; while demand loads wait for room, one at a time in the
 fixed order of :func:`moesim.sim.engine.plans.next_in_fixed_order`) on the GPU, CPU slots on the CPU;
-``on_layer_end``.
+the layer also waits for the copies its plan's ``wait_for`` names; ``on_layer_end``.
 A demand load that finds no room waits (a stall), after the engine has withdrawn queued
 prefetches of that pool.
 """
@@ -258,6 +258,8 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
             st.late += late
             st.partial += part
             st.misses += miss
+            waits = () if plan is None or not plan.wait_for else tx.issued_units(
+                layer, plan.wait_for, exps, nparts, policy.name)
             # CPU experts start now, one after another on the host
             cpu_done = 0.0
             if cpu_exps:
@@ -349,6 +351,12 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                 else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
                     raise AssertionError("expert part neither present nor waiting")
                 stall += env._now - ts
+            if waits:   # copies the plan waits for (a whole expert tensor copied to run any of it)
+                pending = [tx.landing(u) for u in waits if u.state != RESIDENT and units.get(u.key) is u]
+                if pending:
+                    ts = env._now
+                    yield pending[0] if len(pending) == 1 else env.all_of(pending)
+                    stall += env._now - ts
             if cpu_done > env._now:   # the layer also waits for its CPU experts
                 wait = cpu_done - env._now
                 yield timeout(wait)

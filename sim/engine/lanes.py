@@ -9,9 +9,11 @@ Two queue disciplines (``pcie.order`` in a scenario):
   issued, whatever their class; an issued copy can be neither reordered nor withdrawn, so a
   demand load waits behind every prefetch issued before it.
 
-Either way a transfer that has started runs to its end. The lanes are driven by SimPy
-callbacks rather than processes: a transfer is one ``env.timeout`` whose callback lands it and
-starts the next queued one (one event per transfer).
+Either way a transfer that has started runs to its end, unless the engine aborts it
+(:meth:`CopyLanes.abort`, under priority order only): its lane then frees at once for the next
+queued transfer. The lanes are driven by SimPy callbacks rather than processes: a transfer is
+one ``env.timeout`` whose callback lands it and starts the next queued one (one event per
+transfer; an aborted transfer's timeout still fires, and its callback finds the lane moved on).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class CopyLanes:
         self.idle = list(range(n_lanes - 1, -1, -1))   # free lanes, lowest id popped first
         self.busy_s = 0.0
         self.inflight_count = 0
+        # per lane, the transfer it runs: (unit, class, start, duration, timeout event), or None
+        self.current: list[tuple[Any, int, float, float, simpy.Event] | None] = [None] * n_lanes
         self._seq = 0
         self._dur: dict[int, float] = {}   # duration by size (``duration`` is a pure function of it)
         self._timeout = env.timeout   # SimPy makes a new bound constructor at each env.timeout
@@ -99,12 +103,17 @@ class CopyLanes:
             ev = self._timeout(dur)
             assert ev.callbacks is not None
             ev.callbacks.append(partial(self._on_timeout, u, cls, lane, start, dur))
+            self.current[lane] = (u, cls, start, dur, ev)
             if u.event is None:
                 u.event = ev   # whoever waits for the unit from now on waits for this timeout
             return
         self.idle.append(lane)
 
     def _on_timeout(self, u: Any, cls: int, lane: int, start: float, dur: float, _ev: simpy.Event) -> None:
+        cur = self.current[lane]
+        if cur is None or cur[0] is not u:   # aborted: the lane has moved on
+            return
+        self.current[lane] = None
         self.busy_s += dur
         self.inflight_count -= 1
         ev = u.event
@@ -137,6 +146,29 @@ class CopyLanes:
             heapq.heapify(kept)
             self.queue = kept
         return dropped
+
+    def flight(self, unit: Any) -> tuple[int, float, float, simpy.Event] | None:
+        """(lane, start, duration, timeout event) of ``unit``'s transfer in flight, or None."""
+        for lane, cur in enumerate(self.current):
+            if cur is not None and cur[0] is unit:
+                return lane, cur[2], cur[3], cur[4]
+        return None
+
+    def abort(self, unit: Any) -> float:
+        """Stop ``unit``'s transfer in flight now (priority order only; the caller checked
+        :meth:`flight`): its lane counts the time it ran and starts the next queued transfer at
+        once; the transfer's timeout, still scheduled, is ignored when it fires. Returns the
+        seconds it ran. The caller sets the unit's state."""
+        assert not self.fifo, "an issued copy cannot be aborted under fifo order"
+        found = self.flight(unit)
+        assert found is not None, "abort of a transfer that is not in flight"
+        lane, start, _, _ = found
+        ran = self.env._now - start
+        self.current[lane] = None
+        self.busy_s += ran
+        self.inflight_count -= 1
+        self._next(lane)
+        return ran
 
     def reprioritize(self, unit: Any, priority: float) -> bool:
         """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""

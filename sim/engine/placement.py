@@ -1,10 +1,12 @@
 """The run's starting cache (``cache.initial``) and the replayed access counts, shared by the
 simulator's engine and the real executor so that both start from the same placement.
 
-``empty`` places nothing; ``popular`` fills each pool with the most accessed experts of the
-offline frequency (the profile split's, or the replayed trace's); ``random`` with a random
-order of the run's own random stream. Each expert is placed part by part while its pool (and,
-for a single global pool, the layer's running share of it) has room.
+First the policy's ``preload`` (what its system loads with the model: GPU-resident layers,
+popular experts), which must fit; then ``cache.initial``: ``empty`` places nothing more;
+``popular`` fills each pool with the most accessed experts of the offline frequency (the
+profile split's, or the replayed trace's); ``random`` with a random order of the run's own
+random stream. Each expert is placed part by part while its pool (and, for a single global
+pool, the layer's running share of it) has room.
 """
 
 from __future__ import annotations
@@ -33,14 +35,14 @@ def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:
 
 
 def initial_fill(run: RunState[Any], on_place: Callable[[UnitKey], object] | None = None) -> list[UnitKey]:
-    """Place ``run.initial``'s units as resident in ``run.vram`` (the simulator's run or the
-    executor's); ``on_place`` is called with each placed key (the executor copies the weights
-    in). Returns the placed keys in placement order."""
-    if run.initial == "empty":
-        return []
-    L, E = run.L, run.E
+    """Place the policy's preloaded units and ``run.initial``'s as resident in ``run.vram`` (the
+    simulator's run or the executor's); ``on_place`` is called with each placed key (the
+    executor copies the weights in). Returns the placed keys in placement order."""
     vram = run.vram
-    placed: list[UnitKey] = []
+    placed = _preload(run, on_place)
+    if run.initial == "empty":
+        return placed
+    L, E = run.L, run.E
     freq = run.ctx.offline_frequency() if run.initial == "popular" else None
     for layer in range(L):
         if freq is not None:
@@ -55,14 +57,41 @@ def initial_fill(run: RunState[Any], on_place: Callable[[UnitKey], object] | Non
             for p in range(len(run.fractions[layer])):
                 key = (layer, int(e), p)
                 nbytes = run.part_bytes(layer, p)
+                if key in vram.units:
+                    continue
                 if vram.used[pool] + nbytes > min(vram.capacity[pool], share):
                     break
-                u = Unit(key, nbytes, pool, True)
-                u.state = RESIDENT
-                u.used = True
-                vram.take_room(u, allow_buffer=False)
-                vram.add(u)
+                _place(run, key, pool, nbytes, on_place)
                 placed.append(key)
-                if on_place is not None:
-                    on_place(key)
+    return placed
+
+
+def _place(run: Any, key: UnitKey, pool: int, nbytes: int, on_place: Callable[[UnitKey], object] | None) -> None:
+    u = Unit(key, nbytes, pool, True)
+    u.state = RESIDENT
+    u.used = True
+    run.vram.take_room(u, allow_buffer=False)
+    run.vram.add(u)
+    if on_place is not None:
+        on_place(key)
+
+
+def _preload(run: RunState[Any], on_place: Callable[[UnitKey], object] | None) -> list[UnitKey]:
+    """Place the policy's ``preload`` units; one that does not fit its pool is one line."""
+    policy = run.policy
+    placed: list[UnitKey] = []
+    vram = run.vram
+    for key in policy.preload(run.ctx):
+        layer, expert, part = (int(x) for x in key)
+        if not (0 <= layer < run.L and 0 <= expert < run.E and 0 <= part < len(run.fractions[layer])):
+            raise MoesimError(f"policy {policy.name!r} preloads {key}, which the model does not have")
+        if (layer, expert, part) in vram.units:
+            continue
+        pool = run.pool_of(layer)
+        nbytes = run.part_bytes(layer, part)
+        if vram.used[pool] + nbytes > vram.capacity[pool]:
+            raise MoesimError(f"policy {policy.name!r} preloads more than the expert budget holds (pool "
+                              f"{pool}: {vram.capacity[pool]} bytes); raise the cache budget")
+        _place(run, (layer, expert, part), pool, nbytes, on_place)
+        placed.append((layer, expert, part))
     return placed

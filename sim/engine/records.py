@@ -98,6 +98,8 @@ class RunStats:
     prefetch_used: int = 0
     wasted_prefetch_bytes: int = 0
     refetch_bytes: int = 0
+    aborted_prefetches: int = 0    # prefetch copies a policy stopped in flight
+    aborted_bytes: int = 0         # ... the bytes they had moved (also in prefetch and wasted bytes)
     fetch_needed: int = 0          # accesses whose expert was brought in since its previous access
     fetch_covered: int = 0         # ... of which by a prefetch
     evictions: int = 0

@@ -3,7 +3,8 @@
 :class:`Transfers` owns the waiting lists and both copy lanes of a run and asks the policy for
 victims (:class:`~moesim.policies.contract.base.EvictionRequest`). Demand loads that find no room wait in
 order; a prefetch whose room is still draining to the host (``swap_out``) claims it and waits;
-queued prefetches can be withdrawn (not under fifo order). Every byte moves through
+queued prefetches can be withdrawn, and a policy may abort one in flight (neither under fifo
+order). Every byte moves through
 :class:`~moesim.sim.engine.vram.Vram`, which keeps the budget's invariant.
 """
 
@@ -71,6 +72,14 @@ class _NoLanes:
     def reprioritize(self, unit: Unit, priority: float) -> bool:
         """Nothing is queued."""
         return False
+
+    def flight(self, unit: Unit) -> None:
+        """Nothing is in flight."""
+        return None
+
+    def abort(self, unit: Unit) -> float:
+        """Never called: nothing is in flight, and nothing issued may be withdrawn."""
+        raise AssertionError(f"no copy of {unit.key} is in flight")
 
 
 class Transfers:
@@ -247,6 +256,7 @@ class Transfers:
         refetched = self.last_evict_iter.get(u.key)
         if refetched is not None and self.iteration - refetched <= 1:
             st.refetch_bytes += u.nbytes
+            u.refetched = True
         if cls == DEMAND_CLASS:
             st.demand_bytes += u.nbytes
         else:
@@ -385,12 +395,86 @@ class Transfers:
         self.vram.remove(u)
         self.vram.unclaim(u)
 
+    def issued_units(self, layer: int, experts: tuple[int, ...], running: list[int], nparts: int,
+                     policy_name: str) -> list[Unit]:
+        """The present units of a plan's ``wait_for`` experts of ``layer`` (what the layer waits
+        for); an expert outside the model, or one that a slot runs, breaks the contract."""
+        out = []
+        units = self.vram.units
+        for e in experts:
+            if not 0 <= e < self.E or e in running:
+                raise PolicyError(f"policy {policy_name!r} waits for expert {e} of layer {layer}, which "
+                                  + ("a slot of the plan runs" if 0 <= e < self.E else "the model does not have"))
+            for p in range(nparts):
+                u = units.get((layer, e, p))
+                if u is not None:
+                    out.append(u)
+        return out
+
     def demand_instead(self, u: Unit) -> None:
         """A prefetch still waiting for draining room when its layer is routed: withdraw it;
         the caller loads the unit on demand."""
         self.waiting_prefetch = [x for x in self.waiting_prefetch if x[0] is not u]
         self._withdraw(u)
         self.policy.on_cancel(self.view, u.key)
+
+    def _awaited(self, u: Unit) -> bool:
+        """Something (the GPU stream, under ``pcie.sync_prefetch``) waits for ``u`` to land."""
+        ev = u.event
+        if ev is None or ev.callbacks is None:   # no landing event, or one already processed
+            return False
+        if u.state == INFLIGHT:
+            flight = self.lanes.flight(u)
+            if flight is not None and ev is flight[3]:
+                return len(ev.callbacks) > 1   # the lane's own callback, then any waiter's
+        return bool(ev.callbacks)
+
+    def abort_prefetch(self, key: UnitKey) -> bool:
+        """A policy stops a prefetch that has not landed (see :meth:`EngineView.abort_prefetch`).
+        Waiting for draining room or queued: withdrawn, nothing moved. In flight: the copy stops
+        now; its lane frees at once for the next queued transfer; the bytes it moved (the
+        elapsed share of its duration) count as transferred and wasted, the rest is taken off
+        the run's prefetch (and refetch) bytes; the lane's busy time is the time it ran. Either
+        way its room (pool or transfer buffer) is released at once and the policy's
+        ``on_cancel`` is called. False, changing nothing, for a unit that is absent, resident,
+        a demand load, pinned, awaited by the GPU stream, or issued under fifo order."""
+        vram = self.vram
+        u = vram.units.get(key)
+        if u is None or u.demand or u.state == RESIDENT or key in vram.pinned or self._awaited(u):
+            return False
+        if u.state == WAITING:   # not issued yet: it holds a claim, not room
+            self.waiting_prefetch = [x for x in self.waiting_prefetch if x[0] is not u]
+            self._withdraw(u)
+        elif not self.lanes.can_withdraw:
+            return False
+        else:
+            if u.state == INFLIGHT:
+                self._stop_flight(u)
+            u.state = ABSENT   # a queued one: the lanes skip its queue entry when it comes up
+            vram.remove(u)
+            vram.release(u)
+            self.wake()
+        self.policy.on_cancel(self.view, key)
+        return True
+
+    def _stop_flight(self, u: Unit) -> None:
+        """Abort ``u``'s copy in flight and keep the books of what it moved."""
+        flight = self.lanes.flight(u)
+        assert flight is not None
+        lane, start, dur, _ = flight
+        ran = self.lanes.abort(u)
+        moved = min(u.nbytes, int(round(u.nbytes * ran / dur))) if dur > 0 else u.nbytes
+        st = self.stats
+        st.prefetch_bytes -= u.nbytes - moved
+        if u.refetched:
+            st.refetch_bytes -= u.nbytes - moved
+        st.pcie_busy_s += ran
+        st.aborted_prefetches += 1
+        st.aborted_bytes += moved
+        st.wasted_prefetch_bytes += moved
+        if self.record_timeline:
+            self.timeline.append((f"PCIe H2D {lane}", self._label(u.key), start, ran,
+                                  {"demand": False, "bytes": moved, "aborted": True}))
 
     def cancel_queued(self, layer: int | None) -> int:
         """Withdraw queued prefetches of ``layer`` (all layers if None)."""

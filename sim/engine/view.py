@@ -5,9 +5,9 @@ executor alike.
 Reads are limited to the present and the past: the routing, logits and lookahead of layers
 already routed in the current iteration, earlier iterations, and the residency of units.
 A read of a layer not yet routed raises :class:`~moesim.policies.contract.base.CausalityError`.
-Actions (prefetch, evict, cancel, re-split budgets) go to the state's ``transfers`` (the event
-loop's :class:`~moesim.sim.engine.transfers.Transfers`, or the executor's real copies), which
-keep every VRAM and lane rule; CPU time spent waits in the state for the next charge.
+Actions (prefetch, evict, cancel, abort, re-split budgets) go to the state's ``transfers`` (the
+event loop's :class:`~moesim.sim.engine.transfers.Transfers`, or the executor's real copies),
+which keep every VRAM and lane rule; CPU time spent waits in the state for the next charge.
 """
 
 from __future__ import annotations
@@ -221,6 +221,15 @@ class EngineView:
         """Withdraw queued (not yet started) prefetches, of ``layer`` or all; how many (always
         0 under ``pcie.order: fifo``, where issued copies cannot be withdrawn)."""
         return self._e.transfers.cancel_queued(layer)
+
+    def abort_prefetch(self, layer: int, expert: int, part: int = 0) -> bool:
+        """Stop a prefetch of the unit that has not landed: withdrawn if it waits or is queued;
+        if in flight, the copy stops now, its lane frees at once, the bytes it moved (the
+        elapsed share of its duration) count as transferred and wasted. Its room is released
+        at once; ``on_cancel`` follows. False, doing nothing, if the unit is absent, resident,
+        a demand load, pinned, awaited by the GPU stream (``pcie.sync_prefetch``), or issued
+        under ``pcie.order: fifo``."""
+        return self._e.transfers.abort_prefetch((layer, expert, part))
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the expert budget among layers (bytes per layer; the sum may not exceed the

@@ -22,7 +22,7 @@ class Unit:
     """An expert (or a segment of one) that is waiting for room, queued, in flight or resident;
     also, after eviction with swap-out, one whose bytes drain back to the host."""
 
-    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer")
+    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer", "refetched")
 
     def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool) -> None:
         self.key = key
@@ -33,6 +33,7 @@ class Unit:
         self.demand = demand        # loaded on demand (else a prefetch)
         self.used = False           # accessed since it was brought in
         self.in_buffer = False      # holds room in the transfer buffer, not in its pool
+        self.refetched = False      # its transfer counted as a refetch (soon after its eviction)
 
 
 class VramError(AssertionError):

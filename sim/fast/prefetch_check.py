@@ -6,7 +6,9 @@ It takes a policy made of an ``lru`` cache rule and a ``next-layer`` prefetcher 
 :mod:`moesim.sim.fast.capability`) with a lookahead, previous-token or oracle predictor, on
 per-layer pools with one copy lane (priority or fifo order) and whole experts; no swap-out,
 transfer buffer, timeline, synchronous prefetch or VRAM invariant check, and a run that starts
-with every present unit resident.
+with every present unit resident. None of these parts ever aborts a copy in flight
+(``view.abort_prefetch``), which the kernel does not model; a policy that may (MoEpic, or a
+composition with a hook of its own) is not taken and runs on the event loop.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 def run_refusal(state: RunState[Transfers]) -> str | None:
     """Why ``state``'s run cannot take any fast replay, whatever kernel its policy has, or
     None: a lossy plan or decision time, one global pool, the timeline, swap-out, a transfer
-    buffer, synchronous prefetch, experts split into parts."""
+    buffer, synchronous prefetch, experts split into parts. (Aborted copies need no check here:
+the demand-only replays issue no prefetch, and the prefetch kernel takes only policies that
+never abort, see :mod:`moesim.sim.fast.prefetch_check`.)"""
     policy = state.policy
     if policy.lossy or policy.decision_us:
         return "the policy plans or spends decision time"

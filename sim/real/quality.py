@@ -46,6 +46,7 @@ from moesim.policies.contract.base import Plan, Policy, Routing, View
 from moesim.policies.contract.registry import make_policy
 from moesim.sim.config.catalog import get_hardware, get_model
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
@@ -90,6 +91,7 @@ def resolve_model(model: str | Path | nn.Module, *, seed: int = 0) -> nn.Module:
     return load_model(model, seed=seed).model
 
 
+@quiet_library_warnings()
 def record_texts(model: nn.Module, texts: Sequence[Sequence[int]], name: str = "quality") -> Trace:
     """The routing of ``texts`` (token ids), teacher-forced, every token a decode iteration;
     request ``i`` is ``texts[i]``."""
@@ -221,6 +223,7 @@ def _next_token_logits(model: nn.Module, ids: Sequence[int]) -> torch.Tensor:
     return out.logits[0].float()
 
 
+@quiet_library_warnings()
 def evaluate_plans(model: str | Path | nn.Module, texts: Sequence[Sequence[int]],
                    policy: str | Policy, *, params: dict[str, Any] | None = None, profile_texts: int = 0,
                    hardware: str = "rtx-4090", cache_rate: float = 0.25, seed: int = 0) -> QualityResult:

@@ -73,6 +73,8 @@ def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy:
         load_plugin(plugin)
     pspec = scen.policy_spec
     policy = make_policy(pspec.name, pspec.params)
+    if scen.cache.scope is not None:   # the scenario's pool layout, as the simulator's run takes it
+        policy.scope = scen.cache.scope
     prof, requests = select_requests(loaded, trace)
     wl = build_workload(trace, batch_size=1, phases=scen.workload.phases, requests=requests)
     cost = CostModel(om.spec, get_hardware(load_spec_file(profile, "hardware")),

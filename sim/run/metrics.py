@@ -27,10 +27,14 @@ def percentile(ordered: np.ndarray, p: int) -> float:
         return math.nan
     index = (n - 1) * (p / 100)    # numpy: (n - 1) * true_divide(p, 100)
     if index >= n - 1:
-        return float(ordered[-1])
-    below = math.floor(index)
-    a, b = float(ordered[below]), float(ordered[below + 1])
-    t = index - below
+        # numpy interpolates at the top end too: both neighbours are the last value, at index
+        # -1, so its weight is index + 1 (an inf alone becomes NaN, as inf - inf)
+        a = b = float(ordered[-1])
+        t = index + 1
+    else:
+        below = math.floor(index)
+        a, b = float(ordered[below]), float(ordered[below + 1])
+        t = index - below
     diff = b - a                   # numpy's _lerp: from the nearer end
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
@@ -120,6 +124,9 @@ def compute_metrics(run: RunState[Any]) -> dict[str, Any]:
         "engine_path": run.path,
         "engine_path_reason": run.path_reason,   # why no fast replay ran ("" when one did)
     }
+    if st.aborted_prefetches:   # only runs whose policy aborted copies in flight (MoEpic)
+        out["aborted_prefetches"] = st.aborted_prefetches
+        out["aborted_prefetch_gb"] = st.aborted_bytes / 1e9
     report = policy.report()
     if report:
         out["policy_report"] = report
@@ -132,6 +139,7 @@ def compute_metrics(run: RunState[Any]) -> dict[str, Any]:
             "top1_agreement": st.top1_kept / tl if tl else 1.0,
             "effective_top_k": st.slots_run / tl if tl else float(run.K),
             "lossy_token_layers": st.lossy_layers / tl if tl else 0.0,
+            "routing_mass_weighted": "weights" in run.ctx.columns,
             "note": "lossy policy: later routing is replayed as recorded; the quality effect is not simulated",
         })
     return out

@@ -72,27 +72,97 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def summary_table(result: RunResult) -> Table:
+def binary_size(n_bytes: float) -> str:
+    """Bytes in the unit that shows them (GiB, MiB, KiB): a small model's 1.2 MiB budget is not
+    ``0.00 GiB``."""
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n_bytes >= 0.1 * size:
+            return f"{n_bytes / size:.2f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def decimal_size(n_gb: float) -> str:
+    """Gigabytes (1e9 bytes: copy volumes, as bandwidths are counted) in the unit that shows them."""
+    for unit, scale in (("GB", 1.0), ("MB", 1e-3), ("kB", 1e-6)):
+        if n_gb >= 0.1 * scale:
+            return f"{n_gb / scale:.3g} {unit}"
+    return f"{n_gb * 1e9:.0f} B"
+
+
+LABELS = {
+    "gpu": {"compute": "GPU", "link": "PCIe", "memory": "VRAM"},
+    "cpu": {"compute": "compute", "link": "copies", "memory": "memory"},
+}
+"""The summary's words for the device, by ``hardware.device``: a CPU run has no PCIe or VRAM."""
+
+
+def policy_line(policy: dict[str, Any]) -> str:
+    """``name (param value, ...)``, as the run resolved it."""
+    params = policy.get("params") or {}
+    text = ", ".join(f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in params.items())
+    return policy["name"] + (f" ({text})" if text else "") + ("; oracle bound" if policy.get("bound") else "")
+
+
+def cache_line(result: RunResult) -> str:
+    """``16 of 64 experts per layer (25%), 0.52 GiB`` with the buffer, the initial content and
+    swap-out when set."""
+    r = result.config["resolved"]
+    experts = result.model.num_experts
+    per_layer = r["budget_experts_per_layer"]
+    count = f"{per_layer:.0f}" if abs(per_layer - round(per_layer)) < 1e-9 else f"{per_layer:.2f}"
+    text = (f"{count} of {experts} experts per layer ({per_layer / experts:.0%}), "
+            f"{binary_size(r['budget_bytes'])}")
+    if r["buffer_bytes"]:
+        text += f"; transfer buffer {r['buffer_bytes'] / r['expert_bytes']:.0f} experts"
+    cache = result.config.get("cache", {})
+    text += f"; starts {cache.get('initial', 'empty')}"
+    if cache.get("swap_out"):
+        text += "; swap-out"
+    return text
+
+
+def speedup_line(speedups: list[Any]) -> str:
+    """``2.31x over no-cache, 1.00x over lru (TPOT, same scenario)``, or why one is missing."""
+    done = [f"{s.speedup:.2f}x over {s.baseline}" for s in speedups if s.speedup is not None]
+    metric = next((s.metric for s in speedups), "TPOT")
+    text = ", ".join(done) + (f" ({metric}, the same scenario)" if done else "")
+    missing = [f"{s.baseline} {s.reason}" for s in speedups if s.speedup is None]
+    return "; ".join([t for t in [text, *missing] if t])
+
+
+def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table:
+    """The one-screen summary: what ran (policy and its parameters, cache, trace, the speed-up
+    over the baselines when ``speedups`` are given: :mod:`moesim.sim.run.baselines`), then the
+    measurements, labelled for the device that ran (``hardware.device``)."""
     m = result.metrics
     r = result.config["resolved"]
+    words = LABELS.get(r["hardware"].get("device", "gpu"), LABELS["gpu"])
     title = f"{m['scenario']}: {m['policy']}" + (" (oracle bound)" if m["bound"] else "")
     t = Table(title=title, show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
+    t.add_row("policy", escape(policy_line(r["policy"])))
+    t.add_row("cache", cache_line(result))
+    if r.get("trace"):
+        t.add_row("trace", escape(r["trace"]) + f"; {m['requests']} requests replayed")
+    if speedups:
+        t.add_row("speed-up", escape(speedup_line(speedups)))
     t.add_row("model / hardware", f"{r['model']['name']} on {r['hardware']['name']}")
     if result.changes:
         t.add_row("overrides", escape("; ".join(result.changes)))
-    t.add_row("budget", f"{m['expert_budget_gib']:.2f} GiB = {r['budget_experts_per_layer']:.2f} experts/layer"
-              + (f" + buffer {r['buffer_bytes'] / r['expert_bytes']:.0f} experts" if r["buffer_bytes"] else ""))
+    for fit in m.get("fit", []):
+        values = ", ".join(f"{k}={v:.6g}" for k, v in fit["values"].items())
+        t.add_row("fitted", escape(f"{values} ({fit['via']}: {fit['file']}); {fit['summary']}"))
     t.add_row("tokens", f"{m['output_tokens']} output, {m['tokens']} processed, {m['requests']} requests, {m['iterations']} iterations")
     t.add_row("TTFT ms", f"mean {_fmt(m['ttft_ms']['mean'])}  p50 {_fmt(m['ttft_ms']['p50'])}  p99 {_fmt(m['ttft_ms']['p99'])}")
     t.add_row("TPOT ms", f"mean {_fmt(m['tpot_ms']['mean'])}  p50 {_fmt(m['tpot_ms']['p50'])}  p99 {_fmt(m['tpot_ms']['p99'])}")
     t.add_row("throughput", f"{m['tokens_per_s']:.1f} tokens/s over {m['sim_time_s']:.3f} s simulated")
     t.add_row("accesses", f"hit {m['hit_rate']:.2%}  late {m['late_rate']:.2%}  partial {m['partial_rate']:.2%}  miss {m['miss_rate']:.2%}  ({m['accesses']})")
-    t.add_row("stall", f"{m['stall_ms']:.1f} ms ({m['stall_ms_per_token']:.3f} ms/token); GPU busy {m['gpu_busy_fraction']:.1%}")
-    t.add_row("PCIe", f"{m['h2d_gb']:.3f} GB H2D ({m['h2d_gb_per_token'] * 1e3:.2f} MB/token), busy {m['pcie_busy_ms']:.1f} ms; "
-              f"wasted prefetch {m['wasted_prefetch_gb']:.3f} GB, refetch {m['refetch_gb']:.3f} GB"
-              + (f"; swap-out {m['d2h_gb']:.3f} GB D2H, busy {m['d2h_busy_ms']:.1f} ms" if m.get("d2h_gb") else ""))
+    t.add_row("stall", f"{m['stall_ms']:.1f} ms ({m['stall_ms_per_token']:.3f} ms/token); {words['compute']} busy {m['gpu_busy_fraction']:.1%}")
+    t.add_row(words["link"], f"{decimal_size(m['h2d_gb'])} host-to-device ({decimal_size(m['h2d_gb_per_token'])}/token), "
+              f"busy {m['pcie_busy_ms']:.1f} ms; wasted prefetch {decimal_size(m['wasted_prefetch_gb'])}, "
+              f"refetch {decimal_size(m['refetch_gb'])}"
+              + (f"; swap-out {decimal_size(m['d2h_gb'])} back, busy {m['d2h_busy_ms']:.1f} ms" if m.get("d2h_gb") else ""))
     if m.get("fetch_precision") is not None:
         t.add_row("prefetch", f"precision {_fmt(m['fetch_precision'])}  recall {_fmt(m['prefetch_recall'])}")
     if "routing_mass_kept" in m:
@@ -100,12 +170,13 @@ def summary_table(result: RunResult) -> Table:
                   f"routing mass kept {m['routing_mass_kept']:.3f}, top-1 agreement {m['top1_agreement']:.3f}, "
                   f"effective top-k {m['effective_top_k']:.2f} (later routing replayed as recorded)")
     if m.get("cpu_expert_runs"):
-        t.add_row("CPU experts", f"{m['cpu_expert_runs']} runs, busy {m['cpu_busy_ms']:.1f} ms, GPU waited {m['cpu_wait_ms']:.1f} ms")
+        t.add_row("CPU experts", f"{m['cpu_expert_runs']} runs, busy {m['cpu_busy_ms']:.1f} ms, {words['compute']} waited {m['cpu_wait_ms']:.1f} ms")
     if m.get("runtime_overhead_ms") or m.get("policy_cpu_ms"):
         t.add_row("overhead", f"runtime {m['runtime_overhead_ms']:.1f} ms, policy decisions {m['policy_cpu_ms']:.1f} ms")
-    t.add_row("VRAM peak", f"{m['vram_peak_gib']:.2f} GiB (experts {m['expert_vram_peak_gib']:.2f} GiB)")
+    t.add_row(f"{words['memory']} peak", f"{binary_size(m['vram_peak_gib'] * 1024**3)} "
+              f"(experts {binary_size(m['expert_vram_peak_gib'] * 1024**3)})")
     if m.get("policy_report"):
-        t.add_row("policy", ", ".join(f"{k} {v}" for k, v in m["policy_report"].items()))
+        t.add_row("policy report", ", ".join(f"{k} {v}" for k, v in m["policy_report"].items()))
     if m.get("engine_path"):
         why = m.get("engine_path_reason")
         t.add_row("engine", f"{m['engine_path']} replay" + (f" (no fast replay: {escape(why)})" if why else ""))
@@ -114,5 +185,6 @@ def summary_table(result: RunResult) -> Table:
     return t
 
 
-def print_summary(result: RunResult, console: Console | None = None) -> None:
-    (console or Console()).print(summary_table(result))
+def print_summary(result: RunResult, console: Console | None = None, speedups: list[Any] | None = None) -> None:
+    """Print :func:`summary_table`."""
+    (console or Console()).print(summary_table(result, speedups))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from moesim.sim.run.profile import profile_from_trace, trace_requests
 from moesim.sim.run.run_warnings import run_warnings
-from moesim.traces.format.trace_file import Trace, read_trace, trace_from_columns
+from moesim.traces.format.trace_file import ModelInfo, Trace, read_trace, trace_from_columns
 
 
 class PolicyNotApplicable(ScenarioError):
@@ -165,10 +166,14 @@ class PreparedRun:
             "buffer_bytes": self.buffer,
             "budget_experts_per_layer": self.budget / model.expert_bytes / model.num_layers,
             "profile": None if self.profile is None else self.profile.source,
+            "trace": describe_trace(self.loaded, self.engine.state.trace),
             "config_hash": config_hash,
         }
         metrics["scenario"] = self.loaded.scenario.name
         metrics["config_hash"] = config_hash
+        fits = self.loaded.fit_provenance()
+        if fits:   # fitted values in this run: where they come from and how well they predict
+            metrics["fit"] = fits
         steps = state.steps.columns() if state.record_steps else {}
         return RunResult(config=config, metrics=metrics, steps=steps, model=model,
                          hardware=self.hardware, timeline=state.timeline, changes=self.loaded.changes())
@@ -194,11 +199,14 @@ def prepare_run(
         policy = make_policy(pspec.name, pspec.params)
     except PolicyError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
+    if scen.cache.scope is not None:   # the scenario's pool layout instead of the policy's own
+        policy.scope = scen.cache.scope
     if trace is None:
         cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
         trace = load_trace(loaded, frozenset(cols))
     tr = trace
-    model = loaded.model_spec(tr.model.name)
+    shape = trace_shape(tr.model)
+    model = loaded.model_spec(tr.model.name, shape)
     hw = loaded.hardware_spec()
     runtime = loaded.runtime_spec()
     check_shapes(tr, model, source)
@@ -225,8 +233,34 @@ def prepare_run(
                     pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,
                     profile=profile, record_steps=steps, record_timeline=timeline,
                     check_invariants=check_invariants, progress=progress, fast_replay=FAST_PATH)
+    note = loaded.model_note(tr.model.name, shape)
+    if note:
+        engine.state.warnings.append(note)
     return PreparedRun(loaded=loaded, engine=engine, model=model, hardware=hw, runtime=runtime,
                        profile=profile, budget=budget, buffer=buffer)
+
+
+def describe_trace(loaded: LoadedScenario, trace: Trace) -> str:
+    """The trace in a few words, for the summary: its file (or how it was synthesised) and the
+    routing shape it records."""
+    m = trace.model
+    shape = f"{m.name}, {m.num_layers} MoE layers x {m.num_experts} experts, top-{m.top_k}"
+    path = loaded.trace_path()
+    if path is not None:
+        return f"{path.name} ({shape})"
+    if loaded.trace_fit is not None:
+        return f"synthesised from the fit {Path(loaded.trace_fit).name} ({shape})"
+    spec = loaded.scenario.trace
+    preset = spec["synthetic"].get("preset") if isinstance(spec, dict) else None
+    return f"synthetic{f', preset {preset}' if preset else ''} ({shape})"
+
+
+def trace_shape(model: ModelInfo) -> dict[str, int]:
+    """The routing shape a trace records (its metadata's ``model``), as the fields of a model
+    spec: a model outside the catalog takes it
+    (:meth:`~moesim.sim.config.scenario.LoadedScenario.model_spec`)."""
+    return {"num_layers": model.num_layers, "num_experts": model.num_experts, "top_k": model.top_k,
+            "num_shared_experts": model.num_shared_experts}
 
 
 def select_requests(loaded: LoadedScenario, trace: Trace) -> tuple[Profile | None, Any]:

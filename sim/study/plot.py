@@ -2,7 +2,9 @@
 
 Sweep figures (one file per kind and format): TPOT, throughput, hit rate and host-to-device
 bytes per token against a swept axis (cache rate, PCIe bandwidth...), one line per policy, and
-the speed-up over a baseline policy. Oracle policies are drawn dashed and labelled as bounds.
+the speed-up over a baseline policy. Each policy's group (the table's ``kind``) sets its line:
+lossless solid, lossy dashed and labelled ``(lossy)``, oracle policies dotted with hollow
+markers and labelled as bounds.
 Swept keys other than the x axis, the line key and the facet are averaged, with the standard
 deviation as error bars (several seeds). Figures are sized for a printed column, with axis
 labels in units and the legend outside the data.
@@ -88,9 +90,34 @@ def axis_label(key: str) -> str:
     return AXIS_LABELS.get(key, key)
 
 
-def series_label(name: str, bound: bool) -> str:
-    """A legend entry: oracle policies are marked as bounds."""
-    return f"{name} (bound)" if bound else str(name)
+def series_label(name: str, bound: bool, kind: str | None = None) -> str:
+    """A legend entry: oracle policies are marked as bounds, lossy ones as lossy."""
+    if bound or kind == "oracle":
+        return f"{name} (bound)"
+    return f"{name} (lossy)" if kind == "lossy" else str(name)
+
+
+LINESTYLES = {"lossless": "-", "lossy": "--", "oracle": ":"}
+"""The line of each policy group (:data:`moesim.sim.study.compare.GROUPS`)."""
+
+
+def point_kinds(df: pd.DataFrame) -> list[str]:
+    """Each row's group (``lossless``, ``lossy``, ``oracle``): the table's ``kind`` column, or,
+    for a table written before it had one, the registered policy's (``oracle`` for a bound)."""
+    if "kind" in df.columns:
+        return [str(k) for k in df["kind"]]
+    from moesim.policies.contract.registry import PolicyError, policy_class
+
+    out = []
+    for name, bound in zip(df["policy"], df["bound"], strict=True):
+        if bool(bound):
+            out.append("oracle")
+            continue
+        try:
+            out.append("lossy" if policy_class(str(name)).lossy else "lossless")
+        except PolicyError:   # a plugin policy not loaded here
+            out.append("lossless")
+    return out
 
 
 def default_baseline(names: Sequence[str]) -> str:
@@ -156,22 +183,25 @@ def with_speedup(df: pd.DataFrame, hue: str, x: str, group: list[str], baseline:
 def summarise(df: pd.DataFrame, x: str, hue: str, facet: str | None, column: str) -> pd.DataFrame:
     """Mean and standard deviation of ``column`` per (facet, hue, x), over every other swept key."""
     keys = [k for k in (facet, hue, x) if k]
-    g = df.groupby(keys, dropna=False, sort=False)
+    g = df.assign(kind=point_kinds(df)).groupby(keys, dropna=False, sort=False)
     out = g[column].agg(["mean", "std", "count"]).reset_index()
     out["bound"] = g["bound"].first().to_numpy()
+    out["kind"] = g["kind"].first().to_numpy()
     return out
 
 
 # --- drawing --------------------------------------------------------------------------------------
 def draw_lines(ax: Axes, summary: pd.DataFrame, x: str, hue: str, kind: Kind, styles: dict[str, tuple[Any, str]]) -> None:
-    """One line per ``hue`` value of a :func:`summarise` frame; bounds dashed."""
+    """One line per ``hue`` value of a :func:`summarise` frame, styled by its group
+    (:data:`LINESTYLES`: lossy dashed, bounds dotted and hollow)."""
     for name, g in summary.groupby(hue, sort=False):
         g = g.sort_values(x)
         color, marker = styles[str(name)]
         bound = bool(g["bound"].iloc[0])
+        group = "oracle" if bound else str(g["kind"].iloc[0]) if "kind" in g else "lossless"
         err = g["std"] * kind.scale if (g["count"] > 1).any() else None
         ax.errorbar(g[x], g["mean"] * kind.scale, yerr=err, color=color, marker=marker, capsize=2,
-                    linestyle="--" if bound else "-", label=series_label(str(name), bound),
+                    linestyle=LINESTYLES.get(group, "-"), label=series_label(str(name), bound, group),
                     markerfacecolor="white" if bound else color)
 
 
@@ -201,7 +231,8 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
     if hue not in df.columns:
         raise PlotError(f"--hue {hue}: no such column")
     if facet is not None and facet not in df.columns:
-        raise PlotError(f"--facet {facet}: no such column")
+        raise PlotError(f"--facet {facet}: not a column of this table (swept keys: {', '.join(params) or 'none'}); "
+                        "sweep it to facet by it")
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         raise PlotError("no finished point in the table")
@@ -238,21 +269,33 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
 
 
 def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy", title: str | None = None) -> Figure:
-    """Horizontal bars of one metric per policy, best first, bounds hatched (``simctl compare``)."""
+    """Horizontal bars of one metric per policy (``simctl compare``), in groups: lossless best
+    first, then lossy ones (hatched, labelled ``(lossy)``), then bounds (grey, hatched), each
+    group labelled and set apart."""
     import matplotlib.pyplot as plt
 
     kind = KINDS[kind_name]
-    ok = frame[frame["status"] == "ok"].sort_values(kind.column, ascending=not kind.higher_is_better)
+    ok = frame[frame["status"] == "ok"]
+    ok = ok.assign(kind=point_kinds(ok))
+    blocks = [(g, ok[ok["kind"] == g].sort_values(kind.column, ascending=not kind.higher_is_better))
+              for g in ("lossless", "lossy", "oracle")]
+    blocks = [(g, b) for g, b in blocks if not b.empty]
+    style = {"lossless": ("tab:blue", None), "lossy": ("tab:orange", "xx"), "oracle": ("0.75", "//")}
+    heading = {"lossless": "lossless (ranked)", "lossy": "lossy (ranked apart)", "oracle": "bounds (oracles)"}
     with print_style():
-        fig, ax = plt.subplots(figsize=(4.2, 0.22 * len(ok) + 0.8))
-        labels = [series_label(str(n), bool(b)) for n, b in zip(ok[label_col], ok["bound"], strict=True)]
-        vals = ok[kind.column] * kind.scale
-        bars = ax.barh(range(len(ok)), vals, color=["0.75" if b else "tab:blue" for b in ok["bound"]],
-                       hatch=None, edgecolor="0.2", linewidth=0.4)
-        for bar, b in zip(bars, ok["bound"], strict=True):
-            if b:
-                bar.set_hatch("//")
-        ax.set_yticks(range(len(ok)), labels)
+        n = sum(len(b) for _, b in blocks) + len(blocks) - 1
+        fig, ax = plt.subplots(figsize=(4.2, 0.22 * n + 0.9))
+        ticks, labels, y = [], [], 0
+        for g, block in blocks:
+            color, hatch = style[g]
+            ys = list(range(y, y + len(block)))
+            ax.barh(ys, block[kind.column] * kind.scale, color=color, hatch=hatch, edgecolor="0.2", linewidth=0.4)
+            ax.text(1.0, y - 0.45, heading[g], transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+                    fontsize=6, color="0.3")
+            ticks += ys
+            labels += [series_label(str(nm), bool(b), g) for nm, b in zip(block[label_col], block["bound"], strict=True)]
+            y += len(block) + 1
+        ax.set_yticks(ticks, labels)
         ax.invert_yaxis()
         ax.set_xlabel(kind.label)
         ax.grid(axis="y", visible=False)
@@ -370,7 +413,10 @@ def timeline_figure(run_dir: str | Path, *, start: int = 0, iterations: int = 3)
         stall_ms = per_it["stall"] / 1e3
         ax.fill_between(per_it.index, 0, dur_ms, step="mid", color="tab:blue", alpha=0.35, label="iteration time")
         ax.fill_between(per_it.index, 0, stall_ms, step="mid", color="tab:red", alpha=0.6, label="stall on transfers")
-        ax.axvspan(start - 0.5, start + len(window) - 0.5, color="0.3", alpha=0.12, label="window above")
+        if tracks:   # the span marks the iterations the panel above shows (none without timeline.json)
+            ax.axvspan(start - 0.5, start + len(window) - 0.5, color="0.3", alpha=0.12, label="window above")
+        else:
+            ax.set_title("per iteration (simctl run --out DIR --timeline adds the GPU stream and copy lanes)")
         ax.set_xlabel("iteration")
         ax.set_ylabel("time (ms)")
         ax.set_xlim(per_it.index.min() - 0.5, per_it.index.max() + 0.5)

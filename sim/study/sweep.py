@@ -18,7 +18,11 @@ scenario paths, as ``simctl run --set``: ``cache.rate``, ``hardware.pcie_gbps``,
 ``policy.params.theta``, ``workload.batch_size``, ``seed``... Values are any YAML value.
 
 Every key is checked against the scenario schema (an unknown key gets a did-you-mean) and
-every point is validated as a scenario, with its policy built, before anything runs.
+every point is validated as a scenario, with its policy built, before anything runs. Then each
+policy's setup needs are weighed (:mod:`moesim.sim.study.needs`): the paper's defaults for what
+the scenario leaves unset are applied (``Point.applied`` says what), and a point whose policy
+cannot run as its paper meant it on this trace is marked ``n/a`` (``Point.unmet`` says why) and
+is not run.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import difflib
 import itertools
 import json
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +88,9 @@ class Point:
     base_dir: Path
     bound: bool = False
     policy: str = ""
+    kind: str = "lossless"
+    applied: list[str] = field(default_factory=list)
+    unmet: str | None = None
 
 
 @dataclass
@@ -119,23 +126,23 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
 def check_key(key: str, where: str) -> None:
     """Raise :class:`SweepError` unless ``key`` is a dotted path of the scenario schema.
 
-    ``model.*`` and ``hardware.*`` are checked against the catalog specs (plus ``base``);
+    ``model.*``, ``hardware.*`` and ``runtime.*`` are checked against the catalog specs (plus ``base``);
     ``policy.params.*`` is checked later, against the policy of each point.
     """
-    from moesim.sim.config.catalog import CostsSpec, HardwareSpec, ModelSpec
+    from moesim.sim.config.catalog import CostsSpec, HardwareSpec, ModelSpec, RuntimeSpec
     from moesim.sim.config.scenario import PolicySpec, Scenario
 
     parts = key.split(".")
     if not key or any(not p for p in parts):
         raise SweepError(f"{where}: {key!r}: not a dotted scenario key")
     models: dict[str, type[BaseModel]] = {"model": ModelSpec, "hardware": HardwareSpec, "costs": CostsSpec,
-                                          "policy": PolicySpec}
+                                          "policy": PolicySpec, "runtime": RuntimeSpec}
     model: type[BaseModel] | None = Scenario
     for i, part in enumerate(parts):
         if model is None:
             return  # a free mapping (policy params, synthetic trace parameters): checked when validated
         known = list(model.model_fields)
-        if model in (ModelSpec, HardwareSpec):
+        if model in (ModelSpec, HardwareSpec, RuntimeSpec):
             known.append("base")
         if part not in known:
             prefix = ".".join(parts[:i])
@@ -152,6 +159,22 @@ def check_key(key: str, where: str) -> None:
 
 
 # --- loading and expansion ----------------------------------------------------------------------
+def _trace_model(loaded: Any) -> tuple[str, dict[str, int] | None]:
+    """The model name and shape a point's trace file records (its footer only), so that a model
+    outside the catalog resolves as the run will resolve it; ``("", None)`` without a file."""
+    from moesim.sim.run.runner import trace_shape
+    from moesim.traces.format.trace_file import TraceError, read_meta
+
+    path = loaded.trace_path()
+    if path is None or not path.is_file():
+        return "", None
+    try:
+        model = read_meta(path).model
+    except TraceError:
+        return "", None     # the point's run names the broken file
+    return model.name, trace_shape(model)
+
+
 def _axes(spec: SweepSpec, source: str) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
     """Each axis: its keys and its value tuples."""
     from moesim.policies.contract.registry import policy_names
@@ -190,10 +213,25 @@ def overrides_for(values: dict[str, Any]) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in values.items()]
 
 
+def _policy_axes(spec: SweepSpec) -> set[str]:
+    """The swept keys that vary with the policy: a grid key of the policy, or every key of a zip
+    group holding one (a study's comparison groups are the points alike but for these)."""
+    def is_policy(key: str) -> bool:
+        return key == "policy" or key.startswith("policy.")
+
+    keys = {k for k in spec.grid if is_policy(k)}
+    for group in spec.zip_groups():
+        if any(is_policy(k) for k in group):
+            keys.update(group)
+    return keys
+
+
 def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str] | None = None) -> Sweep:
-    """Expand and validate every point of ``spec``; raise :class:`SweepError` on the first bad one."""
-    from moesim.policies.contract.registry import PolicyError, make_policy, policy_class
+    """Expand and validate every point of ``spec``, then weigh each policy's setup needs (see
+    the module docstring); raise :class:`SweepError` on the first bad point."""
+    from moesim.policies.contract.registry import PolicyError, make_policy
     from moesim.sim.config.scenario import ScenarioError, apply_overrides, load_scenario_data
+    from moesim.sim.study.needs import fit_points
 
     axes = _axes(spec, source)
     if isinstance(spec.base, str):
@@ -211,8 +249,10 @@ def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str
         base_data = apply_overrides(copy.deepcopy(base_data), [*overrides_for(spec.set), *(extra_sets or [])])
     except ScenarioError as exc:
         raise SweepError(f"{source}: set: {exc}") from None
-    points: list[Point] = []
-    hashes: dict[str, int] = {}
+    policy_keys = _policy_axes(spec)
+    items: list[tuple[dict[str, Any], Any, Any]] = []
+    groups: list[str] = []
+    wheres: list[tuple[str, dict[str, Any]]] = []
     for index, combo in enumerate(itertools.product(*(vals for _, vals in axes))):
         params: dict[str, Any] = {}
         for (keys, _), values in zip(axes, combo, strict=True):
@@ -222,19 +262,31 @@ def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str
             data = apply_overrides(copy.deepcopy(base_data), overrides_for(params))
             loaded = load_scenario_data(copy.deepcopy(data), source=where, base_dir=scen_dir)
             pspec = loaded.scenario.policy_spec
-            make_policy(pspec.name, pspec.params)
+            policy = make_policy(pspec.name, pspec.params)
             loaded.hardware_spec()
             if loaded.scenario.model is not None:
-                loaded.model_spec("")
+                loaded.model_spec(*_trace_model(loaded))
         except (ScenarioError, PolicyError) as exc:
             msg = str(exc)
             raise SweepError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+        items.append((data, loaded, policy))
+        groups.append(json.dumps({k: v for k, v in params.items() if k not in policy_keys}, sort_keys=True, default=str))
+        wheres.append((where, params))
+    points: list[Point] = []
+    hashes: dict[str, int] = {}
+    for index, ((_, _, policy), fit, (where, params)) in enumerate(
+            zip(items, fit_points(items, groups), wheres, strict=True)):
+        try:
+            loaded = load_scenario_data(copy.deepcopy(fit.data), source=where, base_dir=scen_dir)
+        except ScenarioError as exc:
+            raise SweepError(f"{where}: {exc}") from None
         h = loaded.config_hash()
         if h in hashes:
             raise SweepError(f"{source}: points {hashes[h]} and {index} are the same scenario ({_describe(params)})")
         hashes[h] = index
-        points.append(Point(index=index, params=params, data=data, config_hash=h, source=where,
-                            base_dir=scen_dir, bound=bool(policy_class(pspec.name).oracle), policy=pspec.name))
+        points.append(Point(index=index, params=params, data=fit.data, config_hash=h, source=where,
+                            base_dir=scen_dir, bound=bool(policy.oracle), policy=policy.name, kind=fit.kind,
+                            applied=fit.applied, unmet=fit.unmet))
     return Sweep(spec=spec, source=source, base_dir=scen_dir, points=points)
 
 

@@ -2,9 +2,13 @@
 
 The output folder holds ``points/<config hash>.json`` (one per finished point, written to a
 temporary file and moved in with ``os.replace``, so it is whole or absent) and, at the end,
-``results.parquet``: one row per point in sweep order, the swept keys, ``policy`` and ``bound``,
-every metric (nested ones flattened as ``tpot_ms_mean``), ``status`` (ok, error, or n/a when the
-policy needs a trace column the trace lacks), ``error`` (its one line), ``config_hash``, ``moesim_version`` and ``wall_s``.
+``results.parquet``: one row per point in sweep order, the swept keys, ``policy``, ``bound`` and
+``kind`` (``lossless``, ``lossy`` or ``oracle``: the group a comparison ranks it in), every metric
+(nested ones flattened as ``tpot_ms_mean``; ``warnings`` as a JSON list), ``applied`` (a JSON list
+of the setup defaults applied to the point, :mod:`moesim.sim.study.needs`), ``status`` (ok,
+error, or n/a when the policy cannot run as its paper meant it on this trace and scenario: such
+a point is not run), ``error`` (its one line, or the n/a reason), ``config_hash``,
+``moesim_version`` and ``wall_s``.
 
 Running the same sweep again skips every point whose file exists (killed sweeps resume where
 they were; failed points too, unless ``retry_failed``). A point that raises is recorded with its
@@ -120,6 +124,14 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     record["wall_s"] = time.perf_counter() - t0
     record["cpu_s"] = time.process_time() - cpu0
     return record
+
+
+def not_applicable(point: Point) -> dict[str, Any]:
+    """The record of a point whose policy's needs this trace or scenario cannot meet: ``n/a``
+    with the reason, without running it."""
+    return {"config_hash": point.config_hash, "index": point.index, "params": point.params,
+            "moesim_version": moesim_version(), "status": NOT_APPLICABLE, "error": point.unmet,
+            "metrics": {}, "wall_s": 0.0, "cpu_s": 0.0}
 
 
 def point_task(point: Point) -> dict[str, Any]:
@@ -306,11 +318,16 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: s
     done = store.load()
     todo = [p for p in sweep.points
             if p.config_hash not in done or (retry_failed and done[p.config_hash].get("status") != "ok")]
-    # longest first would need a cost model; policies with heavier bookkeeping are spread by order
-    tasks = [point_task(p) for p in todo]
     skipped = len(sweep.points) - len(todo)
+    n_a = [p for p in todo if p.unmet is not None]
+    for p in n_a:   # recorded, never run
+        rec = not_applicable(p)
+        store.write(rec)
+        done[p.config_hash] = rec
+    # longest first would need a cost model; policies with heavier bookkeeping are spread by order
+    tasks = [point_task(p) for p in todo if p.unmet is None]
     executor = _dask(dask) if dask else _local_pool(min(jobs or default_jobs(), max(1, len(tasks))))
-    with _progress(progress, sweep.spec.name, len(sweep.points), skipped) as tick:
+    with _progress(progress, sweep.spec.name, len(sweep.points), skipped + len(n_a)) as tick:
         if tasks:
             with executor as run:
                 for rec in run(tasks):
@@ -320,10 +337,10 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: s
     table = write_table(sweep, done, out_dir / TABLE)
     failed = [(p.index, str(done[p.config_hash].get("error"))) for p in sweep.points
               if done[p.config_hash].get("status") not in ("ok", NOT_APPLICABLE)]
-    n_a = [(p.index, str(done[p.config_hash].get("error"))) for p in sweep.points
-           if done[p.config_hash].get("status") == NOT_APPLICABLE]
+    not_run = [(p.index, f"{p.policy}: {done[p.config_hash].get('error')}") for p in sweep.points
+               if done[p.config_hash].get("status") == NOT_APPLICABLE]
     return SweepOutcome(table=table, total=len(sweep.points), ran=len(tasks), skipped=skipped, failed=failed,
-                        not_applicable=n_a, wall_s=time.perf_counter() - t0)
+                        not_applicable=not_run, wall_s=time.perf_counter() - t0)
 
 
 @contextmanager
@@ -380,10 +397,12 @@ def table_frame(sweep: Sweep, records: dict[str, dict[str, Any]]) -> pd.DataFram
             cols[name] = values
     cols["policy"] = [p.policy for p in points]
     cols["bound"] = [p.bound for p in points]
+    cols["kind"] = [p.kind for p in points]
+    cols["applied"] = [json.dumps(p.applied) for p in points]
     metric_names: list[str] = []
     for p in points:
         for k in records[p.config_hash].get("metrics", {}):
-            if k not in metric_names and k not in ("policy", "bound"):
+            if k not in metric_names and k not in ("policy", "bound", "kind", "applied"):
                 metric_names.append(k)
     for k in metric_names:
         cols[k] = [records[p.config_hash].get("metrics", {}).get(k) for p in points]

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moesim.sim.core.atomic import TMP_TAG, clean_stale
+from moesim.sim.core.atomic import atomic_file
 from moesim.traces.format.arrow_numpy import to_numpy
 from moesim.traces.format.column_types import EXPECTED_KIND, kind_problem
 from moesim.traces.format.schema import (
@@ -138,8 +138,9 @@ def iter_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Stream a trace as validated numpy column batches.
 
-    ``columns`` restricts the optional columns read (the required ones are always read, as the
-    ordering checks need them). Memory stays in proportion to ``batch_rows``.
+    ``columns`` restricts the optional columns returned (the required ones are always read, as
+    the ordering checks need them, and ``weights`` is always validated). Memory stays in
+    proportion to ``batch_rows``.
     """
     pf = _open(path)
     yield from _batches(pf, _meta(pf, path), path, columns, batch_rows)
@@ -163,10 +164,15 @@ def _batches(
             raise ValueError(f"unknown trace column {col!r}")
         if col in present:
             want.append(col)
+    # the router weights (top_k floats a row, cheap) are validated even when not asked for: a
+    # file with NaN or negative weights is refused by every run, not only the runs that read them
+    unasked = [c for c in ("weights",) if c in present and c not in want]
     cursor = Cursor()
     try:
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=want):
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=want + unasked):
             cols = validate_batch(batch, meta, cursor, path)
+            for col in unasked:
+                cols.pop(col, None)
             if "embedding" in want:
                 cols.update(_embedding_cols(batch, cursor.row - batch.num_rows, path))
             yield cols
@@ -350,8 +356,10 @@ def write_trace(
     validate: bool = True,
     row_group_rows: int = 262_144,
 ) -> Path:
-    """Write a moe-trace v1 file atomically (temp file + rename): on any error, nothing is
-    left at ``path``. The data is validated first unless ``validate=False``."""
+    """Write a moe-trace v1 file atomically (temp file + rename): on any error, Ctrl-C or
+    SIGTERM, nothing is left at ``path``; an existing file is replaced. The data is validated
+    first unless ``validate=False``. A place that cannot be written (a folder, no permission)
+    is a one-line :class:`~moesim.sim.core.atomic.OutputError` naming ``path``."""
     table = columns if isinstance(columns, pa.Table) else build_table(columns, meta)
     if isinstance(columns, pa.Table):
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: meta.to_json().encode()})
@@ -364,19 +372,10 @@ def write_trace(
                 _embedding_cols(batch, row0, path)
         check_complete(cursor, meta, path)
     out = Path(path)
-    if out.is_dir():
-        raise IsADirectoryError(21, "Is a directory", str(out))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # the temporary sibling of sim.atomic (.NAME.moesim-tmp-PID.parquet): a later write to the
-    # same name removes one a killed writer left
-    clean_stale(out)
-    tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}{out.suffix}"
-    try:
+    # the temporary sibling of sim.core.atomic (.NAME.moesim-tmp-PID.parquet), removed on any
+    # error, Ctrl-C or SIGTERM; a later write to the same name removes one a killed writer left
+    with atomic_file(out, option="-o", force=True) as tmp:
         pq.write_table(table, tmp, row_group_size=row_group_rows, compression="zstd")
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,28 +86,37 @@ def model_info(
 
 
 def save_trace(path: str | os.PathLike[str], columns: Mapping[str, Any], meta: TraceMeta) -> Path:
-    """:func:`traces.format.write_trace` with OS errors (unwritable folder, a directory in the
-    way) turned into a one-line :class:`TraceError`. Nothing is left at ``path`` on error."""
-    try:
-        return write_trace(path, columns, meta)
-    except OSError as exc:
-        raise TraceError(path, f"cannot write the trace ({exc.strerror or exc})") from None
+    """Write an imported or generated trace (:func:`traces.format.write_trace`: validated,
+    atomic, and a place that cannot be written is one line naming it)."""
+    return write_trace(path, columns, meta)
 
 
-def text_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of a UTF-8 text file, numbered from 1; a file that cannot be
-    opened or is not UTF-8 is a :class:`SourceError` naming it (and the line)."""
+def text_lines(path: Path) -> Generator[tuple[int, str], None, None]:
+    """``(line number, text)`` of a UTF-8 text file, numbered from 1, each line with its end; a
+    file that cannot be opened is a :class:`SourceError` naming it, and bytes that are not
+    UTF-8 one naming the line they are on (each line is decoded on its own: a decoder reading
+    the file in blocks would fail at the block holding them and cannot say where)."""
     try:
-        fh = path.open(encoding="utf-8")
+        fh = path.open("rb")
     except OSError as exc:
         raise SourceError(path, f"cannot read ({exc.strerror})") from None
     with fh:
-        line = 0
-        try:
-            for line, text in enumerate(fh, start=1):
-                yield line, text
-        except UnicodeDecodeError:
-            raise SourceError(path, "not UTF-8 text", line=line + 1) from None
+        for line, raw in enumerate(fh, start=1):
+            try:
+                yield line, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SourceError(path, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                                  line=line) from None
+
+
+def decode_utf8(path: Path, data: bytes) -> str:
+    """A whole file's bytes as text; bytes that are not UTF-8 are a :class:`SourceError`
+    naming their line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SourceError(path, f"not UTF-8 text (byte 0x{data[exc.start]:02x})", line=line) from None
 
 
 def sha256_file(path: Path) -> str:

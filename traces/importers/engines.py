@@ -49,6 +49,7 @@ from moesim.traces.format.trace_file import DECODE, PREFILL, ModelInfo, TraceMet
 from moesim.traces.importers.common import (
     INT_LIMIT,
     SourceError,
+    decode_utf8,
     sha256_file,
     source_file,
     text_lines,
@@ -108,10 +109,10 @@ def read_sidecar(path: str | os.PathLike[str]) -> list[tuple[int, int]]:
     """Read ``{"requests": [{"prompt_tokens": P, "output_tokens": D}, ...]}``."""
     p = source_file(path)
     try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
+        obj = json.loads(decode_utf8(p, p.read_bytes()))
     except json.JSONDecodeError as exc:
         raise SourceError(p, f"invalid JSON ({exc.msg})", line=exc.lineno) from None
-    except (OSError, UnicodeDecodeError, RecursionError) as exc:
+    except (OSError, RecursionError) as exc:
         raise SourceError(p, f"cannot read ({type(exc).__name__})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("requests"), list):
         raise SourceError(p, 'expected {"requests": [{"prompt_tokens": P, "output_tokens": D}, ...]}',
@@ -186,11 +187,10 @@ def _import_vllm_npy(
 def _responses(path: Path) -> list[tuple[int, Any]]:
     """The response objects of a JSON or JSON-lines file, each with its line number."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SourceError(path, "not UTF-8 text") from None
+        data = path.read_bytes()
     except OSError as exc:
         raise SourceError(path, f"cannot read ({exc.strerror})") from None
+    text = decode_utf8(path, data)
     out: list[tuple[int, Any]] = []
     try:
         whole = json.loads(text)

@@ -16,6 +16,7 @@ contiguous range, phase constant within a token and no prefill after decode.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -106,7 +107,7 @@ def _parse_list(raw: Any, path: Path, line: int, name: str, width: int, kind: ty
     else:
         raise SourceError(path, f"expected a list, got {raw!r}", line=line, field=name)
     if len(items) != width:
-        raise SourceError(path, f"has {len(items)} entries, expected {width} (top_k)", line=line, field=name)
+        raise SourceError(path, f"has {len(items)} entries, expected {width} (the model's top_k; --top-k sets another)", line=line, field=name)
     out: list[Any] = []
     for item in items:
         what = "an integer" if kind is int else "a number"
@@ -191,12 +192,9 @@ def read_csv_records(
     """Parse a CSV with a header line into records (``rename``: file column -> field)."""
     rename = dict(rename or {})
     rec = _Records(top_k=model.top_k)
-    try:
-        fh = path.open(newline="", encoding="utf-8")
-    except OSError as exc:
-        raise SourceError(path, f"cannot read ({exc.strerror})") from None
-    with fh:
-        reader = csv.reader(fh)
+    lines = text_lines(path)
+    with contextlib.closing(lines):
+        reader = csv.reader(text for _, text in lines)
         try:
             header = next(reader, None)
             if header is None:
@@ -215,8 +213,6 @@ def read_csv_records(
                             layer_offset=layer_offset, names=fields, **_flags(fields))
         except csv.Error as exc:
             raise SourceError(path, f"malformed CSV ({exc})", line=reader.line_num) from None
-        except UnicodeDecodeError:
-            raise SourceError(path, "not UTF-8 text", line=reader.line_num + 1) from None
     return rec
 
 

@@ -3,10 +3,12 @@
 Not i.i.d. draws: each token carries a latent hidden state per MoE layer, and the routers of
 the layers read it. The state of token ``t`` at layer ``l`` is
 
-    h[t, l] = a * mu[z, l] + sqrt(1 - a^2) * u[t, l]
+    h[t, l] = a * mu[z, l] + b * v[w, l] + s * u[t, l],   s = sqrt(1 - a^2 - b^2)
 
 with ``a = topic_strength``, ``mu[z, l]`` the mean of the request's topic ``z`` (one of
-``num_topics``, drawn per request) and ``u`` a unit-variance Gaussian field that is
+``num_topics``, drawn per request), ``b = token_strength``, ``v[w, l]`` the fixed vector of
+token id ``w`` at layer ``l`` (the token-identity component, below), and ``u`` the context: a
+unit-variance Gaussian field that is
 
 * AR(1) from token to token inside a request with coefficient ``token_locality`` (rho), so
   consecutive tokens route alike (temporal locality), at every layer;
@@ -15,14 +17,29 @@ with ``a = topic_strength``, ``mu[z, l]`` the mean of the request's topic ``z`` 
   tokens. This is what lets the next layer's router, applied to this layer's state, predict
   the next layer's experts.
 
-Topic means follow the same layer recursion. Layer ``l`` has a router ``W[l]`` (``[D, E]``,
-Gaussian) and a bias ``b[l, e] = -popularity_skew * log(1 + rank[l, e])`` over a random
-ranking of the experts (a Zipf prior: long-tailed popularity). Logits are
+Topic means and token vectors follow the same layer recursion. The squared strengths are
+variance shares: ``a^2`` topic, ``b^2`` token, the rest context.
+
+Token identity (``token_strength > 0``): every token of the stream is an id ``w`` drawn
+independently from a Zipf distribution over ``vocab_size`` ids (``P(w) ~ 1 / (w + 1)^zipf_s``,
+id 0 the most frequent), so ids repeat across requests as words do in text; with
+``token_repeat`` a token repeats the previous one of its request instead (runs). ``v[w, 0]``
+is a seeded Gaussian vector per id, ``v[w, l+1] = c * v[w, l] + sqrt(1 - c^2) * fresh``: a
+fixed vector per (token id, layer), independent of the workload (:mod:`.tokens`). A token therefore routes alike
+wherever it occurs (what fMoE's expert maps and token-keyed policies exploit), and the ids go
+into the ``token_id`` column. With ``token_strength = 0`` nothing of this is drawn and the
+output is the same as before the component existed.
+
+Layer ``l`` has a router ``W[l]`` (``[D, E]``, Gaussian) and a bias ``b[l, e] =
+-popularity_skew * log(1 + rank[l, e])`` over a random ranking of the experts (a Zipf prior:
+long-tailed popularity). Logits are
 ``(h @ W[l] + b[l]) / router_temperature``, stored as float16; ``experts`` is the top-k of
 the stored logits (highest first), ``weights`` their softmax probabilities over all E (not
 renormalised), ``lookahead_logits`` the router of layer ``l+1`` (of layer 0 at the last
-layer) applied to ``h[t, l]``, and ``embedding`` a fixed random projection of ``h[t, 0]``,
-averaged over the prompt for prefill tokens (one prefill iteration), on layer-0 rows.
+layer) applied to ``q * h[t, l] + sqrt(1 - q^2) * n[t, l]`` with ``q = lookahead_quality``
+and ``n`` independent unit noise (``q = 1``: the state itself, as a tracer records it), and
+``embedding`` a fixed random projection of ``h[t, 0]``, averaged over the prompt for prefill
+tokens (one prefill iteration), on layer-0 rows.
 
 Everything is vectorised over tokens (one pass per layer, a log-depth scan for the token
 recursion); see ``benchmarks/bench_traces.py`` for the measured throughput. The same
@@ -44,8 +61,11 @@ from moesim.sim.config.catalog import CatalogError, model_names
 from moesim.sim.core.errors import MoesimError
 from moesim.traces.format.trace_file import DECODE, PREFILL, ModelInfo, TraceMeta
 from moesim.traces.importers.registry import model_info, save_trace
+from moesim.traces.synthetic.tokens import hashed_normals, token_stream
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
+"""2: token-identity component and lookahead quality (identical routing to version 1 while
+``token_strength = 0`` and ``lookahead_quality = 1``)."""
 
 MAX_MEMORY_BYTES = 16 * 2**30
 """Largest working memory :class:`SynthParams` allows (an estimate, see ``memory_bytes``):
@@ -127,7 +147,22 @@ class SynthParams(BaseModel):
                                       "weights (the top-k choice does not depend on it)")
     num_topics: int = Field(8, ge=1, le=100_000, description="prompt-level topics; each request draws one")
     topic_strength: float = Field(0.5, ge=0.0, le=1.0, description="share of the hidden state's amplitude that comes "
-                                  "from the request's topic (0: no topics)")
+                                  "from the request's topic (0: no topics); its square is the topic's share of the "
+                                  "variance, and the context (the token-to-token latent) gets what topic and token leave")
+    token_strength: float = Field(0.0, ge=0.0, le=1.0, description="share of the hidden state's amplitude that comes "
+                                  "from the token's identity: each token id has its own fixed vector per layer, so it "
+                                  "routes alike wherever it occurs (0: off, no token_id column; topic_strength^2 + "
+                                  "token_strength^2 must be <= 1)")
+    vocab_size: int = Field(32000, ge=1, le=262_144, description="token ids the token stream draws from (with "
+                            "token_strength > 0)")
+    zipf_s: float = Field(1.0, ge=0.0, le=4.0, description="Zipf exponent of the token frequencies: id w has "
+                          "probability proportional to 1 / (w + 1)^zipf_s (about 1 for natural text; 0: uniform)")
+    token_repeat: float = Field(0.0, ge=0.0, le=0.99, description="probability that a token repeats the previous "
+                                "token of its request instead of a fresh Zipf draw (runs such as indentation; the "
+                                "frequencies stay Zipf)")
+    lookahead_quality: float = Field(1.0, ge=0.0, le=1.0, description="how much of layer l's hidden state the "
+                                     "lookahead router reads (1: all of it, as a tracer records lookahead_logits; "
+                                     "lower mixes in independent noise, so lookahead recall falls towards chance at 0)")
     latent_dim: int = Field(32, ge=2, le=1024, description="dimension of the latent hidden state")
     embedding_dim: int = Field(16, ge=1, le=8192, description="length of the embedding stored on layer-0 rows")
     emit_logits: bool = Field(True, description="emit the logits and lookahead_logits columns (E float16 each per row)")
@@ -160,6 +195,9 @@ class SynthParams(BaseModel):
     def _check(self) -> SynthParams:
         if self.prompt_len + self.decode_len < 1:
             raise ValueError("prompt_len + decode_len must be at least 1")
+        if self.topic_strength**2 + self.token_strength**2 > 1.0 + 1e-12:
+            raise ValueError(f"token_strength {self.token_strength} with topic_strength {self.topic_strength}: "
+                             "topic_strength^2 + token_strength^2 must be <= 1 (they are shares of one variance)")
         try:
             info = self.shape()
         except CatalogError as exc:
@@ -183,7 +221,11 @@ class SynthParams(BaseModel):
         experts and weights; checked before anything is allocated."""
         E, k = info.num_experts, info.top_k
         per_row = 16 * self.latent_dim + 12 * E + (4 * E if self.emit_logits else 0) + 6 * k + 16
-        return self.max_rows(info) * per_row
+        if self.lookahead_quality < 1.0 and self.emit_logits:
+            per_row += 8 * self.latent_dim
+        vocab = 40 * min(self.vocab_size, self.max_rows(info) // info.num_layers) * self.latent_dim \
+            if self.token_strength > 0 else 0
+        return self.max_rows(info) * per_row + vocab
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> SynthParams:
@@ -305,15 +347,20 @@ def generate(params: SynthParams) -> tuple[dict[str, np.ndarray], TraceMeta]:
     ``[rows, k]`` int16, ``weights`` ``[rows, k]`` float32, ``logits`` and
     ``lookahead_logits`` ``[rows, E]`` float16 (unless ``emit_logits`` is false),
     ``embedding`` ``[tokens, embedding_dim]`` float16 with ``embedding_rows`` (its layer-0
-    row indices). Rows: requests in order, tokens in order, layers ``0..L-1``."""
+    row indices), and ``token_id`` (int32) when ``token_strength > 0``. Rows: requests in
+    order, tokens in order, layers ``0..L-1``."""
     info = params.shape()
     L, E, k = info.num_layers, info.num_experts, info.top_k
     H, T = params.latent_dim, params.router_temperature
-    c, a = params.layer_correlation, params.topic_strength
+    c, a, b = params.layer_correlation, params.topic_strength, params.token_strength
+    q = params.lookahead_quality
     rho = 0.0 if isinstance(params.token_locality, list) else float(params.token_locality)
 
-    seeds = np.random.SeedSequence(params.seed).spawn(4)
-    g_model, g_topic, g_len, g_tok = (np.random.default_rng(s) for s in seeds)
+    # seed streams: the first four are version 1's (same children whatever the count spawned)
+    seeds = np.random.SeedSequence(params.seed).spawn(7)
+    g_model, g_topic, g_len, g_tok = (np.random.default_rng(s) for s in seeds[:4])
+    vocab_key = int(seeds[4].generate_state(1, np.uint64)[0])
+    g_words, g_noise = (np.random.default_rng(s) for s in seeds[5:])
 
     # The model: routers, biases, topics and the embedding projection (workload-independent).
     routers = (g_model.standard_normal((L, H, E)) / math.sqrt(H)).astype(np.float32)
@@ -346,6 +393,10 @@ def generate(params: SynthParams) -> tuple[dict[str, np.ndarray], TraceMeta]:
     pos = np.arange(N, dtype=np.int64) - starts[req_of_tok]
     phase_tok = np.where(pos < p_len[req_of_tok], PREFILL, DECODE).astype(np.int8)
     topic_of_tok = topic_of_req[req_of_tok]
+    words = token_stream(g_words, pos, params.vocab_size, params.zipf_s, params.token_repeat) if b > 0 else None
+    if words is not None:  # the vectors of the ids that occur, as rows of ``vocab``
+        ids, word_row = np.unique(words, return_inverse=True)
+        vocab = np.empty((len(ids), H), dtype=np.float32)
 
     experts = np.empty((N, L, k), dtype=np.int16)
     weights = np.empty((N, L, k), dtype=np.float32)
@@ -355,7 +406,9 @@ def generate(params: SynthParams) -> tuple[dict[str, np.ndarray], TraceMeta]:
     per_layer = isinstance(params.token_locality, list)
     rhos = innovation_locality(params.locality_profile(), c) if per_layer else np.full(L, rho)
     innov_scale = np.where(pos == 0, 1.0, math.sqrt(max(0.0, 1.0 - rho * rho))).astype(np.float32)[:, None]
-    sa, sc = np.float32(math.sqrt(1.0 - a * a)), np.float32(math.sqrt(1.0 - c * c))
+    sa = np.float32(math.sqrt(max(0.0, 1.0 - a * a - b * b)))
+    sc = np.float32(math.sqrt(1.0 - c * c))
+    sq = np.float32(math.sqrt(1.0 - q * q))
     u = np.empty((N, H), dtype=np.float32)
     emb_tok = np.empty((N, params.embedding_dim), dtype=np.float32)
     for lay in range(L):
@@ -376,6 +429,15 @@ def generate(params: SynthParams) -> tuple[dict[str, np.ndarray], TraceMeta]:
         h = topics[topic_of_tok, lay]
         h *= np.float32(a)
         h += sa * u
+        if words is not None:
+            fresh = hashed_normals(vocab_key, ids, lay, H)
+            if lay == 0:
+                vocab[:] = fresh
+            else:
+                vocab *= np.float32(c)
+                fresh *= sc
+                vocab += fresh
+            h += np.float32(b) * vocab[word_row]
         if lay == 0:
             np.matmul(h, proj, out=emb_tok)
         lg = (h @ routers[lay] + bias32[lay]) * np.float32(1.0 / T)
@@ -387,7 +449,10 @@ def generate(params: SynthParams) -> tuple[dict[str, np.ndarray], TraceMeta]:
         if logits_out is not None and look_out is not None:
             logits_out[:, lay] = lg16
             nxt = (lay + 1) % L
-            look_out[:, lay] = ((h @ routers[nxt] + bias32[nxt]) * np.float32(1.0 / T)).astype(np.float16)
+            seen = h
+            if q < 1.0:
+                seen = np.float32(q) * h + sq * g_noise.standard_normal((N, H), dtype=np.float32)
+            look_out[:, lay] = ((seen @ routers[nxt] + bias32[nxt]) * np.float32(1.0 / T)).astype(np.float16)
 
     # Embedding of the iteration: a prefill iteration is the whole prompt (mean over it).
     csum = np.concatenate([np.zeros((1, params.embedding_dim)), np.cumsum(emb_tok, axis=0, dtype=np.float64)])
@@ -408,6 +473,8 @@ def generate(params: SynthParams) -> tuple[dict[str, np.ndarray], TraceMeta]:
     if logits_out is not None and look_out is not None:
         cols["logits"] = logits_out.reshape(rows, E)
         cols["lookahead_logits"] = look_out.reshape(rows, E)
+    if words is not None:
+        cols["token_id"] = np.repeat(words, L).astype(np.int32)
     cols["embedding"] = emb.astype(np.float16)
     cols["embedding_rows"] = np.arange(N, dtype=np.int64) * L
     source = {"generator": "moesim.synthetic", "generator_version": GENERATOR_VERSION,

@@ -1,5 +1,6 @@
-"""Train the tiny MoE: a small Mixtral-architecture causal LM learned on CPU from offline text
-(extra ``tracer``: imports torch and transformers).
+"""Train the small MoEs of this repository (tiny-moe, fine-moe: recipes in :mod:`.recipe`): a
+Mixtral-architecture causal LM learned on CPU from offline text (extra ``tracer``: imports
+torch and transformers).
 
 The model is a Hugging Face ``MixtralForCausalLM`` (config and modeling code of transformers),
 so the tracer, the executor and any HF tool load it as they load Mixtral. It reads bytes
@@ -21,9 +22,12 @@ text: evidence that the routing is learned, not noise.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import platform
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,61 +39,12 @@ import torch
 import torch.nn.functional as F
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
+from moesim.traces.tiny.recipe import TinyConfig
 from moesim.traces.tiny.tiny_corpus import EOS_ID, VOCAB_SIZE, Corpus, stdlib_root
 
-
-@dataclass(frozen=True)
-class TinyConfig:
-    """Shape and training recipe of the tiny MoE (defaults: the bundled model).
-
-    Shape: ``num_layers`` MoE decoder layers of ``num_experts`` experts, ``top_k`` routed per
-    token, width ``hidden_size``, expert FFN width ``intermediate_size``, ``num_heads``
-    attention heads sharing ``num_kv_heads`` KV heads (grouped-query attention as Mixtral's
-    32/8). Training: ``steps`` AdamW steps of ``batch_size`` windows of ``seq_len`` bytes,
-    peak rate ``lr`` after ``warmup`` steps, ``weight_decay``, load-balancing coefficient
-    ``router_aux_loss_coef`` (0.01: Switch Transformer's alpha = 1e-2, section 2.2; Mixtral's
-    HF default 0.001 is for a 8-expert model trained far longer, assumption), ``seed``.
-    Evaluation: ``eval_windows`` evenly spaced held-out windows of ``seq_len``.
-
-    Where the numbers come from: the shape is the issue's range (4-8 MoE layers, 16-32
-    experts, top-2, hidden 128-256) at its small end, with Mixtral's 4:1 query/KV head ratio
-    halved (4/2); steps, batch, rate and warm-up were chosen here to train in minutes on two CPU
-    cores (assumption, not from a paper); AdamW betas (0.9, 0.95) and clipping at 1 are the
-    usual language-model settings (assumption).
-    """
-
-    num_layers: int = 4
-    num_experts: int = 16
-    top_k: int = 2
-    hidden_size: int = 128
-    intermediate_size: int = 128
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    seq_len: int = 256
-    batch_size: int = 8
-    steps: int = 1200
-    lr: float = 3e-3
-    warmup: int = 80
-    weight_decay: float = 0.1
-    router_aux_loss_coef: float = 0.01
-    seed: int = 0
-    eval_windows: int = 64
-    threads: int = 2
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "num_experts", "top_k", "hidden_size", "intermediate_size",
-                     "num_heads", "num_kv_heads", "seq_len", "batch_size", "steps", "eval_windows",
-                     "threads"):
-            if int(getattr(self, name)) < 1:
-                raise MoesimError(f"tiny model: {name} must be >= 1, got {getattr(self, name)}")
-        if self.top_k > self.num_experts:
-            raise MoesimError(f"tiny model: top_k {self.top_k} > num_experts {self.num_experts}")
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise MoesimError(f"tiny model: hidden_size {self.hidden_size} must divide into "
-                              f"num_heads {self.num_heads}, which must divide into num_kv_heads "
-                              f"{self.num_kv_heads} groups")
-        if self.warmup < 0 or self.lr <= 0:
-            raise MoesimError("tiny model: warmup must be >= 0 and lr > 0")
+__all__ = ["TinyConfig", "TrainResult", "build_model", "eval_starts", "evaluate", "hardware",
+           "hf_config", "notice", "routing_summary", "save", "train"]
 
 
 def hf_config(cfg: TinyConfig) -> Any:
@@ -201,6 +156,9 @@ class TrainResult:
     wall_s: float
     corpus: str
     corpus_digest: str
+    device: str = "cpu"
+    hardware: str = ""
+    experts_implementation: str = ""
 
     def log(self) -> dict[str, Any]:
         """JSON-ready summary (losses in nats per byte; perplexity = exp(loss))."""
@@ -216,19 +174,47 @@ class TrainResult:
             "routing_trained": self.routing,
             "routing_random_weights": self.random_routing,
             "wall_s": round(self.wall_s, 1),
+            "device": self.device,
+            "hardware": self.hardware,
+            "experts_implementation": self.experts_implementation,
             "torch": torch.__version__,
             "python": platform.python_version(),
             "history": self.history,
         }
 
 
+def hardware(device: str, threads: int) -> str:
+    """One line naming where a model trains: the GPU's name, or the CPU and its thread count."""
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA)"
+    cpu = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        names = [ln.split(":", 1)[1].strip() for ln in info.read_text(errors="replace").splitlines()
+                 if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return f"CPU {cpu}, {threads} torch thread(s) of {os.cpu_count()} logical cores"
+
+
+@quiet_library_warnings()
 def train(cfg: TinyConfig, corpus: Corpus, *, progress: Callable[[int, dict[str, float]], None] | None = None,
-          log_every: int = 50) -> TrainResult:
+          log_every: int = 50, device: str = "cpu", experts_implementation: str | None = None) -> TrainResult:
     """Train a tiny MoE of ``cfg`` on ``corpus``; ``progress(step, stats)`` after every step.
 
-    The held-out loss and routing are measured on the weights as :func:`save` stores them
-    (rounded to float16), so they are the shipped model's figures.
+    ``device``: ``"cpu"`` (the recipe) or a CUDA device (``"cuda"``) to go faster. Either way
+    the initial weights and every batch are those of the CPU recipe (drawn on the CPU from the
+    seed); on a GPU the arithmetic differs, so the weights are not bit-identical to a CPU run's.
+    ``experts_implementation`` names transformers' expert kernels for training (``eager``,
+    ``batched_mm``, ``grouped_mm``); None keeps transformers' default on the CPU (the recipe)
+    and takes ``batched_mm`` on a GPU (``grouped_mm`` wants bfloat16 there). The held-out loss
+    and routing are measured on the CPU on the weights as :func:`save` stores them (rounded to
+    float16), so they are the shipped model's figures.
     """
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+        raise MoesimError(f"--device {device}: expected cpu, cuda or cuda:N")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise MoesimError(f"--device {device}: torch sees no CUDA device here")
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     train_stream = torch.from_numpy(corpus.train.astype(np.int64))
@@ -238,6 +224,13 @@ def train(cfg: TinyConfig, corpus: Corpus, *, progress: Callable[[int, dict[str,
         raise MoesimError(f"training text has {n} tokens, fewer than one window of "
                           f"{cfg.seq_len + 1}: use a larger corpus or a shorter --seq-len")
     model = build_model(cfg)
+    impl = str(getattr(model.config, "_experts_implementation", "eager"))
+    if dev.type == "cuda":
+        model.to(dev)
+    chosen = experts_implementation or ("batched_mm" if dev.type == "cuda" else None)
+    if chosen is not None and chosen != impl:
+        model.set_experts_implementation(chosen)
+    used_impl = str(getattr(model.config, "_experts_implementation", "eager"))
     model.train()
     decay = [p for name, p in model.named_parameters() if p.dim() >= 2 and "embed" not in name]
     no_decay = [p for name, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in name)]
@@ -251,7 +244,7 @@ def train(cfg: TinyConfig, corpus: Corpus, *, progress: Callable[[int, dict[str,
         for g in opt.param_groups:
             g["lr"] = _lr_at(cfg, step)
         starts = torch.randint(0, n - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-        w = _windows(train_stream, starts, cfg.seq_len + 1)
+        w = _windows(train_stream, starts, cfg.seq_len + 1).to(dev)
         # no labels: the model's aux_loss comes with output_router_logits; the cross-entropy
         # is taken here so that every window scores all its seq_len next tokens
         out = model(input_ids=w[:, :-1], output_router_logits=True)
@@ -272,6 +265,10 @@ def train(cfg: TinyConfig, corpus: Corpus, *, progress: Callable[[int, dict[str,
         if progress is not None:
             progress(step + 1, stats)
     final_train = float(ema if ema is not None else float("nan"))
+    if dev.type != "cpu":
+        model.to("cpu")
+    if used_impl != impl:
+        model.set_experts_implementation(impl)
     model = model.half().float()  # the saved precision
     model.eval()
     held = evaluate(model, held_stream, cfg.seq_len, cfg.eval_windows)
@@ -283,19 +280,23 @@ def train(cfg: TinyConfig, corpus: Corpus, *, progress: Callable[[int, dict[str,
     return TrainResult(config=cfg, model=model, history=history, final_train_loss=final_train,
                        held_out_loss=held, random_held_out_loss=rand_held, routing=routing,
                        random_routing=rand_routing, wall_s=time.perf_counter() - t0,
-                       corpus=corpus.describe(), corpus_digest=corpus.digest)
+                       corpus=corpus.describe(), corpus_digest=corpus.digest, device=str(dev),
+                       hardware=hardware(str(dev), cfg.threads), experts_implementation=used_impl)
 
 
-def save(result: TrainResult, out: str | Path, *, command: str) -> Path:
+def save(result: TrainResult, out: str | Path, *, command: str, name: str = "tiny-moe") -> Path:
     """Write the model (float16 safetensors + config.json + generation_config.json),
-    ``train_log.json`` and a ``NOTICE.md`` (data, command, seed, losses) to the folder ``out``."""
+    ``train_log.json`` and a ``NOTICE.md`` (data, command, seed, losses, the SHA-256 of
+    ``model.safetensors``) to the folder ``out``; ``name`` titles the NOTICE."""
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     model = result.model.half()
     model.save_pretrained(path, safe_serialization=True)
     result.model = model.float()
     log = result.log()
+    log["name"] = name
     log["command"] = command
+    log["weights_sha256"] = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
     (path / "train_log.json").write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
     (path / "NOTICE.md").write_text(notice(log), encoding="utf-8")
     return path
@@ -312,7 +313,9 @@ def notice(log: dict[str, Any]) -> str:
         f"| {i} | {t['token_entropy']:.3f} | {r['token_entropy']:.3f} | {t['top1_prob']:.3f} | "
         f"{r['top1_prob']:.3f} | {t['usage_entropy']:.3f} | {t['reuse']:.3f} | {r['reuse']:.3f} |"
         for i, (t, r) in enumerate(zip(log["routing_trained"], log["routing_random_weights"], strict=True)))
-    return f"""# tiny-moe: a small Mixtral-architecture MoE trained in this repository
+    where = f"{log['wall_s']:.0f} s wall on {log.get('hardware') or 'this machine'}"
+    digest = f"\n- SHA-256 of model.safetensors: `{log['weights_sha256']}`." if "weights_sha256" in log else ""
+    return f"""# {log.get('name', 'tiny-moe')}: a small Mixtral-architecture MoE trained in this repository
 
 A byte-level causal language model with the Hugging Face Mixtral architecture
 (`MixtralForCausalLM`): {c['num_layers']} MoE layers x {c['num_experts']} experts, top-{c['top_k']},
@@ -320,7 +323,7 @@ hidden {c['hidden_size']}, expert FFN {c['intermediate_size']}, {c['num_heads']}
 {c['num_kv_heads']} KV heads, vocabulary 257 (bytes 0-255, 256 = end of file), weights stored
 as float16. It is a small real model with learned routing, made so that everything in moesim
 (tracing, prefetchers reading router logits, the executor, quality checks) has a model to run
-offline. It is **not** a stand-in for Mixtral-8x7B's numbers: its routing statistics are its
+offline. It is **not** a stand-in for a large model's numbers: its routing statistics are its
 own.
 
 - Trained on: {log['corpus']}{stdlib}; one file in 10 held out by a hash of its
@@ -328,7 +331,7 @@ own.
 - Command: `{log['command']}`
 - Seed: {c['seed']}; {c['steps']} steps of {c['batch_size']} x {c['seq_len']} bytes, AdamW (peak lr
   {c['lr']}, {c['warmup']} warm-up steps, cosine to a tenth), load-balancing loss coefficient
-  {c['router_aux_loss_coef']}; torch {log['torch']}; {log['wall_s']:.0f} s wall on this machine.
+  {c['router_aux_loss_coef']}; torch {log['torch']}; {where}.{digest}
 - Final train loss (EMA over steps): {log['final_train_loss']:.3f} nats/byte.
 - Held-out loss: {log['held_out_loss']:.3f} nats/byte (perplexity {log['held_out_perplexity']:.2f}),
   measured on the float16 weights; a random-weight model of the same shape:

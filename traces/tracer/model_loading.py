@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 
 @dataclass
@@ -57,6 +58,7 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+@quiet_library_warnings()
 def load_model(spec: str | Path, *, device: str = "cpu", dtype: str | None = None, seed: int = 0) -> LoadedModel:
     """Load a local model directory, or build one with random weights from a config.
 

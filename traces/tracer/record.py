@@ -18,6 +18,7 @@ import typer
 
 from moesim.sim.core.atomic import check_target
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 _COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
 
@@ -59,6 +60,7 @@ def _check_config(model: str) -> None:
             raise MoesimError(f"{cfg}: {key}: must be a positive integer, got {v!r}")
 
 
+@quiet_library_warnings()
 def record(
     model: Annotated[str, typer.Option(
         "--model", help="Local HF model directory, or a config (a directory with config.json "

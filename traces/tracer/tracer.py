@@ -82,6 +82,7 @@ import torch
 from torch import nn
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.traces.format.trace_file import (
     DECODE,
     PREFILL,
@@ -299,6 +300,7 @@ def build_columns(records: Sequence[RequestRecord], columns: Iterable[str] = ALL
     return out
 
 
+@quiet_library_warnings()
 def trace_model(
     model: nn.Module,
     prompts: Sequence[Prompt],

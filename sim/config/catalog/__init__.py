@@ -1,18 +1,16 @@
-"""Catalogs of MoE models and GPUs, shipped as YAML beside this file.
+"""Catalogs of MoE models, GPUs, host CPUs and runtimes, shipped as YAML beside this file.
 
-Entries are validated :class:`ModelSpec` / :class:`HardwareSpec` objects. A scenario names an
-entry, or gives a mapping ``{base: NAME, field: value, ...}`` that overrides fields of one, or
-a full inline spec.
+Entries are validated :class:`ModelSpec` / :class:`HardwareSpec` / :class:`CpuSpec` objects. A
+scenario names an entry, or gives a mapping ``{base: NAME, field: value, ...}`` that overrides
+fields of one, or a full inline spec. A hardware spec's ``cpu:`` is itself such a reference
+into the host catalog (:mod:`moesim.sim.config.catalog.host`).
 """
 
 from __future__ import annotations
 
 import difflib
-from functools import cache
-from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,31 +21,53 @@ from pydantic import (
     model_validator,
 )
 
-from moesim.sim.core.errors import MoesimError
+from moesim.sim.config.catalog.files import CatalogError, raw_entries, unknown
+from moesim.sim.config.catalog.host import CpuSpec, cpu_fields, host_names
+from moesim.sim.config.keys import fields_at
 
 GIB = 1024**3
 
+# Pageable host-to-device copies (accelerate's offloading) go through a pinned bounce buffer
+# that one host thread fills with memcpy, so they reach far less than the link: about half of
+# a PCIe 3.0 x16 link's pinned rate (pytorch/pytorch#16901: 5.1 vs ~11 GB/s), and 7.1-7.5 GB/s
+# against 53-55 GB/s pinned on a PCIe 5.0 H100 (measured for issue 25), ~8 GB/s on an RTX 5090
+# (tritonllm PR #41). Without a figure of its own a spec takes min(PAGEABLE_SHARE x pcie_gbps,
+# PAGEABLE_CAP_GBPS).
+PAGEABLE_SHARE = 0.5
+PAGEABLE_CAP_GBPS = 7.5
 
-class CatalogError(MoesimError, ValueError):
-    """Unknown catalog name or invalid entry; the message is one line."""
+__all__ = ["GIB", "PAGEABLE_CAP_GBPS", "PAGEABLE_SHARE", "CatalogError", "CatalogFieldError", "CostsSpec",
+           "CpuSpec", "HardwareSpec", "ModelSpec", "RuntimeSpec", "get_cpu", "get_hardware", "get_model",
+           "get_runtime", "hardware_names", "host_names", "is_spec_file", "load_spec_file", "model_names",
+           "runtime_names"]
 
 
 class CatalogFieldError(CatalogError):
     """An invalid field of a model, hardware or runtime spec: ``field`` is its dotted path
-    inside the spec (``costs.layer_us``) and ``problem`` what is wrong with it."""
+    inside the spec (``costs.layer_us``), ``problem`` what is wrong with it and, for an unknown
+    key, ``suggestion`` the closest known one (its dotted path inside the spec)."""
 
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
+    def __init__(self, field: str, problem: str, suggestion: str | None = None) -> None:
+        super().__init__(f"{field}: {problem}" + (f"; did you mean {suggestion!r}?" if suggestion else ""))
         self.field = field
         self.problem = problem
+        self.suggestion = suggestion
 
 
-def _field_error(exc: ValidationError) -> CatalogFieldError:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ())) or "(spec)"
-    msg = "unknown key" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid value")
+def _field_error(exc: ValidationError, cls: type[BaseModel]) -> CatalogFieldError:
+    # a misspelt key also makes the key meant "missing": name the misspelling, with its fix
+    errors = exc.errors()
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    parts = [str(x) for x in err.get("loc", ())]
+    loc = ".".join(parts) or "(spec)"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return CatalogFieldError(loc, msg + more)
+    if err.get("type") != "extra_forbidden":
+        return CatalogFieldError(loc, err.get("msg", "invalid value") + more)
+    known = fields_at(cls, parts[:-1]) or []
+    if len(parts) == 1:
+        known.append("base")
+    close = difflib.get_close_matches(parts[-1], known, n=1) if parts else []
+    return CatalogFieldError(loc, "unknown key" + more, ".".join([*parts[:-1], close[0]]) if close else None)
 
 
 class ModelSpec(BaseModel):
@@ -107,22 +127,6 @@ class CostsSpec(BaseModel):
     head_us: float = Field(0.0, ge=0, description="LM head and sampling once per iteration")
 
 
-class CpuSpec(BaseModel):
-    """The host CPU, for experts a plan runs on the CPU instead of loading them (Fiddler,
-    llama.cpp ``--n-cpu-moe``). An expert's CPU time is a roofline over the host's memory
-    bandwidth (its weights are read once per call) and vector throughput, plus a fixed cost,
-    unless ``expert_us`` gives a measured figure."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    cores: PositiveInt = Field(16, description="cores used for expert computation")
-    mem_gbps: PositiveFloat = Field(80.0, description="effective host memory bandwidth in GB/s")
-    tflops: PositiveFloat = Field(1.5, description="effective dense throughput of the cores in TFLOP/s")
-    call_us: float = Field(20.0, ge=0, description="fixed cost of one expert call on the CPU")
-    expert_us: float | None = Field(None, ge=0, description="measured time of one expert for one token (overrides the roofline)")
-    expert_us_per_token: float = Field(0.0, ge=0, description="with expert_us: extra time per additional token")
-
-
 class RuntimeSpec(BaseModel):
     """Framework overhead of the inference runtime, on the GPU stream's critical path (kernel
     launches and Python dispatch that the roofline has not): per MoE layer, per forward pass,
@@ -145,70 +149,71 @@ class HardwareSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="hardware name")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="what runs the model: a GPU (its VRAM, host-to-device "
+                                          "copies over PCIe) or the CPU (a `simctl calibrate` profile measured on "
+                                          "the CPU: device memory is host memory, copies are memcpy); names the "
+                                          "outputs' labels, changes no timing")
     vram_gib: PositiveFloat = Field(description="GPU memory in GiB")
     pcie_gbps: PositiveFloat = Field(description="effective host-to-device bandwidth in GB/s (1 GB = 1e9 bytes)")
     pcie_latency_us: float = Field(10.0, ge=0, description="fixed cost of one host-to-device transfer")
     copy_engines: PositiveInt = Field(1, description="concurrent host-to-device transfers")
     d2h_gbps: PositiveFloat | None = Field(None, description="device-to-host bandwidth in GB/s, used when cache.swap_out copies evicted experts back (default: pcie_gbps)")
+    pageable_gbps: PositiveFloat | None = Field(
+        None, description="host-to-device bandwidth in GB/s from pageable (not pinned) host memory, as "
+        "accelerate's offloading copies (default: min(0.5 x pcie_gbps, 7.5); pcie_gbps is the pinned rate)")
     peak_tflops: PositiveFloat = Field(description="dense bf16 tensor throughput in TFLOP/s")
     hbm_gbps: PositiveFloat = Field(description="GPU memory bandwidth in GB/s")
     kernel_us: float = Field(5.0, ge=0, description="fixed launch/synchronisation overhead of one expert or layer kernel group")
     evict_us: float = Field(0.0, ge=0, description="cost of an eviction on the critical path (paid inside a demand miss)")
     costs: CostsSpec | None = Field(None, description="calibrated costs overriding the roofline")
-    cpu: CpuSpec = Field(default_factory=lambda: CpuSpec.model_validate({}), description="the host CPU, for experts run on the CPU")
+    cpu: CpuSpec = Field(default_factory=lambda: CpuSpec.model_validate({}),
+                         description="the host CPU, for experts run on the CPU: a hosts catalog name, "
+                         "{base: NAME, field: value} or a full spec (default: a generic 16-core, 80 GB/s host)")
     source: str = Field("", description="where the entry's numbers come from (spec sheet, derivation, calibration file)")
     sources: dict[str, str] = Field(default_factory=dict, description="per-field provenance: field name -> source, "
                                     "overriding ``source`` for that field")
 
-    def source_of(self, field_name: str) -> str:
+    @property
+    def pageable_rate_gbps(self) -> float:
+        """Host-to-device GB/s from pageable memory: ``pageable_gbps``, or without one
+        ``min(PAGEABLE_SHARE x pcie_gbps, PAGEABLE_CAP_GBPS)`` (the constants' sources are
+        beside them)."""
+        if self.pageable_gbps is not None:
+            return self.pageable_gbps
+        return min(PAGEABLE_SHARE * self.pcie_gbps, PAGEABLE_CAP_GBPS)
+
+    def source_of(self, field_name: str, where: str = "the entry") -> str:
         """Where the value of ``field_name`` comes from: its own entry in ``sources``, the
-        entry's ``source`` for a field the entry sets, else the field's documented default."""
+        entry's ``source`` for a field the entry sets (``where``: the entry, a file's name),
+        that the entry sets it when it states no source, else the field's documented default."""
         if field_name in self.sources:
             return self.sources[field_name]
-        if field_name in self.model_fields_set and self.source:
-            return self.source
-        return "default of HardwareSpec (not stated by the entry)"
-
-
-def _load(kind: str) -> dict[str, dict[str, Any]]:
-    text = resources.files(__package__).joinpath(f"{kind}.yaml").read_text()
-    # libyaml's safe loader where PyYAML has it (45 ms -> 5 ms a run for the shipped catalog)
-    data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}  # noqa: S506 - a safe loader
-    return {str(k): dict(v) for k, v in data.items()}
-
-
-@cache
-def _raw(kind: str) -> dict[str, dict[str, Any]]:
-    return _load(kind)
-
-
-def _unknown(kind: str, name: str, names: list[str]) -> CatalogError:
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(names))}"
-    return CatalogError(f"unknown {kind} {name!r}{hint}")
+        if field_name in self.model_fields_set:
+            return self.source or f"set in {where} (no source stated)"
+        return f"default of HardwareSpec (not set in {where})"
 
 
 def model_names() -> list[str]:
     """Names of the model catalog."""
-    return sorted(_raw("models"))
+    return sorted(raw_entries("models"))
 
 
 def hardware_names() -> list[str]:
     """Names of the hardware catalog."""
-    return sorted(_raw("hardware"))
+    return sorted(raw_entries("hardware"))
 
 
 def runtime_names() -> list[str]:
     """Names of the runtime-overhead catalog."""
-    return sorted(_raw("runtime"))
+    return sorted(raw_entries("runtime"))
 
 
 def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
-    raw = _raw({"model": "models", "hardware": "hardware", "runtime": "runtime"}[kind])
+    raw = raw_entries({"model": "models", "hardware": "hardware", "runtime": "runtime"}[kind])
     if isinstance(ref, str):
         if ref not in raw:
-            raise _unknown(kind, ref, list(raw))
-        return cls(name=ref, **raw[ref])
+            raise unknown(kind, ref, list(raw))
+        return _build(cls, {"name": ref, **raw[ref]})
     if not isinstance(ref, dict):
         raise CatalogFieldError("(spec)", f"expected a catalog name or a mapping, got {type(ref).__name__}")
     data = dict(ref)
@@ -217,17 +222,27 @@ def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
         if not isinstance(base, str):
             raise CatalogFieldError("base", f"expected a catalog name, got {type(base).__name__} {base!r}")
         if base not in raw:
-            raise _unknown(kind, str(base), list(raw))
+            raise unknown(kind, str(base), list(raw))
         merged = {"name": base, **raw[base]}
-        for sub in ("costs", "cpu"):
-            if isinstance(merged.get(sub), dict) and isinstance(data.get(sub), dict):
-                data[sub] = {**merged[sub], **data[sub]}
+        if "cpu" in merged:
+            merged["cpu"] = cpu_fields(merged["cpu"])
+        if isinstance(data.get("cpu"), dict) and "base" not in data["cpu"] and isinstance(merged.get("cpu"), dict):
+            data["cpu"] = {**merged["cpu"], **data["cpu"]}   # a few host fields changed
+        if isinstance(merged.get("costs"), dict) and isinstance(data.get("costs"), dict):
+            data["costs"] = {**merged["costs"], **data["costs"]}
         merged.update(data)
         data = merged
+    return _build(cls, data)
+
+
+def _build(cls: type[BaseModel], data: dict[str, Any]) -> Any:
+    """Validate a spec's fields (a hardware spec's ``cpu:`` resolved in the host catalog)."""
+    if cls is HardwareSpec and "cpu" in data:
+        data = {**data, "cpu": cpu_fields(data["cpu"])}
     try:
         return cls(**data)
     except ValidationError as exc:
-        raise _field_error(exc) from None
+        raise _field_error(exc, cls) from None
 
 
 def get_model(ref: str | dict[str, Any]) -> ModelSpec:
@@ -244,7 +259,7 @@ def get_hardware(ref: str | dict[str, Any]) -> HardwareSpec:
 
 def load_spec_file(path: Any, section: str) -> dict[str, Any]:
     """Read a hardware or runtime spec from a YAML file (a calibration profile written by
-    ``simctl calibrate``, or a hand-written spec). A file with a top-level ``section`` key
+    ``simctl calibrate``, a ``simctl fit`` file, or a hand-written spec). A file with a top-level ``section`` key
     (``hardware`` or ``runtime``) gives that mapping; otherwise the whole file is the spec.
     Bad input is a one-line :class:`CatalogError` naming the file."""
     from pathlib import Path
@@ -260,18 +275,33 @@ def load_spec_file(path: Any, section: str) -> dict[str, Any]:
         raise CatalogError(str(exc)) from None
     if not isinstance(data, dict):
         raise CatalogError(f"{p}: a {section} profile must be a mapping")
+    if section not in data and isinstance(data.get("fit"), dict) and "parameters" in data:
+        raise CatalogError(f"{p}: this `simctl fit` file has no {section}: section (its rows do not share one "
+                           f"{section}, or it fits no {section} field); give it as calibration: {p.name}")
+    raw = data
     if section in data:
         data = data[section]
         if not isinstance(data, dict):
             raise CatalogError(f"{p}: {section}: must be a mapping")
     spec = {str(k): v for k, v in data.items()}
     spec.setdefault("name", p.stem)
+    prov = raw.get("provenance") if isinstance(raw, dict) else None
+    if section == "hardware" and isinstance(prov, dict) and prov.get("device_type") == "cpu":
+        spec.setdefault("device", "cpu")     # a CPU profile written before the field existed
     return spec
 
 
 def is_spec_file(ref: Any) -> bool:
     """A catalog reference that names a YAML file (``*.yaml`` / ``*.yml``) rather than an entry."""
     return isinstance(ref, str) and ref.lower().endswith((".yaml", ".yml"))
+
+
+def get_cpu(ref: str | dict[str, Any]) -> CpuSpec:
+    """Resolve a host reference: a hosts catalog name, ``{base: NAME, ...overrides}`` or a full spec."""
+    try:
+        return CpuSpec.model_validate(cpu_fields(ref))
+    except ValidationError as exc:
+        raise _field_error(exc, CpuSpec) from None
 
 
 def get_runtime(ref: str | dict[str, Any]) -> RuntimeSpec:

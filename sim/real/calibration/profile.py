@@ -6,7 +6,12 @@ The profile has ``hardware:`` (a :class:`~moesim.sim.config.catalog.HardwareSpec
 and ``measurements:`` (every raw timing, so a reader can redo the fits). Fits:
 
 * copies: ``t = latency + bytes / bandwidth`` (least squares over sizes) -> ``pcie_latency_us``,
-  ``pcie_gbps`` (``d2h_gbps`` from the reverse copies);
+  ``pcie_gbps`` (``d2h_gbps`` from the reverse copies; on a GPU, ``pageable_gbps`` from the
+  copies out of pageable host memory);
+* the host CPU: one expert on the host's cores at ``--threads`` threads (the device's own
+  expert runs on a CPU device; a separate run on a GPU's host) -> ``cpu.expert_us``,
+  ``cpu.expert_us_per_token``, and the read bandwidth those threads reached at one token ->
+  ``cpu.mem_gbps`` (a lower bound for every core), ``cpu.thread_gbps``;
 * expert: ``t = expert_us + expert_us_per_token * (n - 1)``, exact at one token (decode), the
   slope fitted over 2-128 tokens (prefill);
 * non-MoE layer: ``t = layer_us + layer_us_per_token * (n - 1)`` at the calibration context
@@ -43,6 +48,7 @@ import yaml
 from moesim.sim.config.catalog import GIB, ModelSpec, get_hardware, get_runtime
 from moesim.sim.core.atomic import atomic_file
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.sim.real.calibration.awake import cpus_awake
 from moesim.sim.real.calibration.bench import (
     copy_bench,
@@ -107,6 +113,7 @@ def provenance(device: torch.device, threads: int, command: str | None = None) -
     return prov
 
 
+@quiet_library_warnings()
 def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int = 1, seed: int = 0,
               command: str | None = None, routing: tuple[Any, list[int]] | None = None,
               keep_awake: bool = True) -> dict[str, Any]:
@@ -131,14 +138,26 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         tokens = [1, 2, 8, 32] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
         contexts = [context] + ([4 * context] if quick else [2 * context, 4 * context])
         per_round: dict[str, list[Any]] = {"copies": [], "experts": [], "layers": [], "head": []}
+        host = torch.device("cpu")
+        if device.type != "cpu":
+            per_round["host_experts"] = []
         for _ in range(rounds):   # rounds spread each point over time; each keeps its lowest median
             per_round["copies"].append(copy_bench(device, sizes, repeat=rep))
             per_round["experts"].append(expert_bench(device, om.hidden, om.inter, om.dtype, tokens, repeat=rep))
+            if device.type != "cpu":   # the host's cores, at --threads threads
+                torch.set_num_threads(threads)
+                per_round["host_experts"].append(expert_bench(host, om.hidden, om.inter, om.dtype, tokens, repeat=rep))
+                torch.set_num_threads(old_threads)
             per_round["layers"].append(layer_bench(om, [1, 4, 32] if quick else [1, 2, 4, 8, 32, 128], contexts,
                                                    repeat=rep)["rows"])
             per_round["head"].append([{"s": head_bench(om, repeat=rep)}])
         copies = best_of(per_round["copies"], ("bytes", "host_memory"), ("h2d_s", "d2h_s"))
         experts = best_of(per_round["experts"], ("tokens", "dtype"), ("s",))
+        host_experts = (best_of(per_round["host_experts"], ("tokens", "dtype"), ("s",))
+                        if "host_experts" in per_round else experts)
+        h0, h1 = fit_anchored([r["tokens"] - 1 for r in host_experts], [r["s"] for r in host_experts])
+        pageable = [r for r in copies if r["host_memory"] == "pageable"]
+        _, pg_per_byte = fit_line([r["bytes"] for r in pageable], [r["h2d_s"] for r in pageable]) if pageable else (0, 0)
         layer_rows = best_of(per_round["layers"], ("tokens", "context"), ("layer_s", "forward_s"))
         head = best_of(per_round["head"], (), ("s",))[0]["s"]
         main = [r for r in copies if r["host_memory"] in ("pinned", "memcpy")]
@@ -171,8 +190,22 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
     prov = provenance(device, threads, command)
     prov["cpus_kept_awake"] = kept_awake
     where = f"calibration: measured on {prov['device']} ({prov['date']})"
+    sources: dict[str, str] = {
+        "pcie_gbps": f"{where}; least-squares fit of {len(main)} copy sizes through the executor's copy engine",
+        "pcie_latency_us": f"{where}; intercept of the copy fit",
+        "d2h_gbps": f"{where}; fit of the reverse copies",
+        "copy_engines": "the executor's copy engine: one copy thread (CPU) or one CUDA copy stream",
+        "device": f"{where}; the torch device type ({device.type})",
+        "vram_gib": f"{where}; device memory (host memory when the device is the CPU)",
+        "peak_tflops": f"{where}; {roof['matmul_size']}^3 matmul in {str(om.dtype).replace('torch.', '')}",
+        "hbm_gbps": f"{where}; device-to-device copy of {roof['mem_bytes'] // 2**20} MiB, read + write",
+        "kernel_us": "calibrated costs replace the roofline; no separate launch term",
+        "evict_us": "not measured: the executor's eviction is bookkeeping inside the policy hooks",
+        "costs": f"{where}; expert and non-MoE layer fits at context {context}",
+    }
     hw = {
         "name": f"calibrated-{device.type}",
+        "device": "cpu" if device.type == "cpu" else "gpu",
         "vram_gib": round(_memory_gib(device), 3),
         "pcie_gbps": round(1 / per_byte / 1e9, 4) if per_byte > 0 else 1e3,
         "pcie_latency_us": round(lat * us, 3),
@@ -185,23 +218,14 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         "costs": {"layer_us": round(l0 * us, 3), "layer_us_per_token": round(l1 * us, 3),
                   "expert_us": round(e0 * us, 3), "expert_us_per_token": round(e1 * us, 3),
                   "head_us": round(head * us, 3)},
-        "cpu": {"expert_us": round(e0 * us, 3), "expert_us_per_token": round(e1 * us, 3)} if device.type == "cpu" else {},
+        "cpu": _host_cpu(m, h0, h1, threads, where),
         "source": where,
-        "sources": {
-            "pcie_gbps": f"{where}; least-squares fit of {len(main)} copy sizes through the executor's copy engine",
-            "pcie_latency_us": f"{where}; intercept of the copy fit",
-            "d2h_gbps": f"{where}; fit of the reverse copies",
-            "copy_engines": "the executor's copy engine: one copy thread (CPU) or one CUDA copy stream",
-            "vram_gib": f"{where}; device memory (host memory when the device is the CPU)",
-            "peak_tflops": f"{where}; {roof['matmul_size']}^3 matmul in {str(om.dtype).replace('torch.', '')}",
-            "hbm_gbps": f"{where}; device-to-device copy of {roof['mem_bytes'] // 2**20} MiB, read + write",
-            "kernel_us": "calibrated costs replace the roofline; no separate launch term",
-            "evict_us": "not measured: the executor's eviction is bookkeeping inside the policy hooks",
-            "costs": f"{where}; expert and non-MoE layer fits at context {context}",
-        },
+        "sources": sources,
     }
-    if not hw["cpu"]:
-        del hw["cpu"]
+    if pg_per_byte > 0:
+        hw["pageable_gbps"] = round(1 / pg_per_byte / 1e9, 4)
+        sources["pageable_gbps"] = (f"{where}; least-squares fit of {len(pageable)} copy sizes from pageable "
+                                    "(not pinned) host memory")
     runtime = {"name": f"calibrated-{device.type}", "layer_us": round(moe_overhead_s * us, 3),
                "iteration_us": round(iteration_s * us, 3), "token_us": round(token_s * us, 3),
                "demand_load_us": 0.0, "prefetch_issue_us": 0.0, "source": ""}
@@ -219,7 +243,11 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         f"{demand['loads_per_step']:.0f} demand loads per step; prefetch_issue_us: the executor's step with every "
         f"expert prefetched by oracle-prefetch ({runs['prefetch_s'] * us:.1f} us) exceeds the resident one by "
         f"{issue['measured_gap_us']:.1f} us, the simulator predicts {issue['predicted_gap_us']:.1f} us without an "
-        f"issue cost; the cost per prefetch ({issue['prefetches_per_step']:.2f} per step) that makes them equal")
+        f"issue cost; " + (
+            f"the simulated step hardly responds to an issue cost (the copies set it): each prefetch's share of "
+            f"the excess ({issue['prefetches_per_step']:.2f} per step; bisection gave {issue['bisection_us']:.1f} us)"
+            if issue.get("copy_bound") else
+            f"the cost per prefetch ({issue['prefetches_per_step']:.2f} per step) that makes them equal"))
     get_runtime(dict(runtime))
     return {
         "provenance": prov,
@@ -227,11 +255,30 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         "hardware": hw,
         "runtime": runtime,
         "measurements": {
-            "copies": copies, "experts": experts, "roofline": roof, "layers": layer_rows, "rounds": per_round,
+            "copies": copies, "experts": experts, "host_experts": host_experts, "roofline": roof, "layers": layer_rows, "rounds": per_round,
             "head_s": head, "stub_forward_s": stub, "executor_step_s": step, "context": context,
             "executor_runs": runs, "demand_load_fit": demand, "prefetch_issue_fit": issue,
             "layer_context_slope_us_per_token": ctx_slope * us,
         },
+    }
+
+
+def _host_cpu(m: ModelSpec, e0: float, e1: float, threads: int, where: str) -> dict[str, Any]:
+    """The profile's host CPU: the measured expert times at ``threads`` threads (they override
+    the roofline) and the read bandwidth those threads reached at one token."""
+    cores = max(threads, os.cpu_count() or threads)
+    gbps = m.expert_bytes / e0 / 1e9 if e0 > 0 else 1e3
+    at = f"{where}; one expert of the model on the host at {threads} torch thread(s)"
+    return {
+        "name": "calibrated-host", "cores": cores, "threads": threads,
+        "mem_gbps": round(gbps, 3), "thread_gbps": round(gbps / threads, 3), "call_us": 0.0,
+        "expert_us": round(e0 * 1e6, 3), "expert_us_per_token": round(e1 * 1e6, 3),
+        "source": at,
+        "sources": {"cores": f"{where}; logical CPUs of the host", "threads": "--threads of simctl calibrate",
+                    "mem_gbps": f"{at}: expert bytes over its one-token time (a lower bound for every core)",
+                    "thread_gbps": f"{at}: mem_gbps over the threads",
+                    "expert_us": f"{at}, one token", "expert_us_per_token": f"{at}: least-squares slope over tokens",
+                    "call_us": "folded into the measured expert times"},
     }
 
 

@@ -9,8 +9,8 @@
   the compute stream waits on the event before it uses the slot. (Written for GPUs; this
   repository's CI has none, so this path is not measured there.)
 
-Every engine answers the same calls: :meth:`submit` a copy with a class (0 demand, 1 prefetch)
-and a priority, :meth:`done`, :meth:`started`, :meth:`wait`, :meth:`cancel` one not started,
+Every engine answers the same calls: :meth:`submit` a copy with a class (0 demand, 1 prefetch),
+a priority and what it must wait for (a GPU fence), :meth:`done`, :meth:`started`, :meth:`wait`, :meth:`cancel` one not started,
 and :meth:`busy_s`, the seconds spent copying.
 """
 
@@ -50,8 +50,10 @@ class SyncCopier:
     def __init__(self) -> None:
         self._busy = 0.0
 
-    def submit(self, key: Any, src: torch.Tensor, dst: torch.Tensor, cls: int, priority: float = 0.0) -> _Job:
-        """Copy now; the returned job is done."""
+    def submit(self, key: Any, src: torch.Tensor, dst: torch.Tensor, cls: int, priority: float = 0.0,
+               after: Any = None) -> _Job:
+        """Copy now; the returned job is done (``after``, a GPU fence, has no meaning here: CPU
+        kernels finish before the host goes on)."""
         job = _Job(key, src, dst, cls)
         t0 = time.perf_counter()
         dst.copy_(src)
@@ -106,8 +108,9 @@ class ThreadCopier:
     def _key(self, cls: int, priority: float) -> tuple[float, ...]:
         return () if self.order == "fifo" else (float(cls), -float(priority))
 
-    def submit(self, key: Any, src: torch.Tensor, dst: torch.Tensor, cls: int, priority: float = 0.0) -> _Job:
-        """Queue a copy."""
+    def submit(self, key: Any, src: torch.Tensor, dst: torch.Tensor, cls: int, priority: float = 0.0,
+               after: Any = None) -> _Job:
+        """Queue a copy (``after``: ignored, as for :class:`SyncCopier`)."""
         job = _Job(key, src, dst, cls)
         with self._cv:
             heapq.heappush(self._heap, (self._key(cls, priority), next(self._seq), job))
@@ -192,12 +195,17 @@ class CudaCopier:
         self.stream = torch.cuda.Stream(device=device)
         self._jobs: list[_Job] = []
 
-    def submit(self, key: Any, src: torch.Tensor, dst: torch.Tensor, cls: int, priority: float = 0.0) -> _Job:
-        """Issue the copy on the copy stream and record its completion event."""
+    def submit(self, key: Any, src: torch.Tensor, dst: torch.Tensor, cls: int, priority: float = 0.0,
+               after: Any = None) -> _Job:
+        """Issue the copy on the copy stream and record its completion event; ``after`` (a CUDA
+        event, :meth:`ExpertStore.fence`) is waited for on the copy stream first, so the copy does
+        not overwrite a slot that queued kernels still read."""
         job = _Job(key, src, dst, cls)
         ev_start = torch.cuda.Event(enable_timing=True)
         ev_end = torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.stream):
+            if after is not None:
+                self.stream.wait_event(after)
             ev_start.record(self.stream)
             dst.copy_(src, non_blocking=True)
             ev_end.record(self.stream)

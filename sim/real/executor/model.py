@@ -115,7 +115,8 @@ def mixtral_config(spec: ModelSpec, *, vocab_size: int = 1024, max_positions: in
 
 
 def build_random(spec: ModelSpec, device: torch.device, *, seed: int = 0) -> nn.Module:
-    """A Mixtral model with ``spec``'s shape and random weights (dtype from ``spec.dtype_bytes``)."""
+    """A Mixtral model with ``spec``'s shape and random weights (dtype from ``spec.dtype_bytes``),
+    drawn on ``device``."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -124,7 +125,10 @@ def build_random(spec: ModelSpec, device: torch.device, *, seed: int = 0) -> nn.
         raise MoesimError(f"model {spec.name!r}: dtype_bytes {spec.dtype_bytes} has no torch dtype "
                           "for the executor (4 = float32, 2 = bfloat16)")
     cfg = mixtral_config(spec)
-    with torch.random.fork_rng(devices=[]):
+    # the weights are drawn where the model runs: a real-shaped layer stack holds billions of
+    # weights, which a GPU draws in well under a second and one CPU thread in minutes
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), torch.device(device):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.to(device).eval()
@@ -188,20 +192,21 @@ def prepare(model: nn.Module, device: torch.device, *, name: str, source: dict[s
 
 
 def trained_weights(spec: ModelSpec | None) -> str | None:
-    """The folder of real weights for ``spec`` when it is the catalog's ``tiny-moe`` exactly
-    (the tiny MoE trained in this repository, :mod:`moesim.traces.tiny.tiny_model`), else None."""
-    from moesim.traces.tiny.tiny_model import NAME, model_dir
+    """The folder of real weights for ``spec`` when it is exactly the catalog entry of a model
+    trained in this repository (``tiny-moe``, ``fine-moe``: :mod:`moesim.traces.tiny.tiny_model`),
+    else None."""
+    from moesim.traces.tiny.tiny_model import BUNDLED, model_dir
 
-    if spec is None or spec.name != NAME or spec != get_model(NAME):
+    if spec is None or spec.name not in BUNDLED or spec != get_model(spec.name):
         return None
-    return str(model_dir())
+    return str(model_dir(spec.name))
 
 
 def model_argument(arg: str | None, default: ModelSpec | None) -> tuple[str | None, ModelSpec | None]:
     """``--model``: an existing path (a model directory or config JSON: loaded), a model catalog
     name or an inline YAML mapping of a model spec (a random Mixtral of that shape); None gives
-    ``default``. The catalog's ``tiny-moe`` (by name, or as ``default``) is the bundled trained
-    model, not random weights: it is the executor's default real model. Returns
+    ``default``. The catalog's ``tiny-moe`` and ``fine-moe`` (by name, or as ``default``) are the
+    bundled trained models, not random weights; ``tiny-moe`` is the executor's default real model. Returns
     ``(path, spec)``, one of them None."""
     from pathlib import Path
 

@@ -7,10 +7,12 @@ import numpy as np
 import torch
 
 
-def access_order(plan: np.ndarray, mask: np.ndarray) -> tuple[list[int], dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+def access_order(plan: np.ndarray, mask: np.ndarray, device: torch.device | None = None
+                 ) -> tuple[list[int], dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     """Distinct experts of ``plan[mask]`` by first occurrence (tokens in order, each token's slots
     in order: the simulator's access order), and for each the ``(token rows, slot columns)`` it
-    serves, as CPU index tensors."""
+    serves, as index tensors on ``device`` (default the CPU; the expert kernel's ``index_add_``
+    needs its index on the device of the activations)."""
     order: list[int] = []
     toks: dict[int, list[int]] = {}
     slots: dict[int, list[int]] = {}
@@ -25,7 +27,8 @@ def access_order(plan: np.ndarray, mask: np.ndarray) -> tuple[list[int], dict[in
                 toks[e], slots[e] = [], []
             toks[e].append(t)
             slots[e].append(j)
-    rows = {e: (torch.tensor(toks[e], dtype=torch.long), torch.tensor(slots[e], dtype=torch.long)) for e in order}
+    rows = {e: (torch.tensor(toks[e], dtype=torch.long, device=device),
+                torch.tensor(slots[e], dtype=torch.long, device=device)) for e in order}
     return order, rows
 
 

@@ -109,7 +109,8 @@ class Residency:
         layer, expert, _ = u.key
         dst = self.store.alloc(u.key)
         u.state = QUEUED
-        self.jobs[u.key] = self.copier.submit(u.key, self.store.source(layer, expert), dst, cls, priority)
+        self.jobs[u.key] = self.copier.submit(u.key, self.store.source(layer, expert), dst, cls, priority,
+                                              after=self.store.fence(u.key))
 
     def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
         """A policy's prefetch: room now (victims from the policy), then a queued copy."""
@@ -165,6 +166,25 @@ class Residency:
         for key in dropped:
             self.policy.on_cancel(self.state.view, key)
         return len(dropped)
+
+    def abort_prefetch(self, key: UnitKey) -> bool:
+        """Stop a prefetch that has not landed: a queued copy is withdrawn (as
+        :meth:`cancel_queued` does); one the copy engine has started cannot be stopped on a
+        real device, so it is left to land (False), as are demand loads and pinned units."""
+        self.refresh()
+        u = self.vram.units.get(key)
+        job = self.jobs.get(key)
+        if u is None or job is None or u.demand or key in self.vram.pinned or u.state != QUEUED:
+            return False
+        if not self.copier.cancel(job):
+            return False
+        del self.jobs[key]
+        u.state = ABSENT
+        self.vram.remove(u)
+        self.vram.release(u)
+        self.store.free(key)
+        self.policy.on_cancel(self.state.view, key)
+        return True
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the budget among layers (bytes per layer), usage fitting."""

@@ -44,6 +44,7 @@ from moesim.policies.contract.base import (
     Routing,
     check_columns,
 )
+from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.placement import initial_fill, replayed_frequency
 from moesim.sim.engine.plans import next_in_fixed_order
@@ -136,7 +137,7 @@ class Executor:
         self._charge()
         weights = _combine_weights(logits, plan_m)
         gmask = plan_m >= 0 if on_cpu is None else (plan_m >= 0) & ~on_cpu
-        exps, rows = _access_order(plan_m, gmask)
+        exps, rows = _access_order(plan_m, gmask, x.device)
         res.refresh()
         units = vram.units
         for e in exps:
@@ -177,7 +178,7 @@ class Executor:
         out = torch.zeros_like(x)
         store = res.store
         if cpu_exps:
-            crow = _access_order(plan_m, (plan_m >= 0) & on_cpu)[1]  # type: ignore[operator]
+            crow = _access_order(plan_m, (plan_m >= 0) & on_cpu, x.device)[1]  # type: ignore[operator]
             for e in cpu_exps:
                 tok, slot = crow[e]
                 self._apply(out, x, weights, tok, slot, store.source(layer, e).to(x.device))
@@ -213,9 +214,16 @@ class Executor:
             elif res.waiting:
                 res.issue_demand()
                 if not any(u.key in res.jobs for _, u in watch):
+                    # the room is held by copies already started into the load's pool (a CUDA
+                    # stream starts every copy at once and cannot withdraw one): wait for one to
+                    # land, when it can be evicted
                     u0 = res.waiting[0]
-                    raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
-                                        f"but policy {policy.name!r} can evict nothing; raise cache.rate")
+                    started = [j for k, j in res.jobs.items()
+                               if k in vram.units and vram.units[k].pool == u0.pool and res.copier.started(j)]
+                    if not started:
+                        raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
+                                            f"but policy {policy.name!r} can evict nothing; raise cache.rate")
+                    res.copier.wait(started)
             stall += time.perf_counter() - ts
         vram.pinned.clear()
         st.stall_s += stall
@@ -240,7 +248,7 @@ class Executor:
             plan_m = torch.topk(logits, self.state.K, dim=-1).indices.cpu().numpy()
         weights = _combine_weights(logits, plan_m)
         out = torch.zeros_like(x)
-        exps, rows = _access_order(plan_m, plan_m >= 0)
+        exps, rows = _access_order(plan_m, plan_m >= 0, x.device)
         for e in exps:
             tok, slot = rows[e]
             self._apply(out, x, weights, tok, slot, self.res.store.source(layer, e).to(x.device))
@@ -256,6 +264,9 @@ class Executor:
             raise ExecutorError(f"policy {s.policy.name!r} made an invalid plan at {where}")
         if not s.policy.lossy and not np.array_equal(ex, routing.experts):
             raise ExecutorError(f"policy {s.policy.name!r} is not lossy but planned other experts at {where}")
+        if plan.wait_for:
+            raise ExecutorError(f"policy {s.policy.name!r} waits for whole-tensor copies (plan.wait_for) at "
+                                f"{where}; the executor does not model them")
         return ex, None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
 
     # ------------------------------------------------------------------------------------------
@@ -298,6 +309,9 @@ class Executor:
         s = self.state
         policy = s.policy
         check_columns(policy, s.ctx.columns, s.trace.model.name)
+        if policy.host_memory != "pinned":
+            raise ExecutorError(f"policy {policy.name!r} copies from {policy.host_memory} host memory; the "
+                                "executor copies from pinned memory only")
         s.ctx.replayed_frequency = replayed_frequency(s.workload, s.trace, s.L, s.E)
         policy.setup(s.ctx)
         for layer in range(s.L):
@@ -317,6 +331,7 @@ class Executor:
             self.mode = "bypass"
             self._forward(it.rows0, cache)
 
+    @quiet_library_warnings()
     def run(self, warmup: int = 2) -> ExecStats:
         """Replay the workload; returns the counters and wall-clock times (``self.stats``)."""
         s, res, st = self.state, self.res, self.stats

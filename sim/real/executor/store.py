@@ -8,9 +8,16 @@ keeps exactly the simulator's budget rules. With whole experts of one size, a bu
 bytes in pools of ``cap_p`` bytes never holds more than ``floor(B / expert_bytes)`` experts, so
 one slab of that many slots (plus the transfer buffer's) always has a free slot when the
 accounting grants room.
+
+On a GPU the compute stream runs behind the host: when a slot is freed, kernels that read it
+may still be queued. :meth:`ExpertStore.free` therefore records an event on the compute stream,
+and the next copy into that slot waits for it on the copy stream (:meth:`ExpertStore.fence`),
+so a copy never overwrites weights that a queued kernel has yet to read.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -35,6 +42,7 @@ class ExpertStore:
         self.slab = torch.zeros((max(1, slots), n), dtype=self.dtype, device=device)
         self.free_slots: list[int] = list(range(max(1, slots)))[::-1]
         self.slot_of: dict[UnitKey, int] = {}
+        self.freed_at: dict[int, Any] = {}   # slot -> CUDA event recorded when it was last freed
 
     @property
     def expert_bytes(self) -> int:
@@ -52,10 +60,22 @@ class ExpertStore:
         return self.slab[s]
 
     def free(self, key: UnitKey) -> None:
-        """Give ``key``'s slot back (its copy must have landed or been withdrawn)."""
+        """Give ``key``'s slot back (its copy must have landed or been withdrawn). On a GPU, an
+        event on the compute stream marks the end of the kernels queued so far, the last that
+        may read the slot."""
         s = self.slot_of.pop(key, None)
         if s is not None:
             self.free_slots.append(s)
+            if self.device.type == "cuda":
+                ev = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(self.device))
+                self.freed_at[s] = ev
+
+    def fence(self, key: UnitKey) -> Any:
+        """What a copy into ``key``'s slot must wait for: the CUDA event recorded when the slot
+        was last freed (None on CPU, where kernels finish before the host goes on, or for a
+        slot never used before). Taken once: the copy that waits on it consumes it."""
+        return self.freed_at.pop(self.slot_of[key], None)
 
     def weights(self, key: UnitKey) -> torch.Tensor:
         """The device weights of a resident unit."""

@@ -1,0 +1,97 @@
+"""The host CPU (:class:`CpuSpec`) and its catalog (``hosts.yaml``): the processor and memory
+that compute experts a plan runs on the CPU (Fiddler, llama.cpp ``--cpu-moe``) and stage
+pageable copies.
+
+An expert on the CPU is a roofline over the threads that compute it: its weights are read once
+from host memory at ``min(mem_gbps, t x thread_gbps)`` (all cores share the memory channels;
+one thread draws only so much), its ``2 x params x tokens`` FLOPs run at ``t / cores`` of the
+all-core ``tflops``, plus a fixed ``call_us``. ``t`` is the threads given to experts
+(``threads``, default every core) times the share of their time the host's other work leaves
+(``1 - busy_fraction``). At decode (a few tokens per expert) the memory term dominates: an
+expert's time is its bytes over the bandwidth those threads reach.
+
+A hardware entry names its host as ``cpu: NAME`` (an entry of ``hosts.yaml``),
+``cpu: {base: NAME, threads: 8}`` or a full mapping; without one it gets the generic default
+below (16 cores, 80 GB/s).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from moesim.sim.config.catalog.files import raw_entries, unknown
+
+
+class CpuSpec(BaseModel):
+    """The host CPU and its memory, for experts run on the CPU (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str = Field("default", description="host name (an entry of the hosts catalog, or your own)")
+    cores: PositiveInt = Field(16, description="physical cores of the host")
+    mem_gbps: PositiveFloat = Field(80.0, description="host memory read bandwidth all cores reach together, GB/s (a streaming read, not the channels' theoretical peak)")
+    thread_gbps: PositiveFloat | None = Field(
+        None, description="host memory read bandwidth one thread reaches, GB/s (default mem_gbps / cores: "
+        "bandwidth grows with threads up to every core)")
+    tflops: PositiveFloat = Field(1.5, description="dense throughput of all cores together on expert weights, TFLOP/s")
+    threads: PositiveInt | None = Field(None, description="threads that compute experts (default: every core)")
+    busy_fraction: float = Field(0.0, ge=0, lt=1, description="share of those threads' time taken by the host's "
+                                 "other work (tokenizer, server, other processes): experts get the rest")
+    call_us: float = Field(20.0, ge=0, description="fixed cost of one expert call on the CPU")
+    expert_us: float | None = Field(None, ge=0, description="measured time of one expert for one token at "
+                                    "`threads` threads (overrides the roofline; divided by 1 - busy_fraction)")
+    expert_us_per_token: float = Field(0.0, ge=0, description="with expert_us: extra time per additional token")
+    source: str = Field("", description="where the entry's numbers come from")
+    sources: dict[str, str] = Field(default_factory=dict, description="per-field provenance: field name -> source")
+
+    @model_validator(mode="after")
+    def _check(self) -> CpuSpec:
+        if self.threads is not None and self.threads > self.cores:
+            raise ValueError(f"threads ({self.threads}) exceeds cores ({self.cores})")
+        return self
+
+    @property
+    def expert_threads(self) -> float:
+        """Threads' worth of time experts get: ``threads`` (or every core) x (1 - busy_fraction)."""
+        return (self.threads or self.cores) * (1.0 - self.busy_fraction)
+
+    @property
+    def read_gbps(self) -> float:
+        """Host memory bandwidth the expert threads reach: ``min(mem_gbps, t x thread_gbps)``."""
+        per = self.thread_gbps if self.thread_gbps is not None else self.mem_gbps / self.cores
+        return min(self.mem_gbps, self.expert_threads * per)
+
+    @property
+    def compute_tflops(self) -> float:
+        """Dense throughput the expert threads reach: their share of the all-core ``tflops``."""
+        return self.tflops * self.expert_threads / self.cores
+
+
+def host_names() -> list[str]:
+    """Names of the host CPU catalog."""
+    return sorted(raw_entries("hosts"))
+
+
+def cpu_fields(ref: Any) -> Any:
+    """The mapping a hardware spec's ``cpu:`` stands for: a host catalog name becomes its
+    entry, ``{base: NAME, ...}`` the entry with those fields changed; anything else is returned
+    as given (the spec's validation judges it)."""
+    hosts = raw_entries("hosts")
+    if isinstance(ref, str):
+        if ref not in hosts:
+            raise unknown("host", ref, list(hosts))
+        return {"name": ref, **hosts[ref]}
+    if isinstance(ref, dict) and "base" in ref:
+        data = dict(ref)
+        base = data.pop("base")
+        if not isinstance(base, str) or base not in hosts:
+            raise unknown("host", str(base), list(hosts))
+        merged = {"name": base, **hosts[base]}
+        if isinstance(data.get("sources"), dict):
+            data["sources"] = {**merged.get("sources", {}), **data["sources"]}
+        merged.update(data)
+        return merged
+    return ref
+

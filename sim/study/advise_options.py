@@ -1,0 +1,220 @@
+"""The settings ``simctl advise`` tries: for each offloading system, the knobs its user sets,
+with the GPU and host memory each setting takes, keeping only those that fit.
+
+Systems and their knobs (the policy that stands for each, and its runtime overhead profile):
+
+* ``expert cache (lru)``, ``mixtral-offloading``: the expert cache size in experts per MoE
+  layer (``offload_per_layer = E - k`` in Mixtral-offloading; ``--moe-expert-cache-size`` in
+  vLLM's proposal). The GPU holds ``k`` experts per layer; the host holds the others (Mixtral-
+  offloading swaps an expert between its GPU and host buffers, so each expert lives in one of
+  them). ``k = E`` is the whole model on the GPU. Runtime ``hf-eager``.
+* ``llama.cpp``: ``--n-cpu-moe N`` (the first ``N`` MoE layers' experts stay in host memory and
+  run on the CPU) and the hot-cache slots per CPU layer of PR #27861 (``--moe-expert-cache``).
+  The GPU holds ``(L - N) E + N h`` experts, the host ``N E``. ``N`` counts MoE layers;
+  llama.cpp's flag counts blocks, so a model with leading dense blocks needs ``N`` plus those. Runtime ``llama-cpp-like``.
+* ``fiddler``: the GPU holds as many experts as fit, most popular first, plus one staging slot
+  for a copied expert; a missed expert is computed on the CPU or copied. Its user sets nothing
+  but the memory; smaller placements are listed too, for the VRAM-speed front. Runtime
+  ``hf-eager``.
+* ``accelerate``: ``device_map`` with ``max_memory`` deciding how many leading decoder layers
+  stay resident; the rest stream from pageable host memory each pass, through room for one
+  layer. The host holds the streamed layers' experts and their share of the other weights.
+  Runtime ``hf-eager``.
+
+Memory: VRAM used = the model's non-expert weights (all of them on the GPU, as the simulator
+counts them) + the experts on the GPU + ``reserve_gib`` (CUDA context, KV cache, activations;
+an assumption the user may change). Host used = what the system keeps there +
+``host_reserve_gib`` (the operating system and the framework). An option fits when both are
+within the given memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1024**3
+RUNTIMES = {"lru": "hf-eager", "mixtral-offloading": "hf-eager", "cpu-moe": "llama-cpp-like",
+            "fiddler": "hf-eager", "accelerate": "hf-eager"}
+SYSTEMS = {"lru": "expert cache (lru)", "mixtral-offloading": "mixtral-offloading", "cpu-moe": "llama.cpp",
+           "fiddler": "fiddler", "accelerate": "accelerate"}
+MAX_STEPS = 8     # values tried per knob (all of them when there are few)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory accounting needs of a model (at the weight width being tried)."""
+
+    name: str
+    num_layers: int
+    num_experts: int
+    expert_bytes: int
+    non_expert_bytes: int
+    bits: float
+
+    @property
+    def routed_bytes(self) -> int:
+        """Bytes of every routed expert."""
+        return self.num_layers * self.num_experts * self.expert_bytes
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The user's memory: GPU and host, in GiB, and what is kept back on each."""
+
+    vram_gib: float
+    host_gib: float
+    reserve_gib: float = 1.5
+    host_reserve_gib: float = 4.0
+
+    @property
+    def expert_room(self) -> float:
+        """Bytes of VRAM left for experts once the reserve is kept back (before non-expert weights)."""
+        return (self.vram_gib - self.reserve_gib) * GIB
+
+    @property
+    def host_room(self) -> float:
+        """Bytes of host memory a system may fill."""
+        return (self.host_gib - self.host_reserve_gib) * GIB
+
+
+@dataclass
+class Option:
+    """One setting of one system: its policy, expert budget (whole experts on the GPU), and the
+    memory it takes."""
+
+    system: str
+    policy: str
+    params: dict[str, Any]
+    setting: str
+    gpu_experts: int
+    shape: Shape
+    host_bytes: float
+    runtime: str
+    memory: Memory
+    model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def vram_gib(self) -> float:
+        """GPU memory the option takes, reserve included."""
+        return (self.shape.non_expert_bytes + self.gpu_experts * self.shape.expert_bytes) / GIB + self.memory.reserve_gib
+
+    @property
+    def host_gib(self) -> float:
+        """Host memory the option takes, reserve included."""
+        return self.host_bytes / GIB + self.memory.host_reserve_gib
+
+    @property
+    def experts_per_layer(self) -> float:
+        """The expert budget as ``cache.experts_per_layer`` (the runner rounds ``x L`` to whole experts)."""
+        return self.gpu_experts / self.shape.num_layers
+
+    def fits(self) -> bool:
+        """Both memories hold it."""
+        return (self.vram_gib <= self.memory.vram_gib + 1e-9 and self.host_gib <= self.memory.host_gib + 1e-9
+                and self.gpu_experts >= 1)
+
+
+def steps(lo: int, hi: int, n: int = MAX_STEPS) -> list[int]:
+    """Up to ``n`` integers from ``lo`` to ``hi`` (both included), spread evenly; all of them
+    when there are no more than ``n``."""
+    if hi < lo:
+        return []
+    if hi - lo + 1 <= n:
+        return list(range(lo, hi + 1))
+    return sorted({lo + round(i * (hi - lo) / (n - 1)) for i in range(n)})
+
+
+def _max_gpu_experts(shape: Shape, mem: Memory) -> int:
+    return int((mem.expert_room - shape.non_expert_bytes) // shape.expert_bytes)
+
+
+def cache_options(shape: Shape, mem: Memory, policy: str) -> list[Option]:
+    """Expert-cache sizes ``k`` per layer, 1 to ``E``."""
+    L, E, eb = shape.num_layers, shape.num_experts, shape.expert_bytes
+    top = min(E, _max_gpu_experts(shape, mem) // L)
+    out = []
+    for k in steps(1, top):
+        setting = "whole model on GPU" if k == E else f"cache {k}/{E} per layer"
+        if policy == "mixtral-offloading" and k < E:
+            setting += f" (offload_per_layer={E - k})"
+        out.append(Option(SYSTEMS[policy], policy, {}, setting, k * L, shape, (E - k) * L * eb,
+                          RUNTIMES[policy], mem))
+    return out
+
+
+def llamacpp_options(shape: Shape, mem: Memory) -> list[Option]:
+    """``--n-cpu-moe N`` from the fewest layers that fit up to all of them, each without and
+    with a few hot-cache sizes."""
+    L, E, eb = shape.num_layers, shape.num_experts, shape.expert_bytes
+    room = _max_gpu_experts(shape, mem)
+    out = []
+    least = next((n for n in range(L + 1) if (L - n) * E <= room), None)
+    if least is None:
+        return []
+    slot_choices = [0] + [h for h in sorted({max(1, E // 8), max(1, E // 4), max(1, E // 2)}) if h < E]
+    for n in steps(least, L):
+        for h in slot_choices if n > 0 else [0]:
+            gpu = max(1, (L - n) * E + n * h)   # --cpu-moe alone: the simulator's least budget, one expert
+            if gpu > room:
+                continue
+            params: dict[str, Any] = {"n_cpu_moe": n, "hot_cache_slots": h}
+            setting = f"-ncmoe {n}" + (f", hot cache {h}/layer" if h else "")
+            out.append(Option(SYSTEMS["cpu-moe"], "cpu-moe", params, setting, gpu, shape, n * E * eb,
+                              RUNTIMES["cpu-moe"], mem))
+    return out
+
+
+def fiddler_options(shape: Shape, mem: Memory) -> list[Option]:
+    """The most popular experts that fit (the largest placement) and a few smaller ones."""
+    L, E = shape.num_layers, shape.num_experts
+    room = min(_max_gpu_experts(shape, mem), L * E + 1)
+    out = []
+    for budget in steps(2, room):
+        placed = budget - 1   # one staging slot for a copied expert
+        setting = f"{placed} popular experts on GPU" + (" (all that fit)" if budget == room else "")
+        out.append(Option(SYSTEMS["fiddler"], "fiddler", {"staging_experts": 1}, setting, budget, shape,
+                          (L * E - placed) * shape.expert_bytes, RUNTIMES["fiddler"], mem))
+    return out
+
+
+def accelerate_options(shape: Shape, mem: Memory) -> list[Option]:
+    """Resident decoder layers ``r`` (``max_memory`` decides it), each with room to stream one more."""
+    L, E, eb = shape.num_layers, shape.num_experts, shape.expert_bytes
+    room = _max_gpu_experts(shape, mem)
+    out = []
+    top = min(L - 1, room // E - 1)
+    for r in steps(0, top):
+        host = (L - r) * (E * eb + shape.non_expert_bytes / L)
+        out.append(Option(SYSTEMS["accelerate"], "accelerate", {"resident_layers": r},
+                          f"{r}/{L} layers resident", (r + 1) * E, shape, host,
+                          RUNTIMES["accelerate"], mem))
+    return out
+
+
+def all_options(shape: Shape, mem: Memory, systems: list[str] | None = None) -> list[Option]:
+    """Every option of the chosen systems (default: all) that fits the memory."""
+    chosen = systems or list(SYSTEMS)
+    out: list[Option] = []
+    for policy in chosen:
+        if policy in ("lru", "mixtral-offloading"):
+            out += cache_options(shape, mem, policy)
+        elif policy == "cpu-moe":
+            out += llamacpp_options(shape, mem)
+        elif policy == "fiddler":
+            out += fiddler_options(shape, mem)
+        elif policy == "accelerate":
+            out += accelerate_options(shape, mem)
+    return [o for o in out if o.fits()]
+
+
+def least_needed(shape: Shape, mem: Memory) -> str:
+    """Why nothing fits, in a few words: the smallest VRAM and host memory any system needs."""
+    vram = (shape.non_expert_bytes + 2 * shape.expert_bytes) / GIB + mem.reserve_gib
+    # the least host memory: everything but what the GPU can hold
+    gpu = max(0, min(shape.routed_bytes, _max_gpu_experts(shape, mem) * shape.expert_bytes))
+    host = (shape.routed_bytes - gpu) / GIB + mem.host_reserve_gib
+    return (f"{shape.name} at {shape.bits:g} bits needs at least {vram:.1f} GiB of VRAM (non-expert weights "
+            f"{shape.non_expert_bytes / GIB:.1f} GiB + 2 experts + {mem.reserve_gib:g} GiB reserve) and "
+            f"{host:.1f} GiB of host memory ({shape.routed_bytes / GIB:.1f} GiB of experts, less the "
+            f"{gpu / GIB:.1f} GiB the GPU can hold, + {mem.host_reserve_gib:g} GiB reserve)")

@@ -66,13 +66,13 @@ def main() -> None:
     if prof:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    m = compute_metrics(engine)
-    steps = len(engine.steps)
+    m = compute_metrics(engine.state)
+    steps = len(engine.state.steps)
     print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens x {model.num_layers} layers), "
           f"generated and validated in {t_gen:.2f} s")
     print(f"policy {args.policy} on {hw.name}, {args.experts_per_layer:g} experts/layer: "
           f"hit {m['hit_rate']:.3f}, late {m['late_rate']:.3f}, TPOT {m['tpot_ms']['mean']:.1f} ms")
-    print(f"path: {engine.path}" + (f" ({engine.path_reason})" if engine.path_reason else ""))
+    print(f"path: {engine.state.path}" + (f" ({engine.state.path_reason})" if engine.state.path_reason else ""))
     print(f"layer-steps: {steps}  wall: {wall:.3f} s  ->  {steps / wall:,.0f} layer-steps/s")
     print(f"engine CPU time: {cpu:.3f} s  ->  {steps / cpu:,.0f} layer-steps per CPU second")
     print(f"simulated {m['sim_time_s']:.2f} s in {wall:.3f} s wall: {m['sim_time_s'] / wall:,.1f}x real time")

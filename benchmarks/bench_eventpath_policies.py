@@ -51,7 +51,7 @@ def main() -> None:
             engine.run()
             best_wall = min(best_wall, time.perf_counter() - t0)
             best_cpu = min(best_cpu, time.process_time() - c0)
-            steps = len(engine.steps)
+            steps = len(engine.state.steps)
         print(f"{name:20s} {steps / best_cpu:>9,.0f} layer-steps per CPU s  "
               f"{steps / best_wall:>9,.0f} per wall s  ({best_cpu * 1e6 / steps:.1f} us per step)")
 

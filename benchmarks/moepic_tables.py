@@ -107,10 +107,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     prep = prepare_run(loaded, trace=_trace(json.dumps(tspec, sort_keys=True)), steps=False)
     m = prep.run().metrics
     eng = prep.engine
-    iters = eng.workload.iterations
-    ends = np.asarray(eng.stats.iteration_end)
+    iters = eng.state.workload.iterations
+    ends = np.asarray(eng.state.stats.iteration_end)
     dur = np.diff(np.concatenate([[0.0], ends]))
-    steady = set(eng.workload.requests[-job.get("steady_requests", 5):])
+    steady = set(eng.state.workload.requests[-job.get("steady_requests", 5):])
     dec = [d for it, d in zip(iters, dur, strict=True) if it.phase_name == "decode" and int(it.request_ids[0]) in steady]
     pre = [d for it, d in zip(iters, dur, strict=True) if it.phase_name == "prefill" and int(it.request_ids[0]) in steady]
     out = {k: job[k] for k in ("label", "setup", "policy", "budget")}
@@ -122,7 +122,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "h2d_mb_per_token": m["h2d_gb_per_token"] * 1e3, "wasted_prefetch_gb": m["wasted_prefetch_gb"],
         "wall_s": time.time() - t0,
     })
-    applied = getattr(eng.policy, "applied", None)
+    applied = getattr(eng.state.policy, "applied", None)
     if applied:
         a = applied[-1]
         out["config"] = {"theta_mean": float(a.theta.mean()), "theta_min": float(a.theta.min()),

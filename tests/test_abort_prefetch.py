@@ -66,7 +66,7 @@ def test_moepic_aborts_a_wrong_guess_in_flight_when_the_layer_is_routed() -> Non
     #     compute 3250-3300.
     assert step_us(eng) == [1650, 1650]
     assert [(s.hits, s.late, s.misses) for s in steps(eng)] == [(0, 0, 1), (0, 0, 1)]
-    pcie = [(label, round(t * 1e6, 6), round(d * 1e6, 6), info) for lane, label, t, d, info in eng.timeline
+    pcie = [(label, round(t * 1e6, 6), round(d * 1e6, 6), info) for lane, label, t, d, info in eng.state.timeline
             if lane.startswith("PCIe")]
     assert pcie == [("L0 E0", 600, 1000, {"demand": True, "bytes": MB}),
                     ("L1 E2", 1600, 650, {"demand": False, "bytes": 1_950_000, "aborted": True}),
@@ -74,8 +74,8 @@ def test_moepic_aborts_a_wrong_guess_in_flight_when_the_layer_is_routed() -> Non
     # the reservation is released at the abort: the buffer is free again when on_cancel runs
     assert pol.cancels == [(2250, (1, 2, 0), ABSENT, MB)]
     assert (1, 2, 0) not in pol.landed               # its timeout, still scheduled, lands nothing
-    assert sorted(eng.vram.units) == [(0, 0, 0), (1, 1, 0)] and eng.vram.buffer_used == 0
-    assert eng.transfers.lanes.inflight_count == 0
+    assert sorted(eng.state.vram.units) == [(0, 0, 0), (1, 1, 0)] and eng.state.vram.buffer_used == 0
+    assert eng.state.transfers.lanes.inflight_count == 0
     assert m["aborted_prefetches"] == 1 and m["aborted_prefetch_gb"] * 1e9 == pytest.approx(1_950_000)
     assert m["prefetch_gb"] * 1e9 == pytest.approx(1_950_000)   # the bytes moved, not the 3 MB issued
     assert m["wasted_prefetch_gb"] * 1e9 == pytest.approx(1_950_000)
@@ -136,13 +136,13 @@ def test_a_queued_prefetch_is_withdrawn_and_one_in_flight_stops() -> None:
     assert pol.answers == [((1, 0, 0), QUEUED, True), ((1, 2, 0), INFLIGHT, True)]
     assert step_us(eng) == [2150, 2150]
     pcie = [(label, round(t * 1e6, 6), round(d * 1e6, 6), info["bytes"]) for lane, label, t, d, info
-            in eng.timeline if lane.startswith("PCIe")]
+            in eng.state.timeline if lane.startswith("PCIe")]
     assert pcie == [("L0 E0", 100, 1000, MB), ("L0 E1", 1100, 1000, MB), ("L1 E2", 2100, 150, 450_000),
                     ("L1 E1", 2250, 1000, MB), ("L1 E3", 3250, 1000, MB)]
     assert m["aborted_prefetches"] == 1                          # the one in flight
     assert m["prefetch_gb"] * 1e9 == pytest.approx(450_000)      # the queued one moved nothing
     assert m["fetch_precision"] == 0.0                           # one prefetch started, never used
-    assert sorted(eng.vram.units) == [(0, 0, 0), (0, 1, 0), (1, 1, 0), (1, 3, 0)]
+    assert sorted(eng.state.vram.units) == [(0, 0, 0), (0, 1, 0), (1, 1, 0), (1, 3, 0)]
 
 
 def test_abort_refuses_what_is_not_a_prefetch_on_its_way() -> None:
@@ -181,4 +181,4 @@ def test_no_fast_replay_takes_a_run_that_can_abort() -> None:
         wl = build_workload(tr, batch_size=1, phases=("decode",))
         eng = Engine(wl, pol, CostModel(tiny_model(2, 4, 1), tiny_hw()), budget_bytes=4 * MB)
         eng.run()
-        assert eng.path == "event" and fast_path_refusal(eng) is not None
+        assert eng.state.path == "event" and fast_path_refusal(eng.state) is not None

@@ -44,9 +44,9 @@ def test_cpu_layers_run_on_the_cpu_gpu_layers_stay_resident() -> None:
     # per token: layer 0 and 1: 100 us + a 300 us CPU expert; layer 2: 100 us + a 50 us GPU hit
     assert [round(s.t_end / US) for s in steps(eng)] == [400, 800, 950, 1350, 1750, 1900]
     assert m["cpu_expert_runs"] == 4 and m["hits"] == 2 and m["misses"] == 0 and m["h2d_gb"] == 0
-    assert eng.path == "event" and "not demand-only" in eng.path_reason
+    assert eng.state.path == "event" and "not demand-only" in eng.state.path_reason
     # the budget held layer 2 and nothing more: op offload is off, and the run says so
-    assert any("op offload" in w for w in eng.warnings)
+    assert any("op offload" in w for w in eng.state.warnings)
 
 
 def test_a_placement_that_does_not_fit_is_refused() -> None:
@@ -78,7 +78,7 @@ def test_op_offload_copies_the_whole_layer_for_a_32_token_batch() -> None:
     assert m["demand_gb"] * 1e9 == pytest.approx(3e6) and m["prefetch_gb"] * 1e9 == pytest.approx(9e6)
     assert m["cpu_expert_runs"] == 1
     assert pol.report()["op_offload_passes"] == 1
-    assert sorted({k[0] for k in eng.vram.units}) == [1]
+    assert sorted({k[0] for k in eng.state.vram.units}) == [1]
     # op_offload_min_batch: 0 (--no-op-offload) runs the prompt's layer 0 on the CPU instead
     eng2, m2 = run_engine(tr, make_policy("cpu-moe", {"n_cpu_moe": 1, "op_offload_min_batch": 0}),
                           tiny_model(2, 4, 1), _hw(), budget_experts=8, phases=("prefill", "decode"))
@@ -97,4 +97,4 @@ def test_hot_cache_uploads_a_cpu_expert_and_hits_it_later() -> None:
     assert [s.hits for s in steps(eng)] == [0, 0, 0, 1, 0, 0]
     assert m["cpu_expert_runs"] == 5
     assert pol.report()["hot_uploads"] == 2
-    assert list(eng.vram.units) == [(0, 1, 0)]
+    assert list(eng.state.vram.units) == [(0, 1, 0)]

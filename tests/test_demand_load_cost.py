@@ -29,7 +29,7 @@ def _run(trace: Any, policy: str, *, demand_us: float, budget: int, fast: bool, 
     eng = Engine(wl, make_policy(policy), CostModel(model, hw or tiny_hw(), rt),
                  budget_bytes=budget * model.expert_bytes, check_invariants=check, fast_replay=FAST_PATH if fast else None)
     eng.run()
-    return eng, compute_metrics(eng)
+    return eng, compute_metrics(eng.state)
 
 
 HAND = [[[0, 1]], [[2, 3]], [[0, 2]], [[1, 3]]]
@@ -42,8 +42,8 @@ def test_exact_timeline_with_demand_cost(fast: bool, check: bool) -> None:
     expert 2 and misses 0: 100 + 30 + 1000 + 50 = 1180 us (the hit computes while 0 loads)."""
     trace = make_trace(HAND, num_experts=4)
     eng, m = _run(trace, "lru", demand_us=30.0, budget=2, fast=fast, check=check)
-    assert eng.path.startswith("fast") == fast
-    ends = np.asarray(eng.steps.columns()["t_end"]) * 1e6
+    assert eng.state.path.startswith("fast") == fast
+    ends = np.asarray(eng.state.steps.columns()["t_end"]) * 1e6
     assert np.allclose(np.diff(np.concatenate([[0.0], ends])), [2210, 2210, 1180, 2210])
     # stall: everything but the layer (100) and the two experts (2 x 50), the demand cost included
     assert m["stall_ms"] == pytest.approx((2210 - 200) * 3 / 1e3 + (1180 - 200) / 1e3)
@@ -77,10 +77,10 @@ def test_fast_paths_charge_it_as_the_event_loop(policy: str, layers: int, expert
     ms.pop("engine_path_reason")   # why the event loop ran, where it did
     for check in (True, False):
         fast, mf = _run(trace, policy, demand_us=demand_us, budget=budget, fast=True, check=check, hw=hw)
-        assert fast.path.startswith("fast"), fast.path_reason
+        assert fast.state.path.startswith("fast"), fast.state.path_reason
         mf.pop("engine_path")
         mf.pop("engine_path_reason")   # why the event loop ran, where it did
         assert mf == ms
-        cf, cs = fast.steps.columns(), slow.steps.columns()
+        cf, cs = fast.state.steps.columns(), slow.state.steps.columns()
         for name in cs:
             np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)

@@ -55,4 +55,4 @@ def test_only_oracles_get_the_future() -> None:
 
     for name in policy_names():
         eng, _ = run_engine(random_trace(1), make_policy(name), tiny_model(3, 8, 2), tiny_hw(), budget_experts=6)
-        assert (eng.ctx.future is not None) == policy_class(name).oracle
+        assert (eng.state.ctx.future is not None) == policy_class(name).oracle

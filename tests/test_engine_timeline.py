@@ -113,7 +113,7 @@ def test_batched_tokens_share_one_expert_run() -> None:
     # expert 0 runs for two tokens (60 us) at 1100, expert 1 at 2100, expert 2 at 3100
     assert step_us(eng) == [3100 + 50]
     assert m["accesses"] == 3 and m["output_tokens"] == 2
-    assert [round(x * 1e6) for x in eng.stats.token_end[0]] == [3150]
+    assert [round(x * 1e6) for x in eng.state.stats.token_end[0]] == [3150]
 
 
 def test_tight_budget_streams_experts_through_one_slot() -> None:
@@ -198,7 +198,7 @@ def test_swap_out_puts_the_copy_back_on_the_critical_path_of_a_demand_miss() -> 
     # it1: attention 100, evict expert 0 -> D2H 2000, then H2D 1000, compute 50
     assert step_us(eng) == [1150, 100 + 2000 + 1000 + 50]
     assert m["d2h_gb"] == pytest.approx(MB / 1e9) and m["d2h_busy_ms"] == pytest.approx(2.0)
-    d2h = [(round(s * 1e6, 6), round(d * 1e6, 6)) for track, _, s, d, _ in eng.timeline if track == "PCIe D2H"]
+    d2h = [(round(s * 1e6, 6), round(d * 1e6, 6)) for track, _, s, d, _ in eng.state.timeline if track == "PCIe D2H"]
     assert d2h == [(1250, 2000)]
     # without swap_out the same run only drops the copy
     eng, m = run_engine(tr, LRU(), model, hw, budget_experts=1)

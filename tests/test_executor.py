@@ -158,8 +158,8 @@ def test_demand_load_waits_for_room_held_by_started_prefetches() -> None:
                                                     "prompt_len": 16, "decode_len": 32, "seed": 0})))
     ex = Executor(build_workload(tr, phases=["prefill", "decode"]), make_policy("mixtral-offloading", {}), om,
                   CostModel(om.spec, tiny_hw()), budget_bytes=8 * om.spec.expert_bytes)
-    ex.copier.close()
-    ex.copier = _StreamLikeCopier()
+    ex.res.copier.close()
+    ex.res.copier = _StreamLikeCopier()
     ex.run(warmup=1)
     met = ex.metrics()
     assert met["output_tokens"] == 2 * 33 and met["misses"] > 0 and met["prefetch_gb"] > 0

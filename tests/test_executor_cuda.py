@@ -53,7 +53,8 @@ def _checked_run(policy: str, budget_experts: int, lag_cycles: int) -> tuple[Any
         out = moe(layer, x, logits)
         if ex.mode != "offload":
             return out
-        plan = np.asarray(ex.trace.experts[ex.rows_of(ex.cur_iter, layer)], dtype=np.int64)
+        s = ex.state
+        plan = np.asarray(s.trace.experts[s.rows_of(s.cur_iter, layer)], dtype=np.int64)
         w = combine_weights(logits, plan)
         ref = torch.zeros_like(x)
         exps, rows = access_order(plan, plan >= 0, x.device)

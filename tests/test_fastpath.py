@@ -33,7 +33,7 @@ def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: An
     eng = Engine(wl, make_policy(policy), CostModel(model, hw), budget_bytes=budget * model.expert_bytes,
                  seed=seed, initial=initial, check_invariants=check, fast_replay=FAST_PATH if fast else None)
     eng.run()
-    return eng, compute_metrics(eng)
+    return eng, compute_metrics(eng.state)
 
 
 def test_shipped_demand_caches_declare_it() -> None:
@@ -69,20 +69,20 @@ def test_fast_path_equals_event_loop(policy: str, layers: int, experts: int, top
     hw = tiny_hw(copy_engines=lanes, evict_us=evict_us, latency_us=latency_us, layer_us=layer_us,
                  expert_us=expert_us)
     slow, ms = _run(trace, policy, fast=False, budget=budget, batch=batch, hw=hw, initial=initial, seed=seed)
-    assert slow.path == "event" and ms.pop("engine_path") == "event"
+    assert slow.state.path == "event" and ms.pop("engine_path") == "event"
     ms.pop("engine_path_reason")   # why the event loop ran, where it did
-    cs = slow.steps.columns()
+    cs = slow.state.steps.columns()
     # the generic fast replay (policy objects; VRAM invariant checked), and without the check
     # the cache kernels for lru, fifo, lfu, random and belady
     for check in (True, False):
         fast, mf = _run(trace, policy, fast=True, budget=budget, batch=batch, hw=hw, initial=initial,
                         seed=seed, check=check)
-        assert fast.path.startswith("fast"), fast.path_reason
-        assert ("kernel" in fast.path) == (not check and policy in ("lru", "fifo", "lfu", "random", "belady"))
-        assert mf.pop("engine_path") == fast.path
+        assert fast.state.path.startswith("fast"), fast.state.path_reason
+        assert ("kernel" in fast.state.path) == (not check and policy in ("lru", "fifo", "lfu", "random", "belady"))
+        assert mf.pop("engine_path") == fast.state.path
         mf.pop("engine_path_reason")   # why the event loop ran, where it did
         assert mf == ms
-        cf = fast.steps.columns()
+        cf = fast.state.steps.columns()
         for name in cf:
             np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
 
@@ -101,15 +101,15 @@ def test_path_is_chosen_and_reported() -> None:
     """Automatic choice: fast for lru with room for a layer's experts; the event loop with a
     timeline, for a prefetching policy, or when a batch's experts could outgrow a pool."""
     eng = _tiny_run(make_policy("lru"), budget=2)
-    assert eng.path == "fast (lru kernel)" and compute_metrics(eng)["engine_path"] == eng.path
+    assert eng.state.path == "fast (lru kernel)" and compute_metrics(eng.state)["engine_path"] == eng.state.path
     # exact timeline of the hand case (one lane, 1000 us per load, 100 us layer, 50 us expert):
     # tokens 0, 1 and 3 miss both experts: 100 + 1000 + 1000 (second load) + 50 = 2150 us;
     # token 2 hits expert 2 (computes while 0 loads): 100 + 1000 + 50 = 1150 us
-    assert compute_metrics(eng)["sim_time_s"] == pytest.approx((3 * 2150 + 1150) * 1e-6)
-    assert _tiny_run(make_policy("lru"), budget=2, timeline=True).path == "event"
-    assert _tiny_run(make_policy("static"), budget=3).path == "event"
+    assert compute_metrics(eng.state)["sim_time_s"] == pytest.approx((3 * 2150 + 1150) * 1e-6)
+    assert _tiny_run(make_policy("lru"), budget=2, timeline=True).state.path == "event"
+    assert _tiny_run(make_policy("static"), budget=3).state.path == "event"
     wide = _tiny_run(make_policy("lru"), budget=3, batch=2)
-    assert wide.path == "event" and "a pool holds 3" in wide.path_reason
+    assert wide.state.path == "event" and "a pool holds 3" in wide.state.path_reason
 
 
 class _Liar(LRUCache):
@@ -154,16 +154,16 @@ def test_static_started_warm_takes_the_fast_path(layers: int, experts: int, top_
         return
     ms.pop("engine_path")
     ms.pop("engine_path_reason")   # why the event loop ran, where it did
-    cs = slow.steps.columns()
+    cs = slow.state.steps.columns()
     for check in (True, False):
         fast, mf = _run(trace, "static", fast=True, budget=budget, batch=batch, hw=hw, initial=initial,
                         seed=seed, check=check)
-        if initial == "empty" and fast.policy.cache.static:   # type: ignore[attr-defined]
-            assert fast.path == "event" and "static set" in fast.path_reason
-        assert fast.path == "event" or fast.path == ("fast" if check else "fast (static kernel)")
-        assert mf.pop("engine_path") == fast.path
+        if initial == "empty" and fast.state.policy.cache.static:   # type: ignore[attr-defined]
+            assert fast.state.path == "event" and "static set" in fast.state.path_reason
+        assert fast.state.path == "event" or fast.state.path == ("fast" if check else "fast (static kernel)")
+        assert mf.pop("engine_path") == fast.state.path
         mf.pop("engine_path_reason")   # why the event loop ran, where it did
         assert mf == ms
-        cf = fast.steps.columns()
+        cf = fast.state.steps.columns()
         for name in cf:
             np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)

@@ -37,20 +37,20 @@ def _run(trace: Any, *, fast: bool, budget: int, batch: int = 1, hw: Any = None,
     eng = Engine(wl, make_policy(policy, params), CostModel(model, hw or tiny_hw(), runtime),
                  budget_bytes=budget * model.expert_bytes, seed=seed, initial=initial, fast_replay=FAST_PATH if fast else None, **kw)
     eng.run()
-    return eng, compute_metrics(eng)
+    return eng, compute_metrics(eng.state)
 
 
 def _assert_same(trace: Any, **kw: Any) -> Engine:
     slow, ms = _run(trace, fast=False, **kw)
-    assert slow.path == "event" and ms.pop("engine_path") == "event"
+    assert slow.state.path == "event" and ms.pop("engine_path") == "event"
     ms.pop("engine_path_reason")   # why the event loop ran, where it did
     fast, mf = _run(trace, fast=True, **kw)
     want = ORACLE if kw.get("policy") == "oracle-prefetch" else KERNEL
-    assert fast.path == want, fast.path_reason
+    assert fast.state.path == want, fast.state.path_reason
     assert mf.pop("engine_path") == want
     mf.pop("engine_path_reason")   # why the event loop ran, where it did
     assert mf == ms
-    cs, cf = slow.steps.columns(), fast.steps.columns()
+    cs, cf = slow.state.steps.columns(), fast.state.steps.columns()
     for name in cs:
         np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
     return fast
@@ -132,7 +132,7 @@ def test_hand_timeline() -> None:
     Token 2: layer 0 hits (4400..4450); the guess 1 evicts 2 and loads 4400..5400; layer 1 is
     late on it and ends at 5450."""
     eng = _assert_same(_hand_trace(), budget=2)
-    c = eng.steps.columns()
+    c = eng.state.steps.columns()
     us = [round(x * 1e6, 6) for x in c["t_end"]]
     assert us == [1150.0, 2150.0, 2300.0, 4300.0, 4450.0, 5450.0]
     assert c["late"].tolist() == [0, 1, 0, 0, 0, 1]
@@ -140,8 +140,8 @@ def test_hand_timeline() -> None:
     assert c["prefetch_bytes"].tolist() == [3_000_000, 0, 3_000_000, 0, 3_000_000, 0]
     assert c["evictions"].tolist() == [0, 0, 1, 1, 1, 0]
     assert [round(x * 1e6, 6) for x in c["stall_s"]] == [1000.0, 850.0, 0.0, 1850.0, 0.0, 850.0]
-    m = compute_metrics(eng)
-    st = eng.stats
+    m = compute_metrics(eng.state)
+    st = eng.state.stats
     assert (st.prefetch_units, st.prefetch_used, st.fetch_needed, st.fetch_covered) == (3, 2, 4, 2)
     assert st.wasted_prefetch_bytes == 3_000_000   # the wrong guess 3, evicted unused
     assert m["sim_time_s"] == pytest.approx(5450e-6)
@@ -158,5 +158,5 @@ def test_hand_timeline() -> None:
 def test_refusals_are_reported(kw: dict[str, Any], why: str) -> None:
     """Runs the kernel does not reproduce take the event loop and say why."""
     eng, m = _run(_hand_trace(), fast=True, budget=2, **kw)
-    assert eng.path == "event" and why in eng.path_reason
+    assert eng.state.path == "event" and why in eng.state.path_reason
     assert m["engine_path"] == "event"

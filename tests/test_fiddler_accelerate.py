@@ -40,8 +40,8 @@ def test_fiddler_places_popular_experts_and_chooses_cpu_or_copy_per_miss() -> No
     # every decode token hits a popular expert: 150 us each
     assert [round((b.t_end - a.t_end) / US) for a, b in zip(steps(eng), steps(eng)[1:], strict=False)] == [150] * 20
     assert pol.report() == {"gpu_experts": 2, "copied": 1, "on_cpu": 1}
-    assert sorted(eng.vram.units) == [(0, 0, 0), (0, 1, 0)]   # the copy is not kept
-    assert eng.path == "event" and "not demand-only" in eng.path_reason
+    assert sorted(eng.state.vram.units) == [(0, 0, 0), (0, 1, 0)]   # the copy is not kept
+    assert eng.state.path == "event" and "not demand-only" in eng.state.path_reason
 
 
 def test_fiddler_repo_rule_and_decode_misses_on_the_cpu() -> None:
@@ -63,7 +63,7 @@ def test_accelerate_streams_offloaded_layers_from_pageable_memory() -> None:
     tr = make_trace([[[0], [1], [2]], [[3], [1], [0]]], num_experts=4)
     pol = make_policy("accelerate")
     eng, m = run_engine(tr, pol, model, hw, budget_experts=8)
-    assert pol.report() == {"resident_layers": 1} and eng.cost.host_memory == "pageable"
+    assert pol.report() == {"resident_layers": 1} and eng.state.cost.host_memory == "pageable"
     # layer 0: 100 + a 50 us hit. Layers 1 and 2: the non-expert weights (2000 us, the GPU waits),
     # attention (100), then all four experts copy one after another (8000; the routed one first
     # among the queued, computing as soon as it lands) and the layer waits for the last: 10100.
@@ -73,7 +73,7 @@ def test_accelerate_streams_offloaded_layers_from_pageable_memory() -> None:
     assert m["demand_gb"] * 1e9 == pytest.approx(4 * 3e6)    # the routed experts, two per token
     assert m["prefetch_gb"] * 1e9 == pytest.approx(12 * 3e6)  # the other three of each streamed layer
     assert m["wasted_prefetch_gb"] * 1e9 == pytest.approx(12 * 3e6)  # copied, never run, freed
-    assert sorted({k[0] for k in eng.vram.units}) == [0]           # streamed layers are freed
+    assert sorted({k[0] for k in eng.state.vram.units}) == [0]           # streamed layers are freed
 
 
 def test_accelerate_refuses_resident_layers_beyond_the_budget_and_warns_below_a_layer() -> None:
@@ -82,4 +82,4 @@ def test_accelerate_refuses_resident_layers_beyond_the_budget_and_warns_below_a_
         run_engine(tr, make_policy("accelerate", {"resident_layers": 2}), tiny_model(3, 4, 1), tiny_hw(),
                    budget_experts=8)
     eng, _ = run_engine(tr, make_policy("accelerate"), tiny_model(3, 4, 1), tiny_hw(), budget_experts=3)
-    assert any("piecewise" in w for w in eng.warnings)
+    assert any("piecewise" in w for w in eng.state.warnings)

@@ -39,10 +39,10 @@ def test_hand_case_timeline() -> None:
                  budget_bytes=3 * model.expert_bytes, record_timeline=True, check_invariants=True,
                  fast_replay=FAST_PATH)
     eng.run()
-    assert eng.path == "event"
-    prefill_start = eng.steps.columns()["t_start"][-1]
+    assert eng.state.path == "event"
+    prefill_start = eng.state.steps.columns()["t_start"][-1]
     gpu = [(round((t - prefill_start) * 1e6), sorted(info["experts"]))
-           for lane, label, t, dt, info in eng.timeline if lane == "GPU" and "experts" in label
+           for lane, label, t, dt, info in eng.state.timeline if lane == "GPU" and "experts" in label
            and t >= prefill_start]
     assert gpu == [(100, [3]), (600, [4]), (1100, [0, 1]), (2100, [2])]
 

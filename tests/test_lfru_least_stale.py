@@ -38,7 +38,7 @@ def test_lfru_victims_are_vllms() -> None:
     eng, m = run_engine(tr, pol, tiny_model(1, 6, 2), tiny_hw(), budget_experts=3)
     assert pol.evicted == [(0, 3, 0), (0, 5, 0)]
     assert [s.hits for s in steps(eng)] == [0, 1, 1, 1]
-    assert sorted(eng.vram.units) == [(0, 1, 0), (0, 2, 0), (0, 3, 0)]
+    assert sorted(eng.state.vram.units) == [(0, 1, 0), (0, 2, 0), (0, 3, 0)]
     lru = _recording(LRU)
     run_engine(tr, lru, tiny_model(1, 6, 2), tiny_hw(), budget_experts=3)
     assert lru.evicted == [(0, 1, 0), (0, 5, 0)]
@@ -61,7 +61,7 @@ def test_lfru_forgets_frequency_on_eviction_and_keeps_a_frequent_expert() -> Non
 def test_lfru_takes_the_fast_path() -> None:
     tr = make_trace(LFRU_TRACE, num_experts=6)
     eng, _ = run_engine(tr, LFRU(), tiny_model(1, 6, 2), tiny_hw(), budget_experts=3)
-    assert eng.path == "fast", eng.path_reason   # the generic replay (tests/test_fastpath.py checks it)
+    assert eng.state.path == "fast", eng.state.path_reason   # the generic replay (tests/test_fastpath.py checks it)
 
 
 # three layers, top-1, one pool of four experts for all layers. Token 1 loads expert 0 of each
@@ -102,4 +102,4 @@ def test_least_stale_distance_and_ties() -> None:
 def test_least_stale_runs_on_the_event_loop_with_a_reason() -> None:
     eng, _ = run_engine(make_trace(STALE_TRACE, num_experts=4), LeastStale(), tiny_model(3, 4, 1), tiny_hw(),
                         budget_experts=4)
-    assert eng.path == "event" and eng.path_reason == "the policy uses one global pool"
+    assert eng.state.path == "event" and eng.state.path_reason == "the policy uses one global pool"

@@ -161,11 +161,11 @@ def test_top_segments_cache_and_compute_while_bottoms_load() -> None:
         (0, 0, 1), (0, 1, 0), (0, 0, 1), (0, 0, 1), (0, 1, 0)]
     assert m["demand_gb"] * 1e9 == pytest.approx(3 * MB + 2 * HALF)
     assert m["prefetch_gb"] == 0
-    assert sorted(eng.vram.units) == [(0, 0, 0), (0, 2, 0)]            # two top segments cached
-    assert eng.vram.used == [MB] and eng.vram.buffer_used == 0
-    assert eng.stats.vram_peak_bytes == 2 * MB                    # pool full + one staged expert
+    assert sorted(eng.state.vram.units) == [(0, 0, 0), (0, 2, 0)]            # two top segments cached
+    assert eng.state.vram.used == [MB] and eng.state.vram.buffer_used == 0
+    assert eng.state.stats.vram_peak_bytes == 2 * MB                    # pool full + one staged expert
     # compute split of the partial hit of it1: the top at routing time, the bottom on arrival
-    gpu = [(round(t * 1e6), round(d * 1e6)) for lane, _, t, d, _ in eng.timeline
+    gpu = [(round(t * 1e6), round(d * 1e6)) for lane, _, t, d, _ in eng.state.timeline
            if lane == "GPU" and 1125 < t * 1e6 < 1750]
     assert gpu == [(1125, 100), (1225, 25), (1725, 25)]
 
@@ -195,7 +195,7 @@ def test_prefetch_fetches_only_the_bottom_of_a_cached_expert() -> None:
     assert m["demand_gb"] * 1e9 == pytest.approx(MB)
     # prefetched: expert 1 whole, then bottoms only (four used, one for a token that never comes)
     assert m["prefetch_gb"] * 1e9 == pytest.approx(MB + 5 * HALF)
-    assert sorted(k for k in eng.vram.units if k[2] == 0) == [(0, 0, 0), (1, 1, 0)]
+    assert sorted(k for k in eng.state.vram.units if k[2] == 0) == [(0, 0, 0), (1, 1, 0)]
 
 
 def test_prefetch_covers_exactly_the_top_k_predicted_experts() -> None:
@@ -213,15 +213,15 @@ def test_prefetch_covers_exactly_the_top_k_predicted_experts() -> None:
                  budget_bytes=2 * model.expert_bytes, buffer_bytes=8 * model.expert_bytes,
                  check_invariants=True)
     issued: dict[int, set[tuple[int, int, int]]] = {}
-    issue = eng.transfers.issue_prefetch
+    issue = eng.state.transfers.issue_prefetch
 
     def spy(key: tuple[int, int, int], priority: float, into_buffer: bool) -> bool:
         ok = issue(key, priority, into_buffer)
         if ok:
-            issued.setdefault(eng.cur_iter.index, set()).add(key)
+            issued.setdefault(eng.state.cur_iter.index, set()).add(key)
         return ok
 
-    eng.transfers.issue_prefetch = spy   # type: ignore[method-assign]
+    eng.state.transfers.issue_prefetch = spy   # type: ignore[method-assign]
     eng.run()
     # token 0: nothing cached in layer 1: experts 3 and 5 whole (both halves); after layer 1 the
     # tops of 0 and 1 (layer 0) and of 3 and 5 (layer 1) are cached, so the next token's layer 0
@@ -254,16 +254,16 @@ def test_reconfiguration_installs_budgets_splits_and_the_top_c_experts() -> None
     assert len(pol.applied) >= 4
     last = pol.applied[-1]
     total = 9 * model.expert_bytes
-    assert sum(eng.vram.capacity) <= total and last.budgets.sum() == pytest.approx(9.0)
+    assert sum(eng.state.vram.capacity) <= total and last.budgets.sum() == pytest.approx(9.0)
     for layer in range(3):
         theta, c = float(last.theta[layer]), int(last.cache_size[layer])
-        fr = eng.fractions[layer]
+        fr = eng.state.fractions[layer]
         assert fr == pol.part_fractions(layer)
         assert fr[0] == pytest.approx(theta, abs=1e-6)
-        tops = [k for k in eng.vram.units if k[0] == layer and k[2] == 0 and not eng.vram.units[k].in_buffer]
+        tops = [k for k in eng.state.vram.units if k[0] == layer and k[2] == 0 and not eng.state.vram.units[k].in_buffer]
         assert len(tops) <= c
-        assert eng.vram.used[layer] <= eng.vram.capacity[layer]
-    assert eng.stats.vram_peak_bytes <= total + 2 * model.expert_bytes
+        assert eng.state.vram.used[layer] <= eng.state.vram.capacity[layer]
+    assert eng.state.stats.vram_peak_bytes <= total + 2 * model.expert_bytes
     assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"]
 
 
@@ -301,7 +301,7 @@ def test_ablations_run_within_budget_and_deterministically(params: dict[str, obj
     runs = [run_engine(tr, make_policy("moepic", params), model, tiny_hw(layer_us=300), budget_experts=6,
                        buffer_experts=2, phases=("prefill", "decode"), seed=3) for _ in range(2)]
     assert runs[0][1] == runs[1][1]
-    assert runs[0][0].stats.vram_peak_bytes <= 8 * model.expert_bytes
+    assert runs[0][0].state.stats.vram_peak_bytes <= 8 * model.expert_bytes
 
 
 def test_degenerate_cases() -> None:
@@ -310,8 +310,8 @@ def test_degenerate_cases() -> None:
     # prefetch only: nothing stays in the pools; all that is left at the end is the guess for
     # layer 0 of a token that never comes, in the transfer buffer
     eng, m = run_engine(tr, make_policy("moepic-prefetch-only"), model, hw, budget_experts=3, buffer_experts=1)
-    assert sum(eng.vram.used) == 0 and m["prefetch_gb"] > 0
-    assert all(u.in_buffer and k[0] == 0 for k, u in eng.vram.units.items())
+    assert sum(eng.state.vram.used) == 0 and m["prefetch_gb"] > 0
+    assert all(u.in_buffer and k[0] == 0 for k, u in eng.state.vram.units.items())
     # cache only = the LCP demand cache: the victim chosen after the load (on admission) is
     # the one LCP chooses before it (one token's update scales every priority alike)
     cache_only, m1 = run_engine(tr, make_policy("moepic-cache-only"), model, hw, budget_experts=6,
@@ -348,7 +348,7 @@ def test_adapmoe_reallocates_within_the_budget() -> None:
     pol = make_policy("adapmoe", {"realloc_tokens": 8})
     eng, _ = run_engine(tr, pol, model, tiny_hw(), budget_experts=9, buffer_experts=2)
     assert pol.sizes and all(int(s.sum()) <= 9 for s in pol.sizes)   # type: ignore[attr-defined]
-    assert sum(eng.vram.capacity) <= 9 * model.expert_bytes
+    assert sum(eng.state.vram.capacity) <= 9 * model.expert_bytes
 
 
 def test_moe_infinity_prefetches_from_the_matching_activation_matrix() -> None:
@@ -370,4 +370,4 @@ def test_pregated_prefetches_the_next_layer_and_keeps_nothing() -> None:
     # layer 0 has no pre-gate: a demand load every token; layer 1's expert is prefetched when
     # layer 0 routes, behind layer 0's demand load, and arrives late; nothing stays after use
     assert [(s.hits, s.late, s.misses) for s in steps(eng)] == [(0, 0, 1), (0, 1, 0)] * 3
-    assert not eng.vram.units and m["prefetch_gb"] * 1e9 == pytest.approx(3 * MB)
+    assert not eng.state.vram.units and m["prefetch_gb"] * 1e9 == pytest.approx(3 * MB)

@@ -94,11 +94,11 @@ def test_vram_stays_within_budget(name: str, batch: int, budget: int, buffer: in
     eng, m = run_engine(tr, make_policy(name), model, hw, budget_experts=budget, buffer_experts=buffer,
                         batch_size=batch, phases=("prefill", "decode"), swap_out=swap_out,
                         pcie_order=order, sync_prefetch=sync)
-    assert eng.stats.vram_peak_bytes <= (budget + buffer) * model.expert_bytes
+    assert eng.state.stats.vram_peak_bytes <= (budget + buffer) * model.expert_bytes
     assert m["hits"] + m["late"] + m["partial"] + m["misses"] == m["accesses"]
     assert m["accesses"] + m["cpu_expert_runs"] > 0   # experts ran (cpu-moe may run all on the CPU)
-    assert all(used >= 0 for used in eng.vram.used)
-    assert all(d >= 0 for d in eng.vram.draining) and eng.vram.buffer_draining >= 0
+    assert all(used >= 0 for used in eng.state.vram.used)
+    assert all(d >= 0 for d in eng.state.vram.draining) and eng.state.vram.buffer_draining >= 0
     if policy_class(name).lossy:
         assert 0 < m["routing_mass_kept"] <= 1 and m["effective_top_k"] > 0
     if swap_out:   # only what was loaded can be copied back (the last copies may still be in flight)
@@ -132,7 +132,7 @@ def test_never_reads_the_future(name: str, order: str, sync: bool, swap_out: boo
     kw = {"pcie_order": order, "sync_prefetch": sync, "swap_out": swap_out}
     eng_a, _ = run_engine(tr_a, make_policy(name), model, hw, budget_experts=9, **kw)  # type: ignore[arg-type]
     eng_b, _ = run_engine(tr_b, make_policy(name), model, hw, budget_experts=9, **kw)  # type: ignore[arg-type]
-    n_iters = len(eng_a.workload.iterations)
+    n_iters = len(eng_a.state.workload.iterations)
     # everything up to the first swapped token (the second-to-last iteration) is identical
     prefix = [s for s in _steps(eng_a) if s[0] < n_iters - 2]
     assert prefix and prefix == [s for s in _steps(eng_b) if s[0] < n_iters - 2]

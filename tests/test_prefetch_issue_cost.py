@@ -31,11 +31,11 @@ def _run(issue_us: float, *, policy: str = "oracle-prefetch", timeline: bool = F
     eng = Engine(wl, make_policy(policy), cost, budget_bytes=2 * model.expert_bytes, check_invariants=check,
                  record_timeline=timeline, fast_replay=FAST_PATH)
     eng.run()
-    return eng, compute_metrics(eng)
+    return eng, compute_metrics(eng.state)
 
 
 def _durations(eng: Engine) -> list[float]:
-    ends = np.asarray(eng.steps.columns()["t_end"]) * 1e6
+    ends = np.asarray(eng.state.steps.columns()["t_end"]) * 1e6
     return list(np.round(np.diff(np.concatenate([[0.0], ends])), 6))
 
 
@@ -75,7 +75,7 @@ def test_zero_cost_is_bit_identical_and_demand_only_unaffected() -> None:
 def test_timeline_shows_the_issue_cost() -> None:
     """The timeline has the issue cost on the host's runtime lane."""
     eng, _ = _run(30.0, timeline=True)
-    issues = [e for e in eng.timeline if e[0] == "CPU runtime"]
+    issues = [e for e in eng.state.timeline if e[0] == "CPU runtime"]
     assert [(round(e[2] * 1e6, 6), round(e[3] * 1e6, 6)) for e in issues] == [(100.0, 30.0), (350.0, 30.0), (530.0, 30.0)]
 
 
@@ -86,5 +86,5 @@ def test_prefetch_kernel_leaves_issue_costs_to_the_event_loop() -> None:
     assert m["engine_path"] == "fast (oracle-prefetch kernel)"
     assert _durations(fast) == [250.0, 150.0, 150.0, 150.0]
     slow, _ = _run(30.0, check=False)
-    assert not slow.path.startswith("fast") and "prefetch_issue_us" in (slow.path_reason or "")
+    assert not slow.state.path.startswith("fast") and "prefetch_issue_us" in (slow.state.path_reason or "")
     assert _durations(slow) == [250.0, 180.0, 180.0, 150.0]

@@ -113,7 +113,7 @@ def run_engine(trace: Trace, policy: Any, model: ModelSpec, hw: HardwareSpec, *,
                  profile=profile, record_timeline=timeline, check_invariants=True,
                  fast_replay=FAST_PATH)
     eng.run()
-    return eng, compute_metrics(eng)
+    return eng, compute_metrics(eng.state)
 
 
 Step = namedtuple("Step", [name for name, _ in STEP_FIELDS])  # type: ignore[misc]
@@ -121,7 +121,7 @@ Step = namedtuple("Step", [name for name, _ in STEP_FIELDS])  # type: ignore[mis
 
 def steps(engine: Engine) -> list[Any]:
     """The engine's step records as named tuples (seconds), in order."""
-    cols = engine.steps.columns()
+    cols = engine.state.steps.columns()
     n = len(cols["iteration"])
     return [Step(*(cols[name][i].item() for name, _ in STEP_FIELDS)) for i in range(n)]
 

@@ -25,11 +25,14 @@ from moesim.policies.contract.base import (
     VictimChoice,
     View,
 )
+from moesim.policies.parts.kernel import DeclaresKernel
 from moesim.policies.parts.lcp_priority import CachePriority
 
 
-class CacheRule(Policy):
-    """Base of the cache rules: victims among the request's candidates minus ``protected``."""
+class CacheRule(Policy, DeclaresKernel):
+    """Base of the cache rules: victims among the request's candidates minus ``protected``. A
+    rule that a kernel of the fast path reproduces names it as ``kernel``
+    (:mod:`moesim.policies.parts.kernel`)."""
 
     def __init__(self) -> None:
         self.protected: frozenset[UnitKey] = frozenset()
@@ -120,6 +123,15 @@ class RecencyCache(CacheRule):
         """Logical time of ``key``'s last access (0 if none)."""
         return self._last.get(key, 0)
 
+    def last_uses(self) -> dict[UnitKey, int]:
+        """Logical time of the last access of every unit the rule remembers (a copy)."""
+        return dict(self._last)
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: accesses recorded so far (the time of the latest)."""
+        return self._clock
+
     def _forget(self, unit: UnitKey) -> None:
         self._inserted.pop(unit, None)
         self._last.pop(unit, None)
@@ -138,6 +150,8 @@ class RecencyCache(CacheRule):
 
 class LRUCache(RecencyCache):
     """Least recently used."""
+
+    kernel = "lru"
 
     def demand_only(self) -> bool:
         """Loads only on demand."""
@@ -160,6 +174,8 @@ class LFUCache(RecencyCache):
     """Least frequently used, counting accesses since insertion; ties to the unit whose count
     changed least recently (libCacheSim's LFU)."""
 
+    kernel = "lfu"
+
     def demand_only(self) -> bool:
         """Loads only on demand."""
         return True
@@ -175,6 +191,8 @@ class LFUCache(RecencyCache):
 class FIFOCache(RecencyCache):
     """First in, first out: hits do not refresh the order."""
 
+    kernel = "fifo"
+
     def demand_only(self) -> bool:
         """Loads only on demand."""
         return True
@@ -189,6 +207,8 @@ class FIFOCache(RecencyCache):
 class RandomCache(RecencyCache):
     """A uniformly random victim (from the run's policy random stream)."""
 
+    kernel = "random"
+
     def demand_only(self) -> bool:
         """Loads only on demand."""
         return True
@@ -202,6 +222,11 @@ class RandomCache(RecencyCache):
         """Take the run's random stream."""
         super().setup(ctx)
         self._rng = ctx.rng
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The stream victims are drawn from (the run's policy stream, after ``setup``)."""
+        return self._rng
 
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
@@ -227,6 +252,8 @@ class StaticCache(CacheRule):
     replayed requests when none is given) and never evicts them; other experts load on demand
     into the room left, ``staging_experts`` (default ``top_k``, 0 when the transfer buffer holds
     ``top_k``), and are the only victims."""
+
+    kernel = "static"
 
     def __init__(self, staging_experts: int | None = None) -> None:
         super().__init__()
@@ -277,6 +304,8 @@ class StaticCache(CacheRule):
 class BeladyCache(CacheRule):
     """Belady's MIN: evict the unit whose next use lies farthest in the future (ties: the lowest
     key). Reads the recorded routing of later steps through ``ctx.future``: an oracle."""
+
+    kernel = "belady"
 
     def demand_only(self) -> bool:
         """Loads only on demand."""

@@ -39,6 +39,7 @@ from moesim.policies.parts.prefetchers import Prefetcher
 
 _DISPATCHED = ("on_iteration_start", "before_layer", "on_access", "after_layer", "on_layer_end",
                "on_iteration_end", "on_loaded", "on_evict", "on_cancel")
+_OWN = (*_DISPATCHED, "on_routed", "choose_victim", "admit", "setup", "part_fractions", "preload")
 
 
 class Composed(Policy):
@@ -87,15 +88,18 @@ class Composed(Policy):
             return True
         return any(p.uses_hook(name) for p in self._parts)
 
+    def parts_only(self) -> bool:
+        """The composition overrides no hook of its own: it does exactly what its parts do (what
+        a kernel standing in for the parts relies on, :mod:`moesim.policies.parts.kernel`)."""
+        own = type(self)
+        return all(getattr(own, h) is getattr(Composed, h) for h in _OWN)
+
     def demand_only(self) -> bool:
         """A cache rule alone that loads only on demand, in a composition that overrides no hook
         of its own."""
         if self.prefetcher is not None or self.planner is not None or not self.cache.demand_only():
             return False
-        own = type(self)
-        return all(getattr(own, h) is getattr(Composed, h)
-                   for h in (*_DISPATCHED, "on_routed", "choose_victim", "admit", "setup", "part_fractions",
-                             "preload"))
+        return self.parts_only()
 
     def required_columns(self) -> frozenset[str]:
         """Union of the parts' required columns."""

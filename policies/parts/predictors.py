@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.policies.contract.base import Context, PolicySetupError, Profile, View
+from moesim.policies.parts.kernel import DeclaresKernel
 from moesim.policies.parts.linear_router import LinearRouter, fit_linear_router
 
 PREDICTORS = ("auto", "lookahead", "previous-token", "trained")
@@ -61,10 +62,12 @@ def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     return sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-class Predictor:
+class Predictor(DeclaresKernel):
     """Base of the predictors: :meth:`predict` after ``layer`` is routed, for the next step.
     ``probabilistic``: :meth:`token_scores` are probabilities (rows summing to 1), usable as
-    combination weights; otherwise only their order means something."""
+    combination weights; otherwise only their order means something. A predictor whose guesses
+    the fast path's next-layer kernel reproduces names its source as ``kernel``
+    (:mod:`moesim.policies.parts.kernel`)."""
 
     probabilistic = True
 
@@ -95,6 +98,8 @@ class Predictor:
 class LookaheadPredictor(Predictor):
     """Each token's ``k`` best experts under the lookahead router (``lookahead_logits``)."""
 
+    kernel = "lookahead"
+
     def required_columns(self) -> frozenset[str]:
         """Needs ``lookahead_logits``."""
         return frozenset({"lookahead_logits"})
@@ -115,6 +120,7 @@ class PreviousTokenPredictor(Predictor):
     """The previous iteration's routing of the target layer (after the last layer: this
     iteration's layer 0), ranked by router order."""
 
+    kernel = "previous-token"
     probabilistic = False
 
     def setup(self, ctx: Context) -> None:
@@ -136,6 +142,7 @@ class PreviousTokenPredictor(Predictor):
 class OraclePredictor(Predictor):
     """Exactly the experts the recorded routing uses at the next step (access order): a bound."""
 
+    kernel = "oracle"
     probabilistic = False
 
     def setup(self, ctx: Context) -> None:
@@ -160,7 +167,10 @@ class OraclePredictor(Predictor):
 
 class AutoPredictor(Predictor):
     """``lookahead`` when the trace has lookahead logits, else ``previous-token``, saying so in
-    the run's warnings."""
+    the run's warnings. Its ``kernel``, ``auto``, stands for that of the source chosen at set-up
+    (:attr:`inner`)."""
+
+    kernel = "auto"
 
     def __init__(self) -> None:
         self.inner: Predictor = LookaheadPredictor()

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from moesim.policies.contract.base import Context, Outcome, Policy, View
 from moesim.policies.parts.caches import CacheRule
+from moesim.policies.parts.kernel import DeclaresKernel
 from moesim.policies.parts.predictors import Predictor
 
 _NOTHING: frozenset = frozenset()   # no protected set
 
 
-class Prefetcher(Policy):
-    """Base of the prefetchers. ``cache`` is set by :meth:`Composed.assemble`."""
+class Prefetcher(Policy, DeclaresKernel):
+    """Base of the prefetchers. ``cache`` is set by :meth:`Composed.assemble`; one that a kernel
+    of the fast path reproduces names it as ``kernel`` (:mod:`moesim.policies.parts.kernel`)."""
 
     cache: CacheRule | None = None
 
@@ -52,6 +54,8 @@ class NextLayerPrefetcher(Prefetcher):
     (``experts`` per token, default ``top_k``); after the last layer, for layer 0 of the next
     iteration when ``cross_token``."""
 
+    kernel = "next-layer"
+
     def __init__(self, predictor: Predictor, experts: int | None = None, cross_token: bool = False) -> None:
         if experts is not None and experts < 0:
             raise ValueError("prefetch_experts must be >= 0")
@@ -72,6 +76,12 @@ class NextLayerPrefetcher(Prefetcher):
         """Resolve ``experts`` and set up the predictor."""
         self._k = ctx.top_k if self.experts is None else self.experts
         self.predictor.setup(ctx)
+
+    @property
+    def experts_per_token(self) -> int:
+        """Experts guessed per token: ``experts``, or ``top_k`` when None (resolved at ``setup``;
+        0 before)."""
+        return self._k
 
     def target(self, view: View, layer: int) -> int | None:
         """The layer prefetched after ``layer`` (None: nothing)."""

@@ -1,6 +1,6 @@
 """The GPU stream of the event loop: one SimPy process over iterations x MoE layers, calling
-the policy's hooks in contract order (:mod:`moesim.policies.contract.base`) on an
-:class:`~moesim.sim.engine.event_loop.Engine`'s state.
+the policy's hooks in contract order (:mod:`moesim.policies.contract.base`) on a run's
+:class:`~moesim.sim.engine.state.RunState`.
 
 Per layer: the policy's ``before_layer``; the non-MoE compute (plus the runtime's overhead);
 routing known, ``on_routed`` returns the plan; each planned expert part is resident (hit),
@@ -37,35 +37,36 @@ from moesim.sim.engine.clock import advance_alone
 from moesim.sim.engine.frozen import slot_maker
 from moesim.sim.engine.plans import access_order, check_plan, count_lossy, next_in_fixed_order
 from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.engine.splits import apply_fractions
 from moesim.sim.engine.vram import Unit
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
     from moesim.sim.engine.transfers import Transfers
 
 new_routing = slot_maker(Routing)   # Routing(layer, experts, weights), once per layer
 
 
-def charge(eng: Engine) -> Any:
+def charge(run: RunState[Transfers], env: simpy.Environment) -> Any:
     """Process fragment: the GPU stream waits for the host time spent since the last charge:
     policy CPU time (``policy_cpu_s``) and the runtime's prefetch issue cost (``overhead_s``)."""
-    dt = eng.spent_s
+    dt = run.spent_s
     if dt > 0:
-        eng.spent_s = 0.0
-        issue = eng.issue_spent_s
-        t0 = eng.env.now
-        yield eng.env.timeout(dt)
+        run.spent_s = 0.0
+        issue = run.issue_spent_s
+        t0 = env.now
+        yield env.timeout(dt)
         if issue:
-            eng.issue_spent_s = 0.0
-            eng.stats.overhead_s += issue
-            eng.stats.policy_cpu_s += dt - issue
+            run.issue_spent_s = 0.0
+            run.stats.overhead_s += issue
+            run.stats.policy_cpu_s += dt - issue
         else:
-            eng.stats.policy_cpu_s += dt
-        if eng.record_timeline:
+            run.stats.policy_cpu_s += dt
+        if run.record_timeline:
             if issue:
-                eng.timeline.append(("CPU runtime", "prefetch issue", t0, issue, {}))
+                run.timeline.append(("CPU runtime", "prefetch issue", t0, issue, {}))
             if dt - issue > 0:
-                eng.timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
+                run.timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
 
 
 def grant_demand(tx: Transfers, timeout: Callable[[float], simpy.Event]) -> Any:
@@ -78,36 +79,38 @@ def grant_demand(tx: Transfers, timeout: Callable[[float], simpy.Event]) -> Any:
     return delay
 
 
-def wait_prefetches(eng: Engine) -> Any:
+def wait_prefetches(run: RunState[Transfers], env: simpy.Environment) -> Any:
     """Process fragment (``sync_prefetch``): the GPU waits for every prefetch issued so far."""
-    pending = [eng.transfers.landing(u) for u in eng.vram.units.values()
+    pending = [run.transfers.landing(u) for u in run.vram.units.values()
                if not u.demand and u.state in (WAITING, QUEUED, INFLIGHT)]
     if pending:
-        t0 = eng.env.now
-        yield eng.env.all_of(pending)
-        dt = eng.env.now - t0
-        eng.stats.stall_s += dt
-        eng.stats.sync_stall_s += dt
+        t0 = env.now
+        yield env.all_of(pending)
+        dt = env.now - t0
+        run.stats.stall_s += dt
+        run.stats.sync_stall_s += dt
 
 
-def gpu_process(eng: Engine) -> Any:
-    """The GPU stream of a run, as a SimPy process (see the module docstring). It reads the
-    clock as ``env._now`` (what ``env.now`` returns, without the property call; the loop reads
-    it about ten times per layer), as :func:`~moesim.sim.engine.clock.advance_alone` does."""
-    env = eng.env
-    cost = eng.cost
-    L = eng.L
-    st = eng.stats
-    policy = eng.policy
-    view = eng.view
-    vram = eng.vram
-    tx = eng.transfers
+def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
+    """The GPU stream of ``run`` on ``env``, as a SimPy process (see the module
+    docstring). It reads the clock as ``env._now`` (what ``env.now`` returns, without the
+    property call; the loop reads it about ten times per layer), as
+    :func:`~moesim.sim.engine.clock.advance_alone` does."""
+    cost = run.cost
+    L = run.L
+    st = run.stats
+    policy = run.policy
+    view = run.view
+    vram = run.vram
+    tx = run.transfers
     units = vram.units
     pinned = vram.pinned
-    timeline = eng.timeline if eng.record_timeline else None
-    steps = eng.steps
-    step_rows = steps.rows if eng.record_steps else None   # appended inline (see StepRecords)
-    iters = eng.workload.iterations
+    part_bytes = run.part_bytes
+    splits = policy.uses_hook("part_fractions")
+    timeline = run.timeline if run.record_timeline else None
+    steps = run.steps
+    step_rows = steps.rows if run.record_steps else None   # appended inline (see StepRecords)
+    iters = run.workload.iterations
     n_iters = len(iters)
     batch_start: dict[int, float] = {}
     exp_cost: dict[int, float] = {}
@@ -122,30 +125,30 @@ def gpu_process(eng: Engine) -> Any:
     decision_s = float(policy.decision_us) * 1e-6
     overhead_layer = cost.overhead_layer_s()
     timeout = env.timeout
-    tr_experts, tr_weights = eng.trace.experts, eng.trace.weights
+    tr_experts, tr_weights = run.trace.experts, run.trace.weights
     for it in iters:
-        eng.cur_iter = it
+        run.cur_iter = it
         tx.iteration = it.index
-        eng.cur_layer = -1
-        eng.routed_upto = -1
+        run.cur_layer = -1
+        run.routed_upto = -1
         st.start_iteration(it, env._now, batch_start)
         policy.on_iteration_start(view)
-        if eng.spent_s:
-            yield from charge(eng)
+        if run.spent_s:
+            yield from charge(run, env)
         n_tok = it.n_tokens
         row0 = int(it.rows0[0]) if n_tok == 1 else -1
         layer_s = cost.layer_s(n_tok)
         for layer in range(L):
-            eng.cur_layer = layer
+            run.cur_layer = layer
             tx.layer_evictions = 0
             tx.layer_prefetch_bytes = 0
-            if eng.sync_prefetch:
-                yield from wait_prefetches(eng)
+            if run.sync_prefetch:
+                yield from wait_prefetches(run, env)
             t0 = env._now
             if has_before:
                 policy.before_layer(view, layer)
-                if eng.spent_s:
-                    yield from charge(eng)
+                if run.spent_s:
+                    yield from charge(run, env)
             # non-MoE compute, and the runtime's per-layer overhead
             if not advance_alone(env, layer_s + overhead_layer):
                 yield timeout(layer_s + overhead_layer)
@@ -155,7 +158,7 @@ def gpu_process(eng: Engine) -> Any:
                 timeline.append(("GPU", f"L{layer} attn", env._now - layer_s - overhead_layer,
                                  layer_s + overhead_layer, {"iteration": it.index}))
             # routing known: the plan
-            eng.routed_upto = layer
+            run.routed_upto = layer
             # the routing (as routing_of gives it; a one-row slice view for one token)
             rows: slice | np.ndarray = slice(row0 + layer, row0 + layer + 1) if row0 >= 0 else it.rows0 + layer
             routing = new_routing(layer, tr_experts[rows], None if tr_weights is None else tr_weights[rows])
@@ -166,15 +169,15 @@ def gpu_process(eng: Engine) -> Any:
                 if lossy:
                     count_lossy(st, routing, None)
             else:
-                plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy, num_experts=eng.E,
+                plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy, num_experts=run.E,
                                     where=f"iteration {it.index}, layer {layer}")
                 on_cpu = None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
                 if lossy:
                     count_lossy(st, routing, plan_m)
             if decision_s:
-                eng.spent_s += decision_s
-            if eng.spent_s:
-                yield from charge(eng)
+                run.spent_s += decision_s
+            if run.spent_s:
+                yield from charge(run, env)
             t_route = env._now
             # experts that run on the GPU (access order) and on the CPU, with token counts
             cpu_exps: list[int] = []
@@ -192,9 +195,9 @@ def gpu_process(eng: Engine) -> Any:
             else:
                 flat = plan_m.reshape(-1)
                 exps, counts = access_order(flat[flat >= 0])
-            fr = eng.fractions[layer]
+            fr = run.fractions[layer]
             nparts = len(fr)
-            pool = 0 if eng.global_pool else layer
+            pool = 0 if run.global_pool else layer
             status: list[int] = []
             need: list[tuple[int, float, Unit]] = []  # (expert index, compute seconds, unit)
             miss_units: list[Unit] = []
@@ -221,7 +224,7 @@ def gpu_process(eng: Engine) -> Any:
                         u = None
                     if u is None:
                         n_abs += 1
-                        u = Unit(key, tx.part_bytes(layer, p), pool, True)
+                        u = Unit(key, part_bytes(layer, p), pool, True)
                         vram.add(u)
                         miss_units.append(u)
                         miss_bytes += u.nbytes
@@ -260,7 +263,7 @@ def gpu_process(eng: Engine) -> Any:
             # CPU experts start now, one after another on the host
             cpu_done = 0.0
             if cpu_exps:
-                start = max(env._now, eng.cpu_free_at)
+                start = max(env._now, run.cpu_free_at)
                 tc = start
                 for e, c in zip(cpu_exps, cpu_counts, strict=True):
                     dt = cpu_cost.get(c)
@@ -271,7 +274,7 @@ def gpu_process(eng: Engine) -> Any:
                     tc += dt
                 st.cpu_busy_s += tc - start
                 st.cpu_accesses += len(cpu_exps)
-                eng.cpu_free_at = cpu_done = tc
+                run.cpu_free_at = cpu_done = tc
             # demand loads for absent parts, ahead of queued prefetches
             stall = 0.0
             if miss_units:
@@ -284,8 +287,8 @@ def gpu_process(eng: Engine) -> Any:
                     policy.on_access(view, layer, outcome)
                 if has_after:
                     policy.after_layer(view, layer, outcome)
-                if eng.spent_s:
-                    yield from charge(eng)
+                if run.spent_s:
+                    yield from charge(run, env)
             # GPU experts compute as their parts become resident, ready ones first
             remaining = need
             early: set[int] | None = None
@@ -326,7 +329,7 @@ def gpu_process(eng: Engine) -> Any:
                         bu = x[2]
                         pinned.discard(bu.key)
                         if bu.in_buffer:   # free the staging room at once
-                            eng._settle(bu)
+                            tx.settle(bu)
                     if tx.waiting:
                         stall += yield from grant_demand(tx, timeout)
                     continue
@@ -343,7 +346,7 @@ def gpu_process(eng: Engine) -> Any:
                         tx.space_event = env.event()
                         yield from grant_demand(tx, timeout)   # its wait is in the stall measured around
                     else:
-                        eng._check_deadlock(layer)
+                        tx.check_deadlock(layer)
                         yield tx.space_event
                 else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
                     raise AssertionError("expert part neither present nor waiting")
@@ -361,10 +364,10 @@ def gpu_process(eng: Engine) -> Any:
             pinned.clear()
             st.stall_s += stall
             if vram.buffer_used:
-                eng._settle_buffer(layer)
+                tx.settle_buffer(layer)
             if has_end:
                 policy.on_layer_end(view, layer)
-            if eng.check_invariants:
+            if run.check_invariants:
                 vram.check()
             if step_rows is not None:
                 step_rows.append((it.index, layer, t0, t_route, env._now, len(exps), hits, late, part,
@@ -382,14 +385,15 @@ def gpu_process(eng: Engine) -> Any:
             st.overhead_s += over
         now = env._now
         st.end_iteration(it, now)
-        eng.cur_layer = L
+        run.cur_layer = L
         policy.on_iteration_end(view)
-        if eng.spent_s:
-            yield from charge(eng)
-        eng._apply_fractions()
-        eng.prev_iter = it
-        if eng.progress is not None:
-            eng.progress(it.index + 1, n_iters)
+        if run.spent_s:
+            yield from charge(run, env)
+        if splits:
+            apply_fractions(run)
+        run.prev_iter = it
+        if run.progress is not None:
+            run.progress(it.index + 1, n_iters)
 
 
 def any_of(env: simpy.Environment, events: list[simpy.Event]) -> simpy.Event:

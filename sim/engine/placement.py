@@ -12,13 +12,16 @@ pool, the layer's running share of it) has room.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from moesim.policies.contract.base import RESIDENT, UnitKey
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.engine.vram import Unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from moesim.sim.engine.state import RunState
 
 
 def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:
@@ -31,12 +34,10 @@ def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:
     return freq
 
 
-def initial_fill(run: Any, on_place: Callable[[UnitKey], object] | None = None) -> list[UnitKey]:
-    """Place the policy's preloaded units and ``run.initial``'s as resident in ``run.vram``
-    (``run``: the engine or the executor, with ``policy``, ``L``, ``E``, ``vram``,
-    ``fractions``, ``global_pool``, ``ctx``, ``rng``, ``pool_of`` and ``part_bytes``);
-    ``on_place`` is called with each placed key (the executor copies the weights in). Returns
-    the placed keys in placement order."""
+def initial_fill(run: RunState[Any], on_place: Callable[[UnitKey], object] | None = None) -> list[UnitKey]:
+    """Place the policy's preloaded units and ``run.initial``'s as resident in ``run.vram`` (the
+    simulator's run or the executor's); ``on_place`` is called with each placed key (the
+    executor copies the weights in). Returns the placed keys in placement order."""
     vram = run.vram
     placed = _preload(run, on_place)
     if run.initial == "empty":
@@ -75,7 +76,7 @@ def _place(run: Any, key: UnitKey, pool: int, nbytes: int, on_place: Callable[[U
         on_place(key)
 
 
-def _preload(run: Any, on_place: Callable[[UnitKey], object] | None) -> list[UnitKey]:
+def _preload(run: RunState[Any], on_place: Callable[[UnitKey], object] | None) -> list[UnitKey]:
     """Place the policy's ``preload`` units; one that does not fit its pool is one line."""
     policy = run.policy
     placed: list[UnitKey] = []

@@ -2,8 +2,9 @@
 
 The engine knows no kernel: whoever builds an :class:`~moesim.sim.engine.event_loop.Engine`
 (the runner, :mod:`moesim.sim.run.runner`) hands it a :class:`FastReplay` or None. After the
-policy's ``setup`` and the initial fill the engine asks the replay whether it reproduces this
-run exactly; if it does, the replay runs the whole workload, else the event loop does.
+policy's ``setup`` and the initial fill the engine asks the replay whether it reproduces the
+run exactly; if it does, the replay runs the whole workload on the run's state, else the event
+loop does.
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
 
 
 class FastReplay(Protocol):
     """A replay of the whole workload that gives the event loop's metrics and step records
     bit for bit, for the runs it accepts."""
 
-    def refusal(self, engine: Engine) -> str | None:
-        """Why this replay cannot reproduce ``engine``'s run exactly, or None when it can."""
+    def refusal(self, run: RunState[Transfers]) -> str | None:
+        """Why this replay cannot reproduce ``run`` exactly, or None when it can."""
         ...
 
-    def run(self, engine: Engine) -> None:
-        """Replay the whole workload, leaving the engine's counters, records and clock as the
+    def run(self, run: RunState[Transfers]) -> None:
+        """Replay the whole workload, leaving the run's counters, records and clock as the
         event loop would."""
         ...

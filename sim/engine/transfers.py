@@ -10,7 +10,9 @@ order). Every byte moves through
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import simpy
 from simpy.events import PENDING
@@ -23,17 +25,16 @@ from moesim.policies.contract.base import (
     WAITING,
     Decline,
     EvictionRequest,
-    Policy,
     Reason,
     UnitKey,
-    View,
 )
 from moesim.sim.core.errors import MoesimError
-from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.frozen import slot_maker
 from moesim.sim.engine.lanes import DEMAND_CLASS, PREFETCH_CLASS, CopyLanes
-from moesim.sim.engine.records import RunStats, TimelineEvent
-from moesim.sim.engine.vram import Unit, Vram
+from moesim.sim.engine.vram import Unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from moesim.sim.engine.state import RunState
 
 SWAP_QUEUED, SWAPPING = 5, 6   # an evicted unit being copied back to the host (not in vram.units)
 
@@ -44,25 +45,62 @@ class PolicyError(MoesimError, ValueError):
     """A policy broke the contract (an invalid plan or victim) or cannot run on this input."""
 
 
-class Transfers:
-    """The run's room and copy traffic (see the module docstring). ``fractions`` is the engine's
-    list of per-layer part fractions (shared, updated in place)."""
+class BudgetError(MoesimError, ValueError):
+    """The expert budget cannot hold what the run needs (less than one expert per pool, or a
+    pool that can evict nothing while a demand load waits)."""
 
-    def __init__(self, env: simpy.Environment, vram: Vram, policy: Policy, view: View, cost: CostModel,
-                 stats: RunStats, timeline: list[TimelineEvent], *, num_layers: int, num_experts: int,
-                 global_pool: bool, fractions: list[tuple[float, ...]], swap_out: bool,
-                 pcie_order: str, record_timeline: bool, spend_issue: Callable[[float], None]) -> None:
-        self.env, self.vram, self.policy, self.view, self.cost = env, vram, policy, view, cost
-        self.stats, self.timeline, self.record_timeline = stats, timeline, record_timeline
-        self.L, self.E = num_layers, num_experts
-        self.global_pool = global_pool
-        self.fractions = fractions
-        self.expert_bytes = cost.expert_bytes
+
+class _NoLanes:
+    """Stands in for the copy lanes while a replay makes its own demand loads
+    (:meth:`Transfers.demand_loads_only`): any other transfer means that the policy, which
+    declared itself demand-only, is not."""
+
+    can_withdraw = False
+
+    def __init__(self, policy_name: str) -> None:
+        self.policy_name = policy_name
+
+    def submit(self, unit: Unit, cls: int, priority: float = 0.0) -> None:
+        """Refuse: a transfer that is not one of the replay's demand loads."""
+        raise PolicyError(f"policy {self.policy_name!r} declares itself demand-only but issued a "
+                          f"transfer of {unit.key} that is not a demand load")
+
+    def cancel(self, keep: Callable[[Unit, int], bool]) -> list[Unit]:
+        """Nothing is queued."""
+        return []
+
+    def reprioritize(self, unit: Unit, priority: float) -> bool:
+        """Nothing is queued."""
+        return False
+
+    def flight(self, unit: Unit) -> None:
+        """Nothing is in flight."""
+        return None
+
+    def abort(self, unit: Unit) -> float:
+        """Never called: nothing is in flight, and nothing issued may be withdrawn."""
+        raise AssertionError(f"no copy of {unit.key} is in flight")
+
+
+class Transfers:
+    """The run's room and copy traffic (see the module docstring), on the run's state: its
+    VRAM, policy and view, counters, timeline and part fractions (a list updated in place)."""
+
+    def __init__(self, state: RunState[Transfers], env: simpy.Environment, *, swap_out: bool,
+                 pcie_order: str) -> None:
+        cost = state.cost
+        self.state = state
+        self.env, self.vram, self.policy, self.view, self.cost = env, state.vram, state.policy, state.view, cost
+        self.stats, self.timeline, self.record_timeline = state.stats, state.timeline, state.record_timeline
+        self.L, self.E = state.L, state.E
+        self.global_pool = state.global_pool
+        self.fractions = state.fractions
+        self.expert_bytes = state.expert_bytes
         self.waiting: list[Unit] = []                         # demand units waiting for room, in order
         self.waiting_prefetch: list[tuple[Unit, float]] = []   # prefetches waiting for draining room
-        self.lanes = CopyLanes(env, cost.hardware.copy_engines, cost.transfer_s,
-                               self._on_transfer_start, self._on_transfer_land,
-                               queued=QUEUED, inflight=INFLIGHT, order=pcie_order)  # type: ignore[arg-type]
+        self.lanes: CopyLanes | _NoLanes = CopyLanes(
+            env, cost.hardware.copy_engines, cost.transfer_s, self.count_start, self._on_transfer_land,
+            queued=QUEUED, inflight=INFLIGHT, order=pcie_order)  # type: ignore[arg-type]
         self.d2h = (CopyLanes(env, 1, cost.d2h_transfer_s, lambda u, c, lane: None,
                               self._on_swap_land, queued=SWAP_QUEUED, inflight=SWAPPING, order="fifo")
                     if swap_out else None)
@@ -71,24 +109,9 @@ class Transfers:
         self.iteration = 0            # index of the iteration being replayed (refetch accounting)
         self.layer_evictions = 0      # counters of the layer being replayed, for its step record
         self.layer_prefetch_bytes = 0
-        self._has_on_loaded = policy.uses_hook("on_loaded")
+        self._has_on_loaded = state.policy.uses_hook("on_loaded")
         self.issue_s = cost.prefetch_issue_s()   # runtime.prefetch_issue_us, per prefetch issued
-        self.spend_issue = spend_issue   # where the engine takes that cost (its next hook boundary)
-        self._sizes: dict[tuple[float, ...], tuple[int, ...]] = {}   # part split -> bytes of each part
-
-    def pool_of(self, layer: int) -> int:
-        """The pool of ``layer``'s units."""
-        return 0 if self.global_pool else layer
-
-    def part_bytes(self, layer: int, part: int) -> int:
-        """Bytes of part ``part`` of an expert of ``layer``."""
-        fr = self.fractions[layer]
-        sizes = self._sizes.get(fr)
-        if sizes is None:   # once per distinct split (the fractions list changes only between iterations)
-            sizes = self._sizes[fr] = tuple(int(round(f * self.expert_bytes)) for f in fr)
-        if not 0 <= part < len(sizes):
-            raise ValueError(f"layer {layer} has {len(fr)} part(s); no part {part}")
-        return sizes[part]
+        self._sizes = state.part_sizes   # part split -> bytes of each part (the state's cache)
 
     def landing(self, u: Unit) -> simpy.Event:
         """The event that fires when ``u``'s transfer lands (made on first demand)."""
@@ -99,6 +122,33 @@ class Transfers:
     def wake(self) -> None:
         if self.space_event._value is PENDING:   # not triggered (without the property call)
             self.space_event.succeed()
+
+    @contextmanager
+    def demand_loads_only(self) -> Iterator[None]:
+        """While a replay makes its own demand loads without the lanes (the fast path's replay of
+        a demand-only policy, :mod:`moesim.sim.fast.path`): a transfer the policy asks for stops
+        the run with one line, as the policy declared itself demand-only."""
+        lanes = self.lanes
+        self.lanes = _NoLanes(self.policy.name)
+        try:
+            yield
+        finally:
+            self.lanes = lanes
+
+    def set_layer_budgets(self, budgets: list[int]) -> None:
+        """Re-split the expert budget among layers (see :meth:`EngineView.set_layer_budgets`)."""
+        st = self.state
+        if self.global_pool:
+            raise PolicyError(f"policy {self.policy.name!r} has one global pool; it cannot set per-layer budgets")
+        if len(budgets) != self.L:
+            raise PolicyError(f"need {self.L} layer budgets, got {len(budgets)}")
+        total = sum(st.ctx.pool_capacity)
+        if sum(int(b) for b in budgets) > total:
+            raise PolicyError(f"layer budgets sum to {sum(budgets)} bytes, over the total {total}")
+        for layer, b in enumerate(budgets):
+            if self.vram.used[layer] > int(b):
+                raise PolicyError(f"layer {layer} uses {self.vram.used[layer]} bytes, over its new budget {int(b)}: evict first")
+        self.vram.set_capacities([int(b) for b in budgets])
 
     # ------------------------------------------------------------------------------------------
     # room and eviction
@@ -121,6 +171,33 @@ class Transfers:
             self.stats.wasted_prefetch_bytes += u.nbytes
         self.last_evict_iter[key] = self.iteration
         self.policy.on_evict(self.view, key)
+
+    def settle(self, u: Unit) -> None:
+        """A resident unit in the transfer buffer whose layer is done with it: it moves into its
+        pool if the policy admits it and room can be made, else it is dropped."""
+        if self.policy.admit(self.view, u.key) and self.make_room(u.pool, u.nbytes, Reason.ADMIT, u.key)[0]:
+            self.vram.move_to_pool(u)
+        else:
+            self.drop(u)
+
+    def settle_buffer(self, layer: int) -> None:
+        """After ``layer`` computed, settle its resident units still in the transfer buffer."""
+        for key, u in list(self.vram.units.items()):
+            if u.in_buffer and u.state == RESIDENT and key[0] == layer:
+                self.settle(u)
+
+    def check_deadlock(self, layer: int) -> None:
+        """Demand loads wait for room and nothing is under way that could free some: the
+        budget is too small for the policy (raises :class:`BudgetError`)."""
+        busy = (any(u.state in (QUEUED, INFLIGHT) for u in self.vram.units.values())
+                or self.vram.draining_any())
+        if not busy:
+            u = self.waiting[0]
+            raise BudgetError(
+                f"the expert budget is too small: layer {layer} needs {u.nbytes} bytes for expert "
+                f"{u.key[1]} but its pool holds {self.vram.capacity[u.pool]} bytes and policy "
+                f"{self.policy.name!r} can evict none of them (pinned or refused); raise "
+                "cache.rate or cache.buffer_experts")
 
     def evict_key(self, key: UnitKey) -> bool:
         """Evict a resident, unpinned unit; False if ``key`` is not one."""
@@ -172,7 +249,9 @@ class Transfers:
 
     # ------------------------------------------------------------------------------------------
     # transfers
-    def _on_transfer_start(self, u: Unit, cls: int, lane: int) -> None:
+    def count_start(self, u: Unit, cls: int, lane: int) -> None:
+        """A copy of ``u`` (of class ``cls``) starts on ``lane``: count its bytes (demand,
+        prefetch, refetch) and the layer's prefetch bytes."""
         st = self.stats
         refetched = self.last_evict_iter.get(u.key)
         if refetched is not None and self.iteration - refetched <= 1:
@@ -228,8 +307,8 @@ class Transfers:
 
     def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
         """A policy's prefetch (see :meth:`EngineView.prefetch`). One that is issued (True)
-        costs the host ``runtime.prefetch_issue_us``, handed to :attr:`spend_issue` (the engine
-        charges it on the GPU stream at the next hook boundary); the copy is queued at once."""
+        costs the host ``runtime.prefetch_issue_us``, left in the state's ``spent_s`` (the GPU
+        stream charges it at the next hook boundary); the copy is queued at once."""
         vram = self.vram
         if key in vram.units:
             return False
@@ -238,7 +317,7 @@ class Transfers:
             raise PolicyError(f"policy {self.policy.name!r} prefetched expert {expert} of layer "
                               f"{layer}; the model has {self.L} layers x {self.E} experts")
         sizes = self._sizes.get(self.fractions[layer])
-        nbytes = sizes[part] if sizes is not None and 0 <= part < len(sizes) else self.part_bytes(layer, part)
+        nbytes = sizes[part] if sizes is not None and 0 <= part < len(sizes) else self.state.part_bytes(layer, part)
         pool = 0 if self.global_pool else layer
         if self.waiting and any(w.pool == pool for w in self.waiting):
             return False  # demand loads waiting for room in this pool come first
@@ -256,13 +335,20 @@ class Transfers:
                 vram.add(u)
                 self.waiting_prefetch.append((u, priority))
                 if self.issue_s:
-                    self.spend_issue(self.issue_s)
+                    self._spend_issue()
                 return True
         vram.add(u)
         self.lanes.submit(u, PREFETCH_CLASS, priority)
         if self.issue_s:
-            self.spend_issue(self.issue_s)
+            self._spend_issue()
         return True
+
+    def _spend_issue(self) -> None:
+        """A prefetch was issued: its host cost waits in the state's ``spent_s`` for the GPU
+        stream's next charge."""
+        st = self.state
+        st.spent_s += self.issue_s
+        st.issue_spent_s += self.issue_s
 
     def reprioritize(self, key: UnitKey, priority: float) -> bool:
         """A policy changes a queued prefetch's priority."""

@@ -1,11 +1,13 @@
-"""The causal, read-mostly view a policy gets of a running engine (it implements
-:class:`moesim.policies.contract.base.View`).
+"""The causal, read-mostly view a policy gets of a run's :class:`~moesim.sim.engine.state.RunState`
+(it implements :class:`moesim.policies.contract.base.View`), in the simulator and in the real
+executor alike.
 
 Reads are limited to the present and the past: the routing, logits and lookahead of layers
 already routed in the current iteration, earlier iterations, and the residency of units.
 A read of a layer not yet routed raises :class:`~moesim.policies.contract.base.CausalityError`.
-Actions (prefetch, evict, cancel, abort, re-split budgets, spend CPU) go to the engine, which
-keeps every VRAM and lane rule.
+Actions (prefetch, evict, cancel, abort, re-split budgets) go to the state's ``transfers`` (the
+event loop's :class:`~moesim.sim.engine.transfers.Transfers`, or the executor's real copies),
+which keep every VRAM and lane rule; CPU time spent waits in the state for the next charge.
 """
 
 from __future__ import annotations
@@ -17,22 +19,18 @@ import numpy as np
 from moesim.policies.contract.base import ABSENT, RESIDENT, CausalityError, Routing, UnitKey
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
     from moesim.sim.engine.workload import Iteration
 
 
 class EngineView:
-    """What a policy may see and do (see :class:`moesim.policies.contract.base.View`)."""
+    """What a policy may see and do (see :class:`moesim.policies.contract.base.View`), over the
+    run's state ``_e``."""
 
     __slots__ = ("_e",)
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-
-    @property
-    def _actions(self) -> Any:
-        """Where the actions go: the engine's transfers (the executor overrides this)."""
-        return self._e.transfers
+    def __init__(self, state: RunState[Any]) -> None:
+        self._e = state
 
     # -- time and position ---------------------------------------------------------------------
     @property
@@ -209,20 +207,20 @@ class EngineView:
         ``priority`` first). It takes room now: from its pool (victims from ``choose_victim``),
         or the transfer buffer when ``into_buffer`` or the pool has none. False, doing nothing,
         when the unit is already present or gets no room."""
-        return self._actions.issue_prefetch((layer, expert, part), priority, into_buffer)
+        return self._e.transfers.issue_prefetch((layer, expert, part), priority, into_buffer)
 
     def reprioritize(self, layer: int, expert: int, part: int = 0, priority: float = 0.0) -> bool:
         """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""
-        return self._actions.reprioritize((layer, expert, part), priority)
+        return self._e.transfers.reprioritize((layer, expert, part), priority)
 
     def evict(self, layer: int, expert: int, part: int = 0) -> bool:
         """Drop a resident, unpinned unit. False if it is not such a unit."""
-        return self._actions.evict_key((layer, expert, part))
+        return self._e.transfers.evict_key((layer, expert, part))
 
     def cancel_prefetches(self, layer: int | None = None) -> int:
         """Withdraw queued (not yet started) prefetches, of ``layer`` or all; how many (always
         0 under ``pcie.order: fifo``, where issued copies cannot be withdrawn)."""
-        return self._actions.cancel_queued(layer)
+        return self._e.transfers.cancel_queued(layer)
 
     def abort_prefetch(self, layer: int, expert: int, part: int = 0) -> bool:
         """Stop a prefetch of the unit that has not landed: withdrawn if it waits or is queued;
@@ -231,12 +229,12 @@ class EngineView:
         at once; ``on_cancel`` follows. False, doing nothing, if the unit is absent, resident,
         a demand load, pinned, awaited by the GPU stream (``pcie.sync_prefetch``), or issued
         under ``pcie.order: fifo``."""
-        return self._actions.abort_prefetch((layer, expert, part))
+        return self._e.transfers.abort_prefetch((layer, expert, part))
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the expert budget among layers (bytes per layer; the sum may not exceed the
         total), at an idle point and only when each layer's usage fits its new budget."""
-        self._e.set_layer_budgets(budgets)
+        self._e.transfers.set_layer_budgets(budgets)
 
     def spend_cpu(self, seconds: float) -> None:
         """Charge ``seconds`` of policy computation on the critical path (the GPU stream waits

@@ -11,10 +11,11 @@ iterations.
    same time, so its layer needs only its hit and miss counts (:func:`uniform_loads`); a step of
    several tokens builds its layer as the generic replay does.
 
-The kernels keep their own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for the
-registered ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` and ``static`` (FIFO beside its
-static set, :mod:`moesim.sim.fast.static`) as shipped (the exact classes, no hook overridden) on
-runs that the fast path accepts and that do not check the VRAM invariant.
+The kernels keep their own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for a
+policy that is one cache rule declaring ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` or
+``static`` (FIFO beside its static set, :mod:`moesim.sim.fast.static`) as its ``kernel``, alone
+or in a composition that adds no hook (:mod:`moesim.sim.fast.capability`), on runs that the
+fast path accepts and that do not check the VRAM invariant.
 ``tests/test_fastpath.py`` checks them against the event loop.
 """
 
@@ -25,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
-from moesim.policies.parts.caches import BeladyCache, FIFOCache, LFUCache, LRUCache, RandomCache
-from moesim.policies.parts.compose import Composed
+from moesim.policies.parts.caches import RandomCache
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.vram import Unit
+from moesim.sim.fast.capability import rule_kernel, sole_rule
 from moesim.sim.fast.loads import compute_with_loads, one_lane_loads, uniform_loads
 from moesim.sim.fast.plan import (
     NO_MISS,
@@ -43,10 +44,12 @@ from moesim.sim.fast.plan import (
 from moesim.sim.fast.static import static_sets
 
 if TYPE_CHECKING:
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
     from moesim.sim.engine.workload import Iteration
 
-_RULES = {LRUCache: "lru", FIFOCache: "fifo", LFUCache: "lfu", RandomCache: "random", BeladyCache: "belady"}
+KINDS = ("lru", "fifo", "lfu", "random", "belady")
+"""The cache rules (their declared ``kernel``) replayed here, besides ``static``."""
 
 
 def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> float:
@@ -63,22 +66,18 @@ def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> flo
     return now
 
 
-def ordered_kind(engine: Engine) -> str | None:
+def ordered_kind(state: RunState[Transfers]) -> str | None:
     """``"lru"``, ``"fifo"``, ``"lfu"``, ``"random"``, ``"belady"`` or ``"static"`` when
-    ``engine``'s policy is exactly that shipped cache (alone or in a composition of nothing else
-    that overrides no hook), else None (call on runs the fast path accepted; None too with a
-    ``runtime.demand_load_us``, which the generic fast replay charges)."""
-    policy = engine.policy
-    if engine.cost.demand_load_s():   # the kernels time demand loads without it; the generic replay charges it
+    ``state``'s policy is one cache rule that declares that kernel (alone, or in a composition
+    of nothing else that overrides no hook: :mod:`moesim.sim.fast.capability`), else None (call
+    on runs the fast path accepted; None too with a ``runtime.demand_load_us``, which the
+    generic fast replay charges)."""
+    if state.cost.demand_load_s():   # the kernels time demand loads without it; the generic replay charges it
         return None
-    if static_sets(engine) is not None:   # the fast path took it: its set is resident
+    if static_sets(state) is not None:   # the fast path took it: its set is resident
         return "static"
-    rule: Any = policy
-    if isinstance(policy, Composed):
-        if not policy.demand_only():
-            return None
-        rule = policy.cache
-    return _RULES.get(type(rule))
+    kind = rule_kernel(state.policy)
+    return kind if kind in KINDS else None
 
 
 class _Resident:
@@ -125,35 +124,36 @@ def _blocks(iters: list[Iteration], L: int) -> list[list[Iteration]]:
     return [iters[i:i + per] for i in range(0, len(iters), per)]
 
 
-def _planner(eng: Engine, kind: str, clean: bool) -> Planner:
-    L = eng.L
-    eb = eng.expert_bytes
-    slots = [c // eb for c in eng.vram.capacity]
+def _planner(state: RunState[Transfers], kind: str, clean: bool) -> Planner:
+    L = state.L
+    eb = state.expert_bytes
+    slots = [c // eb for c in state.vram.capacity]
     warm: list[list[int]] = [[] for _ in range(L)]
-    for (layer, e, _p) in eng.vram.units:
+    for (layer, e, _p) in state.vram.units:
         warm[layer].append(e)
-    last = eng.transfers.last_evict_iter
+    last = state.transfers.last_evict_iter
     if kind == "lru":
         return LruPlanner(L, slots, warm, last)
     if kind == "fifo":
         return FifoPlanner(L, slots, warm, last)
     if kind == "static":
-        return FifoPlanner(L, slots, warm, last, static_sets(eng))
+        return FifoPlanner(L, slots, warm, last, static_sets(state))
     if kind == "lfu":
         return LfuPlanner(L, slots, warm, last)
-    rule: Any = eng.policy.cache if isinstance(eng.policy, Composed) else eng.policy
     if kind == "random":
-        return RandomPlanner(L, slots, warm, last, rule._rng)   # the rule's own stream (the run's policy seed)
+        rule = sole_rule(state.policy)
+        assert isinstance(rule, RandomCache), "the random kernel replays a random rule"
+        return RandomPlanner(L, slots, warm, last, rule.rng)   # the rule's own stream (the run's policy seed)
     # belady: each layer's whole access sequence, for the next uses
-    experts = eng.trace.experts
-    iters = eng.workload.iterations
+    experts = state.trace.experts
+    iters = state.workload.iterations
     if clean and all(it.rows0.shape[0] == 1 for it in iters):
         rows = np.concatenate([it.rows0 for it in iters])
         flat = [experts[rows + layer].reshape(-1).astype(np.int64) for layer in range(L)]
     else:
         parts: list[list[int]] = [[] for _ in range(L)]
         for block in _blocks(iters, L):
-            b = _Block(experts, block, L, eng.K, clean)
+            b = _Block(experts, block, L, state.K, clean)
             for layer in range(L):
                 for exps in b.seqs[layer]:
                     parts[layer].extend(exps)
@@ -161,26 +161,26 @@ def _planner(eng: Engine, kind: str, clean: bool) -> Planner:
     return BeladyPlanner(L, slots, warm, last, flat)
 
 
-def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
-    """Replay ``eng``'s workload with the ``kind`` kernel (see the module docstring)."""
-    cost = eng.cost
-    L, K = eng.L, eng.K
-    st = eng.stats
-    steps = eng.steps if eng.record_steps else None
-    iters = eng.workload.iterations
+def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
+    """Replay ``state``'s workload with the ``kind`` kernel (see the module docstring)."""
+    cost = state.cost
+    L, K = state.L, state.K
+    st = state.stats
+    steps = state.steps if state.record_steps else None
+    iters = state.workload.iterations
     n_iters = len(iters)
-    experts = eng.trace.experts
-    progress = eng.progress
-    eb = eng.expert_bytes
+    experts = state.trace.experts
+    progress = state.progress
+    eb = state.expert_bytes
     clean = not bool((experts < 0).any())
-    planner = _planner(eng, kind, clean)
+    planner = _planner(state, kind, clean)
     evict_s = cost.hardware.evict_us * 1e-6
     overhead_layer = cost.overhead_layer_s()
     transfer_s = cost.transfer_s
     d = transfer_s(eb)
     e1 = cost.expert_s(1)
     # sums[c]: c one-token experts, summed as the event loop sums a batch of ready experts
-    width = max(K, max(slots_ for slots_ in (c // eb for c in eng.vram.capacity))) + 1
+    width = max(K, max(slots_ for slots_ in (c // eb for c in state.vram.capacity))) + 1
     sums: list[Any] = [sum([e1] * c) for c in range(width)]
     delays = [0.0]   # delays[n]: n evictions' cost, added one at a time
     for _ in range(width):
@@ -343,9 +343,9 @@ def replay_ordered(eng: Engine, kind: str, n_lanes: int) -> None:  # noqa: C901 
     st.refetch_bytes += refetch * eb
     if loads:   # every landing adds the same copy time, one after another
         st.pcie_busy_s = float(np.add.accumulate(np.concatenate(([st.pcie_busy_s], np.full(loads, d))))[-1])
-    planner.finish(eng.transfers.last_evict_iter)
-    eng.vram.peak = max(eng.vram.peak, planner.resident() * eb)
-    eng.cur_iter = iters[-1]
-    eng.prev_iter = iters[-1]
-    eng.cur_layer = L
-    eng.fast_now = now
+    planner.finish(state.transfers.last_evict_iter)
+    state.vram.peak = max(state.vram.peak, planner.resident() * eb)
+    state.cur_iter = iters[-1]
+    state.prev_iter = iters[-1]
+    state.cur_layer = L
+    state.fast_now = now

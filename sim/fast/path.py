@@ -8,7 +8,7 @@ a layer is one of that layer's demand loads, all issued at one instant, and the 
 the last of them has landed and computed. Nothing crosses a layer boundary, so each layer can
 be replayed on its own with a handful of numbers instead of SimPy processes and events.
 
-Exactness: the replay keeps the engine's VRAM, transfers, counters and view (victims come from
+Exactness: the replay keeps the run's VRAM, transfers, counters and view (victims come from
 the same :meth:`~moesim.sim.engine.transfers.Transfers.make_room`, with the same candidate order), and
 advances time with the same floating-point operations in the same order as the event loop. The
 one place where SimPy's order matters, a copy landing at exactly the instant an expert's
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from moesim.policies.contract.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
 from moesim.sim.engine.lanes import DEMAND_CLASS
 from moesim.sim.engine.plans import access_order
+from moesim.sim.engine.splits import apply_fractions
 from moesim.sim.engine.transfers import PolicyError
 from moesim.sim.engine.vram import Unit
 from moesim.sim.fast.loads import compute_with_loads
@@ -43,112 +44,82 @@ from moesim.sim.fast.refusal import run_refusal
 from moesim.sim.fast.static import static_refusal, static_sets
 
 if TYPE_CHECKING:
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
 
 
-def fast_path_refusal(engine: Engine) -> str | None:
-    """Why ``engine``'s run cannot take the fast path, or None when it can (call after the
+def fast_path_refusal(state: RunState[Transfers]) -> str | None:
+    """Why ``state``'s run cannot take the fast path, or None when it can (call after the
     policy's ``setup`` and the initial fill). The fast path is exact only when every layer's
     demand loads find room at once: each pool holds at least as many experts as one layer of an
     iteration can run (``min(tokens x top_k, experts)``)."""
-    policy = engine.policy
-    if is_prefetch_policy(engine):
-        return prefetch_refusal(engine)
-    statics = static_sets(engine)
+    policy = state.policy
+    if is_prefetch_policy(state):
+        return prefetch_refusal(state)
+    statics = static_sets(state)
     if statics is not None:
-        why = static_refusal(engine, statics)
+        why = static_refusal(state, statics)
         if why is not None:
             return why
-        if engine.cost.demand_load_s():
+        if state.cost.demand_load_s():
             return "static's kernel does not charge runtime.demand_load_us"
     elif not policy.demand_only():
         return f"policy {policy.name!r} is not demand-only"
-    why = run_refusal(engine)
+    why = run_refusal(state)
     if why is not None:
         return why
     if policy.uses_hook("on_loaded") or policy.uses_hook("on_routed"):
         return "the policy reacts to landings or plans"
-    per_pool = min(engine.vram.capacity) // engine.expert_bytes
-    widest = max((it.n_tokens for it in engine.workload.iterations), default=0)
-    if min(widest * engine.K, engine.E) > per_pool:
-        return (f"a layer may run up to {min(widest * engine.K, engine.E)} experts but a pool "
+    per_pool = min(state.vram.capacity) // state.expert_bytes
+    widest = max((it.n_tokens for it in state.workload.iterations), default=0)
+    if min(widest * state.K, state.E) > per_pool:
+        return (f"a layer may run up to {min(widest * state.K, state.E)} experts but a pool "
                 f"holds {per_pool} (demand loads could wait for room)")
     return None
 
 
-class _NoLanes:
-    """Stands in for the copy lanes during a fast replay: any transfer other than the replay's
-    own demand loads means the policy is not demand-only after all."""
-
-    can_withdraw = False
-    inflight_count = 0
-    busy = False
-    queue: list[Any] = []
-
-    def __init__(self, policy_name: str) -> None:
-        self.policy_name = policy_name
-
-    def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
-        raise PolicyError(f"policy {self.policy_name!r} declares itself demand-only but issued a "
-                          f"transfer of {unit.key} that is not a demand load")
-
-    def cancel(self, keep: Any) -> list[Any]:
-        return []
-
-    def queued_units(self) -> list[Any]:
-        return []
-
-    def reprioritize(self, unit: Any, priority: float) -> bool:
-        return False
-
-
-def run_fast(engine: Engine) -> None:
-    """Replay ``engine``'s whole workload on the fast path (see the module docstring). Leaves
-    the engine's counters, step records and clock (``engine.fast_now``) as the event loop would."""
-    n_lanes = int(engine.cost.hardware.copy_engines)
-    kind = None if engine.check_invariants or is_prefetch_policy(engine) else ordered_kind(engine)
+def run_fast(state: RunState[Transfers]) -> None:
+    """Replay ``state``'s whole workload on the fast path (see the module docstring). Leaves
+    the run's counters, step records and clock (``state.fast_now``) as the event loop would."""
+    n_lanes = int(state.cost.hardware.copy_engines)
+    kind = None if state.check_invariants or is_prefetch_policy(state) else ordered_kind(state)
     # the replays allocate many short-lived lists and tuples and no reference cycles: the
     # cyclic collector's passes over the trace and the records would only cost time
     collect = gc.isenabled()
     gc.disable()
     try:
-        if is_prefetch_policy(engine):
-            engine.path = f"fast ({engine.policy.name} kernel)"
-            source = prefetch_source(engine)
+        if is_prefetch_policy(state):
+            state.path = f"fast ({state.policy.name} kernel)"
+            source = prefetch_source(state)
             assert source is not None
-            replay_prefetch(engine, source)
+            replay_prefetch(state, source)
             return
         if kind is not None:
-            engine.path = f"fast ({kind} kernel)"
-            replay_ordered(engine, kind, n_lanes)
+            state.path = f"fast ({kind} kernel)"
+            replay_ordered(state, kind, n_lanes)
             return
-        tx = engine.transfers
-        lanes = tx.lanes
-        tx.lanes = _NoLanes(engine.policy.name)  # type: ignore[assignment]
-        try:
-            _replay(engine, n_lanes)
-        finally:
-            tx.lanes = lanes
+        with state.transfers.demand_loads_only():
+            _replay(state, n_lanes)
     finally:
         if collect:
             gc.enable()
 
 
-def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
-    cost = eng.cost
-    L = eng.L
-    st = eng.stats
-    policy = eng.policy
-    view = eng.view
-    vram = eng.vram
-    tx = eng.transfers
+def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
+    cost = state.cost
+    L = state.L
+    st = state.stats
+    policy = state.policy
+    view = state.view
+    vram = state.vram
+    tx = state.transfers
     units = vram.units
     pinned = vram.pinned
     caps0 = list(vram.capacity)
-    steps = eng.steps if eng.record_steps else None
-    iters = eng.workload.iterations
+    steps = state.steps if state.record_steps else None
+    iters = state.workload.iterations
     n_iters = len(iters)
-    trace_experts = eng.trace.experts
+    trace_experts = state.trace.experts
     batch_start: dict[int, float] = {}
     exp_cost: dict[int, float] = {}
     dur_of: dict[int, float] = {}
@@ -160,22 +131,23 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
     has_iend = policy.uses_hook("on_iteration_end")
     overhead_layer = cost.overhead_layer_s()
     transfer_s = cost.transfer_s
-    expert_bytes = eng.expert_bytes
-    check = eng.check_invariants
-    progress = eng.progress
+    expert_bytes = state.expert_bytes
+    check = state.check_invariants
+    splits = policy.uses_hook("part_fractions")
+    progress = state.progress
     now = 0.0
 
     def no_cpu(where: str) -> None:
-        if eng.spent_s:
+        if state.spent_s:
             raise PolicyError(f"policy {policy.name!r} declares itself demand-only but spent CPU time in {where}")
 
     for it in iters:
-        eng.cur_iter = it
+        state.cur_iter = it
         tx.iteration = it.index
-        eng.cur_layer = -1
-        eng.routed_upto = -1
+        state.cur_layer = -1
+        state.routed_upto = -1
         st.start_iteration(it, now, batch_start)
-        eng.fast_now = now
+        state.fast_now = now
         if has_start:
             policy.on_iteration_start(view)
             no_cpu("on_iteration_start")
@@ -185,17 +157,17 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
         single = n_tok == 1
         row0 = int(it.rows0[0]) if single else 0
         for layer in range(L):
-            eng.cur_layer = layer
+            state.cur_layer = layer
             tx.layer_evictions = 0
             t0 = now
             if has_before:
-                eng.fast_now = now
+                state.fast_now = now
                 policy.before_layer(view, layer)
                 no_cpu("before_layer")
             now = now + step_s
             st.gpu_busy_s += layer_s
             st.overhead_s += overhead_layer
-            eng.routed_upto = layer
+            state.routed_upto = layer
             if single:
                 exps = [x for x in trace_experts[row0 + layer].tolist() if x >= 0]
                 counts = [1] * len(exps)
@@ -246,10 +218,10 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
                 stall += delay
                 for j, u in enumerate(granted):
                     u.state = INFLIGHT if j < n_lanes else QUEUED
-                    tx._on_transfer_start(u, DEMAND_CLASS, j % n_lanes)
+                    tx.count_start(u, DEMAND_CLASS, j % n_lanes)
             if has_access or has_after:
-                eng.fast_now = now
-                routing = eng.routing_of(it, layer)
+                state.fast_now = now
+                routing = state.routing_of(it, layer)
                 outcome = Outcome(layer, routing, routing.experts, exps, status, [])
                 if has_access:
                     policy.on_access(view, layer, outcome)
@@ -267,7 +239,7 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
                 pinned.discard((layer, e, 0))
             st.stall_s += stall
             if has_end:
-                eng.fast_now = now
+                state.fast_now = now
                 policy.on_layer_end(view, layer)
                 no_cpu("on_layer_end")
             if check:
@@ -276,33 +248,34 @@ def _replay(eng: Engine, n_lanes: int) -> None:  # noqa: C901 - one loop, kept f
                 steps.append((it.index, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, miss, 0,
                               stall, miss_bytes, 0, tx.layer_evictions))
         now = finish_iteration(st, cost, it, n_tok, now)
-        eng.cur_layer = L
-        eng.fast_now = now
+        state.cur_layer = L
+        state.fast_now = now
         if has_iend:
             policy.on_iteration_end(view)
             no_cpu("on_iteration_end")
         if vram.capacity != caps0:
             raise PolicyError(f"policy {policy.name!r} declares itself demand-only but changed the layer budgets")
-        eng._apply_fractions()
-        if any(len(fr) != 1 for fr in eng.fractions):
+        if splits:
+            apply_fractions(state)
+        if any(len(fr) != 1 for fr in state.fractions):
             raise PolicyError(f"policy {policy.name!r} declares itself demand-only but split experts into parts")
-        eng.prev_iter = it
+        state.prev_iter = it
         if progress is not None:
             progress(it.index + 1, n_iters)
-    eng.fast_now = now
+    state.fast_now = now
 
 
 class FastPath:
     """The fast path as the engine's :class:`~moesim.sim.engine.replay.FastReplay`: the
     kernels of this package, chosen per run by :func:`fast_path_refusal`."""
 
-    def refusal(self, engine: Engine) -> str | None:
-        """Why ``engine``'s run cannot take the fast path, or None when it can."""
-        return fast_path_refusal(engine)
+    def refusal(self, state: RunState[Transfers]) -> str | None:
+        """Why ``state``'s run cannot take the fast path, or None when it can."""
+        return fast_path_refusal(state)
 
-    def run(self, engine: Engine) -> None:
-        """Replay ``engine``'s whole workload on the fast path."""
-        run_fast(engine)
+    def run(self, state: RunState[Transfers]) -> None:
+        """Replay ``state``'s whole workload on the fast path."""
+        run_fast(state)
 
 
 FAST_PATH = FastPath()

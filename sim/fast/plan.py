@@ -61,7 +61,7 @@ class Planner(ABC):
 
     def finish(self, last_evict: dict[tuple[int, int, int], int]) -> None:
         """After the last block: record each evicted unit's iteration of last eviction in
-        ``last_evict`` (the engine's ``last_evict_iter``)."""
+        ``last_evict`` (the transfers' ``last_evict_iter``)."""
         last_evict.update({(layer, e, 0): idx for layer, ev in enumerate(self.evicted) for e, idx in ev.items()})
 
 

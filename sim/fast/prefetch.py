@@ -2,8 +2,8 @@
 caches per layer and one copy lane, replayed without SimPy or policy objects, with the event
 loop's exact metrics and step records.
 
-State is kept flat: per layer the units present (:class:`_U`) and their LRU clocks (the cache's
-``_last``); the lane's transfer in flight with its landing (time, creation order) and its queue
+State is kept flat: per layer the units present (:class:`_U`) and their LRU clocks (taken from
+the rule's ``last_uses``); the lane's transfer in flight with its landing (time, creation order) and its queue
 ``(class, -priority, order, unit)`` (demand loads first, a prefetch's priority its score; under
 ``pcie.order: fifo`` issue order, nothing withdrawn). Each landing SimPy would process before
 the GPU resumes (by time, then creation order) is processed first, with the GPU's state of that
@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.sim.engine.plans import access_order, next_in_fixed_order
 from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.fast.capability import next_layer_parts
 from moesim.sim.fast.prefetch_guess import GuessMaker
 
 if TYPE_CHECKING:
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
 
 
 class _U:
@@ -48,24 +50,24 @@ class _U:
         self.used = used
 
 
-def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
-    """Replay ``eng``'s workload with the kernel (see the module docstring), the prefetcher
+def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
+    """Replay ``state``'s workload with the kernel (see the module docstring), the prefetcher
     guessing from ``source`` (:class:`~moesim.sim.fast.prefetch_guess.GuessMaker`); leaves the
     counters, step records and clock as the event loop would."""
-    cost, st, tx, vram = eng.cost, eng.stats, eng.transfers, eng.vram
-    L, E = eng.L, eng.E
-    policy: Any = eng.policy
-    cache = policy.cache
-    pf = policy.prefetcher
-    eb = eng.expert_bytes
-    steps = eng.steps if eng.record_steps else None
+    cost, st, tx, vram = state.cost, state.stats, state.transfers, state.vram
+    L, E = state.L, state.E
+    parts = next_layer_parts(state.policy)
+    assert parts is not None, "not a policy of the prefetch kernel (sim/fast/prefetch_check.py)"
+    cache, pf = parts
+    eb = state.expert_bytes
+    steps = state.steps if state.record_steps else None
     step_rows = steps.rows if steps is not None else None
-    iters, progress = eng.workload.iterations, eng.progress
+    iters, progress = state.workload.iterations, state.progress
     n_iters = len(iters)
-    experts = eng.trace.experts
-    kp = int(pf._k)
+    experts = state.trace.experts
+    kp = pf.experts_per_token
     cross = bool(pf.cross_token)
-    guess = GuessMaker(source, eng.trace, iters, L, E, kp)
+    guess = GuessMaker(source, state.trace, iters, L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
     overhead_layer = cost.overhead_layer_s()
@@ -85,9 +87,9 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
         w0 = pools[layer][e] = objs[layer][e]
         w0.state, w0.demand, w0.used = RESIDENT, u0.demand, u0.used
     lru: list[dict[int, int]] = [{} for _ in range(L)]
-    for (layer, e, _p), c in cache._last.items():
+    for (layer, e, _p), c in cache.last_uses().items():
         lru[layer][e] = c
-    clock = cache._clock
+    clock = cache.clock
     last_evict: dict[int, int] = {k[0] * E + k[1]: v for k, v in tx.last_evict_iter.items()}
 
     # the copy lane: the transfer in flight (None: idle), its landing (time, creation order)
@@ -108,7 +110,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
     now = 0.0
 
     def start(u: _U, t: float) -> None:
-        """The lane starts ``u`` at ``t`` (Transfers._on_transfer_start's books)."""
+        """The lane starts ``u`` at ``t`` (Transfers.count_start's books)."""
         nonlocal cur, t_land, q_land, q, layer_pf, n_refetch, n_demand, n_pf, n_pfu
         u.state = INFLIGHT
         r = last_evict.get(u.layer * E + u.e)
@@ -253,7 +255,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
         return delay
 
     for pos, it in enumerate(iters):
-        eng.cur_iter = it
+        state.cur_iter = it
         it_index = it.index
         cur_layer = -1
         st.start_iteration(it, now, batch_start)
@@ -481,7 +483,7 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
             ovh += over
         st.end_iteration(it, now)
         cur_layer = L
-        eng.prev_iter = it
+        state.prev_iter = it
         if progress is not None:
             progress(it.index + 1, n_iters)
     # the GPU process ends at ``now``: SimPy processes every landing due by then first
@@ -496,5 +498,5 @@ def replay_prefetch(eng: Engine, source: str) -> None:  # noqa: C901 - one loop,
         setattr(st, name, getattr(st, name) + n)
     tx.last_evict_iter.update({(k // E, k % E, 0): v for k, v in last_evict.items()})
     vram.peak = max(vram.peak, peak)
-    eng.cur_layer = L
-    eng.fast_now = now
+    state.cur_layer = L
+    state.fast_now = now

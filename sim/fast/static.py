@@ -12,43 +12,42 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moesim.policies.baselines.caching import Static
 from moesim.policies.contract.base import RESIDENT
 from moesim.policies.parts.caches import StaticCache
+from moesim.sim.fast.capability import sole_rule
 
 if TYPE_CHECKING:
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
 
 
-def static_sets(engine: Engine) -> list[set[int]] | None:
-    """Each layer's static experts when ``engine``'s policy is exactly the shipped ``static``
-    (its composition of the rule alone, no hook overridden), else None."""
-    policy = engine.policy
-    if type(policy) is not Static or type(policy.cache) is not StaticCache:
+def static_sets(state: RunState[Transfers]) -> list[set[int]] | None:
+    """Each layer's static experts when ``state``'s policy is one cache rule that declares the
+    ``static`` kernel (the shipped ``static``: the rule alone, no hook overridden), else None."""
+    rule = sole_rule(state.policy)
+    if rule is None or rule.kernel != "static" or not isinstance(rule, StaticCache):
         return None
-    if policy.prefetcher is not None or policy.planner is not None:
-        return None
-    sets: list[set[int]] = [set() for _ in range(engine.L)]
-    for layer, e, _p in policy.cache.static:
+    sets: list[set[int]] = [set() for _ in range(state.L)]
+    for layer, e, _p in rule.static:
         sets[layer].add(e)
     return sets
 
 
-def static_refusal(engine: Engine, sets: list[set[int]]) -> str | None:
+def static_refusal(state: RunState[Transfers], sets: list[set[int]]) -> str | None:
     """Why a ``static`` run cannot take the fast path (see the module docstring), or None."""
-    units = engine.vram.units
+    units = state.vram.units
     for layer, static in enumerate(sets):
         for e in static:
             u = units.get((layer, e, 0))
             if u is None or u.state != RESIDENT:
                 return ("policy 'static' loads its static set at the first iteration (start warm "
                         "with cache.initial: popular for the fast path)")
-    if engine.global_pool:
+    if state.global_pool:
         return "the policy uses one global pool"
-    widest = max((it.n_tokens for it in engine.workload.iterations), default=0)
+    widest = max((it.n_tokens for it in state.workload.iterations), default=0)
     for layer, static in enumerate(sets):
-        room = engine.vram.capacity[layer] // engine.expert_bytes - len(static)
-        need = min(widest * engine.K, engine.E - len(static))
+        room = state.vram.capacity[layer] // state.expert_bytes - len(static)
+        need = min(widest * state.K, state.E - len(static))
         if need > room:
             return (f"policy 'static' stages up to {need} experts of layer {layer} in {room} slots "
                     "(demand loads could wait for room)")

@@ -147,7 +147,7 @@ def simulate_plans(trace: Trace, policy: Policy, model: Any, *, profile_texts: i
             key = (int(trace.request_id[row0]), int(trace.token_idx[row0]), layer)
             w = None if plan.weights is None else np.asarray(plan.weights[t], dtype=np.float64)
             rows[key] = (np.asarray(plan.experts[t], dtype=np.int64), w)
-    metrics = compute_metrics(eng)
+    metrics = compute_metrics(eng.state)
     keep = ("routing_mass_kept", "substitutions_per_token", "dropped_per_token", "top1_agreement",
             "effective_top_k", "policy_report", "warnings")
     return rows, {k: metrics[k] for k in keep if k in metrics}

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from moesim.sim.config.scenario import LoadedScenario, PolicySpec
 from moesim.sim.core.errors import MoesimError
-from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.state import RunState
+from moesim.sim.engine.transfers import Transfers
 from moesim.sim.fast.order import ordered_kind
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.runner import RunResult, prepare_run
@@ -42,19 +43,22 @@ class _Skipped(Exception):
 class _CheapOnly:
     """The fast replay, within the limits above; a baseline past them raises :class:`_Skipped`."""
 
-    def refusal(self, engine: Engine) -> str | None:
-        why = FAST_PATH.refusal(engine)
-        if why is None and ordered_kind(engine) is not None:
+    def refusal(self, run: RunState[Transfers]) -> str | None:
+        """Why the run takes the event loop (as the fast replay says), or None; raises
+        :class:`_Skipped` past the limits."""
+        why = FAST_PATH.refusal(run)
+        if why is None and ordered_kind(run) is not None:
             return None                     # a kernel: cheap at any size
-        accesses = sum(it.n_tokens for it in engine.workload.iterations) * engine.L * engine.K
+        accesses = sum(it.n_tokens for it in run.workload.iterations) * run.L * run.K
         limit = GENERIC_LIMIT if why is None else EVENT_LOOP_LIMIT
         if accesses > limit:
             how = "without a fast kernel" if why is None else f"on the event loop ({why})"
             raise _Skipped(f"{accesses:,} expert accesses {how}")
         return why
 
-    def run(self, engine: Engine) -> None:
-        FAST_PATH.run(engine)
+    def run(self, run: RunState[Transfers]) -> None:
+        """The fast replay of ``run``."""
+        FAST_PATH.run(run)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 from moesim.sim.config.catalog import GIB
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.engine.event_loop import Engine
+    from moesim.sim.engine.state import RunState
 
 
 def percentile(ordered: np.ndarray, p: int) -> float:
@@ -47,13 +47,14 @@ def _dist(values: list[float], scale: float) -> dict[str, float | None]:
     return {"mean": float(a.mean()), "p50": percentile(ordered, 50), "p99": percentile(ordered, 99)}
 
 
-def compute_metrics(engine: Engine) -> dict[str, Any]:
-    """All reported metrics of a finished :class:`~moesim.sim.engine.event_loop.Engine` run, as plain data."""
-    st = engine.stats
-    wl = engine.workload
-    model = engine.cost.model
-    policy = engine.policy
-    sim_time = engine.now()
+def compute_metrics(run: RunState[Any]) -> dict[str, Any]:
+    """All reported metrics of a finished run (its :class:`~moesim.sim.engine.state.RunState`:
+    the event loop's or a fast replay's), as plain data."""
+    st = run.stats
+    wl = run.workload
+    model = run.cost.model
+    policy = run.policy
+    sim_time = run.now()
     ttft: list[float] = []
     tpot: list[float] = []
     for r, times in st.token_end.items():
@@ -117,11 +118,11 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
         "policy_cpu_ms": st.policy_cpu_s * 1e3,
         "expert_vram_peak_gib": st.vram_peak_bytes / GIB,
         "vram_peak_gib": (st.vram_peak_bytes + model.non_expert_bytes) / GIB,
-        "expert_budget_gib": sum(engine.ctx.pool_capacity) / GIB,
+        "expert_budget_gib": sum(run.ctx.pool_capacity) / GIB,
         "gpu_busy_fraction": st.gpu_busy_s / sim_time if sim_time > 0 else 0.0,
-        "warnings": list(engine.warnings),
-        "engine_path": engine.path,
-        "engine_path_reason": engine.path_reason,   # why no fast replay ran ("" when one did)
+        "warnings": list(run.warnings),
+        "engine_path": run.path,
+        "engine_path_reason": run.path_reason,   # why no fast replay ran ("" when one did)
     }
     if st.aborted_prefetches:   # only runs whose policy aborted copies in flight (MoEpic)
         out["aborted_prefetches"] = st.aborted_prefetches
@@ -136,9 +137,9 @@ def compute_metrics(engine: Engine) -> dict[str, Any]:
             "dropped_per_token": st.dropped * per_out,
             "routing_mass_kept": st.mass_kept_sum / tl if tl else 1.0,
             "top1_agreement": st.top1_kept / tl if tl else 1.0,
-            "effective_top_k": st.slots_run / tl if tl else float(engine.K),
+            "effective_top_k": st.slots_run / tl if tl else float(run.K),
             "lossy_token_layers": st.lossy_layers / tl if tl else 0.0,
-            "routing_mass_weighted": "weights" in engine.ctx.columns,
+            "routing_mass_weighted": "weights" in run.ctx.columns,
             "note": "lossy policy: later routing is replayed as recorded; the quality effect is not simulated",
         })
     return out

@@ -4,15 +4,17 @@ acted. They join the policy's own warnings in the summary and ``metrics.json``."
 
 from __future__ import annotations
 
+from typing import Any
+
 from moesim.sim.config.catalog import GIB, ModelSpec
 from moesim.sim.config.scenario import LoadedScenario
-from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.state import RunState
 
 
-def budget_warning(engine: Engine, model: ModelSpec, budget: int, key: str) -> str | None:
+def budget_warning(run: RunState[Any], model: ModelSpec, budget: int, key: str) -> str | None:
     """Per-layer pools hold whole units: with whole experts, a budget of 1.7 experts per layer
     runs as 1 (``gib: 12`` and ``gib: 18`` run alike on Mixtral). Say so, with the idle bytes."""
-    if engine.global_pool or any(fr != (1.0,) for fr in engine.fractions):
+    if run.global_pool or any(fr != (1.0,) for fr in run.fractions):
         return None
     eb = model.expert_bytes
     per_layer = budget // model.num_layers
@@ -26,14 +28,14 @@ def budget_warning(engine: Engine, model: ModelSpec, budget: int, key: str) -> s
             f"{usable + 1}")
 
 
-def run_warnings(loaded: LoadedScenario, engine: Engine, model: ModelSpec, budget: int) -> list[str]:
+def run_warnings(loaded: LoadedScenario, run: RunState[Any], model: ModelSpec, budget: int) -> list[str]:
     """Every warning of the run's set-up and of its policy's mechanisms (see the module)."""
     out: list[str] = []
-    w = budget_warning(engine, model, budget, loaded.scenario.cache.given)
+    w = budget_warning(run, model, budget, loaded.scenario.cache.given)
     if w:
         out.append(w)
     if "prefill" not in loaded.scenario.workload.phases:
         out.append("TTFT is the time to the first decoded token: the workload replays no prefill "
                    "(workload.phases: [decode]), so no prompt processing is in it")
-    out.extend(engine.policy.final_warnings())
+    out.extend(run.policy.final_warnings())
     return out

@@ -24,8 +24,9 @@ from moesim.sim.config.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
 from moesim.sim.config.scenario import LoadedScenario, ScenarioError, file_digest
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.engine.cost import CostModel
-from moesim.sim.engine.event_loop import BudgetError, Engine
+from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.records import TimelineEvent
+from moesim.sim.engine.transfers import BudgetError
 from moesim.sim.engine.workload import build_workload
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
@@ -121,8 +122,8 @@ def split_profile(loaded: LoadedScenario, trace: Trace) -> tuple[Profile | None,
 @dataclass
 class PreparedRun:
     """A scenario resolved into an engine ready to run. :meth:`run` runs it and returns the
-    plain-data :class:`RunResult`; the engine (its policy, workload and counters) stays here for
-    scripts that read more than the metrics."""
+    plain-data :class:`RunResult`; the engine (its ``state``: policy, workload and counters)
+    stays here for scripts that read more than the metrics."""
 
     loaded: LoadedScenario
     engine: Engine
@@ -136,12 +137,14 @@ class PreparedRun:
     @property
     def policy(self) -> Policy:
         """The policy object of the run."""
-        return self.engine.policy
+        return self.engine.state.policy
 
     def run(self) -> RunResult:
         """Run the engine; a policy or budget that cannot work here is one line naming it."""
         source = self.loaded.source or "scenario"
-        engine, policy, model = self.engine, self.engine.policy, self.model
+        engine, model = self.engine, self.model
+        state = engine.state
+        policy = state.policy
         try:
             engine.run()
         except MissingColumnsError as exc:
@@ -150,9 +153,9 @@ class PreparedRun:
             raise ScenarioError(f"{source}: policy {policy.name!r}: {exc}") from None
         except BudgetError as exc:
             raise ScenarioError(f"{source}: cache.{self.loaded.scenario.cache.given}: {exc}") from None
-        engine.warnings.extend(w for w in run_warnings(self.loaded, engine, model, self.budget)
-                               if w not in engine.warnings)
-        metrics = compute_metrics(engine)
+        state.warnings.extend(w for w in run_warnings(self.loaded, state, model, self.budget)
+                              if w not in state.warnings)
+        metrics = compute_metrics(state)
         config = self.loaded.resolved()
         config_hash = self.loaded.config_hash()
         config["resolved"] = {
@@ -165,7 +168,7 @@ class PreparedRun:
             "buffer_bytes": self.buffer,
             "budget_experts_per_layer": self.budget / model.expert_bytes / model.num_layers,
             "profile": None if self.profile is None else self.profile.source,
-            "trace": describe_trace(self.loaded, self.engine.trace),
+            "trace": describe_trace(self.loaded, self.engine.state.trace),
             "config_hash": config_hash,
         }
         metrics["scenario"] = self.loaded.scenario.name
@@ -174,9 +177,9 @@ class PreparedRun:
         fits = self.loaded.fit_provenance()
         if fits:   # fitted values in this run: where they come from and how well they predict
             metrics["fit"] = fits
-        steps = engine.steps.columns() if engine.record_steps else {}
+        steps = state.steps.columns() if state.record_steps else {}
         return RunResult(config=config, metrics=metrics, steps=steps, model=model,
-                         hardware=self.hardware, timeline=engine.timeline, changes=self.loaded.changes())
+                         hardware=self.hardware, timeline=state.timeline, changes=self.loaded.changes())
 
 
 def prepare_run(
@@ -235,7 +238,7 @@ def prepare_run(
                     check_invariants=check_invariants, progress=progress, fast_replay=FAST_PATH)
     note = loaded.model_note(tr.model.name, shape)
     if note:
-        engine.warnings.append(note)
+        engine.state.warnings.append(note)
     return PreparedRun(loaded=loaded, engine=engine, model=model, hardware=hw, runtime=runtime,
                        profile=profile, budget=budget, buffer=buffer)
 

@@ -126,7 +126,7 @@ def simulated_run(spec: Any, workload: Any, run: str, hardware: dict[str, Any], 
     eng = Engine(workload, make_policy(policy, {}), cost, budget_bytes=_budget(spec, per_layer),
                  initial=initial, seed=seed, fast_replay=FAST_PATH)
     eng.run()
-    return float(compute_metrics(eng)["tpot_ms"]["p50"]) / 1e3, int(eng.stats.prefetch_units)
+    return float(compute_metrics(eng.state)["tpot_ms"]["p50"]) / 1e3, int(eng.state.stats.prefetch_units)
 
 
 def measure_runs(om: Any, workload: Any, seed: int, repeats: int) -> dict[str, Any]:

@@ -11,12 +11,21 @@ copies (victims from ``choose_victim``, the simulator's own VRAM accounting), ca
 ``on_access`` and ``after_layer`` (prefetches become copies), computes the experts as their
 copies land (ready ones first; one at a time in a fixed order while demand loads wait for room:
 :func:`moesim.sim.engine.plans.next_in_fixed_order`), and calls ``on_layer_end``; then ``on_iteration_end``.
-Copies run on the copy engine (:mod:`.copier`); unit states change only on the main thread,
-when the executor looks (so every policy callback runs on the main thread).
+Copies run on the copy engine (:mod:`.copier`) through the run's residency (:mod:`.residency`,
+the state's ``transfers``); unit states change only on the main thread, when the executor looks
+(so every policy callback runs on the main thread). The run's state is the simulator's
+:class:`~moesim.sim.engine.state.RunState`, its view the simulator's
+:class:`~moesim.sim.engine.view.EngineView` with the wall clock.
+
+Set-up follows the simulator's order (required columns, frequencies, ``setup``,
+``cache.initial``, ``warm``), then untimed warm-up and per-request context, then every
+iteration of the workload timed on the wall clock between ``on_iteration_start`` and the end of
+the forward pass (the simulator's iteration end).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -24,287 +33,80 @@ import numpy as np
 import torch
 
 from moesim.policies.contract.base import (
-    ABSENT,
     HIT,
-    INFLIGHT,
     LATE,
     MISS,
-    OPTIONAL_COLUMNS,
-    QUEUED,
     RESIDENT,
-    Context,
-    Decline,
-    EvictionRequest,
     Outcome,
     Plan,
     Policy,
     Profile,
-    Reason,
     Routing,
-    UnitKey,
+    check_columns,
 )
-from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.lib_warnings import quiet_library_warnings
 from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.placement import initial_fill, replayed_frequency
 from moesim.sim.engine.plans import next_in_fixed_order
-from moesim.sim.engine.vram import Unit, Vram
-from moesim.sim.engine.workload import Iteration, Workload
-from moesim.sim.real.executor.copier import DEMAND, PREFETCH, make_copier
+from moesim.sim.engine.records import record_request_starts
+from moesim.sim.engine.state import RunState
+from moesim.sim.engine.view import EngineView
+from moesim.sim.engine.vram import Unit
+from moesim.sim.engine.workload import Workload
+from moesim.sim.real.executor.copier import make_copier
 from moesim.sim.real.executor.kernels import apply_expert
 from moesim.sim.real.executor.model import OffloadModel
 from moesim.sim.real.executor.plan import access_order as _access_order
 from moesim.sim.real.executor.plan import combine_weights as _combine_weights
+from moesim.sim.real.executor.residency import ExecutorError, Residency
 from moesim.sim.real.executor.stats import ExecStats, exec_metrics
 from moesim.sim.real.executor.store import ExpertStore
-from moesim.sim.real.executor.view import ExecutorView
 
-
-class ExecutorError(MoesimError, ValueError):
-    """A run the executor cannot do (batching, swap-out, expert segments) or a policy that broke
-    the contract; one line."""
+__all__ = ["Executor", "ExecutorError"]
 
 
 class Executor:
-    """Replays ``workload`` on ``om`` under ``policy``. Build, then :meth:`run`."""
+    """Replays ``workload`` on ``om`` under ``policy``. Build, then :meth:`run`; the run's state
+    is :attr:`state`, its counters :attr:`stats`."""
 
     def __init__(self, workload: Workload, policy: Policy, om: OffloadModel, cost: CostModel, *,
                  budget_bytes: int, buffer_bytes: int = 0, initial: str = "empty",
                  pcie_order: str = "priority", seed: int = 0, profile: Profile | None = None,
                  copy: str = "auto", threads: int = 1) -> None:
-        tr = workload.trace
-        m = tr.model
+        m = workload.trace.model
         if any(len(it.request_ids) > 1 and it.phase == 1 for it in workload.iterations):
             raise ExecutorError("the executor replays batch_size 1 only")
         if (m.num_layers, m.num_experts, m.top_k) != (om.spec.num_layers, om.spec.num_experts, om.spec.top_k):
             raise ExecutorError(f"model {om.spec.name!r} has {om.spec.num_layers} MoE layers x {om.spec.num_experts} "
                                 f"experts, top-{om.spec.top_k}; the trace has {m.num_layers} x {m.num_experts}, top-{m.top_k}")
-        self.workload, self.trace, self.policy, self.om, self.cost = workload, tr, policy, om, cost
-        self.L, self.E, self.K = m.num_layers, m.num_experts, m.top_k
-        self.expert_bytes = om.spec.expert_bytes
-        self.threads = threads
-        self.view = ExecutorView(self)
-        self.initial = initial
-        pol_seed, eng_seed = np.random.SeedSequence(seed).spawn(2)
-        self.rng = np.random.default_rng(eng_seed)
         if policy.scope not in ("layer", "global"):
             raise ExecutorError(f"policy {policy.name!r} has unknown scope {policy.scope!r}")
-        self.global_pool = policy.scope == "global"
-        caps = [int(budget_bytes)] if self.global_pool else [int(budget_bytes) // self.L] * self.L
-        self.vram = Vram(caps, buffer_bytes)
-        self.fractions: list[tuple[float, ...]] = [(1.0,)] * self.L
-        slots = int(budget_bytes) // self.expert_bytes + int(buffer_bytes) // self.expert_bytes
-        self.store = ExpertStore(om.host_experts, om.device, slots)
-        self.copier = make_copier(om.device, copy, pcie_order)
-        self.jobs: dict[UnitKey, Any] = {}
-        self.waiting: list[Unit] = []
-        self.stats = ExecStats()
-        self.spent_s = 0.0
+        self.om = om
+        self.threads = threads
         self.t_origin = time.perf_counter()
-        self.cur_layer = -1
-        self.routed_upto = -1
-        self.cur_iter: Iteration = workload.iterations[0]
-        self.prev_iter: Iteration | None = None
+        self.stats = ExecStats()
+        state: RunState[Residency] = RunState.build(
+            workload, policy, cost, budget_bytes=budget_bytes, buffer_bytes=buffer_bytes,
+            initial=initial, seed=seed, profile=profile, stats=self.stats, model=om.spec,
+            clock=lambda: time.perf_counter() - self.t_origin, record_steps=False)
+        state.view = EngineView(state)
+        eb = om.spec.expert_bytes
+        slots = int(budget_bytes) // eb + int(buffer_bytes) // eb
+        self.res = Residency(state, self.stats, ExpertStore(om.host_experts, om.device, slots),
+                             make_copier(om.device, copy, pcie_order))
+        state.transfers = self.res
+        self.state = state
         self.mode = "bypass"
-        self.emb_index = ({int(r): i for i, r in enumerate(tr.embedding_rows)}
-                          if tr.embedding_rows is not None else None)
-        columns = frozenset(c for c in OPTIONAL_COLUMNS if getattr(tr, c, None) is not None)
-        self.ctx = Context(
-            model=om.spec, hardware=cost.hardware, cost=cost, num_layers=self.L, num_experts=self.E,
-            top_k=self.K, expert_bytes=self.expert_bytes, pool_capacity=list(caps),
-            buffer_bytes=self.vram.buffer_capacity, total_budget=sum(caps),
-            rng=np.random.default_rng(pol_seed), columns=columns, profile=profile,
-            future=workload.future() if policy.oracle else None)
         self._bypass_routing: np.ndarray | None = None
-
-    # ------------------------------------------------------------------------------------------
-    # the view's questions
-    def pool_of(self, layer: int) -> int:
-        """The pool of ``layer``'s units."""
-        return 0 if self.global_pool else layer
-
-    def part_bytes(self, layer: int, part: int) -> int:
-        """Bytes of an expert (the executor runs whole experts: one part)."""
-        if part != 0:
-            raise ValueError(f"layer {layer} has 1 part; no part {part}")
-        return self.expert_bytes
-
-    @staticmethod
-    def rows_of(it: Iteration, layer: int) -> np.ndarray:
-        """Trace rows of ``layer`` for the tokens of ``it``."""
-        return it.rows0 + layer
-
-    def routing_of(self, it: Iteration, layer: int) -> Routing:
-        """The recorded routing of ``layer`` for ``it``."""
-        rows = self.rows_of(it, layer)
-        w = self.trace.weights
-        return Routing(layer, self.trace.experts[rows], None if w is None else w[rows])
-
-    # ------------------------------------------------------------------------------------------
-    # residency: landing copies, eviction, room
-    def _refresh(self) -> None:
-        """Bring unit states up to date with the copy engine (main thread only)."""
-        if not self.jobs:
-            return
-        st = self.stats
-        for key, job in list(self.jobs.items()):
-            u = self.vram.units.get(key)
-            if u is None:
-                del self.jobs[key]
-                continue
-            if u.state == QUEUED and self.copier.started(job):
-                u.state = INFLIGHT
-                st.count_start(u)
-            if self.copier.done(job):
-                if u.state == QUEUED:
-                    st.count_start(u)
-                u.state = RESIDENT
-                del self.jobs[key]
-                self.policy.on_loaded(self.view, key, u.demand)
-
-    def _drop(self, u: Unit) -> None:
-        self.vram.remove(u)
-        self.vram.release(u)
-        self.store.free(u.key)
-        if not u.used and not u.demand:
-            self.stats.wasted_prefetch_bytes += u.nbytes
-        self.policy.on_evict(self.view, u.key)
-
-    def evict_key(self, key: UnitKey) -> bool:
-        """Evict a resident, unpinned unit; False if ``key`` is not one."""
-        u = self.vram.units.get(key)
-        if u is None or u.state != RESIDENT or key in self.vram.pinned:
-            return False
-        self.stats.evictions += 1
-        self._drop(u)
-        return True
-
-    def _make_room(self, pool: int, nbytes: int, reason: Reason, key: UnitKey) -> bool:
-        vram, policy = self.vram, self.policy
-        while vram.free(pool) < nbytes:
-            cands = vram.candidates(pool)
-            if not cands:
-                break
-            req = EvictionRequest(reason, key, pool, nbytes - vram.free(pool), cands)
-            victim = policy.choose_victim(self.view, req)
-            if isinstance(victim, Decline):
-                if victim is not req.decline:
-                    raise ExecutorError(f"policy {policy.name!r} answered {victim.value!r} to a {reason.value} "
-                                        f"eviction request; expected a victim or {req.decline.value!r}")
-                break
-            if not self.evict_key(victim):
-                raise ExecutorError(f"policy {policy.name!r} chose victim {victim}, which is not an unpinned resident")
-        return vram.free(pool) >= nbytes
-
-    def _submit(self, u: Unit, cls: int, priority: float = 0.0) -> None:
-        layer, expert, _ = u.key
-        dst = self.store.alloc(u.key)
-        u.state = QUEUED
-        self.jobs[u.key] = self.copier.submit(u.key, self.store.source(layer, expert), dst, cls, priority,
-                                              after=self.store.fence(u.key))
-
-    def issue_prefetch(self, key: UnitKey, priority: float, into_buffer: bool) -> bool:
-        """A policy's prefetch: room now (victims from the policy), then a queued copy."""
-        vram = self.vram
-        if key in vram.units:
-            return False
-        layer, expert, part = key
-        if not (0 <= layer < self.L and 0 <= expert < self.E) or part != 0:
-            raise ExecutorError(f"policy {self.policy.name!r} prefetched {key}; the model has {self.L} layers x "
-                                f"{self.E} experts of one part")
-        pool = self.pool_of(layer)
-        if any(w.pool == pool for w in self.waiting):
-            return False
-        u = Unit(key, self.expert_bytes, pool, False)
-        if into_buffer:
-            if not vram.take_buffer(u):
-                return False
-        else:
-            self._make_room(pool, u.nbytes, Reason.PREFETCH, key)
-            if not vram.take_room(u, True):
-                return False
-        vram.add(u)
-        self._submit(u, PREFETCH, priority)
-        return True
-
-    def reprioritize(self, key: UnitKey, priority: float) -> bool:
-        """Change a queued prefetch's priority."""
-        job = self.jobs.get(key)
-        u = self.vram.units.get(key)
-        if job is None or u is None or u.demand:
-            return False
-        return bool(self.copier.reprioritize(job, priority))
-
-    def cancel_queued(self, layer: int | None, pool: int | None = None) -> int:
-        """Withdraw queued prefetches (of ``layer``, or holding room in ``pool``, or all)."""
-        dropped = []
-        for key, job in list(self.jobs.items()):
-            u = self.vram.units.get(key)
-            if u is None or u.demand or key in self.vram.pinned or u.state != QUEUED:
-                continue
-            if layer is not None and key[0] != layer:
-                continue
-            if pool is not None and (u.pool != pool or u.in_buffer):
-                continue
-            if self.copier.cancel(job):
-                del self.jobs[key]
-                u.state = ABSENT
-                self.vram.remove(u)
-                self.vram.release(u)
-                self.store.free(key)
-                dropped.append(key)
-        for key in dropped:
-            self.policy.on_cancel(self.view, key)
-        return len(dropped)
-
-    def abort_prefetch(self, key: UnitKey) -> bool:
-        """Stop a prefetch that has not landed: a queued copy is withdrawn (as
-        :meth:`cancel_queued` does); one the copy engine has started cannot be stopped on a
-        real device, so it is left to land (False), as are demand loads and pinned units."""
-        self._refresh()
-        u = self.vram.units.get(key)
-        job = self.jobs.get(key)
-        if u is None or job is None or u.demand or key in self.vram.pinned or u.state != QUEUED:
-            return False
-        if not self.copier.cancel(job):
-            return False
-        del self.jobs[key]
-        u.state = ABSENT
-        self.vram.remove(u)
-        self.vram.release(u)
-        self.store.free(key)
-        self.policy.on_cancel(self.view, key)
-        return True
-
-    def set_layer_budgets(self, budgets: list[int]) -> None:
-        """Re-split the budget among layers (bytes per layer), usage fitting."""
-        if self.global_pool or len(budgets) != self.L:
-            raise ExecutorError(f"policy {self.policy.name!r}: need {self.L} layer budgets of a per-layer pool")
-        if sum(int(b) for b in budgets) > sum(self.ctx.pool_capacity):
-            raise ExecutorError(f"layer budgets sum to {sum(budgets)} bytes, over the total")
-        for layer, b in enumerate(budgets):
-            if self.vram.used[layer] > int(b):
-                raise ExecutorError(f"layer {layer} uses {self.vram.used[layer]} bytes, over its new budget {int(b)}")
-        self.vram.set_capacities([int(b) for b in budgets])
-
-    def _issue_demand(self) -> None:
-        """Give room to waiting demand units in order and queue their copies."""
-        while self.waiting:
-            u = self.waiting[0]
-            ok = self._make_room(u.pool, u.nbytes, Reason.DEMAND, u.key) and self.vram.take_room(u, True)
-            if not ok and self.cancel_queued(None, pool=u.pool):
-                ok = self._make_room(u.pool, u.nbytes, Reason.DEMAND, u.key) and self.vram.take_room(u, True)
-            if not ok:
-                break
-            self.waiting.pop(0)
-            self._submit(u, DEMAND)
 
     def _charge(self) -> None:
         """Policy CPU time charged through ``spend_cpu``/``decision_us`` is spent for real (a busy
         wait), so both sides run the same policy cost."""
-        if self.spent_s > 0:
-            end = time.perf_counter() + self.spent_s
-            self.stats.policy_cpu_s += self.spent_s
-            self.spent_s = 0.0
+        s = self.state
+        if s.spent_s > 0:
+            end = time.perf_counter() + s.spent_s
+            self.stats.policy_cpu_s += s.spent_s
+            s.spent_s = 0.0
             while time.perf_counter() < end:
                 pass
 
@@ -314,40 +116,42 @@ class Executor:
         """Pre-hook of the decoder layer holding MoE layer ``layer``."""
         if self.mode != "offload":
             return
-        self.cur_layer = layer
-        self._refresh()
-        self.policy.before_layer(self.view, layer)
+        s = self.state
+        s.cur_layer = layer
+        self.res.refresh()
+        s.policy.before_layer(s.view, layer)
         self._charge()
 
     def moe(self, layer: int, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The MoE output of ``layer``: teacher-forced routing, the policy's plan, real copies."""
         if self.mode != "offload":
             return self._moe_direct(layer, x, logits)
-        it = self.cur_iter
-        policy, view, vram, st = self.policy, self.view, self.vram, self.stats
-        self.routed_upto = layer
-        routing = self.routing_of(it, layer)
+        s, res = self.state, self.res
+        it = s.cur_iter
+        policy, view, vram, st = s.policy, s.view, s.vram, self.stats
+        s.routed_upto = layer
+        routing = s.routing_of(it, layer)
         plan = policy.on_routed(view, layer, routing)
         plan_m, on_cpu = self._check_plan(plan, routing, layer)
-        self.spent_s += float(policy.decision_us) * 1e-6
+        s.spent_s += float(policy.decision_us) * 1e-6
         self._charge()
         weights = _combine_weights(logits, plan_m)
         gmask = plan_m >= 0 if on_cpu is None else (plan_m >= 0) & ~on_cpu
         exps, rows = _access_order(plan_m, gmask, x.device)
-        self._refresh()
+        res.refresh()
         units = vram.units
         for e in exps:
             vram.pinned.add((layer, e, 0))
         status: list[int] = []
         need: list[tuple[int, Unit]] = []
-        pool = self.pool_of(layer)
+        pool = s.pool_of(layer)
         for e in exps:
             key = (layer, e, 0)
             u = units.get(key)
             if u is None:
-                u = Unit(key, self.expert_bytes, pool, True)
+                u = Unit(key, s.expert_bytes, pool, True)
                 vram.add(u)
-                self.waiting.append(u)
+                res.waiting.append(u)
                 status.append(MISS)
                 st.misses += 1
             elif u.state == RESIDENT:
@@ -364,26 +168,27 @@ class Executor:
                 u.used = True
             need.append((e, u))
         t_wait = time.perf_counter()
-        if self.waiting:
-            self._issue_demand()
+        if res.waiting:
+            res.issue_demand()
         cpu_exps = [] if on_cpu is None else _access_order(plan_m, (plan_m >= 0) & on_cpu)[0]
         outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
         policy.on_access(view, layer, outcome)
         policy.after_layer(view, layer, outcome)
         self._charge()
         out = torch.zeros_like(x)
+        store = res.store
         if cpu_exps:
             crow = _access_order(plan_m, (plan_m >= 0) & on_cpu, x.device)[1]  # type: ignore[operator]
             for e in cpu_exps:
                 tok, slot = crow[e]
-                self._apply(out, x, weights, tok, slot, self.store.source(layer, e).to(x.device))
+                self._apply(out, x, weights, tok, slot, store.source(layer, e).to(x.device))
                 st.cpu_accesses += 1
         remaining = need
-        early = {id(x_) for x_, s in zip(need, status, strict=True) if s != MISS}
+        early = {id(x_) for x_, c in zip(need, status, strict=True) if c != MISS}
         stall = time.perf_counter() - t_wait
         while remaining:
-            self._refresh()
-            if self.waiting:
+            res.refresh()
+            if res.waiting:
                 head = next_in_fixed_order(remaining, early)
                 watch = [head]
                 ready = [head] if head[1].state == RESIDENT else []
@@ -393,39 +198,39 @@ class Executor:
             if ready:
                 for e, u in ready:
                     tok, slot = rows[e]
-                    self._apply(out, x, weights, tok, slot, self.store.weights(u.key))
+                    self._apply(out, x, weights, tok, slot, store.weights(u.key))
                     vram.pinned.discard(u.key)
                     if u.in_buffer:
-                        self._settle(u)
+                        res.settle(u)
                 done = {id(r) for r in ready}
                 remaining = [r for r in remaining if id(r) not in done]
-                if self.waiting:
-                    self._issue_demand()
+                if res.waiting:
+                    res.issue_demand()
                 continue
             ts = time.perf_counter()
-            pending = [self.jobs[u.key] for _, u in watch if u.key in self.jobs]
+            pending = [res.jobs[u.key] for _, u in watch if u.key in res.jobs]
             if pending:
-                self.copier.wait(pending)
-            elif self.waiting:
-                self._issue_demand()
-                if not any(u.key in self.jobs for _, u in watch):
+                res.copier.wait(pending)
+            elif res.waiting:
+                res.issue_demand()
+                if not any(u.key in res.jobs for _, u in watch):
                     # the room is held by copies already started into the load's pool (a CUDA
                     # stream starts every copy at once and cannot withdraw one): wait for one to
                     # land, when it can be evicted
-                    u0 = self.waiting[0]
-                    started = [j for k, j in self.jobs.items()
-                               if k in vram.units and vram.units[k].pool == u0.pool and self.copier.started(j)]
+                    u0 = res.waiting[0]
+                    started = [j for k, j in res.jobs.items()
+                               if k in vram.units and vram.units[k].pool == u0.pool and res.copier.started(j)]
                     if not started:
                         raise ExecutorError(f"the expert budget is too small: layer {layer} needs expert {u0.key[1]} "
                                             f"but policy {policy.name!r} can evict nothing; raise cache.rate")
-                    self.copier.wait(started)
+                    res.copier.wait(started)
             stall += time.perf_counter() - ts
         vram.pinned.clear()
         st.stall_s += stall
         if vram.buffer_used:
             for key, u in list(vram.units.items()):
                 if u.in_buffer and u.state == RESIDENT and key[0] == layer:
-                    self._settle(u)
+                    res.settle(u)
         policy.on_layer_end(view, layer)
         self._charge()
         return out
@@ -434,48 +239,44 @@ class Executor:
                slot: torch.Tensor, flat: torch.Tensor) -> None:
         apply_expert(out, x, weights, tok, slot, flat, self.om.hidden, self.om.inter)
 
-    def _settle(self, u: Unit) -> None:
-        if self.policy.admit(self.view, u.key) and self._make_room(u.pool, u.nbytes, Reason.ADMIT, u.key):
-            self.vram.move_to_pool(u)
-        else:
-            self._drop(u)
-
     def _moe_direct(self, layer: int, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Untimed context (a prompt not replayed, warm-up): the trace's routing when given, else
         the model's own top-k; experts straight from the host pool."""
         if self._bypass_routing is not None:
             plan_m = self._bypass_routing[:, layer, :].astype(np.int64)
         else:
-            plan_m = torch.topk(logits, self.K, dim=-1).indices.cpu().numpy()
+            plan_m = torch.topk(logits, self.state.K, dim=-1).indices.cpu().numpy()
         weights = _combine_weights(logits, plan_m)
         out = torch.zeros_like(x)
         exps, rows = _access_order(plan_m, plan_m >= 0, x.device)
         for e in exps:
             tok, slot = rows[e]
-            self._apply(out, x, weights, tok, slot, self.store.source(layer, e).to(x.device))
+            self._apply(out, x, weights, tok, slot, self.res.store.source(layer, e).to(x.device))
         return out
 
     def _check_plan(self, plan: Plan | None, routing: Routing, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
         if plan is None:
             return np.asarray(routing.experts, dtype=np.int64), None
+        s = self.state
         ex = np.asarray(plan.experts, dtype=np.int64)
-        where = f"iteration {self.cur_iter.index}, layer {layer}"
-        if ex.shape[0] != routing.n_tokens or (ex.size and (ex.min() < -1 or ex.max() >= self.E)):
-            raise ExecutorError(f"policy {self.policy.name!r} made an invalid plan at {where}")
-        if not self.policy.lossy and not np.array_equal(ex, routing.experts):
-            raise ExecutorError(f"policy {self.policy.name!r} is not lossy but planned other experts at {where}")
+        where = f"iteration {s.cur_iter.index}, layer {layer}"
+        if ex.shape[0] != routing.n_tokens or (ex.size and (ex.min() < -1 or ex.max() >= s.E)):
+            raise ExecutorError(f"policy {s.policy.name!r} made an invalid plan at {where}")
+        if not s.policy.lossy and not np.array_equal(ex, routing.experts):
+            raise ExecutorError(f"policy {s.policy.name!r} is not lossy but planned other experts at {where}")
         if plan.wait_for:
-            raise ExecutorError(f"policy {self.policy.name!r} waits for whole-tensor copies (plan.wait_for) at "
+            raise ExecutorError(f"policy {s.policy.name!r} waits for whole-tensor copies (plan.wait_for) at "
                                 f"{where}; the executor does not model them")
         return ex, None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
 
     # ------------------------------------------------------------------------------------------
     def _token_ids(self, rows0: np.ndarray) -> torch.Tensor:
-        tid = self.trace.token_id
+        tr = self.state.trace
+        tid = tr.token_id
         if tid is not None:
             ids = np.asarray(tid[rows0], dtype=np.int64) % self.om.vocab_size
         else:  # no token ids in the trace: a fixed pseudo-random text (timing does not depend on it)
-            ids = (self.trace.request_id[rows0] * 7919 + self.trace.token_idx[rows0] * 104729 + 17) % self.om.vocab_size
+            ids = (tr.request_id[rows0] * 7919 + tr.token_idx[rows0] * 104729 + 17) % self.om.vocab_size
         return torch.as_tensor(ids, dtype=torch.long, device=self.om.device).view(1, -1)
 
     def _forward(self, rows0: np.ndarray, cache: Any) -> None:
@@ -491,8 +292,8 @@ class Executor:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        tr = self.trace
-        L = self.L
+        tr = self.state.trace
+        L = self.state.L
         rows0 = np.arange(0, tr.num_rows, L)
         mine = rows0[(tr.request_id[rows0] == request) & (rows0 < upto_row)]
         if len(mine):
@@ -503,13 +304,92 @@ class Executor:
         return cache
 
     # ------------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        """The policy's set-up, in the simulator's order up to the initial fill."""
+        s = self.state
+        policy = s.policy
+        check_columns(policy, s.ctx.columns, s.trace.model.name)
+        if policy.host_memory != "pinned":
+            raise ExecutorError(f"policy {policy.name!r} copies from {policy.host_memory} host memory; the "
+                                "executor copies from pinned memory only")
+        s.ctx.replayed_frequency = replayed_frequency(s.workload, s.trace, s.L, s.E)
+        policy.setup(s.ctx)
+        for layer in range(s.L):
+            if tuple(policy.part_fractions(layer)) != (1.0,):
+                raise ExecutorError(f"policy {policy.name!r} splits experts into parts; the executor "
+                                    "copies whole experts only")
+        if min(s.vram.capacity) + s.vram.buffer_capacity < s.expert_bytes:
+            per = min(s.vram.capacity) / s.expert_bytes
+            raise ExecutorError(f"the expert budget holds {per:.2f} experts per pool; at least one is "
+                                "needed (raise cache.rate or cache.buffer_experts)")
+
+    def _warmup(self, n: int) -> None:
+        """Untimed forwards (allocator, kernel selection, first-call costs), experts from the host."""
+        it = self.state.workload.iterations[0]
+        for _ in range(n):
+            cache = self._context(int(it.request_ids[0]), int(it.rows0[0]))
+            self.mode = "bypass"
+            self._forward(it.rows0, cache)
+
     @quiet_library_warnings()
     def run(self, warmup: int = 2) -> ExecStats:
         """Replay the workload; returns the counters and wall-clock times (``self.stats``)."""
-        from moesim.sim.real.executor.replay import replay
-
-        return replay(self, warmup)
+        s, res, st = self.state, self.res, self.stats
+        policy, view = s.policy, s.view
+        self._setup()
+        threads = torch.get_num_threads()
+        if self.om.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+        self.om.attach(self)
+        iters = s.workload.iterations
+        last_of: dict[int, int] = {}
+        for it in iters:
+            last_of[int(it.request_ids[0])] = it.index
+        collecting = gc.isenabled()
+        try:
+            self._warmup(warmup)
+            store = res.store
+            placed = initial_fill(s, lambda key: store.alloc(key).copy_(store.source(key[0], key[1])))
+            policy.warm(view, placed)
+            # no cyclic garbage collection while timed (as timeit): its passes land at random points
+            # and are not part of what the simulator models
+            gc.collect()
+            gc.disable()
+            self.t_origin = time.perf_counter()
+            caches: dict[int, object] = {}
+            batch_start: dict[int, float] = {}
+            for it in iters:
+                r = int(it.request_ids[0])
+                if r not in caches:
+                    caches[r] = self._context(r, int(it.rows0[0]))
+                self.mode = "offload"
+                s.cur_iter, s.cur_layer, s.routed_upto = it, -1, -1
+                record_request_starts(st.request_start, it, view.now, batch_start)
+                t0 = view.now
+                policy.on_iteration_start(view)
+                self._charge()
+                self._forward(it.rows0, caches[r])
+                t1 = view.now
+                st.iteration_s.append(t1 - t0)
+                st.token_end.setdefault(r, []).append(t1)
+                s.cur_layer = s.L
+                policy.on_iteration_end(view)
+                self._charge()
+                s.prev_iter = it
+                if last_of[r] == it.index:
+                    del caches[r]
+            res.refresh()
+            st.wall_s = view.now
+        finally:
+            if collecting:
+                gc.enable()
+            self.mode = "bypass"
+            res.copier.close()
+            torch.set_num_threads(threads)
+        return st
 
     def metrics(self) -> dict[str, Any]:
         """The run's metrics, with the simulator's definitions (:mod:`moesim.sim.run.metrics`)."""
-        return exec_metrics(self)
+        copier = self.res.copier
+        return exec_metrics(self.state, self.stats, copy_busy_s=copier.busy_s(), copy_engine=copier.name,
+                            device=str(self.om.device))

@@ -6,37 +6,21 @@ output token, TPOT between consecutive output tokens; bytes counted when a copy 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from moesim.sim.engine.records import RunStats
+from moesim.sim.engine.state import RunState
 from moesim.sim.engine.vram import Unit
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.real.executor.runner import Executor
 
 
 @dataclass
-class ExecStats:
-    """Raw counters of one executor run (seconds of wall clock)."""
+class ExecStats(RunStats):
+    """Raw counters of one executor run (seconds of wall clock): the simulator's counters (those
+    the executor measures), the run's wall time and each timed iteration's."""
 
-    hits: int = 0
-    late: int = 0
-    misses: int = 0
-    cpu_accesses: int = 0
-    demand_bytes: int = 0
-    prefetch_bytes: int = 0
-    prefetch_units: int = 0
-    prefetch_used: int = 0
-    wasted_prefetch_bytes: int = 0
-    fetch_needed: int = 0
-    fetch_covered: int = 0
-    evictions: int = 0
-    stall_s: float = 0.0
-    policy_cpu_s: float = 0.0
     wall_s: float = 0.0
-    token_end: dict[int, list[float]] = field(default_factory=dict)
-    request_start: dict[int, float] = field(default_factory=dict)
     iteration_s: list[float] = field(default_factory=list)
 
     def count_start(self, u: Unit) -> None:
@@ -55,9 +39,10 @@ def _dist(values: list[float]) -> dict[str, float | None]:
     return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
 
 
-def exec_metrics(ex: Executor) -> dict[str, Any]:
-    """The metrics of a finished run, named as the simulator names them."""
-    st = ex.stats
+def exec_metrics(run: RunState[Any], st: ExecStats, *, copy_busy_s: float, copy_engine: str,
+                 device: str) -> dict[str, Any]:
+    """The metrics of a finished run (its state, counters and copy engine), named as the
+    simulator names them."""
     ttft: list[float] = []
     tpot: list[float] = []
     for r, times in st.token_end.items():
@@ -65,12 +50,12 @@ def exec_metrics(ex: Executor) -> dict[str, Any]:
         tpot.extend(np.diff(times).tolist())
     accesses = st.hits + st.late + st.misses
     outputs = sum(len(v) for v in st.token_end.values())
-    tokens = sum(it.n_tokens for it in ex.workload.iterations)
+    tokens = sum(it.n_tokens for it in run.workload.iterations)
     fetched = st.demand_bytes + st.prefetch_bytes
     return {
-        "policy": ex.policy.name,
-        "bound": bool(ex.policy.oracle),
-        "iterations": len(ex.workload.iterations),
+        "policy": run.policy.name,
+        "bound": bool(run.policy.oracle),
+        "iterations": len(run.workload.iterations),
         "tokens": tokens,
         "output_tokens": outputs,
         "wall_s": st.wall_s,
@@ -94,9 +79,9 @@ def exec_metrics(ex: Executor) -> dict[str, Any]:
         "prefetch_recall": st.fetch_covered / st.fetch_needed if st.fetch_needed else None,
         "evictions": st.evictions,
         "cpu_expert_runs": st.cpu_accesses,
-        "copy_busy_ms": ex.copier.busy_s() * 1e3,
+        "copy_busy_ms": copy_busy_s * 1e3,
         "policy_cpu_ms": st.policy_cpu_s * 1e3,
-        "device": str(ex.om.device),
-        "copy_engine": ex.copier.name,
-        "warnings": list(ex.ctx.warnings),
+        "device": device,
+        "copy_engine": copy_engine,
+        "warnings": list(run.ctx.warnings),
     }

@@ -1,0 +1,125 @@
+"""Kernels are chosen by the capability a policy's parts declare (``kernel``,
+policies/parts/kernel.py), not by class: a declaration holds only for the class that makes it,
+any composition of declared parts that adds no hook takes the kernel (with the event loop's
+exact results), and one that adds a hook does not. The kernels read the parts' state through
+public accessors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from moesim.policies.baselines.pregated import PreGatePrefetcher
+from moesim.policies.baselines.speculative import MixtralOffloading
+from moesim.policies.contract.base import Outcome, Policy, View
+from moesim.policies.contract.registry import make_policy
+from moesim.policies.parts.caches import LFUCache, LRUCache, RandomCache, StaticCache
+from moesim.policies.parts.compose import Composed
+from moesim.policies.parts.predictors import AutoPredictor, OraclePredictor, TrainedPredictor
+from moesim.policies.parts.prefetchers import NextLayerPrefetcher
+from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.capability import next_layer_parts, rule_kernel
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
+from tests.util import random_trace, tiny_hw, tiny_model
+
+
+class _MyLRU(LRUCache):
+    """A subclass that changes nothing, but says nothing either."""
+
+
+class _DeclaredLRU(LRUCache):
+    """A subclass that declares the kernel anew."""
+
+    kernel = "lru"
+
+
+class _OracleNextLayer(Composed):
+    """An unregistered composition of an LRU rule and an oracle next-layer prefetcher."""
+
+    name = "my-oracle-next-layer"
+    oracle = True
+
+    def __init__(self) -> None:
+        self.assemble(cache=LRUCache(), prefetcher=NextLayerPrefetcher(OraclePredictor(), cross_token=True))
+
+
+class _Hooked(MixtralOffloading):
+    """mixtral-offloading with a hook of its own (that changes nothing)."""
+
+    name = "hooked-mixtral-offloading"
+
+    def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
+        super().after_layer(view, layer, outcome)
+
+
+def _run(policy: Policy, *, fast: bool, budget: int = 6) -> tuple[Engine, dict[str, Any]]:
+    tr = random_trace(5, layers=3, experts=8, top_k=2, requests=2, prompt=0, decode=12)
+    m = tr.model
+    model = tiny_model(m.num_layers, m.num_experts, m.top_k)
+    eng = Engine(build_workload(tr, phases=["decode"]), policy, CostModel(model, tiny_hw()),
+                 budget_bytes=budget * model.expert_bytes, fast_replay=FAST_PATH if fast else None)
+    eng.run()
+    return eng, compute_metrics(eng.state)
+
+
+def test_a_declaration_holds_only_for_the_class_that_makes_it() -> None:
+    assert (LRUCache.kernel, LFUCache.kernel, RandomCache.kernel, StaticCache.kernel) == ("lru", "lfu", "random", "static")
+    assert _MyLRU.kernel is None and _DeclaredLRU.kernel == "lru"
+    assert NextLayerPrefetcher.kernel == "next-layer" and PreGatePrefetcher.kernel is None
+    assert (AutoPredictor.kernel, OraclePredictor.kernel, TrainedPredictor.kernel) == ("auto", "oracle", None)
+    assert rule_kernel(make_policy("lru")) == "lru" and rule_kernel(LFUCache()) == "lfu"
+    assert rule_kernel(_MyLRU()) is None and rule_kernel(_DeclaredLRU()) == "lru"
+    assert rule_kernel(make_policy("mixtral-offloading")) is None   # a prefetcher joins the rule
+    assert next_layer_parts(make_policy("mixtral-offloading")) is not None
+    assert next_layer_parts(_OracleNextLayer()) is not None
+    assert next_layer_parts(_Hooked()) is None
+
+
+def test_any_plain_composition_of_declared_parts_takes_the_kernel_exactly() -> None:
+    slow, ms = _run(_OracleNextLayer(), fast=False)
+    fast, mf = _run(_OracleNextLayer(), fast=True)
+    assert slow.state.path == "event"
+    assert fast.state.path == "fast (my-oracle-next-layer kernel)", fast.state.path_reason
+    for m in (ms, mf):
+        m.pop("engine_path")
+        m.pop("engine_path_reason")
+    assert mf == ms and mf["prefetch_gb"] > 0
+    cs, cf = slow.state.steps.columns(), fast.state.steps.columns()
+    for name in cs:
+        np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+
+
+def test_a_composition_with_a_hook_of_its_own_takes_the_event_loop() -> None:
+    eng, m = _run(_Hooked(), fast=True)
+    assert eng.state.path == "event" and "not demand-only" in eng.state.path_reason
+    plain, mp = _run(make_policy("mixtral-offloading"), fast=True)
+    assert plain.state.path == "fast (mixtral-offloading kernel)"
+    for x in (m, mp):
+        for k in ("engine_path", "engine_path_reason", "policy"):
+            x.pop(k)
+    assert m == mp   # the hook changes nothing: the kernel and the event loop agree
+
+
+def test_an_undeclared_rule_takes_the_generic_replay() -> None:
+    eng, _ = _run(_MyLRU(), fast=True)
+    assert eng.state.path == "fast"   # demand-only, replayed through its hooks: no cache kernel
+    eng, _ = _run(_DeclaredLRU(), fast=True)
+    assert eng.state.path == "fast (lru kernel)"
+
+
+def test_public_accessors_of_the_parts() -> None:
+    rule = LRUCache()
+    rule.warm(None, [(0, 1, 0), (0, 2, 0)])   # type: ignore[arg-type]
+    uses = rule.last_uses()
+    assert uses == {(0, 1, 0): 1, (0, 2, 0): 2} and rule.clock == 2
+    uses.clear()   # a copy: the rule keeps its own
+    assert rule.last_used((0, 2, 0)) == 2
+    pf = NextLayerPrefetcher(OraclePredictor(), experts=3)
+    assert pf.experts_per_token == 0   # resolved at setup
+    eng, _ = _run(make_policy("random"), fast=False)
+    cache = eng.state.policy.cache   # type: ignore[attr-defined]
+    assert cache.rng is eng.state.ctx.rng

@@ -172,7 +172,7 @@ class PreparedRun:
             "config_hash": config_hash,
         }
         metrics["scenario"] = self.loaded.scenario.name
-        metrics.update(join_keys(self.loaded, model, self.hardware, self.runtime, self.budget, self.engine.trace))
+        metrics.update(join_keys(self.loaded, model, self.hardware, self.runtime, self.budget, self.engine.state.trace))
         metrics["config_hash"] = config_hash
         fits = self.loaded.fit_provenance()
         if fits:   # fitted values in this run: where they come from and how well they predict

@@ -27,7 +27,7 @@ from moesim.sim.study.fit import FitResult
 
 def provenance(result: FitResult, command: list[str] | None = None) -> FitProvenance:
     """The ``fit:`` section of ``result``."""
-    from moesim.sim.study.sweep_run import moesim_version
+    from moesim.sim.study.study_record import moesim_version
 
     ms = result.ms
     return FitProvenance(

@@ -22,11 +22,11 @@ files in ``report-figures/`` beside it (:mod:`moesim.sim.study.report_html` rend
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moesim.sim.study.plot import PlotError
+from moesim.sim.study.report_model import FIGURE_DPI, Figure, Report
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -38,27 +38,6 @@ MAX_BAR_CHARTS = 6
 """Ranked-bar charts a report draws at most (one per value of a non-numeric swept key)."""
 
 
-@dataclass
-class Figure:
-    """One figure of a report: its file stem, caption and PNG bytes."""
-
-    stem: str
-    caption: str
-    png: bytes
-
-
-@dataclass
-class Report:
-    """Everything a report shows, before it is rendered."""
-
-    title: str
-    subtitle: str | None
-    provenance: list[tuple[str, str]]
-    commands: list[dict[str, Any]]
-    figures: list[Figure]
-    tables: list[tuple[str, list[str], list[list[str]]]]
-    notes: list[str]
-    footnotes: list[str] = field(default_factory=list)
 
 
 def _is_policy_key(key: str) -> bool:
@@ -91,8 +70,6 @@ def provenance(df: pd.DataFrame, study: dict[str, Any]) -> list[tuple[str, str]]
 
 def _png(fig: Any) -> bytes:
     import matplotlib.pyplot as plt
-
-    from moesim.sim.study.report_html import FIGURE_DPI
 
     buf = io.BytesIO()
     try:

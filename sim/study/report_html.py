@@ -11,10 +11,8 @@ from __future__ import annotations
 import base64
 import re
 from html import escape
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pragma: no cover
-    from moesim.sim.study.report import Report
+from moesim.sim.study.report_model import FIGURE_DPI, Report
 
 STYLE = """
 :root { --ink: #1d2330; --muted: #5b6474; --line: #dde1e8; --band: #f5f7fa; --accent: #1f5fa8; }
@@ -57,8 +55,6 @@ LEFT = {"policy", "kind", "rank", "notes", "reason", "error"}
 """Columns set left; every other column holds numbers and is set right."""
 
 
-FIGURE_DPI = 160
-"""The resolution figures are drawn at (:func:`moesim.sim.study.report.figures`)."""
 SCREEN_DPI = 88
 """The CSS pixels per inch a figure is shown at: print-sized figures read at their size."""
 

@@ -34,10 +34,18 @@ def read_study(folder: str | Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def moesim_version() -> str:
+    """The installed moesim version (``unknown`` when running from an uninstalled tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moesim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def record_study(out: Path, sweep: Sweep, command: list[str] | None = None) -> None:
     """Write ``out/study.json``: the study and, appended to those already there, this command."""
-    from moesim.sim.study.sweep_run import moesim_version
-
     previous = read_study(out)
     argv = list(command) if command is not None else ["simctl", *sys.argv[1:]]
     entry = {"argv": argv, "command": shlex.join(argv), "cwd": os.getcwd(),

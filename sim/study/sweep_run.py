@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from moesim.sim.study.progress import MODES
 from moesim.sim.study.progress import progress as show_progress
-from moesim.sim.study.study_record import record_study
+from moesim.sim.study.study_record import moesim_version, record_study
 from moesim.sim.study.sweep import Point, Sweep, SweepError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,16 +45,6 @@ TABLE = "results.parquet"
 NOT_APPLICABLE = "n/a"  # status of a point whose policy needs a trace column the trace lacks
 POINTS = "points"
 _TRACES: dict[tuple[str, str], Trace] = {}
-
-
-def moesim_version() -> str:
-    """The installed moesim version (``unknown`` when running from an uninstalled tree)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("moesim")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 # --- in the worker --------------------------------------------------------------------------------

@@ -132,6 +132,8 @@ scenario_case("cache-unknown", scen(cache={"rate": 0.5, "size": 3}), "cache.size
 scenario_case("cache-scope-unknown", scen(cache={"rate": 0.5, "scope": "pool"}), "cache.scope")
 scenario_case("cache-scope-global-moepic", scen(cache={"rate": 0.5, "buffer_experts": 2, "scope": "global"},
                                                 policy="moepic"), "moepic", "cache.scope")
+scenario_case("cache-scope-global-lfru", scen(cache={"rate": 0.5, "scope": "global"}, policy="lfru"),
+              "lfru", "cache.scope")
 scenario_case("cache-scalar", scen(cache=0.5), "cache")
 scenario_case("policy-unknown", scen(policy="lur"), "policy", "lur")
 scenario_case("policy-number", scen(policy=3), "policy")

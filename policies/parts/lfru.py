@@ -27,6 +27,7 @@ from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     Outcome,
+    PolicySetupError,
     Reason,
     UnitKey,
     VictimChoice,
@@ -51,7 +52,11 @@ class LFRUCache(CacheRule):
         return True
 
     def setup(self, ctx: Context) -> None:
-        """Forget everything."""
+        """Forget everything. vLLM's LFRU is one cache per MoE layer, each with its own clock: a
+        single pool over all layers (``cache.scope: global``) has no such clock and is refused."""
+        if len(ctx.pool_capacity) != ctx.num_layers:
+            raise PolicySetupError("lfru keeps one cache per MoE layer (vLLM's LFRU, each layer with "
+                                   "its own clock): it needs cache.scope: layer")
         self._clock = {}
         self._entry = {}
         self._inserted = 0

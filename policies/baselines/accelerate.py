@@ -37,8 +37,7 @@ from moesim.policies.contract.base import (
 )
 from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
-
-GIB = 1024**3
+from moesim.sim.config.catalog import GIB
 
 
 @register

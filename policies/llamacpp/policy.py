@@ -49,8 +49,7 @@ from moesim.policies.contract.base import (
 from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.llamacpp.placement import cpu_layers, parse_overrides
-
-GIB = 1024**3
+from moesim.sim.config.catalog import GIB
 
 
 @register

@@ -55,12 +55,11 @@ def simulate(loaded: LoadedScenario, model_spec: Any, profile: Path, trace: Any)
 def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy: str = "auto",
             threads: int = 1) -> dict[str, Any]:
     """The scenario on the executor: the same requests, budget, initial fill and policy."""
-    from moesim.policies.contract.registry import load_plugin, make_policy
     from moesim.sim.config.catalog import get_hardware, get_runtime, load_spec_file
     from moesim.sim.engine.cost import CostModel
     from moesim.sim.engine.workload import build_workload
     from moesim.sim.real.executor.runner import Executor
-    from moesim.sim.run.runner import check_shapes, select_requests
+    from moesim.sim.run.runner import check_shapes, scenario_policy, select_requests
 
     scen = loaded.scenario
     source = loaded.source or "scenario"
@@ -69,12 +68,7 @@ def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy:
     if scen.cache.swap_out:
         raise MoesimError(f"{source}: cache.swap_out: the executor drops evicted experts (no swap-out)")
     check_shapes(trace, om.spec, source)
-    for plugin in loaded.plugin_paths():
-        load_plugin(plugin)
-    pspec = scen.policy_spec
-    policy = make_policy(pspec.name, pspec.params)
-    if scen.cache.scope is not None:   # the scenario's pool layout, as the simulator's run takes it
-        policy.scope = scen.cache.scope
+    policy = scenario_policy(loaded)
     prof, requests = select_requests(loaded, trace)
     wl = build_workload(trace, batch_size=1, phases=scen.workload.phases, requests=requests)
     cost = CostModel(om.spec, get_hardware(load_spec_file(profile, "hardware")),

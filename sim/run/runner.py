@@ -182,6 +182,23 @@ class PreparedRun:
                          hardware=self.hardware, timeline=state.timeline, changes=self.loaded.changes())
 
 
+def scenario_policy(loaded: LoadedScenario) -> Policy:
+    """The scenario's policy, built as every run builds it: its plugins loaded, its parameters
+    checked (a bad one is one line naming the scenario) and the scenario's ``cache.scope`` (the
+    pool layout) put in place of the policy's own."""
+    scen = loaded.scenario
+    for plugin in loaded.plugin_paths():
+        load_plugin(plugin)
+    pspec = scen.policy_spec
+    try:
+        policy = make_policy(pspec.name, pspec.params)
+    except PolicyError as exc:
+        raise ScenarioError(f"{loaded.source or 'scenario'}: {exc}") from None
+    if scen.cache.scope is not None:
+        policy.scope = scen.cache.scope
+    return policy
+
+
 def prepare_run(
     loaded: LoadedScenario,
     *,
@@ -195,15 +212,7 @@ def prepare_run(
     already loaded one)."""
     scen = loaded.scenario
     source = loaded.source or "scenario"
-    pspec = scen.policy_spec
-    for plugin in loaded.plugin_paths():
-        load_plugin(plugin)
-    try:
-        policy = make_policy(pspec.name, pspec.params)
-    except PolicyError as exc:
-        raise ScenarioError(f"{source}: {exc}") from None
-    if scen.cache.scope is not None:   # the scenario's pool layout instead of the policy's own
-        policy.scope = scen.cache.scope
+    policy = scenario_policy(loaded)
     if trace is None:
         cols = policy.read_columns() | policy.required_columns() | ({"weights"} if policy.lossy else set())
         trace = load_trace(loaded, frozenset(cols))

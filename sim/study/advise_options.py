@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-GIB = 1024**3
+from moesim.sim.config.catalog import GIB
+
 RUNTIMES = {"lru": "hf-eager", "mixtral-offloading": "hf-eager", "cpu-moe": "llama-cpp-like",
             "fiddler": "hf-eager", "accelerate": "hf-eager"}
 SYSTEMS = {"lru": "expert cache (lru)", "mixtral-offloading": "mixtral-offloading", "cpu-moe": "llama.cpp",

@@ -66,7 +66,11 @@ class ImportanceScorer:
     def setup(self, num_layers: int, num_experts: int) -> None:
         """Empty windows for ``num_layers`` layers of ``num_experts`` experts."""
         self.E = num_experts
-        self.history: list[deque[np.ndarray]] = [deque(maxlen=self.window) for _ in range(num_layers)]
+        # per layer, the window's executed expert sets (ids without repeats), oldest first
+        self.history: list[deque[list[int]]] = [deque(maxlen=self.window) for _ in range(num_layers)]
+        self._weights = [1.0]   # gamma^age, by the repeated products of Eq. 8's loop
+        for _ in range(self.window - 1):
+            self._weights.append(self._weights[-1] * self.gamma)
         self.last_use = np.full((num_layers, num_experts), -1, dtype=np.int64)
         self.predicted: list[np.ndarray | None] = [None] * num_layers
         self._seen: set[tuple[int, int]] = set()
@@ -79,21 +83,17 @@ class ImportanceScorer:
         if len(self._seen) > 4 * len(self.history):
             self._seen = {k for k in self._seen if k[0] >= iteration - 1}
         self._seen.add((iteration, layer))
-        ind = np.zeros(self.E, dtype=bool)
         ids = [int(e) for e in executed if e >= 0]
-        ind[ids] = True
-        self.history[layer].append(ind)
+        self.history[layer].append(list(dict.fromkeys(ids)))
         self.last_use[layer, ids] = iteration
 
     def usage(self, layer: int) -> np.ndarray:
         """Eq. 8: ``u(e) = sum_t gamma^(T - t) I_t(e)``, the newest iteration weighing 1."""
-        hist = self.history[layer]
-        u = np.zeros(self.E)
-        w = 1.0
-        for ind in reversed(hist):
-            u[ind] += w
-            w *= self.gamma
-        return u
+        u = [0.0] * self.E   # Python floats: the same double additions, newest first
+        for ids, w in zip(reversed(self.history[layer]), self._weights, strict=False):   # window <= T
+            for e in ids:
+                u[e] += w
+        return np.array(u)
 
     def hotness(self, layer: int, residents: Sequence[int]) -> dict[int, float]:
         """Eq. 9: usage normalised over the residents (all 0 when they were never used)."""
@@ -155,7 +155,7 @@ class ImportanceCache(CacheRule):
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Count the layer's executed experts (once per iteration and layer)."""
         plan = outcome.plan
-        self.scorer.observe(view.iteration_index, layer, np.unique(plan[plan >= 0]).tolist())
+        self.scorer.observe(view.iteration_index, layer, sorted({e for e in plan.ravel().tolist() if e >= 0}))
 
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:

@@ -120,7 +120,7 @@ class PreEvictor(Prefetcher):
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Count executed experts; a pre-evicted expert that this routing needs is a regret."""
         plan = outcome.plan
-        self.scorer.observe(view.iteration_index, layer, np.unique(plan[plan >= 0]).tolist())
+        self.scorer.observe(view.iteration_index, layer, sorted({e for e in plan.ravel().tolist() if e >= 0}))
         if not self._mine:
             return
         for e, st in zip(outcome.experts, outcome.status, strict=True):

@@ -47,6 +47,13 @@ class StridePrefetcher(Prefetcher):
     def _learn(self, routed: np.ndarray) -> None:
         """Count co-routing of one token ``[L, k]`` at distances 2..stride."""
         L = routed.shape[0]
+        if routed.min(initial=0) >= 0:
+            # every layer pair of a distance at once; a repeated (a, b) within one layer pair
+            # counts once, as the += of np.ix_ below does (a buffered fancy-index add)
+            for s in range(2, min(self.stride, L - 1) + 1):
+                lays = np.arange(L - s)[:, None, None]
+                self._trans[lays, s, routed[:L - s, :, None], routed[s:, None, :]] += 1.0
+            return
         for s in range(2, self.stride + 1):
             for lay in range(L - s):
                 a, b = routed[lay], routed[lay + s]
@@ -72,6 +79,16 @@ class StridePrefetcher(Prefetcher):
         cur = outcome.routing.experts
         for t in range(layer + 2, min(L, layer + 1 + self.stride)):
             dist = t - layer
+            if cur.shape[0] == 1:   # one token: the same sums and top-k, without the 2-D steps
+                row = cur[0]
+                sc = self._trans[layer, dist][row[row >= 0]].sum(axis=0)
+                tot1 = sc.sum()
+                if not tot1:
+                    continue
+                prob1 = (sc / tot1)[None, :]
+                guess = [(e, p) for e, p in top_experts(prob1, self._k) if p > 0]
+                self.prefetch_set(view, t, [(e, float(p) / dist) for e, p in guess])
+                continue
             scores = np.stack([self._trans[layer, dist][row[row >= 0]].sum(axis=0) for row in cur])
             tot = scores.sum(axis=1, keepdims=True)
             if not tot.any():

@@ -104,23 +104,23 @@ def buddy_lists(q: np.ndarray, A: np.ndarray, alpha: float | Sequence[float], k_
         raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
     if k_max < 1:
         raise ValueError(f"k_max must be >= 1, got {k_max}")
-    ids = np.arange(E)
-    out: BuddyLists = []
-    for layer in range(L):
-        lists: list[list[int]] = []
-        for i in range(E):
-            row = q[layer, i]
-            if A[layer, i] <= 0 or row.sum() <= 0:
-                lists.append([])
-                continue
-            order = np.lexsort((ids, -A[layer], -row))     # last key first: q desc, A desc, id asc
-            order = order[(order != i) & (row[order] > 0)]
-            cum = np.cumsum(row[order])
-            reach = np.nonzero(cum >= alphas[layer] - 1e-12)[0]
-            t = int(reach[0]) + 1 if len(reach) else len(order)
-            lists.append([int(j) for j in order[:min(t, k_max)]])
-        out.append(lists)
-    return out
+    # every layer and expert at once: sort each row of q (last key first: q desc, A desc, id asc)
+    peers = np.array(q, dtype=np.float64)
+    peers[:, np.arange(E), np.arange(E)] = 0.0   # an expert is never its own buddy
+    ids = np.broadcast_to(np.arange(E), (L, E, E))
+    act = np.broadcast_to(-A[:, None, :], (L, E, E))
+    order = np.lexsort((ids, act, -peers), axis=-1)             # [L, E, E]
+    vals = np.take_along_axis(peers, order, axis=-1)
+    # peers with q > 0 come first in that order (q >= 0), so the cumulative sums of
+    # the whole sorted row are those of the peers: adding the zeros after them changes nothing
+    n_peers = (vals > 0).sum(axis=-1)                              # [L, E]
+    cum = np.cumsum(vals, axis=-1)
+    reach = (cum >= np.asarray(alphas)[:, None, None] - 1e-12) & (vals > 0)
+    first = np.where(reach.any(axis=-1), reach.argmax(axis=-1) + 1, n_peers)
+    keep = np.minimum(first, k_max)
+    keep[(A <= 0) | (q.sum(axis=-1) <= 0)] = 0   # never active, or no co-activation mass
+    order_l, keep_l = order.tolist(), keep.tolist()
+    return [[order_l[layer][i][:keep_l[layer][i]] for i in range(E)] for layer in range(L)]
 
 
 @dataclass
@@ -150,6 +150,18 @@ class CoactivationProfile:
 
     def add(self, layer: int, experts: np.ndarray, weights: np.ndarray | None) -> None:
         """Count the ``[n, k]`` routing of ``layer`` for ``n`` more tokens."""
+        if self.mode == "binary" and len(experts) == 1:
+            # one token (decode at batch 1): the counts of coactivation_counts, added in Python
+            row = [e for e in experts[0].tolist() if e >= 0]
+            act, co = self.activations[layer], self.coactivations[layer]
+            for e in row:
+                act[e] += 1.0
+            for r, i in enumerate(row):
+                for j in row[r + 1:]:
+                    if i != j:
+                        co[i, j] += 1.0
+                        co[j, i] += 1.0
+            return
         ex = np.asarray(experts)[:, None, :]
         w = None if weights is None else np.asarray(weights)[:, None, :]
         A, M = coactivation_counts(ex, self.activations.shape[1], w, self.mode)

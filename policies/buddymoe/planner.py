@@ -225,7 +225,10 @@ class BuddySubstitutePlanner(Planner):
         """Replace the layer's misses by resident buddies, subject to the gates; with
         ``fallback="cpu"`` the misses left run on the host CPU."""
         S = routing.experts
-        state = {int(e): view.state(layer, int(e)) for e in np.unique(S) if e >= 0}
+        state = {}   # the routed experts in id order (np.unique's), without a numpy call per layer
+        for e in sorted(set(S.ravel().tolist())):
+            if e >= 0:
+                state[e] = view.state(layer, e)
         missing = {e for e, s in state.items() if self._missing(s)}
         if not missing:
             return None

@@ -77,4 +77,16 @@ class MapPriorityCache(CacheRule):
                 cands = outside
         if not cands:
             return request.decline
-        return max(cands, key=lambda k: (self.priority(k), -k[0], -k[1], -k[2]))
+        # max over (priority(k), -layer, -expert, -part), priority inlined: this runs for every
+        # eviction over the whole (global) pool
+        rows = self.maps.p_rows() if self.maps is not None else None
+        p_uniform = 1.0 / self._J
+        freq, smooth, inf = self.freq, self.freq_smoothing, float("inf")
+        best, best_key = cands[0], None
+        for k in cands:
+            p = rows[k[0]][k[1]] if rows is not None else p_uniform
+            den = p * (freq.get(k, 0) + smooth)
+            kk = (1.0 / den if den > 0 else inf, -k[0], -k[1], -k[2])
+            if best_key is None or kk > best_key:
+                best, best_key = k, kk
+        return best

@@ -75,7 +75,9 @@ class ExpertMapPrefetcher(Prefetcher):
         if self.semantic and not ctx.has_embedding:
             ctx.warn("fmoe: the trace has no embeddings; semantic matching is off (no prefetch for "
                      "layers 0..d-1)")
-        self.p_map = np.full((self._L, self._J), 1.0 / self._J)
+        self.p_map = np.full((self._L, self._J), 1.0 / self._J)   # replaced, never changed in place
+        self._p_rows_of: np.ndarray | None = None
+        self._p_rows: list[list[float]] = []
         self.matches = 0
         self.issued = 0
         prof = ctx.profile
@@ -191,6 +193,16 @@ class ExpertMapPrefetcher(Prefetcher):
         """The eviction ``p`` of an expert: the latest matched maps' probability (max over
         requests; uniform before any match)."""
         return float(self.p_map[layer, expert])
+
+    def p_rows(self) -> list[list[float]]:
+        """:meth:`p_evict` of every expert as ``rows[layer][expert]``: Python floats for a cache
+        rule that weighs every resident expert per eviction. Converted again only when
+        ``p_map`` is replaced (it is never changed in place)."""
+        pm = self.p_map
+        if self._p_rows_of is not pm:
+            self._p_rows_of = pm
+            self._p_rows = pm.tolist()
+        return self._p_rows
 
     def issue(self, view: View, l_now: int) -> None:
         """Prefetch (or re-rank) every wanted expert of layers ``l_now+1..l_now+d`` at priority

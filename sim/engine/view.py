@@ -160,7 +160,10 @@ class EngineView:
 
     def units_of_layer(self, layer: int) -> list[UnitKey]:
         """Units of ``layer`` resident or issued."""
-        return [k for k in self._e.vram.units if k[0] == layer]
+        e = self._e
+        if not e.global_pool:   # the layer's own pool holds them, in the same (insertion) order
+            return list(e.vram.pool_units[layer])
+        return [k for k in e.vram.units if k[0] == layer]
 
     def pinned(self, layer: int, expert: int) -> bool:
         """Some part of the expert is pinned: planned for the current layer, not yet computed."""

@@ -26,10 +26,10 @@ def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, n
         raise PolicyError(f"policy {policy_name!r} planned {ex.shape[0]} tokens at {where}; the iteration has {routing.n_tokens}")
     if ex.size and (ex.min() < -1 or ex.max() >= num_experts):
         raise PolicyError(f"policy {policy_name!r} planned an expert outside -1..{num_experts - 1} at {where}")
-    for row in ex:
-        valid = row[row >= 0]
-        if len(np.unique(valid)) != len(valid):
-            raise PolicyError(f"policy {policy_name!r} planned one expert twice for a token at {where}: {row.tolist()}")
+    for row in ex.tolist():   # Python lists: a plan has a few short rows
+        valid = [x for x in row if x >= 0]
+        if len(set(valid)) != len(valid):
+            raise PolicyError(f"policy {policy_name!r} planned one expert twice for a token at {where}: {row}")
     if not lossy and not np.array_equal(ex, routing.experts):
         raise PolicyError(f"policy {policy_name!r} is not lossy but planned other experts than the routing at {where}")
     return ex
@@ -67,6 +67,11 @@ def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None
 def access_order(valid: np.ndarray) -> tuple[list[int], list[int]]:
     """Distinct experts of ``valid`` (flattened, tokens in order) by first occurrence, and how
     many tokens each serves."""
+    if valid.size <= 64:   # a few tokens' slots: a dict in first-occurrence order is quicker
+        counts: dict[int, int] = {}
+        for x in valid.tolist():
+            counts[x] = counts.get(x, 0) + 1
+        return list(counts), list(counts.values())
     uniq, first, cnt = np.unique(valid, return_index=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     return [int(x) for x in uniq[order]], [int(x) for x in cnt[order]]

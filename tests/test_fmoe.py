@@ -18,7 +18,7 @@ from moesim.policies.parts.caches import LCPCache
 from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.prefetchers import Prefetcher
 from moesim.traces.format.trace_file import DECODE, ModelInfo, TraceMeta, trace_from_columns
-from tests.util import random_trace, run_engine, steps, tiny_hw, tiny_model
+from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
 
 P = np.array([0.5, 0.3, 0.15, 0.05])
 
@@ -271,3 +271,39 @@ def test_fmoe_table_compares_every_system_on_one_global_pool() -> None:
     assert pol.scope == "global" and m["expert_budget_gib"] == pytest.approx(12.0)
     m_layer, pol_layer = run_scenario({**small, "cache": {"gib": 12.0}})
     assert pol_layer.scope == "layer" and m_layer["ttft_ms"]["mean"] != m["ttft_ms"]["mean"]
+
+
+def _lru_hits(scope: str, budget: float) -> tuple[int, int]:
+    """Hits and accesses of LRU on 5 decode tokens that each route expert 0 at all 3 layers."""
+    tr = make_trace([[[0]] * 3] * 5, num_experts=4)
+    pol = make_policy("lru", {})
+    pol.scope = scope
+    _, m = run_engine(tr, pol, tiny_model(3, 4, 1), tiny_hw(), budget_experts=budget)
+    return m["hits"], m["accesses"]
+
+
+def test_lru_on_a_global_pool_smaller_than_a_tokens_working_set_never_hits() -> None:
+    """Why fMoE's hit-rate ratio over DeepSpeed-Inference is not a row of
+    measurements/fmoe-end-to-end.yaml: a token uses one expert per layer, layer after layer, and
+    a global LRU pool of 2 experts for 3 layers evicts each one before its layer comes round
+    again (0 hits of 15), where 3 slots, global or one per layer, keep all of them after the
+    first token (12 of 15). Mixtral at 12 GiB is the same case: 64 experts a token, 36 slots."""
+    assert _lru_hits("global", 2) == (0, 15)
+    assert _lru_hits("global", 3) == (12, 15)
+    assert _lru_hits("layer", 3) == (12, 15)
+
+
+def test_fmoe_measurement_set_runs_every_system_on_one_global_pool() -> None:
+    """measurements/fmoe-end-to-end.yaml gives fMoE and its baselines the one expert cache of the
+    MoE-Infinity codebase they all run on (fMoE section 6.2), as benchmarks/fmoe_table.py does:
+    the base declares ``cache.scope: global`` and no row or reference sets another scope."""
+    from pathlib import Path
+
+    import yaml
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "measurements" / "fmoe-end-to-end.yaml")
+                          .read_text())
+    assert data["base"]["cache"]["scope"] == "global"
+    for row in data["rows"]:
+        for over in (row["set"], row.get("relative_to", {})):
+            assert "cache.scope" not in over and "scope" not in over.get("cache", {})

@@ -80,12 +80,12 @@ class Accelerate(Policy):
             need = (self.resident + (1 if self.resident < L else 0)) * layer_bytes
             if need > ctx.total_budget:
                 raise PolicySetupError(
-                    f"accelerate: {self.resident} resident layers and one streamed layer of {E} experts need "
+                    f"{self.name}: {self.resident} resident layers and one streamed layer of {E} experts need "
                     f"{need / GIB:.2f} GiB; the expert budget is {ctx.total_budget / GIB:.2f} GiB")
         if self.resident < L and fit < 1:
-            ctx.warn(f"accelerate: the expert budget holds {ctx.total_budget // ctx.expert_bytes} experts, less "
+            ctx.warn(f"{self.name}: the expert budget holds {ctx.total_budget // ctx.expert_bytes} experts, less "
                      f"than one decoder layer's {E}; each streamed layer passes through it piecewise "
-                     "(accelerate itself would run out of GPU memory)")
+                     f"({self.name} itself would run out of GPU memory)")
         per_layer = ctx.model.non_expert_bytes / L if self.stream_non_expert else 0.0
         self._non_expert_s = ctx.cost.transfer_s(per_layer) if per_layer > 0 else 0.0
         self._kept = {(layer, e, 0) for layer in range(self.resident) for e in range(E)}

@@ -45,6 +45,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "moesim.policies.llamacpp.policy": ("cpu-moe",),
     "moesim.policies.fiddler.policy": ("fiddler",),
     "moesim.policies.baselines.accelerate": ("accelerate",),
+    "moesim.policies.baselines.vllm_offload": ("vllm-offload",),
 }
 _MODULE_OF = {name: mod for mod, names in _MODULES.items() for name in names}
 _loaded = False

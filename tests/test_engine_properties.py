@@ -23,6 +23,7 @@ case = st.fixed_dictionaries({
     "copy_engines": st.integers(1, 2),
     "policy": st.sampled_from(policy_names()),
     "swap_out": st.booleans(),
+    "serial": st.booleans(),
     "order": st.sampled_from(["priority", "fifo"]),
     "sync": st.booleans(),
 })
@@ -45,7 +46,8 @@ def test_invariants_hold_for_any_policy_and_budget(c: dict) -> None:  # type: ig
     budget = max(c["budget"], c["layers"])  # at least one expert per layer
     eng, m = run_engine(tr, make_policy(c["policy"]), model, hw, budget_experts=budget,
                         buffer_experts=c["buffer"], batch_size=c["batch"], phases=("prefill", "decode"),
-                        swap_out=c["swap_out"], pcie_order=c["order"], sync_prefetch=c["sync"])
+                        swap_out=c["swap_out"], serial_swap=c.get("serial", False), pcie_order=c["order"],
+                        sync_prefetch=c["sync"])
     # VRAM never exceeds budget + buffer (the peak is taken at every allocation)
     assert eng.state.stats.vram_peak_bytes <= (budget + c["buffer"]) * model.expert_bytes
     # one access or CPU run per (iteration, layer, distinct expert executed)

@@ -101,7 +101,8 @@ def random_trace(seed: int, *, layers: int = 3, experts: int = 8, top_k: int = 2
 def run_engine(trace: Trace, policy: Any, model: ModelSpec, hw: HardwareSpec, *,
                budget_experts: float, buffer_experts: float = 0, batch_size: int = 1,
                phases: tuple[str, ...] = ("decode",), seed: int = 0, initial: str = "empty",
-               timeline: bool = False, swap_out: bool = False, pcie_order: str = "priority",
+               timeline: bool = False, swap_out: bool = False, serial_swap: bool = False,
+               pcie_order: str = "priority",
                sync_prefetch: bool = False, runtime: RuntimeSpec | None = None,
                profile: Profile | None = None) -> tuple[Engine, dict[str, Any]]:
     """Run ``policy`` on ``trace`` with the VRAM invariant checked after every step."""
@@ -109,8 +110,8 @@ def run_engine(trace: Trace, policy: Any, model: ModelSpec, hw: HardwareSpec, *,
     cost = CostModel(model, hw) if runtime is None else CostModel(model, hw, runtime)
     eng = Engine(wl, policy, cost, budget_bytes=int(budget_experts * model.expert_bytes),
                  buffer_bytes=int(buffer_experts * model.expert_bytes), seed=seed, initial=initial,
-                 swap_out=swap_out, pcie_order=pcie_order, sync_prefetch=sync_prefetch,
-                 profile=profile, record_timeline=timeline, check_invariants=True,
+                 swap_out=swap_out, serial_swap=serial_swap, pcie_order=pcie_order,
+                 sync_prefetch=sync_prefetch, profile=profile, record_timeline=timeline, check_invariants=True,
                  fast_replay=FAST_PATH)
     eng.run()
     return eng, compute_metrics(eng.state)

@@ -75,6 +75,12 @@ class CacheSpec(BaseModel):
     swap_out: bool = Field(False, description="evicting copies the expert back to the host over the D2H lane "
                            "(hardware.d2h_gbps) and frees its room only when that copy lands; default false: "
                            "weights are read-only and the host keeps them, so eviction just drops the copy")
+    serial_swap: bool | None = Field(
+        None, description="with swap_out: demand misses swap one at a time (evict-then-fetch): the "
+        "eviction for the next waiting demand load starts only when the previous demand load has "
+        "landed, so no copy-back overlaps a demand load (the on-demand baseline of ActiveEvict, "
+        "Fig. 3(a), whose blocking I/O equals its total I/O in Table 3); default: swaps pipeline, "
+        "the next copy-back runs beside the previous load")
 
     @field_validator("rate", "experts_per_layer", "gib", "buffer_experts", mode="before")
     @classmethod
@@ -93,6 +99,8 @@ class CacheSpec(BaseModel):
         given = [k for k in ("rate", "experts_per_layer", "gib") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of rate, experts_per_layer, gib (got {', '.join(given) or 'none'})")
+        if self.serial_swap and not self.swap_out:
+            raise ValueError("serial_swap needs swap_out: true (without copy-backs there is nothing to serialise)")
         return self
 
     def budget_bytes(self, model: ModelSpec) -> int:

@@ -54,6 +54,7 @@ class Engine:
         buffer_bytes: int = 0,
         initial: str = "empty",
         swap_out: bool = False,
+        serial_swap: bool = False,
         pcie_order: str = "priority",
         sync_prefetch: bool = False,
         seed: int = 0,
@@ -77,7 +78,7 @@ class Engine:
             record_timeline=record_timeline, check_invariants=check_invariants,
             sync_prefetch=sync_prefetch, progress=progress)
         run.view = EngineView(run)
-        run.transfers = Transfers(run, env, swap_out=swap_out, pcie_order=pcie_order)
+        run.transfers = Transfers(run, env, swap_out=swap_out, pcie_order=pcie_order, serial_swap=serial_swap)
         self.state = run
 
     def run(self) -> RunStats:

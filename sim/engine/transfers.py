@@ -87,7 +87,7 @@ class Transfers:
     VRAM, policy and view, counters, timeline and part fractions (a list updated in place)."""
 
     def __init__(self, state: RunState[Transfers], env: simpy.Environment, *, swap_out: bool,
-                 pcie_order: str) -> None:
+                 pcie_order: str, serial_swap: bool = False) -> None:
         cost = state.cost
         self.state = state
         self.env, self.vram, self.policy, self.view, self.cost = env, state.vram, state.policy, state.view, cost
@@ -105,6 +105,10 @@ class Transfers:
                               self._on_swap_land, queued=SWAP_QUEUED, inflight=SWAPPING, order="fifo")
                     if swap_out else None)
         self.space_event = env.event()
+        # cache.serial_swap: demand loads queued or in flight; while there is one, no eviction
+        # for the next waiting demand load starts (evict-then-fetch, one miss at a time)
+        self.serial_swap = serial_swap and swap_out
+        self.demand_pending = 0
         self.last_evict_iter: dict[UnitKey, int] = {}
         self.iteration = 0            # index of the iteration being replayed (refetch accounting)
         self.layer_evictions = 0      # counters of the layer being replayed, for its step record
@@ -270,6 +274,8 @@ class Transfers:
 
     def _on_transfer_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
         u.state = RESIDENT
+        if cls == DEMAND_CLASS and self.demand_pending:
+            self.demand_pending -= 1
         self.stats.pcie_busy_s += dur
         if self.record_timeline:
             self.timeline.append((f"PCIe H2D {lane}", self._label(u.key), start, dur,
@@ -495,8 +501,12 @@ class Transfers:
         evict_s = self.cost.hardware.evict_us * 1e-6
         demand_s = self.cost.demand_load_s()
         granted: list[Unit] = []
+        vram = self.vram
         while self.waiting:
             u = self.waiting[0]
+            if (self.demand_pending and self.serial_swap and vram.room_to_come(u.pool) < u.nbytes
+                    and vram.buffer_free() < u.nbytes):
+                break   # its room needs an eviction: not before the previous demand load landed
             ok, n = self._allocate(u, True, Reason.DEMAND)
             if not ok and self.cancel_queued_pool(u.pool):
                 ok, n2 = self._allocate(u, True, Reason.DEMAND)
@@ -507,6 +517,8 @@ class Transfers:
             self.waiting.pop(0)
             u.state = QUEUED
             granted.append(u)
+            if self.serial_swap:
+                self.demand_pending += 1
             if demand_s:
                 delay += demand_s
         return granted, delay

@@ -117,7 +117,7 @@ def cache_line(result: RunResult) -> str:
     cache = result.config.get("cache", {})
     text += f"; starts {cache.get('initial', 'empty')}"
     if cache.get("swap_out"):
-        text += "; swap-out"
+        text += "; swap-out" + (" (serial: one miss at a time)" if cache.get("serial_swap") else "")
     return text
 
 

@@ -242,6 +242,7 @@ def prepare_run(
         raise ScenarioError(f"{source}: {exc}") from None
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,
+                    serial_swap=bool(scen.cache.serial_swap),
                     pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,
                     profile=profile, record_steps=steps, record_timeline=timeline,
                     check_invariants=check_invariants, progress=progress, fast_replay=FAST_PATH)

@@ -28,6 +28,7 @@ from moesim.sim.config.catalog import RuntimeSpec
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
+from moesim.traces.format.schema import PREFILL
 from tests.util import make_trace, random_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert
@@ -240,6 +241,49 @@ def test_statuses_of_segmented_accesses() -> None:
     assert statuses == [(0, 0, 0, 1), (0, 0, 1, 0)]
     assert m["partial_rate"] == 0.5 and m["hit_rate"] == 0.0
     assert (HIT, LATE, PARTIAL, MISS) == (0, 1, 2, 3)
+
+
+def test_random_start_caches_the_tops_of_v_over_theta_experts() -> None:
+    """Algorithm 1, line 4 and section 3.4.2: MoEpic starts from a uniform budget, theta 0.5
+    and a random cache, i.e. the top segments of V_i / theta = 2 random experts in a budget of
+    one expert (the fill places first parts before second parts), not one whole expert whose
+    bottom is then dropped (which left half the budget empty)."""
+    tr = make_trace([[[2]]], num_experts=4)
+    eng, m = run_engine(tr, MoEpic(prefetch=False, configurator=False), tiny_model(1, 4, 1), tiny_hw(),
+                        budget_experts=1, buffer_experts=1, initial="random")
+    # seed 0 places the tops of experts 2 and 0 (the random order starts 2, 0): expert 2 is a
+    # partial hit, its top computes at once while the bottom loads: 100 + 500 + 25
+    assert [(s.partial, s.misses) for s in steps(eng)] == [(1, 0)]
+    assert step_us(eng) == [625]
+    assert m["demand_gb"] * 1e9 == pytest.approx(HALF)
+    assert sorted(eng.state.vram.units) == [(0, 0, 0), (0, 2, 0)] and eng.state.vram.used == [MB]
+
+
+def test_prefill_keeps_the_cached_tops_and_streams_the_rest_through_the_buffer() -> None:
+    """Section 4.2: in the prefill every expert of a layer is routed; MoEpic computes the cached
+    tops while the missing segments load (through the buffer of one expert), and keeps the tops
+    cached: 2 partial hits and 2 misses move 6 halves (3 MB), not the 4 whole experts that
+    dropping the cached tops would move."""
+    tr = make_trace([[[0]], [[1]], [[2]], [[3]]], num_experts=4, phases=[PREFILL] * 4)
+    eng, m = run_engine(tr, MoEpic(prefetch=False, configurator=False), tiny_model(1, 4, 1), tiny_hw(),
+                        budget_experts=1, buffer_experts=1, phases=("prefill", "decode"), initial="random",
+                        timeline=True)
+    # the random start holds the tops of experts 0 and 2 (seed 0)
+    # 0-100 attention; the tops of 0 and 2 compute at 100 and 125 while E0.1, E1.0, E1.1, E2.1,
+    # E3.0, E3.1 load back to back (500 us each, 100-3100); each computes as it lands; the
+    # last at 3100-3125
+    assert step_us(eng) == [3125]
+    s = steps(eng)[0]
+    assert (s.hits, s.partial, s.misses) == (0, 2, 2)
+    assert m["demand_gb"] * 1e9 == pytest.approx(3 * MB)
+    gpu = [(round(t * 1e6), round(d * 1e6)) for lane, _, t, d, _ in eng.state.timeline if lane == "GPU"]
+    assert gpu[:3] == [(0, 100), (100, 25), (125, 25)]
+    loads = [ev[1] for ev in eng.state.timeline if ev[0].startswith("PCIe")]
+    assert loads == ["L0 E0.1", "L0 E1.0", "L0 E1.1", "L0 E2.1", "L0 E3.0", "L0 E3.1"]
+    # no cached top was evicted for a passing bottom: the pool still holds two tops (the tops of
+    # the two misses replaced the cached ones by LCP on admission)
+    assert sorted(eng.state.vram.units) == [(0, 2, 0), (0, 3, 0)]
+    assert eng.state.vram.used == [MB] and eng.state.stats.evictions == 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,10 @@ Mechanism (section 3), per layer ``i``:
   is routed MoEpic terminates the prefetch: every copy of a wrong guess stops, queued or in
   flight (``view.abort_prefetch``); a right guess still queued loads on demand instead, one in
   flight goes on; missing segments load on demand while resident segments compute (the
-  engine's partial compute).
+  engine's partial compute). The cached tops stay where they are in a prefill too, when the
+  layer routes to more experts than the pool and buffer hold: each computes first and its
+  bottom streams through the buffer (section 4.2: MoEpic "overlaps the computation of cached
+  experts with the loading of missing experts" in the prefill stage).
 * A segment staged in the buffer is dropped after use, except the top segment of an activated
   expert, which replaces the least-priority cached top (LCP replacement on a miss).
 * Every ``tau`` tokens, at the next idle point, :class:`CacheConfigurator` (Algorithm 1) sets
@@ -49,6 +52,7 @@ from moesim.policies.contract.base import (
     Plan,
     Policy,
     PolicySetupError,
+    Reason,
     Routing,
     UnitKey,
     VictimChoice,
@@ -325,8 +329,6 @@ class MoEpic(Policy):
         for key in [k for k, t in self._spec.items() if k[0] == layer and t <= it]:
             if key[1] not in needed and view.state(*key) == RESIDENT:
                 view.evict(*key)
-        if routing.n_tokens > 1 and len(self._fractions[layer]) == 2:
-            self._whole_misses_when_tight(view, layer, needed)
         return None
 
     def _terminate(self, view: View, layer: int, needed: set[int]) -> None:
@@ -345,25 +347,6 @@ class MoEpic(Policy):
                     view.abort_prefetch(*key)
             elif key not in self._reload:
                 view.abort_prefetch(*key)
-
-    def _whole_misses_when_tight(self, view: View, layer: int, needed: set[int]) -> None:
-        """A many-token iteration whose missing segments cannot all get room at once: drop the
-        cached tops of experts whose bottoms are missing, so that each expert is wholly present
-        or wholly absent and the engine can stream them one by one (a half-present pinned
-        expert would hold room that its other half needs)."""
-        pool = view.pool_of(layer)
-        absent = 0
-        half: list[UnitKey] = []
-        for e in needed:
-            top, bottom = view.state(layer, e, 0), view.state(layer, e, 1)
-            absent += (top == ABSENT) * view.part_bytes(layer, 0) + (bottom == ABSENT) * view.part_bytes(layer, 1)
-            if top == RESIDENT and bottom == ABSENT and not view.in_buffer(layer, e, 0):
-                half.append((layer, e, 0))
-        spare = sum(view.part_bytes(k[0], k[2]) for k in view.resident_units(pool)
-                    if k[1] not in needed and not view.in_buffer(*k))
-        if absent > view.free(pool) + view.buffer_free() + spare:
-            for key in half:
-                view.evict(*key)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         it = view.iteration_index
@@ -424,7 +407,9 @@ class MoEpic(Policy):
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """Room for an admitted top segment: evict by the replacement rule. Room for a demand
         load: stage it in the transfer buffer when that has room (the cache is updated when it
-        is admitted), else evict by the replacement rule."""
+        is admitted); wait for the buffer while it holds a segment the layer has yet to compute
+        (it frees once that computes: a prefill streams its missing segments through the buffer
+        and keeps the cached tops); else evict by the replacement rule."""
         candidates = list(request.candidates)
         if not candidates:
             return request.decline
@@ -435,7 +420,17 @@ class MoEpic(Policy):
         largest = max(view.part_bytes(layer, p) for p in range(len(self._fractions[layer])))
         if view.buffer_free() >= largest:
             return request.decline
+        if request.reason is Reason.DEMAND and self._buffer_drains(view, request.unit[0]):
+            return request.decline
         return self._victim(candidates)
+
+    def _buffer_drains(self, view: View, layer: int) -> bool:
+        """The transfer buffer holds (or is copying) a segment of ``layer`` that the layer has yet
+        to compute: its room frees when it computes, without an eviction."""
+        for key in view.units_of_layer(layer):
+            if view.in_buffer(*key) and view.pinned(key[0], key[1]):
+                return True
+        return False
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         self._spec.pop(unit, None)

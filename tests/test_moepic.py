@@ -199,6 +199,24 @@ def test_prefetch_fetches_only_the_bottom_of_a_cached_expert() -> None:
     assert sorted(k for k in eng.state.vram.units if k[2] == 0) == [(0, 0, 0), (1, 1, 0)]
 
 
+def test_a_right_guess_once_cached_is_no_longer_a_guess() -> None:
+    """A guessed top that was right is admitted to the cache (LCP replacement, section 3.3); a
+    later token of the layer that routes elsewhere must not evict it as a wrong guess (it did,
+    leaving the pool part-empty)."""
+    look = np.zeros((4, 2, 4), dtype=np.float16)
+    look[[0, 1, 2, 3], 0, [1, 2, 3, 1]] = 5.0   # router 1 on layer 0: right, right, right, wrong
+    look[:, 1, 0] = 5.0                         # router 0 on layer 1: expert 0 (right)
+    tr = make_trace([[[0], [1]], [[0], [2]], [[0], [3]], [[0], [2]]], num_experts=4, lookahead=look)
+    eng, _ = run_engine(tr, MoEpic(configurator=False), tiny_model(2, 4, 1), tiny_hw(layer_us=2000),
+                        budget_experts=2, buffer_experts=1)
+    # layer 1 guesses experts 1, 2, 3 whole (1000 us in a 2000 us window): each a hit, its top
+    # admitted; two tops fit, so 3's top replaces 1's (LCP) and 2's stays. Token 3 routes 2: its
+    # top is cached, a partial hit whose bottom loads on demand: 2000 + 500 + 25
+    assert [(s.hits, s.partial, s.misses) for s in steps(eng)][1::2] == [(1, 0, 0)] * 3 + [(0, 1, 0)]
+    assert step_us(eng)[7] == 2525
+    assert sorted(k for k, u in eng.state.vram.units.items() if k[0] == 1 and not u.in_buffer) == [(1, 2, 0), (1, 3, 0)]
+
+
 def test_prefetch_covers_exactly_the_top_k_predicted_experts() -> None:
     """Section 3.2: the prefetch for a layer is its K predicted (activated) experts in
     descending score, each as its bottom when its top is cached, else whole; nothing past the
@@ -257,6 +275,19 @@ def test_random_start_caches_the_tops_of_v_over_theta_experts() -> None:
     assert step_us(eng) == [625]
     assert m["demand_gb"] * 1e9 == pytest.approx(HALF)
     assert sorted(eng.state.vram.units) == [(0, 0, 0), (0, 2, 0)] and eng.state.vram.used == [MB]
+
+
+def test_theta_rises_to_v_over_n_when_v_over_theta_exceeds_the_layer() -> None:
+    """Eq. 11: theta_i = V_i / C_i with C_i <= N. A budget of 3 experts in a layer of 4 cannot
+    hold 6 tops of half an expert: theta starts at 3/4 and the start caches the 4 tops (3 MB)."""
+    tr = make_trace([[[1]]], num_experts=4)
+    pol = MoEpic(prefetch=False, configurator=False)
+    eng, m = run_engine(tr, pol, tiny_model(1, 4, 1), tiny_hw(), budget_experts=3, buffer_experts=1,
+                        initial="random")
+    assert pol.part_fractions(0) == (0.75, 0.25)
+    assert [(s.partial, s.misses) for s in steps(eng)] == [(1, 0)]
+    assert m["demand_gb"] * 1e9 == pytest.approx(MB // 4)
+    assert sorted(eng.state.vram.units) == [(0, e, 0) for e in range(4)] and eng.state.vram.used == [3 * MB]
 
 
 def test_prefill_keeps_the_cached_tops_and_streams_the_rest_through_the_buffer() -> None:

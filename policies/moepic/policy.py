@@ -147,13 +147,16 @@ class MoEpic(Policy):
                                    "(cache.scope: layer)")
         self._L, self._E, self._K = L, E, K
         self._eb = ctx.expert_bytes
-        self._theta = [float(self.theta)] * L
-        self._fractions = [split_fractions(self.theta)] * L
         self._budget = [c / self._eb for c in ctx.pool_capacity]   # V_i in experts (uniform)
+        # theta_i = V_i / C_i with C_i <= N (Eq. 11): a split theta whose V_i / theta exceeds the
+        # N experts of a layer rises to V_i / N, so that the N top segments fill the budget
+        self._theta = [max(float(self.theta), v / E) if 0.0 < self.theta < 1.0 else float(self.theta)
+                       for v in self._budget]
+        self._fractions = [split_fractions(t) for t in self._theta]
         self._total = ctx.total_budget / self._eb                   # V_e
         self._total_bytes = ctx.total_budget
         self._min_budget = 0.0 if ctx.buffer_bytes >= self._eb else 2.0
-        smallest = min(split_fractions(self.theta)) * self._eb
+        smallest = min(min(f) for f in self._fractions) * self._eb
         if self.prefetch and ctx.buffer_bytes < smallest:
             ctx.warn(f"{self.name}: the transfer buffer (cache.buffer_experts) holds no expert segment, so the "
                      "speculative prefetch never issues; give cache.buffer_experts (the paper's K = top_k)")
@@ -327,7 +330,7 @@ class MoEpic(Policy):
         self._terminate(view, layer, needed)
         # wrong guesses already in the buffer make room for the demand loads
         for key in [k for k, t in self._spec.items() if k[0] == layer and t <= it]:
-            if key[1] not in needed and view.state(*key) == RESIDENT:
+            if key[1] not in needed and view.state(*key) == RESIDENT and view.in_buffer(*key):
                 view.evict(*key)
         return None
 
@@ -402,6 +405,7 @@ class MoEpic(Policy):
         if self._routed != (view.iteration_index, layer) or e not in self._needed:
             return False
         self._admitting = unit
+        self._spec.pop(unit, None)   # a right guess, used: now a cached top, no longer a guess
         return True
 
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:

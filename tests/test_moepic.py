@@ -28,6 +28,7 @@ from moesim.sim.config.catalog import RuntimeSpec
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
+from moesim.traces.format.schema import PREFILL
 from tests.util import make_trace, random_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000  # one expert
@@ -198,6 +199,24 @@ def test_prefetch_fetches_only_the_bottom_of_a_cached_expert() -> None:
     assert sorted(k for k in eng.state.vram.units if k[2] == 0) == [(0, 0, 0), (1, 1, 0)]
 
 
+def test_a_right_guess_once_cached_is_no_longer_a_guess() -> None:
+    """A guessed top that was right is admitted to the cache (LCP replacement, section 3.3); a
+    later token of the layer that routes elsewhere must not evict it as a wrong guess (it did,
+    leaving the pool part-empty)."""
+    look = np.zeros((4, 2, 4), dtype=np.float16)
+    look[[0, 1, 2, 3], 0, [1, 2, 3, 1]] = 5.0   # router 1 on layer 0: right, right, right, wrong
+    look[:, 1, 0] = 5.0                         # router 0 on layer 1: expert 0 (right)
+    tr = make_trace([[[0], [1]], [[0], [2]], [[0], [3]], [[0], [2]]], num_experts=4, lookahead=look)
+    eng, _ = run_engine(tr, MoEpic(configurator=False), tiny_model(2, 4, 1), tiny_hw(layer_us=2000),
+                        budget_experts=2, buffer_experts=1)
+    # layer 1 guesses experts 1, 2, 3 whole (1000 us in a 2000 us window): each a hit, its top
+    # admitted; two tops fit, so 3's top replaces 1's (LCP) and 2's stays. Token 3 routes 2: its
+    # top is cached, a partial hit whose bottom loads on demand: 2000 + 500 + 25
+    assert [(s.hits, s.partial, s.misses) for s in steps(eng)][1::2] == [(1, 0, 0)] * 3 + [(0, 1, 0)]
+    assert step_us(eng)[7] == 2525
+    assert sorted(k for k, u in eng.state.vram.units.items() if k[0] == 1 and not u.in_buffer) == [(1, 2, 0), (1, 3, 0)]
+
+
 def test_prefetch_covers_exactly_the_top_k_predicted_experts() -> None:
     """Section 3.2: the prefetch for a layer is its K predicted (activated) experts in
     descending score, each as its bottom when its top is cached, else whole; nothing past the
@@ -240,6 +259,62 @@ def test_statuses_of_segmented_accesses() -> None:
     assert statuses == [(0, 0, 0, 1), (0, 0, 1, 0)]
     assert m["partial_rate"] == 0.5 and m["hit_rate"] == 0.0
     assert (HIT, LATE, PARTIAL, MISS) == (0, 1, 2, 3)
+
+
+def test_random_start_caches_the_tops_of_v_over_theta_experts() -> None:
+    """Algorithm 1, line 4 and section 3.4.2: MoEpic starts from a uniform budget, theta 0.5
+    and a random cache, i.e. the top segments of V_i / theta = 2 random experts in a budget of
+    one expert (the fill places first parts before second parts), not one whole expert whose
+    bottom is then dropped (which left half the budget empty)."""
+    tr = make_trace([[[2]]], num_experts=4)
+    eng, m = run_engine(tr, MoEpic(prefetch=False, configurator=False), tiny_model(1, 4, 1), tiny_hw(),
+                        budget_experts=1, buffer_experts=1, initial="random")
+    # seed 0 places the tops of experts 2 and 0 (the random order starts 2, 0): expert 2 is a
+    # partial hit, its top computes at once while the bottom loads: 100 + 500 + 25
+    assert [(s.partial, s.misses) for s in steps(eng)] == [(1, 0)]
+    assert step_us(eng) == [625]
+    assert m["demand_gb"] * 1e9 == pytest.approx(HALF)
+    assert sorted(eng.state.vram.units) == [(0, 0, 0), (0, 2, 0)] and eng.state.vram.used == [MB]
+
+
+def test_theta_rises_to_v_over_n_when_v_over_theta_exceeds_the_layer() -> None:
+    """Eq. 11: theta_i = V_i / C_i with C_i <= N. A budget of 3 experts in a layer of 4 cannot
+    hold 6 tops of half an expert: theta starts at 3/4 and the start caches the 4 tops (3 MB)."""
+    tr = make_trace([[[1]]], num_experts=4)
+    pol = MoEpic(prefetch=False, configurator=False)
+    eng, m = run_engine(tr, pol, tiny_model(1, 4, 1), tiny_hw(), budget_experts=3, buffer_experts=1,
+                        initial="random")
+    assert pol.part_fractions(0) == (0.75, 0.25)
+    assert [(s.partial, s.misses) for s in steps(eng)] == [(1, 0)]
+    assert m["demand_gb"] * 1e9 == pytest.approx(MB // 4)
+    assert sorted(eng.state.vram.units) == [(0, e, 0) for e in range(4)] and eng.state.vram.used == [3 * MB]
+
+
+def test_prefill_keeps_the_cached_tops_and_streams_the_rest_through_the_buffer() -> None:
+    """Section 4.2: in the prefill every expert of a layer is routed; MoEpic computes the cached
+    tops while the missing segments load (through the buffer of one expert), and keeps the tops
+    cached: 2 partial hits and 2 misses move 6 halves (3 MB), not the 4 whole experts that
+    dropping the cached tops would move."""
+    tr = make_trace([[[0]], [[1]], [[2]], [[3]]], num_experts=4, phases=[PREFILL] * 4)
+    eng, m = run_engine(tr, MoEpic(prefetch=False, configurator=False), tiny_model(1, 4, 1), tiny_hw(),
+                        budget_experts=1, buffer_experts=1, phases=("prefill", "decode"), initial="random",
+                        timeline=True)
+    # the random start holds the tops of experts 0 and 2 (seed 0)
+    # 0-100 attention; the tops of 0 and 2 compute at 100 and 125 while E0.1, E1.0, E1.1, E2.1,
+    # E3.0, E3.1 load back to back (500 us each, 100-3100); each computes as it lands; the
+    # last at 3100-3125
+    assert step_us(eng) == [3125]
+    s = steps(eng)[0]
+    assert (s.hits, s.partial, s.misses) == (0, 2, 2)
+    assert m["demand_gb"] * 1e9 == pytest.approx(3 * MB)
+    gpu = [(round(t * 1e6), round(d * 1e6)) for lane, _, t, d, _ in eng.state.timeline if lane == "GPU"]
+    assert gpu[:3] == [(0, 100), (100, 25), (125, 25)]
+    loads = [ev[1] for ev in eng.state.timeline if ev[0].startswith("PCIe")]
+    assert loads == ["L0 E0.1", "L0 E1.0", "L0 E1.1", "L0 E2.1", "L0 E3.0", "L0 E3.1"]
+    # no cached top was evicted for a passing bottom: the pool still holds two tops (the tops of
+    # the two misses replaced the cached ones by LCP on admission)
+    assert sorted(eng.state.vram.units) == [(0, 2, 0), (0, 3, 0)]
+    assert eng.state.vram.used == [MB] and eng.state.stats.evictions == 2
 
 
 # ---------------------------------------------------------------------------------------------

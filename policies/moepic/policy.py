@@ -19,7 +19,10 @@ Mechanism (section 3), per layer ``i``:
   is routed MoEpic terminates the prefetch: every copy of a wrong guess stops, queued or in
   flight (``view.abort_prefetch``); a right guess still queued loads on demand instead, one in
   flight goes on; missing segments load on demand while resident segments compute (the
-  engine's partial compute).
+  engine's partial compute). The cached tops stay where they are in a prefill too, when the
+  layer routes to more experts than the pool and buffer hold: each computes first and its
+  bottom streams through the buffer (section 4.2: MoEpic "overlaps the computation of cached
+  experts with the loading of missing experts" in the prefill stage).
 * A segment staged in the buffer is dropped after use, except the top segment of an activated
   expert, which replaces the least-priority cached top (LCP replacement on a miss).
 * Every ``tau`` tokens, at the next idle point, :class:`CacheConfigurator` (Algorithm 1) sets
@@ -49,6 +52,7 @@ from moesim.policies.contract.base import (
     Plan,
     Policy,
     PolicySetupError,
+    Reason,
     Routing,
     UnitKey,
     VictimChoice,
@@ -143,13 +147,16 @@ class MoEpic(Policy):
                                    "(cache.scope: layer)")
         self._L, self._E, self._K = L, E, K
         self._eb = ctx.expert_bytes
-        self._theta = [float(self.theta)] * L
-        self._fractions = [split_fractions(self.theta)] * L
         self._budget = [c / self._eb for c in ctx.pool_capacity]   # V_i in experts (uniform)
+        # theta_i = V_i / C_i with C_i <= N (Eq. 11): a split theta whose V_i / theta exceeds the
+        # N experts of a layer rises to V_i / N, so that the N top segments fill the budget
+        self._theta = [max(float(self.theta), v / E) if 0.0 < self.theta < 1.0 else float(self.theta)
+                       for v in self._budget]
+        self._fractions = [split_fractions(t) for t in self._theta]
         self._total = ctx.total_budget / self._eb                   # V_e
         self._total_bytes = ctx.total_budget
         self._min_budget = 0.0 if ctx.buffer_bytes >= self._eb else 2.0
-        smallest = min(split_fractions(self.theta)) * self._eb
+        smallest = min(min(f) for f in self._fractions) * self._eb
         if self.prefetch and ctx.buffer_bytes < smallest:
             ctx.warn(f"{self.name}: the transfer buffer (cache.buffer_experts) holds no expert segment, so the "
                      "speculative prefetch never issues; give cache.buffer_experts (the paper's K = top_k)")
@@ -323,10 +330,8 @@ class MoEpic(Policy):
         self._terminate(view, layer, needed)
         # wrong guesses already in the buffer make room for the demand loads
         for key in [k for k, t in self._spec.items() if k[0] == layer and t <= it]:
-            if key[1] not in needed and view.state(*key) == RESIDENT:
+            if key[1] not in needed and view.state(*key) == RESIDENT and view.in_buffer(*key):
                 view.evict(*key)
-        if routing.n_tokens > 1 and len(self._fractions[layer]) == 2:
-            self._whole_misses_when_tight(view, layer, needed)
         return None
 
     def _terminate(self, view: View, layer: int, needed: set[int]) -> None:
@@ -345,25 +350,6 @@ class MoEpic(Policy):
                     view.abort_prefetch(*key)
             elif key not in self._reload:
                 view.abort_prefetch(*key)
-
-    def _whole_misses_when_tight(self, view: View, layer: int, needed: set[int]) -> None:
-        """A many-token iteration whose missing segments cannot all get room at once: drop the
-        cached tops of experts whose bottoms are missing, so that each expert is wholly present
-        or wholly absent and the engine can stream them one by one (a half-present pinned
-        expert would hold room that its other half needs)."""
-        pool = view.pool_of(layer)
-        absent = 0
-        half: list[UnitKey] = []
-        for e in needed:
-            top, bottom = view.state(layer, e, 0), view.state(layer, e, 1)
-            absent += (top == ABSENT) * view.part_bytes(layer, 0) + (bottom == ABSENT) * view.part_bytes(layer, 1)
-            if top == RESIDENT and bottom == ABSENT and not view.in_buffer(layer, e, 0):
-                half.append((layer, e, 0))
-        spare = sum(view.part_bytes(k[0], k[2]) for k in view.resident_units(pool)
-                    if k[1] not in needed and not view.in_buffer(*k))
-        if absent > view.free(pool) + view.buffer_free() + spare:
-            for key in half:
-                view.evict(*key)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         it = view.iteration_index
@@ -419,12 +405,15 @@ class MoEpic(Policy):
         if self._routed != (view.iteration_index, layer) or e not in self._needed:
             return False
         self._admitting = unit
+        self._spec.pop(unit, None)   # a right guess, used: now a cached top, no longer a guess
         return True
 
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """Room for an admitted top segment: evict by the replacement rule. Room for a demand
         load: stage it in the transfer buffer when that has room (the cache is updated when it
-        is admitted), else evict by the replacement rule."""
+        is admitted); wait for the buffer while it holds a segment the layer has yet to compute
+        (it frees once that computes: a prefill streams its missing segments through the buffer
+        and keeps the cached tops); else evict by the replacement rule."""
         candidates = list(request.candidates)
         if not candidates:
             return request.decline
@@ -435,7 +424,17 @@ class MoEpic(Policy):
         largest = max(view.part_bytes(layer, p) for p in range(len(self._fractions[layer])))
         if view.buffer_free() >= largest:
             return request.decline
+        if request.reason is Reason.DEMAND and self._buffer_drains(view, request.unit[0]):
+            return request.decline
         return self._victim(candidates)
+
+    def _buffer_drains(self, view: View, layer: int) -> bool:
+        """The transfer buffer holds (or is copying) a segment of ``layer`` that the layer has yet
+        to compute: its room frees when it computes, without an eviction."""
+        for key in view.units_of_layer(layer):
+            if view.in_buffer(*key) and view.pinned(key[0], key[1]):
+                return True
+        return False
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         self._spec.pop(unit, None)

@@ -5,8 +5,12 @@ First the policy's ``preload`` (what its system loads with the model: GPU-reside
 popular experts), which must fit; then ``cache.initial``: ``empty`` places nothing more;
 ``popular`` fills each pool with the most accessed experts of the offline frequency (the
 profile split's, or the replayed trace's); ``random`` with a random order of the run's own
-random stream. Each expert is placed part by part while its pool (and, for a single global
-pool, the layer's running share of it) has room.
+random stream, while its pool (and, for a single global pool, the layer's running share of
+it) has room. An expert split into parts (``part_fractions``) is placed part-major: the first
+part of every expert in that order, then the second, ... A split policy caches first parts
+(MoEpic: the top segments of ``V_i / theta_i`` experts; section 3.4.2 starts from a random
+cache of them) and streams the later ones, so the fill gives it as many cached experts as its
+room holds; one part per expert (every other policy) is the same fill either way.
 """
 
 from __future__ import annotations
@@ -53,10 +57,10 @@ def initial_fill(run: RunState[Any], on_place: Callable[[UnitKey], object] | Non
             raise MoesimError(f"cache.initial: unknown value {run.initial!r} (empty, popular or random)")
         pool = run.pool_of(layer)
         share = vram.capacity[pool] if not run.global_pool else vram.capacity[0] // L * (layer + 1)
-        for e in order:
-            for p in range(len(run.fractions[layer])):
+        for p in range(len(run.fractions[layer])):
+            nbytes = run.part_bytes(layer, p)
+            for e in order:
                 key = (layer, int(e), p)
-                nbytes = run.part_bytes(layer, p)
                 if key in vram.units:
                     continue
                 if vram.used[pool] + nbytes > min(vram.capacity[pool], share):

@@ -295,11 +295,18 @@ def read_trace(
     """Read and validate a whole trace into a :class:`Trace` (only the columns asked for)."""
     pf = _open(path)
     meta = _meta(pf, path)
-    trace = _collect(meta, _batches(pf, meta, path, columns, batch_rows), path, int(pf.metadata.num_rows))
-    # the decoded batches are gone: Arrow's allocator keeps their pages for reuse unless told
-    # (~50 MB of a 3M-row trace, held through the whole run)
-    pa.default_memory_pool().release_unused()
+    rows = int(pf.metadata.num_rows)
+    trace = _collect(meta, _batches(pf, meta, path, columns, batch_rows), path, rows)
+    if rows >= RELEASE_ROWS:
+        # the decoded batches are gone: Arrow's allocator keeps their pages for reuse unless
+        # told (~50 MB of a 3M-row trace, held through the whole run)
+        pa.default_memory_pool().release_unused()
     return trace
+
+
+RELEASE_ROWS = 1 << 20
+"""Rows from which :func:`read_trace` gives Arrow's freed pages back: below, what it would
+give back is small, and taking the pages again costs a short run's read ~10 ms."""
 
 
 def trace_from_columns(columns: Mapping[str, Any], meta: TraceMeta) -> Trace:

@@ -49,6 +49,16 @@ class Workload:
     requests: list[int]
     decode_tokens: int = 0
     _future: Future | None = field(default=None, repr=False)
+    _token_rows: np.ndarray | None = field(default=None, repr=False)
+
+    def token_rows(self) -> np.ndarray:
+        """The layer-0 trace row of every token replayed, iteration by iteration (read-only;
+        joined once, on the first call: every run of this workload reads the same)."""
+        if self._token_rows is None:
+            rows = np.concatenate([it.rows0 for it in self.iterations]) if self.iterations else np.zeros(0, dtype=np.int64)
+            rows.flags.writeable = False
+            self._token_rows = rows
+        return self._token_rows
 
     def future(self) -> Future:
         if self._future is None:

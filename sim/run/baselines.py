@@ -50,7 +50,7 @@ class _CheapOnly:
         why = FAST_PATH.refusal(run)
         if why is None and ordered_kind(run) is not None:
             return None                     # a kernel: cheap at any size
-        accesses = sum(it.n_tokens for it in run.workload.iterations) * run.L * run.K
+        accesses = len(run.workload.token_rows()) * run.L * run.K
         limit = GENERIC_LIMIT if why is None else EVENT_LOOP_LIMIT
         if accesses > limit:
             how = "without a fast kernel" if why is None else f"on the event loop ({why})"

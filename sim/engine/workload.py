@@ -34,7 +34,8 @@ class Iteration:
 
     @property
     def n_tokens(self) -> int:
-        return int(self.rows0.shape[0])
+        """Tokens this iteration runs (one per request in it)."""
+        return len(self.rows0)
 
     @property
     def phase_name(self) -> str:

@@ -3,9 +3,11 @@
 Synthesises a Mixtral-shaped trace with every optional column (logits, lookahead logits,
 weights, embeddings) to a temporary file, then runs `simctl run` on it in a child process for
 each policy given, and prints rows, wall time and the child's peak RSS (ru_maxrss). `lru` reads
-only the routing; `mixtral-offloading` also the lookahead logits.
+only the routing; `mixtral-offloading` also the lookahead logits. By default the child prints
+`--json` (no step records kept); with `--out` it runs as `simctl run SCENARIO --out DIR`
+does: step records kept and written to `steps.parquet`, the summary's baselines run.
 
-    python benchmarks/bench_memory.py [--rows 256000] [--policies lru,mixtral-offloading]
+    python benchmarks/bench_memory.py [--rows 256000] [--policies lru,mixtral-offloading] [--out]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=256_000, help="trace rows (tokens x 32 layers)")
     ap.add_argument("--policies", default="lru,mixtral-offloading")
+    ap.add_argument("--out", action="store_true", help="run with --out DIR (step records written), not --json")
     args = ap.parse_args()
     tokens = max(1, args.rows // 32)
     with tempfile.TemporaryDirectory() as tmp:
@@ -40,7 +43,8 @@ def main() -> None:
             scen.write_text(f"trace: {trace}\nmodel: mixtral-8x7b\nhardware: a100-pcie-80gb\n"
                             f"cache: {{rate: 0.25}}\npolicy: {policy}\n")
             t0 = time.perf_counter()
-            child = subprocess.Popen([sys.executable, "-m", "moesim.sim.cli.main", "run", str(scen), "--json",
+            mode = ["--out", str(Path(tmp) / f"out-{policy}"), "--force"] if args.out else ["--json"]
+            child = subprocess.Popen([sys.executable, "-m", "moesim.sim.cli.main", "run", str(scen), *mode,
                                       "--no-progress"], stdout=subprocess.DEVNULL,
                                      env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
             _, status, usage = os.wait4(child.pid, 0)

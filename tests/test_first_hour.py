@@ -67,7 +67,7 @@ def test_force_replaces_and_stale_temporaries_go(tmp_path: Path, capsys: pytest.
 
 def test_a_failure_mid_write_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(result: object) -> object:
+    def broken(*args: object) -> object:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(outputs, "steps_table", broken)

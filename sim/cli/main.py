@@ -124,7 +124,8 @@ def run(
         from moesim.sim.run.baselines import speedups
 
         console = _console()
-        print_summary(result, console, speedups(loaded, result, prepared.engine.state.trace) if baselines else None)
+        state = prepared.engine.state
+        print_summary(result, console, speedups(loaded, result, state.trace, state.workload) if baselines else None)
         if out is not None:
             console.print(f"wrote {out}/config.yaml, metrics.json, steps.parquet" + (", timeline.json" if want_timeline else ""))
 

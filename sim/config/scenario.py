@@ -38,7 +38,6 @@ from moesim.sim.config.catalog import (
     load_spec_file,
     model_names,
 )
-from moesim.sim.config.fitted import CalibrationError, apply_calibration
 from moesim.sim.config.keys import unknown_key_hint
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
@@ -575,6 +574,9 @@ def load_scenario_data(data: Any, *, source: str | None, base_dir: Path, overrid
             fit if isinstance(data.get("trace"), dict) else None)
     calibration = None
     if data.get("calibration") is not None:
+        # the fitted-file models only when a scenario names one (a few ms of every run's start-up)
+        from moesim.sim.config.fitted import CalibrationError, apply_calibration
+
         keep = {*fixed, *(".".join(parse_override(o)[0]) for o in overrides or [])}
         try:
             calibration = apply_calibration(data, base_dir=base_dir, source=source or "scenario", fixed=keep,

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def replayed_frequency(workload: Any, trace: Any, L: int, E: int) -> np.ndarray:
     """``[L, E]`` access counts over the iterations of ``workload``."""
     freq = np.zeros((L, E), dtype=np.int64)
-    rows0 = np.concatenate([it.rows0 for it in workload.iterations])
+    rows0 = workload.token_rows()   # joined once per workload, not once per run
     for layer in range(L):
         ex = trace.experts[rows0 + layer].reshape(-1)
         freq[layer] = np.bincount(ex.astype(np.int64), minlength=E)

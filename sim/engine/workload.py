@@ -10,7 +10,7 @@ decode tokens leaves the batch.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +34,8 @@ class Iteration:
 
     @property
     def n_tokens(self) -> int:
-        return int(self.rows0.shape[0])
+        """Tokens this iteration runs (one per request in it)."""
+        return len(self.rows0)
 
     @property
     def phase_name(self) -> str:
@@ -49,6 +50,16 @@ class Workload:
     requests: list[int]
     decode_tokens: int = 0
     _future: Future | None = field(default=None, repr=False)
+    _token_rows: np.ndarray | None = field(default=None, repr=False)
+
+    def token_rows(self) -> np.ndarray:
+        """The layer-0 trace row of every token replayed, iteration by iteration (read-only;
+        joined once, on the first call: every run of this workload reads the same)."""
+        if self._token_rows is None:
+            rows = np.concatenate([it.rows0 for it in self.iterations]) if self.iterations else np.zeros(0, dtype=np.int64)
+            rows.flags.writeable = False
+            self._token_rows = rows
+        return self._token_rows
 
     def future(self) -> Future:
         if self._future is None:
@@ -126,6 +137,9 @@ def build_workload(
                 iters.append(Iteration(len(iters), PREFILL, pre, np.full(len(pre), r), b,
                                        np.array([True] + [False] * (len(pre) - 1)), emb(int(pre[0]))))
                 seen.add(r)
+        if len(group) == 1:   # one request a batch (batch_size 1, or a short last batch)
+            n_decode += _decode_alone(iters, group[0], by_req[group[0]][1], b, group[0] not in seen, emb)
+            continue
         decode = [(r, by_req[r][1].tolist()) for r in group]   # Python ints: no numpy scalars per row
         longest = max(len(d) for _, d in decode)
         for j in range(longest):
@@ -138,6 +152,23 @@ def build_workload(
             n_decode += len(rows)
     return Workload(trace=trace, iterations=iters, batches=(len(order) + batch_size - 1) // batch_size,
                     requests=order, decode_tokens=n_decode)
+
+
+def _decode_alone(iters: list[Iteration], r: int, rows: np.ndarray, batch: int, first: bool,
+                  emb: Callable[[int], int]) -> int:
+    """Append the decode iterations of request ``r`` batched alone (one token each: its rows
+    ``rows``), as the lockstep loop of :func:`build_workload` would make them, but as views of
+    one array and with the request's id and first-flags shared: a few times faster, and no
+    allocation per token. Returns the tokens added."""
+    rows = np.asarray(rows, dtype=np.int64)
+    rid = np.full(1, r, dtype=np.int64)
+    later = np.zeros(1, dtype=bool)
+    emb_rows = [emb(x) for x in rows.tolist()]
+    at = len(iters)
+    for j in range(len(rows)):
+        iters.append(Iteration(at + j, DECODE, rows[j:j + 1], rid, batch,
+                               np.ones(1, dtype=bool) if first and j == 0 else later, emb_rows[j]))
+    return len(rows)
 
 
 class Future:

@@ -20,6 +20,7 @@ from moesim.sim.config.scenario import LoadedScenario, PolicySpec
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.engine.state import RunState
 from moesim.sim.engine.transfers import Transfers
+from moesim.sim.engine.workload import Workload
 from moesim.sim.fast.order import ordered_kind
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.runner import RunResult, prepare_run
@@ -49,7 +50,7 @@ class _CheapOnly:
         why = FAST_PATH.refusal(run)
         if why is None and ordered_kind(run) is not None:
             return None                     # a kernel: cheap at any size
-        accesses = sum(it.n_tokens for it in run.workload.iterations) * run.L * run.K
+        accesses = len(run.workload.token_rows()) * run.L * run.K
         limit = GENERIC_LIMIT if why is None else EVENT_LOOP_LIMIT
         if accesses > limit:
             how = "without a fast kernel" if why is None else f"on the event loop ({why})"
@@ -81,8 +82,10 @@ def _time_of(metrics: dict[str, object]) -> tuple[str, float | None]:
     return "simulated time", float(total) if isinstance(total, (int, float)) and total > 0 else None
 
 
-def speedups(loaded: LoadedScenario, result: RunResult, trace: Trace) -> list[Speedup]:
-    """The run's speed-up over each baseline other than its own policy (see the module)."""
+def speedups(loaded: LoadedScenario, result: RunResult, trace: Trace,
+             workload: Workload | None = None) -> list[Speedup]:
+    """The run's speed-up over each baseline other than its own policy (see the module);
+    ``workload``, the run's own, is replayed again rather than built again."""
     own = result.metrics["policy"]
     metric, mine = _time_of(result.metrics)
     out: list[Speedup] = []
@@ -92,7 +95,7 @@ def speedups(loaded: LoadedScenario, result: RunResult, trace: Trace) -> list[Sp
         scen = loaded.scenario.model_copy(update={"policy": PolicySpec(name=name)})
         other = loaded.model_copy(update={"scenario": scen})
         try:
-            prep = prepare_run(other, steps=False, trace=trace)
+            prep = prepare_run(other, steps=False, trace=trace, workload=workload)
             prep.engine.fast_replay = _CheapOnly()
             base = prep.run()
         except _Skipped as exc:

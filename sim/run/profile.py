@@ -20,7 +20,7 @@ def trace_requests(trace: Trace) -> list[int]:
     """The trace's request ids in order of first appearance."""
     L = trace.model.num_layers
     req = trace.request_id[np.arange(0, trace.num_rows, L)]
-    return list(dict.fromkeys(int(r) for r in req))
+    return list(dict.fromkeys(req.tolist()))
 
 
 def profile_from_trace(trace: Trace, requests: Sequence[int], source: str) -> Profile:

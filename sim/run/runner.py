@@ -27,7 +27,7 @@ from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.records import TimelineEvent
 from moesim.sim.engine.transfers import BudgetError
-from moesim.sim.engine.workload import build_workload
+from moesim.sim.engine.workload import Workload, build_workload
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from moesim.sim.run.profile import profile_from_trace, trace_requests
@@ -207,9 +207,11 @@ def prepare_run(
     progress: Callable[[int, int], None] | None = None,
     trace: Trace | None = None,
     check_invariants: bool = False,
+    workload: Workload | None = None,
 ) -> PreparedRun:
     """Resolve a validated scenario into an engine (``trace`` may be passed in to reuse an
-    already loaded one)."""
+    already loaded one, and with it ``workload``, the one another run of the same trace and
+    workload keys built: runs do not change it)."""
     scen = loaded.scenario
     source = loaded.source or "scenario"
     policy = scenario_policy(loaded)
@@ -235,17 +237,22 @@ def prepare_run(
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
     profile, requests = select_requests(loaded, tr)
-    try:
-        wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
-                            requests=requests)
-    except MoesimError as exc:
-        raise ScenarioError(f"{source}: {exc}") from None
+    if workload is not None and workload.trace is tr:
+        wl = workload
+    else:
+        try:
+            wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
+                                requests=requests)
+        except MoesimError as exc:
+            raise ScenarioError(f"{source}: {exc}") from None
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,
                     serial_swap=bool(scen.cache.serial_swap),
                     pcie_order=scen.pcie.order, sync_prefetch=scen.pcie.sync_prefetch, seed=scen.seed,
                     profile=profile, record_steps=steps, record_timeline=timeline,
                     check_invariants=check_invariants, progress=progress, fast_replay=FAST_PATH)
+    if steps:   # one record per (iteration, layer): held at their final size from the start
+        engine.state.steps.reserve(len(wl.iterations) * tr.model.num_layers)
     note = loaded.model_note(tr.model.name, shape)
     if note:
         engine.state.warnings.append(note)

@@ -224,18 +224,64 @@ class Trace:
         return out
 
 
-def _collect(meta: TraceMeta, batches: Iterable[dict[str, np.ndarray]], path: Any) -> Trace:
-    parts: dict[str, list[np.ndarray]] = {}
-    for cols in batches:
+class _Columns:
+    """The batches' columns copied into whole-trace arrays as they come, when the row count is
+    known (a file's footer gives it): the trace is held once, not as batches and then as their
+    concatenation. A column whose batches do not add up to the rows (``embedding``: one row a
+    token) or change shape is concatenated at the end."""
+
+    def __init__(self, rows: int | None) -> None:
+        self.rows = rows
+        self.filled: dict[str, int] = {}
+        self.whole: dict[str, np.ndarray] = {}
+        self.parts: dict[str, list[np.ndarray]] = {}
+        self.batches: dict[str, int] = {}
+
+    def add(self, cols: dict[str, np.ndarray]) -> None:
+        """One batch's columns."""
         for k, v in cols.items():
-            parts.setdefault(k, []).append(v)
-    merged: dict[str, Any] = {k: np.concatenate(chunks) for k, chunks in parts.items()}
-    if not parts:  # a file with no rows
+            self.batches[k] = self.batches.get(k, 0) + 1
+            dest = self.whole.get(k)
+            at = self.filled.get(k, 0)
+            if k not in self.parts and self.rows is not None and k not in _SPARSE:
+                if dest is None and at == 0:
+                    dest = self.whole[k] = np.empty((self.rows, *v.shape[1:]), dtype=v.dtype)
+                if (dest is not None and v.dtype == dest.dtype and v.shape[1:] == dest.shape[1:]
+                        and at + len(v) <= self.rows):
+                    dest[at:at + len(v)] = v
+                    self.filled[k] = at + len(v)
+                    continue
+            # another shape, or past the rows: keep the batches, joined at the end
+            if dest is not None:
+                self.parts[k] = [dest[:at]]
+                del self.whole[k]
+            self.parts.setdefault(k, []).append(v)
+
+    def merged(self) -> dict[str, np.ndarray]:
+        """Every column whole."""
+        out = {k: np.concatenate(chunks) for k, chunks in self.parts.items()}
+        for k, dest in self.whole.items():
+            n = self.filled.get(k, 0)
+            out[k] = dest if n == len(dest) else dest[:n].copy()
+        return out
+
+
+_SPARSE = ("embedding", "embedding_rows")
+"""Columns not one entry per row."""
+
+
+def _collect(meta: TraceMeta, batches: Iterable[dict[str, np.ndarray]], path: Any,
+             rows: int | None = None) -> Trace:
+    cols = _Columns(rows)
+    for batch in batches:
+        cols.add(batch)
+    merged: dict[str, Any] = cols.merged()
+    if not cols.batches:  # a file with no rows
         merged = {c: np.zeros(0, dtype=np.int64) for c in ("request_id", "token_idx", "layer")}
         merged["phase"] = np.zeros(0, dtype=np.int8)
         merged["experts"] = np.zeros((0, meta.model.top_k), dtype=np.int16)
     for opt in ("weights", "logits", "lookahead_logits"):
-        if opt in merged and len(parts[opt]) != len(parts["request_id"]):
+        if opt in merged and cols.batches[opt] != cols.batches["request_id"]:
             raise TraceError(path, "column is filled in some row groups and null in others", column=opt)
     return Trace(meta=meta, path=None if path is None else str(path), **merged)
 
@@ -249,7 +295,18 @@ def read_trace(
     """Read and validate a whole trace into a :class:`Trace` (only the columns asked for)."""
     pf = _open(path)
     meta = _meta(pf, path)
-    return _collect(meta, _batches(pf, meta, path, columns, batch_rows), path)
+    rows = int(pf.metadata.num_rows)
+    trace = _collect(meta, _batches(pf, meta, path, columns, batch_rows), path, rows)
+    if rows >= RELEASE_ROWS:
+        # the decoded batches are gone: Arrow's allocator keeps their pages for reuse unless
+        # told (~50 MB of a 3M-row trace, held through the whole run)
+        pa.default_memory_pool().release_unused()
+    return trace
+
+
+RELEASE_ROWS = 1 << 20
+"""Rows from which :func:`read_trace` gives Arrow's freed pages back: below, what it would
+give back is small, and taking the pages again costs a short run's read ~10 ms."""
 
 
 def trace_from_columns(columns: Mapping[str, Any], meta: TraceMeta) -> Trace:

@@ -51,6 +51,10 @@ class ExpertMapStore:
         self.L, self.J, self.d = num_layers, num_experts, distance
         self.n = 0
         self.maps = np.zeros((capacity, num_layers, num_experts), dtype=np.float32)
+        # the same maps in float64, layer-major (``by_layer[l, :n]`` contiguous): what the matching
+        # reads every layer, without converting ``maps`` again each time (written only by insert;
+        # grown as maps are stored, up to ``capacity``)
+        self.by_layer = np.zeros((num_layers, min(capacity, 64), num_experts))
         self.sem: np.ndarray | None = None
         self.prefix_sq = np.zeros((capacity, num_layers))   # cumulative squared norms of the layers
         self.replaced = 0
@@ -83,7 +87,16 @@ class ExpertMapStore:
             slot = int(np.argmax(self.redundancy(sem, row)))
             self.replaced += 1
         self.maps[slot], self.sem[slot], self.prefix_sq[slot] = row, sem, sq
+        if slot >= self.by_layer.shape[1]:
+            grown = np.zeros((self.L, min(self.capacity, 2 * self.by_layer.shape[1]), self.J))
+            grown[:, : self.by_layer.shape[1]] = self.by_layer
+            self.by_layer = grown
+        self.by_layer[:, slot] = row
         return slot
+
+    def layer_row(self, slot: int, layer: int) -> np.ndarray:
+        """Stored map ``slot``'s probabilities at ``layer`` in float64 (a new array)."""
+        return self.by_layer[layer, slot].copy()
 
     def semantic(self, sem: np.ndarray) -> tuple[int, float]:
         """Eq. 4: the stored map of most similar embedding and its cosine (store not empty)."""
@@ -94,7 +107,7 @@ class ExpertMapStore:
 
     def layer_dots(self, layer: int, p: np.ndarray) -> np.ndarray:
         """``maps[:, layer] @ p`` for every stored map (one step of a running trajectory dot)."""
-        return self.maps[: self.n, layer].astype(np.float64) @ np.asarray(p, dtype=np.float64)
+        return self.by_layer[layer, : self.n] @ np.asarray(p, dtype=np.float64)
 
     def trajectory(self, layer: int, dots: np.ndarray, traj_sq: float) -> tuple[int, float]:
         """Eq. 5: the stored map whose layers ``0..layer`` are most similar to the observed ones,

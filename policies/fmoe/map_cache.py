@@ -40,25 +40,35 @@ class MapPriorityCache(CacheRule):
         self.protect_window = protect_window
         self.maps = maps
         self.freq: dict[UnitKey, int] = {}
+        # each unit's victim key (priority, -layer, -expert, -part), kept until its count or the
+        # maps' p change (``_keys_p``: the p rows the keys were computed from)
+        self._keys: dict[UnitKey, tuple[float, int, int, int]] = {}
+        self._keys_p: object = None
 
     def setup(self, ctx: Context) -> None:
         """Forget all counts."""
         self.freq = {}
+        self._keys = {}
+        self._keys_p = None
         self._J = ctx.num_experts
 
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """One visit per executed expert."""
+        freq, keys = self.freq, self._keys
         for e in outcome.experts:
             key = (layer, e, 0)
-            self.freq[key] = self.freq.get(key, 0) + 1
+            freq[key] = freq.get(key, 0) + 1
+            keys.pop(key, None)
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         """Counts are forgotten when the unit leaves."""
         self.freq.pop(unit, None)
+        self._keys.pop(unit, None)
 
     def on_cancel(self, view: View, unit: UnitKey) -> None:
         """A withdrawn prefetch leaves nothing behind."""
         self.freq.pop(unit, None)
+        self._keys.pop(unit, None)
 
     def priority(self, key: UnitKey) -> float:
         """``1 / (p * (freq + freq_smoothing))`` (infinite for ``p * freq = 0``)."""
@@ -78,15 +88,17 @@ class MapPriorityCache(CacheRule):
         if not cands:
             return request.decline
         # max over (priority(k), -layer, -expert, -part), priority inlined: this runs for every
-        # eviction over the whole (global) pool
+        # eviction over the whole (global) pool, so each unit's key is kept until it changes
         rows = self.maps.p_rows() if self.maps is not None else None
+        keys = self._keys
+        if rows is not self._keys_p:   # a new match: every p may have changed
+            keys.clear()
+            self._keys_p = rows
         p_uniform = 1.0 / self._J
         freq, smooth, inf = self.freq, self.freq_smoothing, float("inf")
-        best, best_key = cands[0], None
         for k in cands:
-            p = rows[k[0]][k[1]] if rows is not None else p_uniform
-            den = p * (freq.get(k, 0) + smooth)
-            kk = (1.0 / den if den > 0 else inf, -k[0], -k[1], -k[2])
-            if best_key is None or kk > best_key:
-                best, best_key = k, kk
-        return best
+            if k not in keys:
+                p = rows[k[0]][k[1]] if rows is not None else p_uniform
+                den = p * (freq.get(k, 0) + smooth)
+                keys[k] = (1.0 / den if den > 0 else inf, -k[0], -k[1], -k[2])
+        return max(cands, key=keys.__getitem__)

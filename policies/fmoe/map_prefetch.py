@@ -155,7 +155,7 @@ class ExpertMapPrefetcher(Prefetcher):
         for x in self._reqs:
             y, s = self.store.semantic(self._sems[x])
             for t in range(min(self.prefetch_distance, self._L)):
-                self._add(t, self.store.maps[y, t].astype(np.float64), s)
+                self._add(t, self.store.layer_row(y, t), s)
             self._remember(x, y)
         self.issue(view, -1)
 
@@ -180,7 +180,7 @@ class ExpertMapPrefetcher(Prefetcher):
             self._charge(view, len(self._reqs))
             for x in self._reqs:
                 y, s = self.store.trajectory(layer, self._dots[x], self._tsq[x])
-                self._add(target, self.store.maps[y, target].astype(np.float64), s)
+                self._add(target, self.store.layer_row(y, target), s)
                 self._remember(x, y)
         self.issue(view, layer)
 

@@ -223,10 +223,14 @@ class Transfers:
         n = 0
         while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
             pinned = vram.pinned
-            cands = []   # a plain loop: a comprehension is a call of its own, and pools are small
-            for k, u in vram.pool_units[pool].items():
-                if u.state == RESIDENT and not u.in_buffer and k not in pinned:
-                    cands.append(k)
+            units = vram.pool_units[pool]
+            if len(units) > 8:   # a large (global) pool: the comprehension's own frame pays off
+                cands = [k for k, u in units.items() if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+            else:
+                cands = []   # a plain loop: a comprehension is a call of its own, and pools are small
+                for k, u in units.items():
+                    if u.state == RESIDENT and not u.in_buffer and k not in pinned:
+                        cands.append(k)
             if not cands:
                 break
             req = new_request(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)

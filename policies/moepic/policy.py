@@ -257,7 +257,8 @@ class MoEpic(Policy):
                 # keeps a stable sort's order among equal keys
                 order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
                 z = np.exp(row - row.max())
-                scores = (z[order[:K]] / z.sum()).tolist()
+                best_l = (z / z.sum()).tolist()
+                scores = [best_l[e] for e in order[:K]]
                 per_token = [order]
             else:
                 per = np.argsort(-lg, axis=1, kind="stable")

@@ -115,8 +115,10 @@ class CachePriority:
         """Experts of ``layer`` from highest to lowest priority (ties: more recent activation,
         then lower id). The first ``C`` are the cache of size ``C`` that LCP converges to."""
         prio = self.priority_list(layer)
-        last = self._last[layer]
-        return sorted(range(len(prio)), key=lambda e: (-prio[e], -last[e], e))
+        # descending (priority, last activation, -id) is ascending (-priority, -last, id); the
+        # keys are distinct, so the order is total
+        keys = sorted(zip(prio, self._last[layer], range(0, -len(prio), -1), strict=True), reverse=True)
+        return [-k[2] for k in keys]
 
     def ranking(self, layer: int) -> np.ndarray:
         """:meth:`ranking_list` as an array."""

@@ -256,7 +256,9 @@ class MoEpic(Policy):
                 # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True
                 # keeps a stable sort's order among equal keys
                 order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
-                z = np.exp(row - row.max())
+                # the first is the maximum (of +0 and -0 either: x - 0 and x - (-0) differ only in
+                # the sign of a zero, and exp of either is 1)
+                z = np.exp(row - row[order[0]])
                 best_l = (z / z.sum()).tolist()
                 scores = [best_l[e] for e in order[:K]]
                 per_token = [order]

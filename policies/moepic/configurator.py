@@ -149,7 +149,9 @@ class SplitStats:
 
 
 def _as_list(order: Sequence[int] | np.ndarray) -> list[int]:
-    """An order of experts as a list of Python ints."""
+    """An order of experts as a list of Python ints (a list is read as it is, not copied)."""
+    if isinstance(order, list):
+        return order
     return order.tolist() if isinstance(order, np.ndarray) else list(order)
 
 

@@ -252,7 +252,8 @@ class MoEpic(Policy):
                 return
             row = lg[0]
             vals = row.tolist() if lg.shape[0] == 1 else [float("nan")]
-            if all(v == v for v in vals):   # one token, no NaN: Python sorts as numpy does
+            total = sum(vals)   # NaN if any score is NaN
+            if total == total:   # one token, no NaN: Python sorts as numpy does
                 # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True
                 # keeps a stable sort's order among equal keys
                 order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
@@ -302,7 +303,10 @@ class MoEpic(Policy):
         free = view.buffer_free()
         while pos < len(order):
             e = order[pos]
-            parts = [p for p in range(nparts) if view.state(layer, e, p) == ABSENT]
+            parts = []   # a plain loop: a comprehension is a call of its own
+            for p in range(nparts):
+                if view.state(layer, e, p) == ABSENT:
+                    parts.append(p)
             if parts:
                 need = sum(sizes[p] for p in parts)
                 if need > free:

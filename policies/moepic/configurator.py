@@ -58,53 +58,101 @@ class SplitStats:
     token (what LCP keeps, and what the configurator installs), so an activated expert of
     priority rank ``r`` (0-based) hits every cache with ``C > r``: a histogram of ranks gives
     the whole curve, as stack distances do for LRU.
+
+    The counts are Python lists, updated per token in Python: a layer has a handful of experts,
+    where numpy's per-call cost would exceed the work.
     """
 
     def __init__(self, num_layers: int, num_experts: int) -> None:
         L, N = num_layers, num_experts
         self.num_experts = N
-        self.rank_hist = np.zeros((L, N), dtype=np.int64)      # activations at cache rank r
-        self.activations = np.zeros(L, dtype=np.int64)         # q * K
-        self.pred_act = np.zeros((L, N), dtype=np.int64)       # activations of the y-th predicted
-        self.pred_rank = np.zeros((L, N, N), dtype=np.int64)   # y-th predicted had cache rank r
-        self.pred_tokens = np.zeros(L, dtype=np.int64)         # tokens with a prediction
+        self._rank_hist = [[0] * N for _ in range(L)]                       # activations at cache rank r
+        self._activations = [0] * L                                         # q * K
+        self._pred_act = [[0] * N for _ in range(L)]                        # activations of the y-th predicted
+        self._pred_rank = [[[0] * N for _ in range(N)] for _ in range(L)]   # y-th predicted had cache rank r
+        self._pred_tokens = [0] * L                                         # tokens with a prediction
 
-    def record(self, layer: int, experts: np.ndarray, cache_order: np.ndarray,
-               pred_order: np.ndarray | None) -> None:
+    @property
+    def rank_hist(self) -> np.ndarray:
+        """``[L, N]``: activations of the expert at cache rank ``r`` (a copy)."""
+        return np.array(self._rank_hist, dtype=np.int64)
+
+    @property
+    def activations(self) -> np.ndarray:
+        """``[L]``: activations recorded (a copy)."""
+        return np.array(self._activations, dtype=np.int64)
+
+    @property
+    def pred_act(self) -> np.ndarray:
+        """``[L, N]``: activations of the ``y``-th predicted expert (a copy)."""
+        return np.array(self._pred_act, dtype=np.int64)
+
+    @property
+    def pred_rank(self) -> np.ndarray:
+        """``[L, N, N]``: tokens whose ``y``-th predicted expert had cache rank ``r`` (a copy)."""
+        return np.array(self._pred_rank, dtype=np.int64)
+
+    @property
+    def pred_tokens(self) -> np.ndarray:
+        """``[L]``: tokens recorded with a prediction (a copy)."""
+        return np.array(self._pred_tokens, dtype=np.int64)
+
+    def record(self, layer: int, experts: np.ndarray | list[list[int]], cache_order: Sequence[int],
+               pred_order: Sequence[Sequence[int]] | np.ndarray | None) -> None:
         """One iteration at ``layer``: ``experts`` ``[n, k]`` activated (-1 = none),
         ``cache_order`` the experts by descending cache priority before these tokens,
-        ``pred_order`` ``[n, N]`` each token's experts by descending predicted score (or None)."""
+        ``pred_order`` ``[n, N]`` each token's experts by descending predicted score (or None).
+        Within one token an expert (or predicted position) named twice counts once; across the
+        tokens of an iteration every activation counts."""
         N = self.num_experts
-        rank = np.empty(N, dtype=np.int64)
-        rank[cache_order] = np.arange(N)
-        ex = np.asarray(experts)
-        valid = ex[ex >= 0]
-        if ex.shape[0] == 1:          # one token: its experts are distinct
-            self.rank_hist[layer, rank[valid]] += 1
+        rows = experts.tolist() if isinstance(experts, np.ndarray) else experts
+        rank = [0] * N
+        for r, e in enumerate(_as_list(cache_order)):
+            rank[e] = r
+        hist = self._rank_hist[layer]
+        acts = 0
+        if len(rows) == 1:          # one token: its experts are distinct
+            valid = [e for e in rows[0] if e >= 0]
+            for e in set(valid):
+                hist[rank[e]] += 1
+            acts = len(valid)
         else:
-            np.add.at(self.rank_hist[layer], rank[valid], 1)
-        self.activations[layer] += valid.size
+            for row in rows:
+                for e in row:
+                    if e >= 0:
+                        hist[rank[e]] += 1
+                        acts += 1
+        self._activations[layer] += acts
         if pred_order is None:
             return
-        ar = np.arange(N)
-        pos = np.empty(N, dtype=np.int64)
-        for t in range(ex.shape[0]):
-            order = pred_order[t]
-            pos[order] = ar
-            row = ex[t]
-            self.pred_act[layer, pos[row[row >= 0]]] += 1
-            self.pred_rank[layer, ar, rank[order]] += 1
-        self.pred_tokens[layer] += ex.shape[0]
+        pa, pr = self._pred_act[layer], self._pred_rank[layer]
+        pos = [0] * N
+        for t, row in enumerate(rows):
+            order = _as_list(pred_order[t])
+            for y, e in enumerate(order):
+                pos[e] = y
+                pr[y][rank[e]] += 1
+            for y in {pos[e] for e in row if e >= 0}:
+                pa[y] += 1
+        self._pred_tokens[layer] += len(rows)
 
     def layer(self, layer: int) -> LayerStats:
         """The probabilities of ``layer`` so far (zeros before any token)."""
         N = self.num_experts
-        acts = max(1, int(self.activations[layer]))
-        hit = np.concatenate([[0.0], np.cumsum(self.rank_hist[layer]) / acts])
-        q = max(1, int(self.pred_tokens[layer]))
-        pred = self.pred_act[layer] / q
-        pred_hit = np.concatenate([np.zeros((N, 1)), np.cumsum(self.pred_rank[layer], axis=1) / q], axis=1)
+        acts = max(1, self._activations[layer])
+        hit = np.concatenate([[0.0], np.cumsum(np.array(self._rank_hist[layer], dtype=np.int64)) / acts])
+        q = max(1, self._pred_tokens[layer])
+        pred = np.array(self._pred_act[layer], dtype=np.int64) / q
+        pred_rank = np.array(self._pred_rank[layer], dtype=np.int64)
+        pred_hit = np.concatenate([np.zeros((N, 1)), np.cumsum(pred_rank, axis=1) / q], axis=1)
         return LayerStats(hit=hit, pred=pred, pred_hit=pred_hit)
+
+
+def _as_list(order: Sequence[int] | np.ndarray) -> list[int]:
+    """An order of experts as a list of Python ints (a list is read as it is, not copied)."""
+    if isinstance(order, list):
+        return order
+    return order.tolist() if isinstance(order, np.ndarray) else list(order)
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,7 @@ class MoEpic(Policy):
         self._theta = [max(float(self.theta), v / E) if 0.0 < self.theta < 1.0 else float(self.theta)
                        for v in self._budget]
         self._fractions = [split_fractions(t) for t in self._theta]
+        self._sizes: list[tuple[int, ...] | None] = [None] * L   # part bytes, read once per split
         self._total = ctx.total_budget / self._eb                   # V_e
         self._total_bytes = ctx.total_budget
         self._min_budget = 0.0 if ctx.buffer_bytes >= self._eb else 2.0
@@ -178,7 +179,7 @@ class MoEpic(Policy):
         self._reload_todo: list[UnitKey] = []
         # layer -> [iteration, experts in predicted order, their scores, next position]
         self._queue: dict[int, list] = {}
-        self._pred: dict[int, tuple[int, np.ndarray]] = {}   # layer -> (iteration, [n, E] predicted order)
+        self._pred: dict[int, tuple[int, list[list[int]]]] = {}   # layer -> (iteration, [n][E] predicted order)
         self._routed = (-1, -1)                      # (iteration, layer) routed last
         self._needed: set[int] = set()
         self._admitting: UnitKey | None = None       # the unit admit() let in, while it moves
@@ -190,6 +191,15 @@ class MoEpic(Policy):
         return self._fractions[layer] if self._fractions else (1.0,)
 
     # -- helpers --------------------------------------------------------------------------------
+    def _part_sizes(self, view: View, layer: int) -> tuple[int, ...]:
+        """Bytes of each part of an expert of ``layer``, read from the view once per split
+        (``_reconfigure`` forgets them when it changes the split)."""
+        sizes = self._sizes[layer]
+        if sizes is None:
+            sizes = tuple(view.part_bytes(layer, p) for p in range(len(self._fractions[layer])))
+            self._sizes[layer] = sizes
+        return sizes
+
     def _cacheable(self, key: UnitKey) -> bool:
         """Top segments (or whole experts when ``theta_i`` is 1) stay in the cache; bottom
         segments (or whole experts when ``theta_i`` is 0) only pass through."""
@@ -207,10 +217,10 @@ class MoEpic(Policy):
             return candidates[int(self._rng.integers(len(candidates)))]
         return self._prio.victim(candidates)
 
-    def _cache_order(self, layer: int) -> np.ndarray:
+    def _cache_order(self, layer: int) -> np.ndarray | list[int]:
         if self.cache_policy == "random":
             return self._rng.permutation(self._E)
-        return self._prio.ranking(layer)
+        return self._prio.ranking_list(layer)
 
     def _sweep(self, view: View, layer: int) -> None:
         """Bottom segments that a demand load put in free pool room leave once their layer ran
@@ -228,32 +238,50 @@ class MoEpic(Policy):
         """Rank the experts of layer ``target`` (of iteration ``target_iter``) by predicted
         score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens."""
         E = self._E
+        K = self._K   # the predicted activated experts (section 3.2), no further
+        order: list[int]
+        scores: list[float]
+        per_token: list[list[int]]
         if not self.speculative:           # w/o SP: random order
-            order = self._rng.permutation(E)
-            scores = 1.0 - np.arange(E) / E
-            per_token = order[None, :]
+            order = self._rng.permutation(E).tolist()
+            scores = [1.0 - y / E for y in range(min(K, E))]
+            per_token = [order]
         elif logits is not None:
             lg = np.asarray(logits, dtype=np.float32)
             if lg.shape[0] == 0:
                 return
-            if lg.shape[0] == 1:
-                per_token = np.argsort(-lg, axis=1, kind="stable")
-                order = per_token[0]
-                z = np.exp(lg[0] - lg[0].max())
-                best = z / z.sum()
+            row = lg[0]
+            vals = row.tolist() if lg.shape[0] == 1 else [float("nan")]
+            total = sum(vals)   # NaN if any score is NaN
+            if total == total:   # one token, no NaN: Python sorts as numpy does
+                # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True
+                # keeps a stable sort's order among equal keys
+                order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
+                # the first is the maximum (of +0 and -0 either: x - 0 and x - (-0) differ only in
+                # the sign of a zero, and exp of either is 1)
+                z = np.exp(row - row[order[0]])
+                best_l = (z / z.sum()).tolist()
+                scores = [best_l[e] for e in order[:K]]
+                per_token = [order]
             else:
-                per_token = np.argsort(-lg, axis=1, kind="stable")
-                best = softmax_rows(lg).max(axis=0)
-                order = np.argsort(-best, kind="stable")
-            scores = best[order]
+                per = np.argsort(-lg, axis=1, kind="stable")
+                if lg.shape[0] == 1:
+                    ranked = per[0]
+                    z = np.exp(row - row.max())
+                    best = z / z.sum()
+                else:
+                    best = softmax_rows(lg).max(axis=0)
+                    ranked = np.argsort(-best, kind="stable")
+                order = ranked.tolist()
+                scores = best[ranked[:K]].tolist()
+                per_token = per.tolist()
         elif not self._has_lookahead:      # no lookahead in the trace: guess from history
-            order = self._prio.ranking(target)
-            scores = 1.0 - np.arange(E) / E
-            per_token = order[None, :]
+            order = self._prio.ranking_list(target)
+            scores = [1.0 - y / E for y in range(min(K, E))]
+            per_token = [order]
         else:                              # the first token has nothing to predict from
             return
-        K = self._K   # the predicted activated experts (section 3.2), no further
-        self._queue[target] = [target_iter, order[:K].tolist(), scores[:K].tolist(), 0]
+        self._queue[target] = [target_iter, order[:K], scores, 0]
         self._pred[target] = (target_iter, per_token)
 
     def _fill(self, view: View, layer: int) -> None:
@@ -268,12 +296,17 @@ class MoEpic(Policy):
         if target_iter < it or (target_iter == it and self._routed == (it, layer)):
             del self._queue[layer]
             return
-        nparts = len(self._fractions[layer])
-        sizes = [view.part_bytes(layer, p) for p in range(nparts)]
+        if pos >= len(order):   # every guess issued
+            return
+        sizes = self._part_sizes(view, layer)
+        nparts = len(sizes)
         free = view.buffer_free()
         while pos < len(order):
             e = order[pos]
-            parts = [p for p in range(nparts) if view.state(layer, e, p) == ABSENT]
+            parts = []   # a plain loop: a comprehension is a call of its own
+            for p in range(nparts):
+                if view.state(layer, e, p) == ABSENT:
+                    parts.append(p)
             if parts:
                 need = sum(sizes[p] for p in parts)
                 if need > free:
@@ -321,7 +354,7 @@ class MoEpic(Policy):
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         it = view.iteration_index
         ex = routing.experts
-        needed = set(int(e) for e in ex[ex >= 0].reshape(-1).tolist())
+        needed = {e for e in ex.ravel().tolist() if e >= 0}
         self._routed = (it, layer)
         self._needed = needed
         self._admitting = None
@@ -353,23 +386,23 @@ class MoEpic(Policy):
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         it = view.iteration_index
-        plan = outcome.plan
+        rows = outcome.plan.tolist()
+        n = len(rows)
         if self._stats is not None:
             entry = self._pred.get(layer)
             pred = None
             if entry is not None and entry[0] == it:
                 order = entry[1]
-                n = plan.shape[0]
-                if order.shape[0] == n:
+                if len(order) == n:
                     pred = order
-                elif order.shape[0] == 1 or n == 1:
-                    pred = np.broadcast_to(order[-1], (n, order.shape[1]))
-            self._stats.record(layer, plan, self._cache_order(layer), pred)
-        self._prio.observe(layer, plan)
+                elif len(order) == 1 or n == 1:
+                    pred = [order[-1]] * n
+            self._stats.record(layer, rows, self._cache_order(layer), pred)
+        self._prio.observe(layer, rows)
         self._ran[layer] = outcome.experts
         last = layer == self._L - 1
         if last:
-            self._tokens += plan.shape[0]
+            self._tokens += n
             if self.configurator and self._tokens >= self._next_config:
                 self._config_due = True
         if not (self.prefetch or self._stats is not None):
@@ -421,7 +454,7 @@ class MoEpic(Policy):
         if adm is not None and view.in_buffer(*adm):
             return self._victim(candidates)
         layer = candidates[0][0]
-        largest = max(view.part_bytes(layer, p) for p in range(len(self._fractions[layer])))
+        largest = max(self._part_sizes(view, layer))
         if view.buffer_free() >= largest:
             return request.decline
         if request.reason is Reason.DEMAND and self._buffer_drains(view, request.unit[0]):
@@ -510,6 +543,7 @@ class MoEpic(Policy):
                 if changed or key[1] not in keep or not self._cacheable(key):
                     view.evict(*key)
             self._fractions[i] = new_fr[i]
+            self._sizes[i] = None
             self._theta[i] = new_theta[i]
             self._budget[i] = float(alloc.budgets[i])
             self._reload_todo.extend((i, e, 0) for e in sorted(keep) if view.state(i, e, 0) == ABSENT)

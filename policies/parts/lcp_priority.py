@@ -29,6 +29,11 @@ class CachePriority:
 
     Time is counted in tokens per layer: ``clock[i]`` tokens have passed layer ``i``. An
     iteration of ``n`` tokens (a prefill) is observed as ``n`` consecutive tokens, in order.
+
+    The indicators are kept in Python lists (a layer holds a handful of experts, so per-token
+    numpy calls would cost more than the work); ``rho ** (nu / omega)`` is read from a table of
+    the values ``np.exp`` gives for every interval, so every priority is the float64 product
+    that Eq. 4 computed on arrays gives, bit for bit.
     """
 
     def __init__(self, num_layers: int, num_experts: int, *, rho: float = 0.25,
@@ -39,52 +44,101 @@ class CachePriority:
             raise ValueError(f"omega must be > 0, got {omega}")
         self.rho = rho
         self.omega = omega
-        self.mu = np.zeros((num_layers, num_experts), dtype=np.float64)
-        self.last = np.full((num_layers, num_experts), -1, dtype=np.int64)   # token of last activation
-        self.clock = np.zeros(num_layers, dtype=np.int64)
+        self._mu = [[0.0] * num_experts for _ in range(num_layers)]
+        self._last = [[-1] * num_experts for _ in range(num_layers)]   # token of last activation
+        self._clock = [0] * num_layers
         # rho ** (1 / omega) once: priority = mu * decay ** nu
         self._log_decay = float(np.log(rho)) / omega
+        self._decay: list[float] = []   # _decay[nu] = exp(_log_decay * nu), grown on demand
 
-    def observe(self, layer: int, experts: np.ndarray) -> None:
+    @property
+    def mu(self) -> np.ndarray:
+        """``[layers, experts]`` activation counts (a copy)."""
+        return np.array(self._mu, dtype=np.float64)
+
+    @property
+    def last(self) -> np.ndarray:
+        """``[layers, experts]`` token of each expert's last activation, -1 for none (a copy)."""
+        return np.array(self._last, dtype=np.int64)
+
+    @property
+    def clock(self) -> np.ndarray:
+        """Tokens that have passed each layer (a copy)."""
+        return np.array(self._clock, dtype=np.int64)
+
+    def _grow(self, nu: int) -> list[float]:
+        """The decay table, long enough to hold interval ``nu``: ``np.exp`` of the intervals as
+        a contiguous int64 array times the log decay, the very array operation of Eq. 4."""
+        old = len(self._decay)
+        new = max(nu + 1, 2 * old, 1024)
+        self._decay.extend(np.exp(self._log_decay * np.arange(old, new, dtype=np.int64)).tolist())
+        return self._decay
+
+    def observe(self, layer: int, experts: np.ndarray | list[list[int]]) -> None:
         """Tokens ``experts`` (``[n_tokens, k]``, -1 = nothing) passed ``layer``, in order."""
-        ex = np.asarray(experts)
-        n = ex.shape[0]
-        base = int(self.clock[layer])
-        if n == 1:
-            row = ex[0]
-            row = row[row >= 0]
-            self.mu[layer, row] += 1.0
-            self.last[layer, row] = base
+        rows = experts.tolist() if isinstance(experts, np.ndarray) else experts
+        mu, last = self._mu[layer], self._last[layer]
+        base = self._clock[layer]
+        if len(rows) == 1:
+            for e in rows[0]:
+                if e >= 0 and last[e] != base:   # an expert twice in a token counts once
+                    mu[e] += 1.0
+                    last[e] = base
         else:
-            tok = np.broadcast_to(np.arange(n)[:, None], ex.shape).reshape(-1)
-            flat = ex.reshape(-1)
-            ok = flat >= 0
-            np.add.at(self.mu[layer], flat[ok], 1.0)
-            np.maximum.at(self.last[layer], flat[ok], base + tok[ok])
-        self.clock[layer] = base + n
+            for t, row in enumerate(rows, base):   # every occurrence counts
+                for e in row:
+                    if e >= 0:
+                        mu[e] += 1.0
+                        last[e] = t
+        self._clock[layer] = base + len(rows)
 
     def interval(self, layer: int) -> np.ndarray:
         """``nu`` of every expert of ``layer``: tokens since its last activation (the clock,
         for one never activated)."""
-        return self.clock[layer] - 1 - self.last[layer]
+        now = self._clock[layer] - 1
+        return np.array([now - t for t in self._last[layer]], dtype=np.int64)
+
+    def priority_list(self, layer: int) -> list[float]:
+        """``P_ij = mu_ij * rho ** (nu_ij / omega)`` of every expert of ``layer`` (Eq. 4), as
+        Python floats."""
+        now = self._clock[layer] - 1
+        decay = self._decay
+        if now + 1 >= len(decay):   # nu is at most the clock
+            decay = self._grow(now + 1)
+        return [m * decay[now - t] for m, t in zip(self._mu[layer], self._last[layer], strict=True)]
 
     def priorities(self, layer: int) -> np.ndarray:
         """``P_ij = mu_ij * rho ** (nu_ij / omega)`` of every expert of ``layer`` (Eq. 4)."""
-        return self.mu[layer] * np.exp(self._log_decay * self.interval(layer))
+        return np.array(self.priority_list(layer), dtype=np.float64)
 
-    def ranking(self, layer: int) -> np.ndarray:
+    def ranking_list(self, layer: int) -> list[int]:
         """Experts of ``layer`` from highest to lowest priority (ties: more recent activation,
         then lower id). The first ``C`` are the cache of size ``C`` that LCP converges to."""
-        prio = self.priorities(layer)
-        ids = np.arange(prio.shape[0])
-        return np.lexsort((ids, -self.last[layer], -prio))
+        prio = self.priority_list(layer)
+        # descending (priority, last activation, -id) is ascending (-priority, -last, id); the
+        # keys are distinct, so the order is total
+        keys = sorted(zip(prio, self._last[layer], range(0, -len(prio), -1), strict=True), reverse=True)
+        return [-k[2] for k in keys]
+
+    def ranking(self, layer: int) -> np.ndarray:
+        """:meth:`ranking_list` as an array."""
+        return np.array(self.ranking_list(layer), dtype=np.intp)
 
     def victim(self, candidates: list[UnitKey]) -> UnitKey:
-        """The candidate of least priority (ties: least recent activation, then lower id)."""
-        layer = candidates[0][0]
-        if all(k[0] == layer for k in candidates):
-            prio = self.priorities(layer)
-            last = self.last[layer]
-            return min(candidates, key=lambda k: (prio[k[1]], last[k[1]], k[1], k[2]))
-        pr = {lay: self.priorities(lay) for lay in {k[0] for k in candidates}}
-        return min(candidates, key=lambda k: (pr[k[0]][k[1]], self.last[k[0], k[1]], k[0], k[1], k[2]))
+        """The candidate of least priority (ties: least recent activation, then lower layer, id
+        and part)."""
+        clock, mus, lasts = self._clock, self._mu, self._last
+        decay = self._decay
+        best: UnitKey | None = None
+        best_key: tuple[float, int, int, int, int] | None = None
+        for k in candidates:
+            layer, e = k[0], k[1]
+            t = lasts[layer][e]
+            nu = clock[layer] - 1 - t
+            if nu >= len(decay):
+                decay = self._grow(nu)
+            key = (mus[layer][e] * decay[nu], t, layer, e, k[2])
+            if best_key is None or key < best_key:
+                best, best_key = k, key
+        assert best is not None, "victim() needs a candidate"
+        return best

@@ -18,6 +18,7 @@ This is our reading of its mechanism as MoEpic describes it, not of MoE-Infinity
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -110,9 +111,10 @@ class EAMPrefetcher(Prefetcher):
         return eam
 
     @staticmethod
-    def _normalised(row: list[float]) -> list[float]:
+    def _normalised(row: Sequence[float]) -> list[float]:
         """A row of counts divided by its total (all zeros when the total is 0); the counts are
-        integers, so their float sum is exact in any order."""
+        integers, so their sum is exact in any order, and each quotient is the correctly rounded
+        one, as numpy's float64 division gives."""
         tot = sum(row)
         if tot > 0:
             return [c / tot for c in row]

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from moesim.policies.baselines.caching import LRU
 from moesim.policies.baselines.least_stale import LeastStale
 from moesim.policies.baselines.lfru import LFRU
@@ -103,3 +106,22 @@ def test_least_stale_runs_on_the_event_loop_with_a_reason() -> None:
     eng, _ = run_engine(make_trace(STALE_TRACE, num_experts=4), LeastStale(), tiny_model(3, 4, 1), tiny_hw(),
                         budget_experts=4)
     assert eng.state.path == "event" and eng.state.path_reason == "the policy uses one global pool"
+
+
+@given(st.data())
+def test_least_stale_victim_is_the_greatest_of_its_defining_key(data: Any) -> None:
+    # the one-pass victim equals max(candidates, key=(distance, -last use, -layer, -expert, -part))
+    from types import SimpleNamespace
+
+    from moesim.policies.parts.least_stale import LeastStaleCache
+
+    n = data.draw(st.integers(1, 6))
+    units = st.tuples(st.integers(0, n - 1), st.integers(0, 4), st.integers(0, 1))
+    cands = data.draw(st.lists(units, min_size=1, max_size=12, unique=True))
+    rule = LeastStaleCache()
+    for key in data.draw(st.lists(st.sampled_from(cands), max_size=20)):
+        rule.refresh(key)
+    view = SimpleNamespace(num_layers=n, layer=data.draw(st.integers(-1, n)))
+    cur = view.layer if 0 <= view.layer < n else n - 1
+    want = max(cands, key=lambda k: (LeastStaleCache.distance(k[0], cur, n), -rule.last_used(k), -k[0], -k[1], -k[2]))
+    assert rule.victim(view, None, cands) == want   # type: ignore[arg-type]

@@ -110,7 +110,7 @@ class Accelerate(Policy):
         if layer < self.resident:
             return None
         ex = routing.experts
-        routed = {int(e) for e in ex.reshape(-1) if e >= 0}
+        routed = set(ex.reshape(-1).tolist())   # -1 (dropped) is never an expert below
         others = tuple(e for e in range(self._E) if e not in routed)
         for e in others:
             view.prefetch(layer, e)

@@ -89,13 +89,20 @@ class AdapMoE(MixtralOffloading):
         self._eb = ctx.expert_bytes
         self._budget_experts = ctx.total_budget // ctx.expert_bytes
         self._stack: list[list[int]] = [[] for _ in range(L)]
-        self._dist = np.zeros((L, E + 1), dtype=np.int64)      # LRU stack distances (E = cold)
-        self._guessed = np.zeros(L, dtype=np.int64)
-        self._activated = np.zeros(L, dtype=np.int64)
+        # counters as Python ints (per-access updates; numpy arrays only in cache_sizes)
+        self._dist = [[0] * (E + 1) for _ in range(L)]      # LRU stack distances (E = cold)
+        self._guessed = [0] * L
+        self._activated = [0] * L
         self._guess_for: dict[int, tuple[int, set[int]]] = {}
         self._tokens = 0
         self._next = self.realloc_tokens
         self.sizes = []
+        # the prefetcher is this class's only after_layer part and a plain next-layer prefetcher:
+        # after_layer hands it the guess it just made (a predictor answers the same twice)
+        pref = self.prefetcher
+        self._reuse_guess = (isinstance(pref, NextLayerPrefetcher)
+                             and type(pref).after_layer is NextLayerPrefetcher.after_layer
+                             and self._by_hook["after_layer"] == [pref.after_layer])
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Record stack distances and prefetch hits, then prefetch (the parts)."""
@@ -104,6 +111,8 @@ class AdapMoE(MixtralOffloading):
         E = self._E
         guess = self._guess_for.get(layer)
         hit_guess = guess[1] if guess is not None and guess[0] == it else set()
+        dist = self._dist[layer]
+        guessed = 0
         for e in outcome.experts:
             if e in stack:
                 d = stack.index(e)
@@ -111,25 +120,35 @@ class AdapMoE(MixtralOffloading):
             else:
                 d = E
             stack.insert(0, e)
-            self._dist[layer, d] += 1
-            self._activated[layer] += 1
-            self._guessed[layer] += e in hit_guess
+            dist[d] += 1
+            guessed += e in hit_guess
+        self._activated[layer] += len(outcome.experts)
+        self._guessed[layer] += guessed
+        pref = self.prefetcher
+        assert isinstance(pref, NextLayerPrefetcher)
         if self._k:
             L = view.num_layers
             target, t_it = (layer + 1, it) if layer + 1 < L else (0, it + 1)
-            pref = self.prefetcher
-            assert isinstance(pref, NextLayerPrefetcher)
-            self._guess_for[target] = (t_it, {e for e, _ in pref.predictor.predict(view, layer, self._k)})
-        super().after_layer(view, layer, outcome)
+            predicted = pref.predictor.predict(view, layer, self._k)
+            self._guess_for[target] = (t_it, {e for e, _ in predicted})
+            if self._reuse_guess:   # what NextLayerPrefetcher.after_layer does, with this guess
+                pref_target = pref.target(view, layer)
+                if pref_target is not None:
+                    pref.prefetch_set(view, pref_target, predicted)
+            else:
+                super().after_layer(view, layer, outcome)
+        else:
+            super().after_layer(view, layer, outcome)
         if layer == view.num_layers - 1:
             self._tokens += outcome.plan.shape[0]
 
     def cache_sizes(self) -> np.ndarray:
         """The dynamic programme on the statistics so far (experts per layer)."""
         L, E, K = self._L, self._E, self._K
-        acts = np.maximum(1, self._dist.sum(axis=1))
-        hit = np.concatenate([np.zeros((L, 1)), np.cumsum(self._dist[:, :E], axis=1) / acts[:, None]], axis=1)
-        acc = self._guessed / np.maximum(1, self._activated)
+        dist = np.array(self._dist, dtype=np.int64)
+        acts = np.maximum(1, dist.sum(axis=1))
+        hit = np.concatenate([np.zeros((L, 1)), np.cumsum(dist[:, :E], axis=1) / acts[:, None]], axis=1)
+        acc = np.array(self._guessed, dtype=np.int64) / np.maximum(1, np.array(self._activated, dtype=np.int64))
         costs = K * (1.0 - hit) * (1.0 - acc)[:, None]
         return allocate_cache_sizes(costs, int(self._budget_experts), minimum=1)
 

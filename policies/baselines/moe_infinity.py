@@ -17,6 +17,9 @@ This is our reading of its mechanism as MoEpic describes it, not of MoE-Infinity
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 
 from moesim.policies.contract.base import Context, Outcome, View
@@ -65,8 +68,11 @@ class EAMPrefetcher(Prefetcher):
         self._L, self._E = ctx.num_layers, ctx.num_experts
         self._k = ctx.top_k if self.prefetch_experts is None else self.prefetch_experts
         self._eams: dict[int, np.ndarray] = {}
+        self._counts: dict[int, list[int]] = {}    # the same counts as Python ints, flattened
+        self._sq: dict[int, int] = {}              # sum of squared counts (exact: counts are integers)
         self._eamc = np.zeros((0, self._L * self._E))         # rows: unit-norm flattened EAMs
         self._eamc_raw = np.zeros((0, self._L, self._E))
+        self._stored: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
         self._batch = -1
         if ctx.profile is not None:
             prof = ctx.profile
@@ -81,12 +87,15 @@ class EAMPrefetcher(Prefetcher):
     def _archive(self) -> None:
         done = [m for m in self._eams.values() if m.sum() > 0]
         self._eams = {}
+        self._counts = {}
+        self._sq = {}
         if not done:
             return
         raw = np.concatenate([self._eamc_raw, np.stack(done)])[-self.eamc_capacity:]
         flat = raw.reshape(raw.shape[0], -1)
         self._eamc_raw = raw
         self._eamc = flat / np.linalg.norm(flat, axis=1, keepdims=True)
+        self._stored = {}
 
     def on_iteration_start(self, view: View) -> None:
         """A new batch archives the finished requests' matrices."""
@@ -95,43 +104,98 @@ class EAMPrefetcher(Prefetcher):
             self._archive()
             self._batch = batch
 
-    def _distribution(self, eam: np.ndarray, layers: list[int]) -> np.ndarray:
-        """Predicted activation probabilities ``[len(layers), E]`` for one request."""
-        src = eam
+    def _new_request(self, r: int) -> np.ndarray:
+        eam = self._eams[r] = np.zeros((self._L, self._E))
+        self._counts[r] = [0] * (self._L * self._E)
+        self._sq[r] = 0
+        return eam
+
+    @staticmethod
+    def _normalised(row: Sequence[float]) -> list[float]:
+        """A row of counts divided by its total (all zeros when the total is 0); the counts are
+        integers, so their sum is exact in any order, and each quotient is the correctly rounded
+        one, as numpy's float64 division gives."""
+        tot = sum(row)
+        if tot > 0:
+            return [c / tot for c in row]
+        return [0.0] * len(row)
+
+    @staticmethod
+    def _order(p: list[float]) -> list[int]:
+        """Indices by decreasing value, ties by index (a stable argsort of ``-p``)."""
+        return sorted(range(len(p)), key=lambda e: -p[e])
+
+    def _best_stored(self, r: int) -> int:
+        """Row of the collection most similar to request ``r``'s matrix; -1: the request's own."""
         if self._eamc.shape[0]:
-            norm = np.linalg.norm(eam)
-            if norm > 0:
-                sim = self._eamc @ (eam.reshape(-1) / norm)
+            sq = self._sq[r]
+            if sq > 0:
+                norm = math.sqrt(sq)   # == np.linalg.norm: the sum of squares is an exact integer
+                sim = self._eamc @ (self._eams[r].reshape(-1) / norm)
                 best = int(np.argmax(sim))
                 if sim[best] > 0:   # no stored request shares an expert: keep the request's own
-                    src = self._eamc_raw[best]
-        rows = src[layers]
-        tot = rows.sum(axis=1, keepdims=True)
-        return np.divide(rows, tot, out=np.zeros_like(rows, dtype=np.float64), where=tot > 0)
+                    return best
+        return -1
+
+    def _stored_row(self, best: int, target: int) -> tuple[list[float], list[int]]:
+        """Stored matrix ``best``'s distribution of layer ``target`` and its order (cached until the
+        collection changes)."""
+        key = (best, target)
+        got = self._stored.get(key)
+        if got is None:
+            p = self._normalised(self._eamc_raw[best, target].tolist())
+            got = self._stored[key] = (p, self._order(p))
+        return got
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Update each request's matrix; prefetch the likeliest experts of the next layers."""
-        reqs = view.iteration.request_ids
-        plan = outcome.plan
-        for t in range(plan.shape[0]):
-            r = int(reqs[t])
-            eam = self._eams.get(r)
+        reqs = view.iteration.request_ids.tolist()
+        E = self._E
+        base = layer * E
+        eams, counts, sqs = self._eams, self._counts, self._sq
+        for t, row in enumerate(outcome.plan.tolist()):
+            r = reqs[t]
+            eam = eams.get(r)
             if eam is None:
-                eam = self._eams[r] = np.zeros((self._L, self._E))
-            row = plan[t]
-            eam[layer, row[row >= 0]] += 1.0
-        layers = list(range(layer + 1, min(self._L, layer + 1 + self.prefetch_distance)))
+                eam = self._new_request(r)
+            cnt = counts[r]
+            sq = sqs[r]
+            for e in set(row):   # a repeated expert counts once (as a buffered fancy-index add)
+                if e >= 0:
+                    c = cnt[base + e]
+                    cnt[base + e] = c + 1
+                    sq += 2 * c + 1
+                    eam[layer, e] = c + 1.0
+            sqs[r] = sq
+        layers = range(layer + 1, min(self._L, layer + 1 + self.prefetch_distance))
         if not layers or self._k == 0:
             return
-        prob = np.zeros((len(layers), self._E))
-        for r in dict.fromkeys(int(x) for x in reqs):
-            np.maximum(prob, self._distribution(self._eams[r], layers), out=prob)
-        for j, target in enumerate(layers):
-            p = prob[j]
-            order = np.argsort(-p, kind="stable")[: self._k]
-            for e in order:
-                if p[e] <= 0:
+        uniq = list(dict.fromkeys(reqs))
+        bests = [self._best_stored(r) for r in uniq]
+        k = self._k
+        cache = self.cache
+        for target in layers:
+            prob: list[float] | None = None
+            order: list[int] | None = None
+            for r, best in zip(uniq, bests, strict=True):
+                if best >= 0:
+                    p, o = self._stored_row(best, target)
+                else:
+                    p = self._normalised(counts[r][target * E:(target + 1) * E])
+                    o = None
+                if prob is None:
+                    prob, order = p, o
+                else:   # np.maximum, element by element (no NaN here)
+                    prob = [b if b > a else a for a, b in zip(prob, p, strict=True)]
+                    order = None
+            assert prob is not None
+            if order is None:
+                order = self._order(prob)
+            dist = target - layer
+            for e in order[:k]:
+                pe = prob[e]
+                if pe <= 0:
                     break
-                key = (target, int(e), 0)
-                if view.prefetch(*key, priority=float(p[e]) / (target - layer)) and self.cache is not None:
-                    self.cache.refresh(key)
+                key = (target, e, 0)
+                if view.prefetch(target, e, 0, priority=pe / dist) and cache is not None:
+                    cache.refresh(key)

@@ -31,6 +31,10 @@ from moesim.policies.parts.caches import RecencyCache
 class LeastStaleCache(RecencyCache):
     """Evict the expert whose layer runs again last (see the module docstring)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._tables: dict[tuple[int, int], list[int]] = {}   # (current, layers) -> distance of each layer
+
     def demand_only(self) -> bool:
         """Loads only on demand."""
         return True
@@ -45,5 +49,30 @@ class LeastStaleCache(RecencyCache):
         """The candidate farthest from its layer's next turn; then least recently used."""
         n = view.num_layers
         cur = view.layer if 0 <= view.layer < n else n - 1   # before layer 0 / after the last: layer 0 is next
+        table = self._tables.get((cur, n))
+        if table is None:
+            table = self._tables[(cur, n)] = [self.distance(m, cur, n) for m in range(n)]
+        # the greatest (distance, -last use, -key): first the farthest layer's candidates (one
+        # pass), then among them the least recently used, the lowest key (keys are unique)
+        best_d = -1
+        first = candidates[0]
+        group: list[UnitKey] | None = None
+        for k in candidates:
+            d = table[k[0]]
+            if d > best_d:
+                best_d, first, group = d, k, None
+            elif d == best_d:
+                if group is None:
+                    group = [first, k]
+                else:
+                    group.append(k)
+        if group is None:
+            return first
         last = self._last
-        return max(candidates, key=lambda k: (self.distance(k[0], cur, n), -last.get(k, 0), -k[0], -k[1], -k[2]))
+        best = group[0]
+        best_last = last.get(best, 0)
+        for k in group:
+            used = last.get(k, 0)
+            if used < best_last or (used == best_last and k < best):
+                best, best_last = k, used
+        return best

@@ -20,7 +20,7 @@ victims out in that order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from moesim.policies.contract.base import (
     RESIDENT,
@@ -34,6 +34,8 @@ from moesim.policies.contract.base import (
     View,
 )
 from moesim.policies.parts.caches import CacheRule
+
+_NONE = (0, 0, 0)   # the entry of an expert the cache does not hold
 
 
 class LFRUCache(CacheRule):
@@ -100,11 +102,22 @@ class LFRUCache(CacheRule):
         freq, last, seq = self._entry.get(key, (0, 0, 0))
         return freq / (clock - last + 1), seq
 
+    def _scorer(self, clock: int) -> Callable[[UnitKey], tuple[float, int]]:
+        """:meth:`score` at ``clock`` as a key function (its body inlined: one call per candidate)."""
+        if type(self).score is not LFRUCache.score:
+            return lambda k: self.score(k, clock)
+        get = self._entry.get
+
+        def key(k: UnitKey) -> tuple[float, int]:
+            freq, last, seq = get(k, _NONE)
+            return freq / (clock - last + 1), seq
+        return key
+
     def _replay_pass(self, view: View, layer: int, candidates: Sequence[UnitKey]) -> list[UnitKey]:
         """vLLM's victims for this layer's pass: ids ascending, free slots first, each miss
         evicting the least score at the clock it sees."""
         routed = view.routing(layer).experts
-        ids = sorted({int(e) for e in routed.reshape(-1) if e >= 0})
+        ids = sorted({e for e in routed.reshape(-1).tolist() if e >= 0})
         pool = view.pool_of(layer)
         resident = sum(1 for k in view.resident_units(pool) if view.state(*k) == RESIDENT)
         free = view.capacity(pool) // max(1, view.part_bytes(layer)) - resident
@@ -116,7 +129,7 @@ class LFRUCache(CacheRule):
                 if free > 0:
                     free -= 1
                 elif left:
-                    v = min(left, key=lambda k: self.score(k, clock))
+                    v = min(left, key=self._scorer(clock))
                     left.remove(v)
                     victims.append(v)
             clock += 1
@@ -135,5 +148,4 @@ class LFRUCache(CacheRule):
                 v = self._victims.pop(0)
                 if v in candidates:
                     return v
-        clock = self._clock.get(layer, 0)
-        return min(candidates, key=lambda k: self.score(k, clock))
+        return min(candidates, key=self._scorer(self._clock.get(layer, 0)))

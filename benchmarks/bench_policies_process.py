@@ -28,8 +28,8 @@ PY = sys.executable
 GOAL = 50_000
 
 
-def child(cmd: list[str], pythonpath: str | None) -> tuple[float, float]:
-    """Run ``cmd`` (it must succeed); its wall and CPU seconds."""
+def child(cmd: list[str], pythonpath: str | None, must: bool = True) -> tuple[float, float] | None:
+    """Run ``cmd``; its wall and CPU seconds (None if it failed and ``must`` is False)."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -38,6 +38,8 @@ def child(cmd: list[str], pythonpath: str | None) -> tuple[float, float]:
     out = p.stdout.read() if p.stdout else ""
     _, status, usage = os.wait4(p.pid, 0)
     if status != 0:
+        if not must:
+            return None
         raise SystemExit(f"failed ({status}): {' '.join(cmd)}\n{out}")
     return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
 
@@ -73,17 +75,24 @@ def main() -> None:
                             f"cache: {{rate: 0.25}}\npolicy: {name}\n")
             cmd = [PY, "-m", "moesim.sim.cli.main", "run", str(scen), "--out", str(tmp / f"out-{name}"),
                    "--force", "--no-progress"]
-            ours, theirs = [], []
+            ours: list[tuple[float, float]] = []
+            theirs: list[tuple[float, float]] = []
             for _ in range(args.repeat):
-                ours.append(child(cmd, None))
+                mine = child(cmd, None)
+                assert mine is not None
+                ours.append(mine)
                 if args.vs:
-                    theirs.append(child(cmd, args.vs))
+                    other = child(cmd, args.vs, must=False)   # a policy the other tree lacks fails there
+                    if other is not None:
+                        theirs.append(other)
             wall = statistics.median(r[0] for r in ours)
             cpu = statistics.median(r[1] for r in ours)
             row = f"| {name} | {steps / wall:,.0f} | {steps / cpu:,.0f} | {'yes' if steps / wall >= GOAL else 'no'} |"
-            if args.vs:
+            if args.vs and theirs:
                 cpu_b = statistics.median(r[1] for r in theirs)
                 row += f" {steps / cpu_b:,.0f} | {cpu_b / cpu:.2f}x |"
+            elif args.vs:
+                row += " (fails there) | - |"
             print(row, flush=True)
             lines.append(row)
     if args.out:

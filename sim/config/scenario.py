@@ -11,21 +11,17 @@ import hashlib
 import json
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveInt,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
 from moesim.sim.config.catalog import (
-    GIB,
     CatalogError,
     CatalogFieldError,
     HardwareSpec,
@@ -39,152 +35,17 @@ from moesim.sim.config.catalog import (
     model_names,
 )
 from moesim.sim.config.keys import unknown_key_hint
+from moesim.sim.config.overrides import apply_overrides, parse_override, set_key
+from moesim.sim.config.scenario_error import ScenarioError
+from moesim.sim.config.sections import CacheSpec, PcieSpec, PolicySpec, ProfileSpec, WorkloadSpec
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
-
-
-class ScenarioError(MoesimError, ValueError):
-    """A scenario that cannot run; the message names the file and the YAML path."""
-
 
 ASSUMED_SIZES: dict[str, Any] = {"hidden_size": 4096, "expert_intermediate_size": 14336, "dtype_bytes": 2,
                                  "non_expert_bytes": 0}
 """The sizes a model outside the catalog gets when the scenario gives none (a trace knows the
 routing shape, not the weights): Mixtral-8x7B's expert (352 MB in bf16) and no weights besides
 the routed experts. The run's summary and ``metrics.json`` say so."""
-
-
-class CacheSpec(BaseModel):
-    """The expert budget: exactly one of ``rate``, ``experts_per_layer`` or ``gib``."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    rate: float | None = Field(None, gt=0, le=1, description="budget as a fraction of all routed-expert bytes, in (0, 1]")
-    experts_per_layer: float | None = Field(None, gt=0, description="budget in whole experts per MoE layer")
-    gib: float | None = Field(None, gt=0, description="budget in GiB")
-    initial: Literal["empty", "popular", "random"] = Field(
-        "empty", description="cache content at time 0: empty, the most popular experts of each layer "
-        "(from an offline profile of the replayed trace), or random experts")
-    buffer_experts: float = Field(0, ge=0, description="extra room for transfers in flight, in experts, "
-                                  "given equally to every policy (MoEpic's comparison uses top_k)")
-    scope: Literal["layer", "global"] | None = Field(
-        None, description="pool layout: one pool per MoE layer, or one global pool shared by all layers; "
-        "default: the policy's own (fmoe global, the others per layer), so that comparisons can give "
-        "every system the same layout")
-    swap_out: bool = Field(False, description="evicting copies the expert back to the host over the D2H lane "
-                           "(hardware.d2h_gbps) and frees its room only when that copy lands; default false: "
-                           "weights are read-only and the host keeps them, so eviction just drops the copy")
-    serial_swap: bool | None = Field(
-        None, description="with swap_out: demand misses swap one at a time (evict-then-fetch): the "
-        "eviction for the next waiting demand load starts only when the previous demand load has "
-        "landed, so no copy-back overlaps a demand load (the on-demand baseline of ActiveEvict, "
-        "Fig. 3(a), whose blocking I/O equals its total I/O in Table 3); default: swaps pipeline, "
-        "the next copy-back runs beside the previous load")
-
-    @field_validator("rate", "experts_per_layer", "gib", "buffer_experts", mode="before")
-    @classmethod
-    def _no_bool(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError(f"expected a number, got {str(v).lower()}")
-        return v
-
-    @property
-    def given(self) -> str:
-        """The key that sets the budget: ``rate``, ``experts_per_layer`` or ``gib``."""
-        return next(k for k in ("rate", "experts_per_layer", "gib") if getattr(self, k) is not None)
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> CacheSpec:
-        given = [k for k in ("rate", "experts_per_layer", "gib") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of rate, experts_per_layer, gib (got {', '.join(given) or 'none'})")
-        if self.serial_swap and not self.swap_out:
-            raise ValueError("serial_swap needs swap_out: true (without copy-backs there is nothing to serialise)")
-        return self
-
-    def budget_bytes(self, model: ModelSpec) -> int:
-        if self.rate is not None:
-            return int(self.rate * model.routed_bytes)
-        if self.experts_per_layer is not None:
-            return int(round(self.experts_per_layer * model.num_layers)) * model.expert_bytes
-        assert self.gib is not None
-        return int(self.gib * GIB)
-
-
-class PcieSpec(BaseModel):
-    """Copy-queue discipline of the host-to-device lanes."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    order: Literal["priority", "fifo"] = Field(
-        "priority", description="priority: demand loads jump queued prefetches, which may be withdrawn; "
-        "fifo: one copy stream, issued copies are never reordered or withdrawn (CUDA stream order)")
-    sync_prefetch: bool = Field(
-        False, description="the GPU waits for every prefetch issued so far before each layer "
-        "(the synchronous prediction-and-prefetch of some baselines)")
-
-
-class ProfileSpec(BaseModel):
-    """The profiling split: requests given to policies at set-up for offline statistics and never
-    measured. ``requests: N`` alone takes the first N requests of the scenario's trace (and the
-    workload replays the others); with ``trace``, the first N (or all) requests of that file."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    requests: PositiveInt | None = Field(None, description="how many requests (from the start) form the profile")
-    trace: str | None = Field(None, description="another trace file (relative to the scenario file)")
-
-    @model_validator(mode="after")
-    def _something(self) -> ProfileSpec:
-        if self.requests is None and self.trace is None:
-            raise ValueError("give requests: N (the first N requests of the trace) or trace: FILE")
-        return self
-
-
-class PolicySpec(BaseModel):
-    """A policy by registry name, with its keyword parameters."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="registered policy name (see `simctl policies`)")
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword parameters of the policy")
-
-
-Phase = Literal["prefill", "decode"]
-
-
-def _decode_only() -> list[Phase]:
-    return ["decode"]
-
-
-class WorkloadSpec(BaseModel):
-    """Which part of the trace replays, and how it is batched."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    batch_size: PositiveInt = Field(1, description="requests decoded together")
-    phases: list[Phase] = Field(
-        default_factory=_decode_only, min_length=1, description="which phases of the trace to replay")
-    requests: Literal["all"] | PositiveInt | list[int] = Field(
-        "all", description="all requests, the first N, or a list of request ids (each once)")
-
-    @field_validator("phases")
-    @classmethod
-    def _phases_once(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("a phase is listed twice")
-        return v
-
-    @field_validator("requests")
-    @classmethod
-    def _requests_once(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("an empty list selects nothing (give all, N or request ids)")
-            twice = sorted({r for r in v if v.count(r) > 1})
-            if twice:
-                raise ValueError(f"request {twice[0]} is listed twice")
-        return v
 
 
 class Scenario(BaseModel):
@@ -469,65 +330,6 @@ def _format_validation(exc: ValidationError, source: str | None, prefix: str = "
         msg = "unknown key" + (unknown_key_hint(root, loc) if root is not None else "")
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{source or 'scenario'}: {path}: {msg}{more}"
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` -> (["a", "b", "c"], parsed YAML value)."""
-    if "=" not in item:
-        raise ScenarioError(f"--set {item!r}: expected KEY=VALUE")
-    key, _, raw = item.partition("=")
-    path = [p for p in key.strip().split(".") if p]
-    if not path:
-        raise ScenarioError(f"--set {item!r}: empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return path, value
-
-
-def set_key(data: dict[str, Any], path: list[str], value: Any, label: str) -> None:
-    """Set the dotted scenario key ``path`` to ``value`` in the raw mapping ``data`` (in place),
-    as ``--set`` does; ``label`` names the change in an error (``--set a.b=1``).
-
-    A catalog name on the way (``hardware: rtx-4090``) becomes ``{base: rtx-4090}``, a policy
-    name ``{name: ...}``; setting one of the mutually exclusive cache sizes drops the others.
-    """
-    node: Any = data
-    for i, part in enumerate(path[:-1]):
-        nxt = node.get(part)
-        if isinstance(nxt, str) and part in ("model", "hardware", "runtime") and node is data:
-            if is_spec_file(nxt):
-                raise ScenarioError(f"{label}: {part} is the file {nxt}; put the change in that file, "
-                                    f"or name a catalog entry as {part}")
-            nxt = {"base": nxt}
-            node[part] = nxt
-        elif isinstance(nxt, str) and part == "policy" and node is data:
-            nxt = {"name": nxt}
-            node[part] = nxt
-        elif nxt is None:
-            nxt = {}
-            node[part] = nxt
-        elif not isinstance(nxt, dict):
-            raise ScenarioError(f"{label}: {'.'.join(path[:i + 1])} is not a mapping")
-        node = nxt
-    last = path[-1]
-    if path[:-1] == ["cache"] and last in ("rate", "experts_per_layer", "gib"):
-        for other in ("rate", "experts_per_layer", "gib"):
-            node.pop(other, None)
-    node[last] = value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``--set`` overrides to the raw scenario mapping (in place; returns it).
-
-    Setting one of the mutually exclusive cache sizes drops the others, so
-    ``--set cache.rate=0.25`` works on a scenario written with ``experts_per_layer``.
-    """
-    for item in overrides:
-        path, value = parse_override(item)
-        set_key(data, path, value, f"--set {item}")
-    return data
 
 
 def inline_trace_fit(data: dict[str, Any], *, source: str | None, base_dir: Path) -> str | None:

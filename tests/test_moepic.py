@@ -446,3 +446,22 @@ def test_pregated_prefetches_the_next_layer_and_keeps_nothing() -> None:
     # layer 0 routes, behind layer 0's demand load, and arrives late; nothing stays after use
     assert [(s.hits, s.late, s.misses) for s in steps(eng)] == [(0, 0, 1), (0, 1, 0)] * 3
     assert not eng.state.vram.units and m["prefetch_gb"] * 1e9 == pytest.approx(3 * MB)
+
+
+def test_pool_splits_install_an_allocation_in_whole_bytes() -> None:
+    from moesim.policies.moepic.configurator import Allocation, LayerSplit, SplitResult, pool_splits
+
+    splits = [LayerSplit(loaded=0.0, cache_size=0, theta=0.0),     # nothing cached: whole experts stream
+              LayerSplit(loaded=0.0, cache_size=3, theta=1.0),     # whole experts cached
+              LayerSplit(loaded=0.0, cache_size=4, theta=0.5)]     # 4 tops of half an expert
+    alloc = Allocation(budgets=np.array([0.0, 3.0, 2.0]),
+                       split=SplitResult(exposed=np.zeros(3), window=np.zeros(3), splits=splits), moves=0)
+    caps, fracs, thetas = pool_splits(alloc, 1000, 5000)
+    assert caps == [0, 3000, 2000] and fracs == [(1.0,), (1.0,), (0.5, 0.5)] and thetas == [0.0, 1.0, 0.5]
+    # a budget of 1.001 experts over 3 tops: 333 bytes each (theta rounded to whole bytes), and a
+    # total a byte short of the pools taken off the largest
+    splits = [LayerSplit(loaded=0.0, cache_size=3, theta=1.001 / 3)]
+    alloc = Allocation(budgets=np.array([1.001]),
+                       split=SplitResult(exposed=np.zeros(1), window=np.zeros(1), splits=splits), moves=0)
+    caps, fracs, thetas = pool_splits(alloc, 1000, 998)
+    assert caps == [998] and thetas == [0.333] and fracs == [(0.333, 1.0 - 0.333)]

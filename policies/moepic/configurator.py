@@ -97,7 +97,7 @@ class SplitStats:
         """``[L]``: tokens recorded with a prediction (a copy)."""
         return np.array(self._pred_tokens, dtype=np.int64)
 
-    def record(self, layer: int, experts: np.ndarray | list[list[int]], cache_order: Sequence[int],
+    def record(self, layer: int, experts: np.ndarray | list[list[int]], cache_order: Sequence[int] | np.ndarray,
                pred_order: Sequence[Sequence[int]] | np.ndarray | None) -> None:
         """One iteration at ``layer``: ``experts`` ``[n, k]`` activated (-1 = none),
         ``cache_order`` the experts by descending cache priority before these tokens,
@@ -307,3 +307,40 @@ class CacheConfigurator:
             moves += 1
             self.moves_log.append((i1, i2))
         return Allocation(budgets=V, split=r1, moves=moves)
+
+
+def split_fractions(theta: float) -> tuple[float, ...]:
+    """Part fractions of an expert with top share ``theta``: two segments inside (0, 1), one
+    whole part at the ends."""
+    return (float(theta), 1.0 - float(theta)) if 0.0 < theta < 1.0 else (1.0,)
+
+
+def pool_splits(alloc: Allocation, expert_bytes: int, total_bytes: int
+                ) -> tuple[list[int], list[tuple[float, ...]], list[float]]:
+    """An allocation as installed: per layer the pool's bytes, the part fractions and ``theta``.
+    A layer caching no expert holds nothing and streams whole experts; ``theta`` 1 caches whole
+    experts; otherwise each of the ``C_i`` tops gets ``V_i / C_i`` bytes (whole bytes, ``theta``
+    rounded to them). Float rounding can put the sum a few bytes over ``total_bytes``: the
+    largest pool gives them back."""
+    caps: list[int] = []
+    fracs: list[tuple[float, ...]] = []
+    thetas: list[float] = []
+    for i in range(len(alloc.budgets)):
+        v, c = float(alloc.budgets[i]), int(alloc.cache_size[i])
+        theta = float(alloc.theta[i])
+        fr: tuple[float, ...]
+        if c == 0:
+            theta, fr, cap = 0.0, (1.0,), 0
+        elif theta >= 1.0 - 1e-12:
+            theta, fr, cap = 1.0, (1.0,), c * expert_bytes
+        else:
+            top = int(v * expert_bytes) // c
+            theta = top / expert_bytes
+            fr, cap = split_fractions(theta), c * top
+        caps.append(cap)
+        fracs.append(fr)
+        thetas.append(theta)
+    if sum(caps) > total_bytes:
+        j = int(np.argmax(caps))
+        caps[j] -= sum(caps) - total_bytes
+    return caps, fracs, thetas

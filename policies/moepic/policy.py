@@ -60,21 +60,22 @@ from moesim.policies.contract.base import (
 )
 from moesim.policies.contract.needs import TOP_K, SetupNeeds
 from moesim.policies.contract.registry import register
-from moesim.policies.moepic.configurator import Allocation, CacheConfigurator, SplitStats, Timing
+from moesim.policies.moepic.configurator import (
+    Allocation,
+    CacheConfigurator,
+    SplitStats,
+    Timing,
+    pool_splits,
+    split_fractions,
+)
+from moesim.policies.moepic.prediction import lookahead_ranking
 from moesim.policies.parts.lcp_priority import CachePriority
-from moesim.policies.parts.predictors import softmax_rows
 
 CACHE_POLICIES = ("lcp", "random")
 
 
 # ------------------------------------------------------------------------------------------------
 # The policy
-
-
-def split_fractions(theta: float) -> tuple[float, ...]:
-    """Part fractions of an expert with top share ``theta``: two segments inside (0, 1), one
-    whole part at the ends."""
-    return (float(theta), 1.0 - float(theta)) if 0.0 < theta < 1.0 else (1.0,)
 
 
 @register
@@ -247,34 +248,10 @@ class MoEpic(Policy):
             scores = [1.0 - y / E for y in range(min(K, E))]
             per_token = [order]
         elif logits is not None:
-            lg = np.asarray(logits, dtype=np.float32)
-            if lg.shape[0] == 0:
+            ranked_guess = lookahead_ranking(logits, K)
+            if ranked_guess is None:
                 return
-            row = lg[0]
-            vals = row.tolist() if lg.shape[0] == 1 else [float("nan")]
-            total = sum(vals)   # NaN if any score is NaN
-            if total == total:   # one token, no NaN: Python sorts as numpy does
-                # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True
-                # keeps a stable sort's order among equal keys
-                order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
-                # the first is the maximum (of +0 and -0 either: x - 0 and x - (-0) differ only in
-                # the sign of a zero, and exp of either is 1)
-                z = np.exp(row - row[order[0]])
-                best_l = (z / z.sum()).tolist()
-                scores = [best_l[e] for e in order[:K]]
-                per_token = [order]
-            else:
-                per = np.argsort(-lg, axis=1, kind="stable")
-                if lg.shape[0] == 1:
-                    ranked = per[0]
-                    z = np.exp(row - row.max())
-                    best = z / z.sum()
-                else:
-                    best = softmax_rows(lg).max(axis=0)
-                    ranked = np.argsort(-best, kind="stable")
-                order = ranked.tolist()
-                scores = best[ranked[:K]].tolist()
-                per_token = per.tolist()
+            order, scores, per_token = ranked_guess
         elif not self._has_lookahead:      # no lookahead in the trace: guess from history
             order = self._prio.ranking_list(target)
             scores = [1.0 - y / E for y in range(min(K, E))]
@@ -507,29 +484,7 @@ class MoEpic(Policy):
         if any(view.state(*k) != RESIDENT for layer in range(L) for k in view.units_of_layer(layer)):
             return   # a transfer is still in flight: the device is not idle, try again later
         alloc = self.configuration()
-        eb = self._eb
-        caps: list[int] = []
-        new_fr: list[tuple[float, ...]] = []
-        new_theta: list[float] = []
-        for i in range(L):
-            v, c = float(alloc.budgets[i]), int(alloc.cache_size[i])
-            theta = float(alloc.theta[i])
-            fr: tuple[float, ...]
-            if c == 0:
-                theta, fr, cap = 0.0, (1.0,), 0
-            elif theta >= 1.0 - 1e-12:
-                theta, fr, cap = 1.0, (1.0,), c * eb
-            else:
-                top = int(v * eb) // c
-                theta = top / eb
-                fr, cap = split_fractions(theta), c * top
-            caps.append(cap)
-            new_fr.append(fr)
-            new_theta.append(theta)
-        total = self._total_bytes
-        if sum(caps) > total:   # float rounding of the budget moves; never more than a few bytes
-            j = int(np.argmax(caps))
-            caps[j] -= sum(caps) - total
+        caps, new_fr, new_theta = pool_splits(alloc, self._eb, self._total_bytes)
         for i in range(L):
             c = int(alloc.cache_size[i])
             if self.cache_policy == "random":   # w/o LCP: keep cached tops at random, fill at random

@@ -397,3 +397,17 @@ def test_set_wins_over_calibration(tmp_path: Path, capsys: pytest.CaptureFixture
     overridden = run_json(tmp_path / "s.yaml", capsys, "--set", "hardware.pcie_gbps=30")
     assert overridden["fit"][0]["values"] == {}
     assert overridden["tpot_ms"]["mean"] < calibrated["tpot_ms"]["mean"]
+
+
+def test_a_fit_records_its_measurement_file_relative_to_where_it_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moesim.sim.study.fit_output import shown_path
+
+    (tmp_path / "measurements").mkdir()
+    f = tmp_path / "measurements" / "set.yaml"
+    f.write_text("name: set\n")
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(Path("measurements/set.yaml")) == "measurements/set.yaml"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert shown_path(f) == str(f.resolve())   # not below the working directory: absolute

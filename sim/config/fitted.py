@@ -55,7 +55,7 @@ class FitProvenance(BaseModel):
 
     name: str
     source: str
-    measurements: str = Field(description="the measurement file, as an absolute path")
+    measurements: str = Field(description="the measurement file: relative to the folder the fit ran in when below it, else absolute")
     measurements_sha256: str = ""
     fit_rows: int = Field(ge=0, description="measurements the fit saw")
     test_rows: int = Field(ge=0, description="measurements held out (role: test), never seen by the fit")

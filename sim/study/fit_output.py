@@ -25,13 +25,23 @@ from moesim.sim.config.fitted import ErrorSummary, FitProvenance, FittedFile, lo
 from moesim.sim.study.fit import FitResult
 
 
+def shown_path(path: Path) -> str:
+    """A measurement file as a fit records it: relative to the working directory when it lies
+    below it (a committed fit then names no machine's folders), else absolute."""
+    full = path.resolve()
+    try:
+        return str(full.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(full)
+
+
 def provenance(result: FitResult, command: list[str] | None = None) -> FitProvenance:
     """The ``fit:`` section of ``result``."""
     from moesim.sim.study.study_record import moesim_version
 
     ms = result.ms
     return FitProvenance(
-        name=ms.spec.name, source=ms.spec.source, measurements=str(ms.path.resolve()),
+        name=ms.spec.name, source=ms.spec.source, measurements=shown_path(ms.path),
         measurements_sha256=hashlib.sha256(ms.path.read_bytes()).hexdigest() if ms.path.is_file() else "",
         fit_rows=result.fit_error.rows, test_rows=0 if result.held_out is None else result.held_out.rows,
         fit_error=result.fit_error, leave_one_out=result.loo_error, leave_one_out_method=result.loo_method,

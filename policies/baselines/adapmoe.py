@@ -131,10 +131,8 @@ class AdapMoE(MixtralOffloading):
             target, t_it = (layer + 1, it) if layer + 1 < L else (0, it + 1)
             predicted = pref.predictor.predict(view, layer, self._k)
             self._guess_for[target] = (t_it, {e for e, _ in predicted})
-            if self._reuse_guess:   # what NextLayerPrefetcher.after_layer does, with this guess
-                pref_target = pref.target(view, layer)
-                if pref_target is not None:
-                    pref.prefetch_set(view, pref_target, predicted)
+            if self._reuse_guess:
+                pref.prefetch_guess(view, layer, predicted)
             else:
                 super().after_layer(view, layer, outcome)
         else:

@@ -492,7 +492,7 @@ class MoEpic(Policy):
                 rest = [int(e) for e in self._rng.permutation(self._E) if int(e) not in cached]
                 keep = set(([int(e) for e in self._rng.permutation(cached)] + rest)[:c])
             else:
-                keep = set(int(e) for e in self._prio.ranking(i)[:c])
+                keep = set(self._prio.ranking_list(i)[:c])
             changed = new_fr[i] != self._fractions[i]
             for key in view.units_of_layer(i):
                 if changed or key[1] not in keep or not self._cacheable(key):

@@ -4,6 +4,8 @@ next layer ranked by the softmax of the router applied to the current hidden sta
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from moesim.policies.parts.predictors import softmax_rows
@@ -16,17 +18,17 @@ def lookahead_ranking(logits: np.ndarray, k: int) -> tuple[list[int], list[float
     if lg.shape[0] == 0:
         return None
     row = lg[0]
-    vals = row.tolist() if lg.shape[0] == 1 else [float("nan")]
-    total = sum(vals)   # NaN if any score is NaN
-    if total == total:   # one token, no NaN: Python sorts as numpy does
-        # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True keeps a
-        # stable sort's order among equal keys
-        order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
-        # the first is the maximum (of +0 and -0 either: x - 0 and x - (-0) differ only in the
-        # sign of a zero, and exp of either is 1)
-        z = np.exp(row - row[order[0]])
-        best_l = (z / z.sum()).tolist()
-        return order, [best_l[e] for e in order[:k]], [order]
+    if lg.shape[0] == 1:
+        vals = row.tolist()
+        if not math.isnan(sum(vals)):   # no NaN (nor inf - inf): Python sorts as numpy does
+            # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True keeps a
+            # stable sort's order among equal keys
+            order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
+            # the first is the maximum (of +0 and -0 either: x - 0 and x - (-0) differ only in
+            # the sign of a zero, and exp of either is 1)
+            z = np.exp(row - row[order[0]])
+            best_l = (z / z.sum()).tolist()
+            return order, [best_l[e] for e in order[:k]], [order]
     per = np.argsort(-lg, axis=1, kind="stable")
     if lg.shape[0] == 1:
         ranked = per[0]

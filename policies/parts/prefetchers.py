@@ -91,9 +91,14 @@ class NextLayerPrefetcher(Prefetcher):
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Prefetch the guess for the next layer."""
-        if self._k == 0:
-            return
+        if self._k and self.target(view, layer) is not None:
+            self.prefetch_guess(view, layer, self.predictor.predict(view, layer, self._k))
+
+    def prefetch_guess(self, view: View, layer: int, guess: list[tuple[int, float]]) -> None:
+        """Prefetch ``guess``, a prediction made after ``layer``, for the layer this prefetcher
+        targets then (nothing when there is none): :meth:`after_layer` with a guess the caller
+        already has."""
         target = self.target(view, layer)
         if target is not None:
-            self.prefetch_set(view, target, self.predictor.predict(view, layer, self._k))
+            self.prefetch_set(view, target, guess)
 

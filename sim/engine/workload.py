@@ -199,7 +199,7 @@ class Future:
         experts = tr.experts
         if iters and all(it.rows0.shape[0] == 1 for it in iters) and not (experts < 0).any():
             # one token per step, its top-k experts distinct: rank j of k, the same keys as below
-            rows = np.concatenate([it.rows0 for it in iters])
+            rows = self._workload.token_rows()
             idx = np.array([it.index for it in iters], dtype=np.int64)
             k = experts.shape[1]
             frac = (np.arange(k, dtype=np.int64) + 1) / (k + 1)

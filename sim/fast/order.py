@@ -148,7 +148,7 @@ def _planner(state: RunState[Transfers], kind: str, clean: bool) -> Planner:
     experts = state.trace.experts
     iters = state.workload.iterations
     if clean and all(it.rows0.shape[0] == 1 for it in iters):
-        rows = np.concatenate([it.rows0 for it in iters])
+        rows = state.workload.token_rows()
         flat = [experts[rows + layer].reshape(-1).astype(np.int64) for layer in range(L)]
     else:
         parts: list[list[int]] = [[] for _ in range(L)]

@@ -26,7 +26,6 @@ class CurveError(MoesimError, ValueError):
 def trace_curves(path: Path, phases: list[str]) -> tuple[Any, Any]:
     """The curves of the trace at ``path`` over its requests' tokens of ``phases`` (batch 1,
     trace order); returns ``(Curves, TraceMeta)``. Reads only the routing."""
-    import numpy as np
 
     from moesim.sim.engine.workload import build_workload
     from moesim.traces.analysis.curve import curves
@@ -34,8 +33,7 @@ def trace_curves(path: Path, phases: list[str]) -> tuple[Any, Any]:
 
     trace = read_trace(path, [])
     wl = build_workload(trace, batch_size=1, phases=phases, requests="all")
-    rows0 = (np.concatenate([it.rows0 for it in wl.iterations]) if wl.iterations
-             else np.zeros(0, dtype=np.int64))
+    rows0 = wl.token_rows()
     m = trace.model
     streams = (trace.experts[rows0 + layer].reshape(-1) for layer in range(m.num_layers))
     return curves((s[s >= 0] for s in streams), m.num_experts), trace.meta

@@ -1,4 +1,5 @@
-"""The torch tracer (``traces/tracer/tracer.py``) and ``simctl trace record``, on tiny random models.
+"""The torch tracer (``traces/tracer/tracer.py``) on tiny random models (its command line:
+``tests/test_tracer_cli.py``).
 
 Every supported architecture is built from a tiny config with random weights (CPU, float32)
 and checked against the model itself: the recorded experts are the top-k of the model's own
@@ -10,9 +11,7 @@ passes the trace validator. Tests that need torch skip without the ``tracer`` ex
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,66 +21,17 @@ import pytest
 
 from moesim.sim.core.errors import MoesimError
 from moesim.traces.format.trace_file import read_trace
+from tests.tracer_models import ARCHS, COMMON, NEW, PROMPT, build_model, torch_or_skip
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-MLA = dict(num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-           v_head_dim=8, first_k_dense_replace=1, moe_intermediate_size=32, n_shared_experts=1)
-# model_type -> (config overrides, reference routing rule, shared experts)
-ARCHS: dict[str, tuple[dict[str, Any], str, int]] = {
-    "mixtral": (dict(num_local_experts=8, num_experts_per_tok=2), "softmax", 0),
-    "qwen2_moe": (dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=32, mlp_only_layers=[1]), "softmax", 1),
-    "qwen3_moe": (dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=8,
-                       norm_topk_prob=True), "softmax", 0),
-    "olmoe": (dict(num_experts=8, num_experts_per_tok=2), "softmax", 0),
-    "phimoe": (dict(num_local_experts=4, num_experts_per_tok=2), "logits", 0),
-    "deepseek_v2": (dict(MLA, n_routed_experts=8, num_experts_per_tok=2, q_lora_rank=None,
-                         topk_method="group_limited_greedy", n_group=4, topk_group=2), "v2_grouped", 1),
-    "deepseek_v3": (dict(MLA, n_routed_experts=8, num_experts_per_tok=3, q_lora_rank=16,
-                         n_group=4, topk_group=2), "v3_grouped", 1),
-    "glm4_moe": (dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=8,
-                      n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1), "v3_grouped", 1),
-    "gpt_oss": (dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8, sliding_window=16), "logits", 0),
-}
-PROMPT = (5, 17, 99, 3, 64, 8, 21, 42, 7)
-NEW = 5
-
-
-def _torch() -> Any:
-    pytest.importorskip("transformers")
-    return pytest.importorskip("torch")
 
 
 @pytest.fixture
 def tr() -> Any:
     """The tracer module (skips without torch/transformers)."""
-    _torch()
+    torch_or_skip()
     from moesim.traces.tracer import tracer
     return tracer
-
-
-@cache
-def _build(model_type: str, dtype: str = "float32") -> Any:
-    torch = _torch()
-    if dtype != "float32":  # the float32 model's weights, cast
-        import copy
-
-        return copy.deepcopy(_build(model_type)).to(getattr(torch, dtype))
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    overrides, _, _ = ARCHS[model_type]
-    cfg = transformers.AutoConfig.for_model(model_type, **{**COMMON, **overrides})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1234)
-        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-        for mod in model.modules():  # a non-zero correction bias, so that the rule matters
-            if hasattr(mod, "e_score_correction_bias"):
-                mod.e_score_correction_bias.copy_(torch.randn_like(mod.e_score_correction_bias) * 0.05)
-    return model
 
 
 @cache
@@ -89,7 +39,7 @@ def _generation(model_type: str) -> Any:
     """One generation trace of PROMPT (shared by several tests; the model is not changed)."""
     from moesim.traces.tracer import tracer
 
-    return tracer.trace_model(_build(model_type), [tracer.Prompt(PROMPT)], name=model_type,
+    return tracer.trace_model(build_model(model_type), [tracer.Prompt(PROMPT)], name=model_type,
                               max_new_tokens=NEW, stop_at_eos=False)
 
 
@@ -156,8 +106,8 @@ def test_every_required_architecture_is_in_the_table(tr: Any) -> None:
 @pytest.mark.tracer
 @pytest.mark.parametrize("model_type", list(ARCHS))
 def test_experts_are_the_models_own_topk(tr: Any, model_type: str) -> None:
-    torch = _torch()
-    model = _build(model_type)
+    torch = torch_or_skip()
+    model = build_model(model_type)
     _, rule, shared = ARCHS[model_type]
     res = _generation(model_type)
     L, k = res.model.num_layers, res.model.top_k
@@ -202,8 +152,8 @@ def test_experts_are_the_models_own_topk(tr: Any, model_type: str) -> None:
                          + [("mixtral", "bfloat16"), ("deepseek_v3", "bfloat16")])
 def test_lookahead_is_next_router_on_the_router_input(tr: Any, model_type: str, dtype: str) -> None:
     """Also in bfloat16: Mixtral's router computes in bf16, DeepSeek-V3's in float32."""
-    torch = _torch()
-    model = _build(model_type, dtype)
+    torch = torch_or_skip()
+    model = build_model(model_type, dtype)
     routers = _routers(model)
     L = len(routers)
     seen_in: list[list[Any]] = [[] for _ in range(L)]
@@ -253,8 +203,8 @@ def test_phases_token_order_and_file(tr: Any, model_type: str, tmp_path: Path) -
     # iteration embeddings on layer-0 rows only: the prompt's mean, then each decode token
     assert trace.embedding is not None and trace.embedding_rows is not None
     np.testing.assert_array_equal(trace.embedding_rows, np.arange(T) * L)
-    torch = _torch()
-    emb = _build(model_type).get_input_embeddings()
+    torch = torch_or_skip()
+    emb = build_model(model_type).get_input_embeddings()
     with torch.inference_mode():
         e = emb(torch.tensor(list(PROMPT) + res.generated[0][:-1])).float().numpy()
     expect = np.concatenate([np.repeat(e[:P].mean(0, keepdims=True), P, 0), e[P:]])
@@ -265,7 +215,7 @@ def test_phases_token_order_and_file(tr: Any, model_type: str, tmp_path: Path) -
 @pytest.mark.parametrize("model_type", list(ARCHS))
 def test_teacher_forcing_reproduces_generation(tr: Any, model_type: str) -> None:
     gen = _generation(model_type)
-    model = _build(model_type)
+    model = build_model(model_type)
     tf = tr.trace_model(model, [tr.Prompt(PROMPT, tuple(gen.generated[0][:-1]))], name=model_type,
                         teacher_forced=True)
     for col in ("request_id", "token_idx", "phase", "layer", "token_id"):
@@ -279,7 +229,7 @@ def test_teacher_forcing_reproduces_generation(tr: Any, model_type: str) -> None
 
 @pytest.mark.tracer
 def test_teacher_forced_text_without_completion_is_all_decode(tr: Any, tmp_path: Path) -> None:
-    model = _build("mixtral")
+    model = build_model("mixtral")
     res = tr.trace_model(model, [tr.Prompt(PROMPT), tr.Prompt((1, 2, 3))], name="m", teacher_forced=True)
     trace = read_trace(tr.record_trace(tmp_path / "t.parquet", res))
     L = res.model.num_layers
@@ -291,8 +241,8 @@ def test_teacher_forced_text_without_completion_is_all_decode(tr: Any, tmp_path:
 
 @pytest.mark.tracer
 def test_greedy_generation_matches_transformers_generate(tr: Any) -> None:
-    torch = _torch()
-    model = _build("mixtral")
+    torch = torch_or_skip()
+    model = build_model("mixtral")
     res = tr.trace_model(model, [tr.Prompt(PROMPT)], name="m", max_new_tokens=8)  # stops at EOS
     with torch.inference_mode():
         ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False,
@@ -302,7 +252,7 @@ def test_greedy_generation_matches_transformers_generate(tr: Any) -> None:
 
 @pytest.mark.tracer
 def test_sampling_is_seeded_per_request(tr: Any) -> None:
-    model = _build("qwen3_moe")
+    model = build_model("qwen3_moe")
     a, b = tr.Prompt(PROMPT), tr.Prompt((9, 8, 7))
     kw: dict[str, Any] = dict(name="m", max_new_tokens=6, sample=True, stop_at_eos=False)
     r1 = tr.trace_model(model, [a, b], seed=7, **kw)
@@ -318,8 +268,8 @@ def test_sampling_is_seeded_per_request(tr: Any) -> None:
 
 @pytest.mark.tracer
 def test_recorder_follows_transformers_generate(tr: Any) -> None:
-    torch = _torch()
-    model = _build("olmoe")
+    torch = torch_or_skip()
+    model = build_model("olmoe")
 
     def hooks() -> int:  # transformers keeps hooks of its own (output capturing)
         return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
@@ -351,7 +301,7 @@ class _EventLog:
 
 @pytest.mark.tracer
 def test_timer_hooks_wrap_attention_router_experts(tr: Any) -> None:
-    model = _build("deepseek_v3")  # layer 0 is dense: attention only
+    model = build_model("deepseek_v3")  # layer 0 is dense: attention only
     log = _EventLog()
     plain = tr.trace_model(model, [tr.Prompt(PROMPT[:3])], name="m", max_new_tokens=1)
     timed = tr.trace_model(model, [tr.Prompt(PROMPT[:3])], name="m", max_new_tokens=1, timers=[log])
@@ -368,9 +318,9 @@ def test_timer_hooks_wrap_attention_router_experts(tr: Any) -> None:
 @pytest.mark.tracer
 def test_rules_agree_with_the_routers(tr: Any) -> None:
     """RoutingRule.select (used for routers that return bare logits) picks the router's experts."""
-    torch = _torch()
+    torch = torch_or_skip()
     for model_type in ARCHS:
-        model = _build(model_type)
+        model = build_model(model_type)
         reg = tr.HookRegistry(model)
         x = torch.randn(64, COMMON["hidden_size"])
         with torch.inference_mode():
@@ -383,7 +333,7 @@ def test_rules_agree_with_the_routers(tr: Any) -> None:
 
 @pytest.mark.tracer
 def test_selected_columns_only(tr: Any, tmp_path: Path) -> None:
-    res = tr.trace_model(_build("mixtral"), [tr.Prompt(PROMPT)], name="m", max_new_tokens=2,
+    res = tr.trace_model(build_model("mixtral"), [tr.Prompt(PROMPT)], name="m", max_new_tokens=2,
                          columns={"token_id"})
     trace = read_trace(tr.record_trace(tmp_path / "t.parquet", res))
     assert trace.token_id is not None
@@ -393,7 +343,7 @@ def test_selected_columns_only(tr: Any, tmp_path: Path) -> None:
 
 @pytest.mark.tracer
 def test_unsupported_model_names_its_class(tr: Any) -> None:
-    _torch()
+    torch_or_skip()
     import transformers
 
     cfg = transformers.AutoConfig.for_model("llama", **{**COMMON, "num_hidden_layers": 1})
@@ -404,173 +354,7 @@ def test_unsupported_model_names_its_class(tr: Any) -> None:
 
 @pytest.mark.tracer
 def test_batched_call_is_refused(tr: Any) -> None:
-    torch = _torch()
-    model = _build("mixtral")
+    torch = torch_or_skip()
+    model = build_model("mixtral")
     with tr.Tracer(model), pytest.raises(MoesimError, match="batch size 1"), torch.inference_mode():
         model(torch.tensor([PROMPT, PROMPT]))
-
-
-# --------------------------------------------------------------------------------------------
-# Prompts and models
-
-
-def test_read_prompts_formats_and_errors(tr: Any, tmp_path: Path) -> None:
-    txt = tmp_path / "p.txt"
-    txt.write_text("hi\n\nhé\n", encoding="utf-8")
-    prompts, how = tr.read_prompts(txt, tokenizer=None, vocab_size=128)
-    assert how == "bytes"
-    assert [p.input_ids for p in prompts] == [(104, 105), (104, 0xC3 % 128, 0xA9 % 128)]
-    jl = tmp_path / "p.jsonl"
-    jl.write_text('{"input_ids": [1, 2], "completion_ids": [3]}\n{"text": "a", "completion": "b"}\n')
-    prompts, how = tr.read_prompts(jl, tokenizer=None, vocab_size=128)
-    assert prompts == [tr.Prompt((1, 2), (3,)), tr.Prompt((97,), (98,))]
-    assert how == "bytes+input_ids"
-    for bad, msg in [('{"txt": "a"}', "unknown key 'txt'"), ('{"input_ids": [1, 999]}', "outside 0..127"),
-                     ('{"text": "a", "input_ids": [1]}', "exactly one"), ("[1]", "JSON object"),
-                     ('{"input_ids": []}', "no tokens"), ("{", "not valid JSON")]:
-        jl.write_text(bad + "\n")
-        with pytest.raises(MoesimError, match=msg) as err:
-            tr.read_prompts(jl, tokenizer=None, vocab_size=128)
-        assert "line 1" in str(err.value) and "\n" not in str(err.value)
-
-
-def test_load_model_from_config_is_seeded_and_local_only(tr: Any, tmp_path: Path) -> None:
-    torch = _torch()
-    cfg = {"model_type": "mixtral", **COMMON, "num_local_experts": 4, "num_experts_per_tok": 2}
-    (tmp_path / "tiny.json").write_text(json.dumps(cfg))
-    a = tr.load_model(tmp_path / "tiny.json", seed=3)
-    b = tr.load_model(tmp_path / "tiny.json", seed=3)
-    c = tr.load_model(tmp_path / "tiny.json", seed=4)
-    wa, wb, wc = (m.model.model.layers[0].mlp.gate.weight for m in (a, b, c))
-    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
-    assert a.name == "tiny" and a.tokenizer is None and a.source["weights"] == "random (seed 3)"
-    # a directory with config.json only is a config too; with weights it is loaded
-    d = tmp_path / "tinydir"
-    a.model.config.save_pretrained(d)
-    assert tr.load_model(d, seed=3).source["weights"] == "random (seed 3)"
-    a.model.save_pretrained(d)
-    loaded = tr.load_model(d, dtype="bfloat16")
-    assert loaded.source["weights"] == "pretrained"
-    assert torch.equal(loaded.model.model.layers[0].mlp.gate.weight, wa.to(torch.bfloat16))
-    # a tokenizer next to the weights is used for text prompts
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    wl = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    wl.pre_tokenizer = pre_tokenizers.Whitespace()
-    wl.train_from_iterator(["the quick brown fox jumps over the lazy dog"],
-                           trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
-    PreTrainedTokenizerFast(tokenizer_object=wl, unk_token="[UNK]").save_pretrained(d)
-    with_tok = tr.load_model(d)
-    assert with_tok.tokenizer is not None
-    (tmp_path / "p.txt").write_text("the lazy fox\n")
-    prompts, how = tr.read_prompts(tmp_path / "p.txt", tokenizer=with_tok.tokenizer, vocab_size=with_tok.vocab_size)
-    assert how == "tokenizer"
-    assert list(prompts[0].input_ids) == with_tok.tokenizer("the lazy fox")["input_ids"]
-    with pytest.raises(MoesimError, match="not a local path: the tracer has no network access"):
-        tr.load_model("mistralai/Mixtral-8x7B-v0.1")
-    with pytest.raises(MoesimError, match="no such model"):
-        tr.load_model(tmp_path / "nope")
-    with pytest.raises(MoesimError, match="unknown dtype"):
-        tr.load_model(tmp_path / "tiny.json", dtype="int8")
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-
-
-def _command_names(app: Any) -> set[str]:
-    return {c.name or getattr(c.callback, "__name__", "") for c in app.registered_commands}
-
-
-def _invoke(args: list[str]) -> tuple[int, str]:
-    """Run ``simctl trace record`` through sim.cli.main when traces/cli.py registers it, else
-    through a one-command typer app of our own; returns (exit status, output)."""
-    import typer
-    from typer.testing import CliRunner
-
-    from moesim.traces.cli import app as trace_app
-    from moesim.traces.tracer.record import record
-
-    if "record" in _command_names(trace_app):
-        from moesim.sim.cli.main import main
-
-        return main(["trace", "record", *args]), ""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("record")(record)
-    app.command("noop")(lambda: None)  # two commands: "record" is then a subcommand
-    result = CliRunner().invoke(app, ["record", *args])
-    if isinstance(result.exception, MoesimError):
-        return 2, str(result.exception)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
-
-
-@pytest.mark.tracer
-def test_cli_record_writes_a_valid_trace(tr: Any, tmp_path: Path, capsys: Any) -> None:
-    cfg = {"model_type": "qwen3_moe", **COMMON, "num_experts": 4, "num_experts_per_tok": 2,
-           "moe_intermediate_size": 32, "head_dim": 8}
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    (tmp_path / "p.txt").write_text("hello moe\nsecond prompt\n")
-    out = tmp_path / "out.parquet"
-    code, text = _invoke(["--model", str(tmp_path / "cfg.json"), "--prompts", str(tmp_path / "p.txt"),
-                          "--max-new-tokens", "4", "--ignore-eos", "--seed", "1", "-o", str(out)])
-    text += capsys.readouterr().out
-    assert code == 0, text
-    assert "2 requests" in text and "3 MoE layers x 4 experts" in text
-    trace = read_trace(out)
-    assert trace.meta.model.num_layers == 3 and trace.meta.model.num_experts == 4
-    assert trace.meta.source["tokenization"] == "bytes"
-    assert trace.meta.source["weights"] == "random (seed 1)"
-    L = 3
-    assert list(trace.phase[::L][: len("hello moe") + 3]) == [0] * len("hello moe") + [1] * 3
-    code, _ = _invoke(["--model", str(tmp_path / "cfg.json"), "--prompts", str(tmp_path / "p.txt"),
-                       "--teacher-forced", "-o", str(tmp_path / "tf.parquet")])
-    assert code == 0
-    assert (read_trace(tmp_path / "tf.parquet").phase == 1).all()
-
-
-@pytest.mark.tracer
-def test_cli_record_errors_are_one_line(tr: Any, tmp_path: Path, capsys: Any) -> None:
-    (tmp_path / "p.txt").write_text("x\n")
-    cases = [
-        (["--model", "mistralai/Mixtral-8x7B-v0.1"], "no network access"),
-        (["--model", str(tmp_path), "--teacher-forced", "--max-new-tokens", "3"], "--max-new-tokens applies"),
-        (["--model", str(tmp_path), "--temperature", "0.5"], "--temperature applies only with --sample"),
-        (["--model", str(tmp_path), "--columns", "logits,foo"], "unknown column 'foo'"),
-        (["--model", str(tmp_path), "--device", "tpu"], "unknown device 'tpu'"),
-        (["--model", str(tmp_path)], "needs a config.json"),
-    ]
-    for args, msg in cases:
-        code, text = _invoke([*args, "--prompts", str(tmp_path / "p.txt"), "-o", str(tmp_path / "o.parquet")])
-        text += capsys.readouterr().err
-        assert code == 2 and msg in text, (args, text)
-    assert not (tmp_path / "o.parquet").exists()
-
-
-def test_record_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from moesim.traces.tracer.record import record
-
-    monkeypatch.setitem(sys.modules, "torch", None)  # makes "import torch" fail
-    monkeypatch.delitem(sys.modules, "moesim.traces.tracer.tracer", raising=False)
-    with pytest.raises(MoesimError, match=r"needs torch and transformers \(torch is not installed\): "
-                                          r"pip install 'torch==2.13.0' && pip install 'moesim\[tracer\]'"):
-        record(model="x", prompts=tmp_path / "p.txt", out=tmp_path / "o.parquet")
-
-
-@pytest.mark.tracer
-def test_recorded_trace_replays_through_simctl_run(tr: Any, tmp_path: Path, capsys: Any) -> None:
-    from moesim.sim.cli.main import app, main
-
-    if "run" not in _command_names(app):
-        pytest.skip("simctl run is not there yet")
-    res = tr.trace_model(_build("mixtral"), [tr.Prompt(PROMPT), tr.Prompt((3, 1, 4, 1, 5))], name="tiny",
-                         max_new_tokens=6, stop_at_eos=False)
-    tr.record_trace(tmp_path / "tiny.parquet", res)
-    (tmp_path / "s.yaml").write_text(
-        "name: tracer-replay\ntrace: tiny.parquet\n"
-        "model: {base: mixtral-8x7b, num_layers: 3, num_experts: 8, top_k: 2}\n"
-        "hardware: rtx-4090\ncache: {rate: 0.5, initial: empty}\npolicy: lru\n"
-        "workload: {batch_size: 1, phases: [prefill, decode], requests: all}\nseed: 0\n")
-    assert main(["run", str(tmp_path / "s.yaml")]) == 0, capsys.readouterr().err

@@ -121,6 +121,9 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
     has_access = policy.uses_hook("on_access")
     has_after = policy.uses_hook("after_layer")
     has_end = policy.uses_hook("on_layer_end")
+    # hooks bound once (a policy's methods do not change during a run)
+    before_layer, on_routed, on_access = policy.before_layer, policy.on_routed, policy.on_access
+    after_layer, on_layer_end = policy.after_layer, policy.on_layer_end
     lossy = policy.lossy
     decision_s = float(policy.decision_us) * 1e-6
     overhead_layer = cost.overhead_layer_s()
@@ -146,7 +149,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                 yield from wait_prefetches(run, env)
             t0 = env._now
             if has_before:
-                policy.before_layer(view, layer)
+                before_layer(view, layer)
                 if run.spent_s:
                     yield from charge(run, env)
             # non-MoE compute, and the runtime's per-layer overhead
@@ -162,7 +165,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
             # the routing (as routing_of gives it; a one-row slice view for one token)
             rows: slice | np.ndarray = slice(row0 + layer, row0 + layer + 1) if row0 >= 0 else it.rows0 + layer
             routing = new_routing(layer, tr_experts[rows], None if tr_weights is None else tr_weights[rows])
-            plan = policy.on_routed(view, layer, routing) if has_routed else None
+            plan = on_routed(view, layer, routing) if has_routed else None
             on_cpu = None
             if plan is None:
                 plan_m = routing.experts
@@ -284,9 +287,9 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
             if has_access or has_after:
                 outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
                 if has_access:
-                    policy.on_access(view, layer, outcome)
+                    on_access(view, layer, outcome)
                 if has_after:
-                    policy.after_layer(view, layer, outcome)
+                    after_layer(view, layer, outcome)
                 if run.spent_s:
                     yield from charge(run, env)
             # GPU experts compute as their parts become resident, ready ones first
@@ -366,7 +369,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
             if vram.buffer_used:
                 tx.settle_buffer(layer)
             if has_end:
-                policy.on_layer_end(view, layer)
+                on_layer_end(view, layer)
             if run.check_invariants:
                 vram.check()
             if step_rows is not None:

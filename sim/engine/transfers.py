@@ -114,6 +114,8 @@ class Transfers(Withdrawals):
         self.layer_evictions = 0      # counters of the layer being replayed, for its step record
         self.layer_prefetch_bytes = 0
         self._has_on_loaded = state.policy.uses_hook("on_loaded")
+        # hooks called per eviction, bound once (a policy's methods do not change during a run)
+        self._choose_victim, self._on_evict = state.policy.choose_victim, state.policy.on_evict
         self.issue_s = cost.prefetch_issue_s()   # runtime.prefetch_issue_us, per prefetch issued
         self._sizes = state.part_sizes   # part split -> bytes of each part (the state's cache)
 
@@ -174,7 +176,7 @@ class Transfers(Withdrawals):
         if not u.used and not u.demand:
             self.stats.wasted_prefetch_bytes += u.nbytes
         self.last_evict_iter[key] = self.iteration
-        self.policy.on_evict(self.view, key)
+        self._on_evict(self.view, key)
 
     def settle(self, u: Unit) -> None:
         """A resident unit in the transfer buffer whose layer is done with it: it moves into its
@@ -234,7 +236,7 @@ class Transfers(Withdrawals):
             if not cands:
                 break
             req = new_request(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)
-            victim = self.policy.choose_victim(self.view, req)
+            victim = self._choose_victim(self.view, req)
             if isinstance(victim, Decline):
                 if victim is not req.decline:
                     raise PolicyError(f"policy {self.policy.name!r} answered {victim.value!r} to a "

@@ -198,6 +198,24 @@ def test_moepic_agrees_with_moepic_tables() -> None:
     assert t1 == PAPER_TABLE1
 
 
+def test_moepic_joint_reuses_both_moepic_sets() -> None:
+    """moepic-a6000-joint.yaml holds the rows of moepic-mixtral.yaml and moepic-qwen.yaml, in
+    order: each row's set is its file's base (model, trace, runtime base, transfer buffer) and
+    then that file's overrides; metric, value, role and citation unchanged."""
+    joint = _values("moepic-a6000-joint")
+    expected = []
+    for name in ("moepic-mixtral", "moepic-qwen"):
+        doc = _doc(FOLDER / f"{name}.yaml")
+        base = doc["base"]
+        setup = {"model": base["model"], "trace": base["trace"], "runtime.base": base["runtime"]["base"],
+                 "cache.buffer_experts": base["cache"]["buffer_experts"]}
+        for row in doc["rows"]:
+            expected.append({**row, "set": {**setup, **row["set"]}})
+    assert len(joint) == len(expected)
+    for i, (got, want) in enumerate(zip(joint, expected, strict=True)):
+        assert got == want, f"moepic-a6000-joint row {i} differs from its source row"
+
+
 def test_buddymoe_agrees_with_buddymoe_table() -> None:
     rows = _values("buddymoe-tables2-4")
     expect = sorted((c, ts) for c, table in BUDDY_PAPER.items() for *_, ts in table if ts is not None)

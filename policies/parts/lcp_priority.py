@@ -121,6 +121,8 @@ class CachePriority:
         last = self._last[layer]
         # priority_list, inlined (once per layer)
         prio = [m * decay[now - t] for m, t in zip(self._mu[layer], last, strict=True)]
+        if len(set(prio)) == len(prio):   # distinct priorities decide alone
+            return sorted(range(len(prio)), key=prio.__getitem__, reverse=True)
         # descending (priority, last activation, -id) is ascending (-priority, -last, id); the
         # keys are distinct, so the order is total
         keys = sorted(zip(prio, last, range(0, -len(prio), -1), strict=True), reverse=True)

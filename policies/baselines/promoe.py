@@ -12,6 +12,10 @@ almost always still resident, so it would prefetch nothing. Labelled approximate
 
 from __future__ import annotations
 
+from array import array
+from itertools import repeat
+from operator import add, truediv
+
 import numpy as np
 
 from moesim.policies.contract.base import Context, Outcome, View
@@ -39,62 +43,99 @@ class StridePrefetcher(Prefetcher):
         """The guess width (the model's top-k) and the transition tables, from the profile."""
         self._k = ctx.top_k
         L, E = ctx.num_layers, ctx.num_experts
-        self._trans = np.zeros((L, max(1, self.stride + 1), E, E))
+        self._E = E
+        # [l][s][a][b]: tokens that routed a at layer l and b at layer l + s, as float counts
+        # (every count is a whole number, so sums of them are exact in any order); Python lists,
+        # as a layer's handful of experts make numpy's per-call cost exceed the work
+        self._trans: list[list[list[list[float]] | None]] = [
+            [[[0.0] * E for _ in range(E)] if 2 <= s <= self.stride else None for s in range(self.stride + 1)]
+            for _ in range(L)]
         if ctx.profile is not None:
             for row in ctx.profile.experts:
-                self._learn(np.asarray(row))
+                self._learn(np.asarray(row).tolist())
 
-    def _learn(self, routed: np.ndarray) -> None:
-        """Count co-routing of one token ``[L, k]`` at distances 2..stride."""
-        L = routed.shape[0]
-        if routed.min(initial=0) >= 0:
-            # every layer pair of a distance at once; a repeated (a, b) within one layer pair
-            # counts once, as the += of np.ix_ below does (a buffered fancy-index add)
-            for s in range(2, min(self.stride, L - 1) + 1):
-                lays = np.arange(L - s)[:, None, None]
-                self._trans[lays, s, routed[:L - s, :, None], routed[s:, None, :]] += 1.0
-            return
-        for s in range(2, self.stride + 1):
+    def _learn(self, routed: list[list[int]]) -> None:
+        """Count co-routing of one token ``[L][k]`` at distances 2..stride; a pair (a, b) named
+        twice within one layer pair counts once."""
+        L = len(routed)
+        sets = [{e for e in r if e >= 0} for r in routed]
+        for s in range(2, min(self.stride, L - 1) + 1):
             for lay in range(L - s):
-                a, b = routed[lay], routed[lay + s]
-                a, b = a[a >= 0], b[b >= 0]
-                self._trans[lay, s][np.ix_(a, b)] += 1.0
+                table = self._trans[lay][s]
+                assert table is not None
+                later = sets[lay + s]
+                for a in sets[lay]:
+                    ta = table[a]
+                    for b in later:
+                        ta[b] += 1.0
 
     def on_iteration_end(self, view: View) -> None:
         """Learn from the tokens just routed."""
         if self.stride < 2:
             return
         L = view.num_layers
-        plans = [view.routing(lay).experts for lay in range(L)]
-        for t in range(plans[0].shape[0]):
-            self._learn(np.stack([p[t] for p in plans]))
+        plans = [view.routing(lay).experts.tolist() for lay in range(L)]
+        for t in range(len(plans[0])):
+            self._learn([p[t] for p in plans])
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Prefetch the guesses, nearer layers first."""
         L = view.num_layers
+        k = self._k
         look = view.lookahead_logits(layer)
         if layer + 1 < L and look is not None:
-            guess = top_experts(softmax_rows(look), self._k)
-            self.prefetch_set(view, layer + 1, [(e, float(p)) for e, p in guess])
+            if look.shape[0] == 1 and look.dtype.char in "ef":
+                # softmax_rows and top_experts of one row, in the same float32 operations
+                z = np.array(look[0], dtype=np.float32)
+                z -= z.max()
+                np.exp(z, out=z)
+                z /= z.sum()
+                row = z.tolist()
+                guess = []   # a plain loop: a comprehension is a call of its own, and k is small
+                for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]:
+                    guess.append((e, row[e]))
+                self.prefetch_set(view, layer + 1, guess)
+            else:
+                guess = top_experts(softmax_rows(look), k)
+                self.prefetch_set(view, layer + 1, [(e, float(p)) for e, p in guess])
         cur = outcome.routing.experts
+        n = cur.shape[0]
+        rows = cur.tolist()
+        trans = self._trans[layer]
+        E = self._E
         for t in range(layer + 2, min(L, layer + 1 + self.stride)):
             dist = t - layer
-            if cur.shape[0] == 1:   # one token: the same sums and top-k, without the 2-D steps
-                row = cur[0]
-                sc = self._trans[layer, dist][row[row >= 0]].sum(axis=0)
-                tot1 = sc.sum()
+            table = trans[dist]
+            assert table is not None
+            if n == 1:   # one token: the same sums and top-k, in Python
+                src = [a for a in rows[0] if a >= 0]   # a repeated expert counts twice, as there
+                if len(src) == 1:
+                    sc = table[src[0]]
+                elif len(src) == 2:
+                    sc = list(map(add, table[src[0]], table[src[1]]))
+                else:
+                    sc = [0.0] * E
+                    for a in src:
+                        sc = list(map(add, sc, table[a]))
+                tot1 = sum(sc)   # whole numbers: exact in any order
                 if not tot1:
                     continue
-                prob1 = (sc / tot1)[None, :]
-                guess = [(e, p) for e, p in top_experts(prob1, self._k) if p > 0]
-                self.prefetch_set(view, t, [(e, float(p) / dist) for e, p in guess])
+                # top_experts reads the float64 shares as float32 ('f': the same C cast)
+                prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
+                out = []
+                for e in sorted(range(E), key=prob.__getitem__, reverse=True)[:min(k, E)]:
+                    p = prob[e]
+                    if p > 0:
+                        out.append((e, p / dist))
+                self.prefetch_set(view, t, out)
                 continue
-            scores = np.stack([self._trans[layer, dist][row[row >= 0]].sum(axis=0) for row in cur])
+            tab = np.array(table)
+            scores = np.stack([tab[np.asarray([a for a in r if a >= 0], dtype=np.intp)].sum(axis=0) for r in rows])
             tot = scores.sum(axis=1, keepdims=True)
             if not tot.any():
                 continue
-            prob = np.divide(scores, tot, out=np.zeros_like(scores), where=tot > 0)
-            guess = [(e, p) for e, p in top_experts(prob, self._k) if p > 0]
+            prob2 = np.divide(scores, tot, out=np.zeros_like(scores), where=tot > 0)
+            guess = [(e, p) for e, p in top_experts(prob2, k) if p > 0]
             self.prefetch_set(view, t, [(e, float(p) / dist) for e, p in guess])
 
 

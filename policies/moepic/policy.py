@@ -40,6 +40,8 @@ registered as ``moepic-cache-only`` (``theta`` 1, no prefetch) and ``moepic-pref
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from moesim.policies.contract.base import (
@@ -68,7 +70,7 @@ from moesim.policies.moepic.configurator import (
     pool_splits,
     split_fractions,
 )
-from moesim.policies.moepic.prediction import lookahead_ranking
+from moesim.policies.moepic.speculative import SpeculativePrefetch
 from moesim.policies.parts.lcp_priority import CachePriority
 
 CACHE_POLICIES = ("lcp", "random")
@@ -79,7 +81,7 @@ CACHE_POLICIES = ("lcp", "random")
 
 
 @register
-class MoEpic(Policy):
+class MoEpic(SpeculativePrefetch, Policy):
     """MoEpic (see the module docstring): top segments (share ``theta``, initially 0.5) cached
     under LCP (``rho`` 0.25, ``omega`` 128 tokens), bottoms prefetched for the next layer in
     descending predicted score into the transfer buffer, and the cache configurator
@@ -154,6 +156,7 @@ class MoEpic(Policy):
         self._theta = [max(float(self.theta), v / E) if 0.0 < self.theta < 1.0 else float(self.theta)
                        for v in self._budget]
         self._fractions = [split_fractions(t) for t in self._theta]
+        self._keeps = [self._keep(i) for i in range(L)]
         self._sizes: list[tuple[int, ...] | None] = [None] * L   # part bytes, read once per split
         self._total = ctx.total_budget / self._eb                   # V_e
         self._total_bytes = ctx.total_budget
@@ -192,26 +195,22 @@ class MoEpic(Policy):
         return self._fractions[layer] if self._fractions else (1.0,)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _part_sizes(self, view: View, layer: int) -> tuple[int, ...]:
-        """Bytes of each part of an expert of ``layer``, read from the view once per split
-        (``_reconfigure`` forgets them when it changes the split)."""
-        sizes = self._sizes[layer]
-        if sizes is None:
-            sizes = tuple(view.part_bytes(layer, p) for p in range(len(self._fractions[layer])))
-            self._sizes[layer] = sizes
-        return sizes
+    def _keep(self, layer: int) -> tuple[bool, ...]:
+        """Per part of an expert of ``layer``, whether it stays in the cache: top segments (or
+        whole experts when ``theta_i`` is 1) do; bottom segments (or whole experts when
+        ``theta_i`` is 0) only pass through. Kept in ``_keeps`` for the current split."""
+        if len(self._fractions[layer]) == 2:
+            return (True, False)
+        return (self._theta[layer] >= 1.0,)
 
     def _cacheable(self, key: UnitKey) -> bool:
-        """Top segments (or whole experts when ``theta_i`` is 1) stay in the cache; bottom
-        segments (or whole experts when ``theta_i`` is 0) only pass through."""
-        layer = key[0]
-        if len(self._fractions[layer]) == 2:
-            return key[2] == 0
-        return self._theta[layer] >= 1.0
+        """The unit stays in the cache (see :meth:`_keep`)."""
+        return self._keeps[key[0]][key[2]]
 
-    def _victim(self, candidates: list[UnitKey]) -> UnitKey:
+    def _victim(self, candidates: Sequence[UnitKey]) -> UnitKey:
         """Bottoms left in the pool go first; then LCP's least priority, or a random top."""
-        transient = [k for k in candidates if not self._cacheable(k)]
+        keeps = self._keeps
+        transient = [k for k in candidates if not keeps[k[0]][k[2]]]
         if transient:
             return self._prio.victim(transient)
         if self.cache_policy == "random":
@@ -233,72 +232,6 @@ class MoEpic(Policy):
         for e in self._ran[layer]:
             if view.state(layer, e, part) == RESIDENT and not view.in_buffer(layer, e, part):
                 view.evict(layer, e, part)
-
-    # -- speculative prefetch (section 3.2) -----------------------------------------------------
-    def _predict(self, view: View, target: int, target_iter: int, logits: np.ndarray | None) -> None:
-        """Rank the experts of layer ``target`` (of iteration ``target_iter``) by predicted
-        score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens."""
-        E = self._E
-        K = self._K   # the predicted activated experts (section 3.2), no further
-        order: list[int]
-        scores: list[float]
-        per_token: list[list[int]]
-        if not self.speculative:           # w/o SP: random order
-            order = self._rng.permutation(E).tolist()
-            scores = [1.0 - y / E for y in range(min(K, E))]
-            per_token = [order]
-        elif logits is not None:
-            ranked_guess = lookahead_ranking(logits, K)
-            if ranked_guess is None:
-                return
-            order, scores, per_token = ranked_guess
-        elif not self._has_lookahead:      # no lookahead in the trace: guess from history
-            order = self._prio.ranking_list(target)
-            scores = [1.0 - y / E for y in range(min(K, E))]
-            per_token = [order]
-        else:                              # the first token has nothing to predict from
-            return
-        self._queue[target] = [target_iter, order[:K], scores, 0]
-        self._pred[target] = (target_iter, per_token)
-
-    def _fill(self, view: View, layer: int) -> None:
-        """Issue the guesses for ``layer`` (its ``K`` predicted experts) in order while the
-        transfer buffer has room for the next one: its bottom if the top is cached, else the
-        whole expert; one that does not fit yet is retried at the next hook."""
-        entry = self._queue.get(layer)
-        if entry is None:
-            return
-        target_iter, order, scores, pos = entry
-        it = view.iteration_index
-        if target_iter < it or (target_iter == it and self._routed == (it, layer)):
-            del self._queue[layer]
-            return
-        if pos >= len(order):   # every guess issued
-            return
-        sizes = self._part_sizes(view, layer)
-        nparts = len(sizes)
-        free = view.buffer_free()
-        while pos < len(order):
-            e = order[pos]
-            parts = []   # a plain loop: a comprehension is a call of its own
-            for p in range(nparts):
-                if view.state(layer, e, p) == ABSENT:
-                    parts.append(p)
-            if parts:
-                need = sum(sizes[p] for p in parts)
-                if need > free:
-                    break
-                issued = 0
-                for p in parts:
-                    if not view.prefetch(layer, e, p, priority=scores[pos], into_buffer=True):
-                        break
-                    self._spec[(layer, e, p)] = target_iter
-                    issued += 1
-                if issued < len(parts):
-                    break
-                free -= need
-            pos += 1
-        entry[3] = pos
 
     # -- hooks ----------------------------------------------------------------------------------
     def warm(self, view: View, units: list[UnitKey]) -> None:
@@ -331,7 +264,7 @@ class MoEpic(Policy):
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         it = view.iteration_index
         ex = routing.experts
-        needed = {e for e in ex.ravel().tolist() if e >= 0}
+        needed = {e for e in (ex[0].tolist() if ex.shape[0] == 1 else ex.ravel().tolist()) if e >= 0}
         self._routed = (it, layer)
         self._needed = needed
         self._admitting = None
@@ -351,15 +284,16 @@ class MoEpic(Policy):
         goes on (stopping it would only move its bytes again). A top segment re-loading after a
         reconfiguration is not a guess: if its expert is needed it is treated as a right guess,
         else it goes on."""
+        state_of, abort, reload = view.state, view.abort_prefetch, self._reload
         for key in view.units_of_layer(layer):
-            state = view.state(*key)
+            state = state_of(*key)
             if state == RESIDENT:
                 continue
             if key[1] in needed:
                 if state != INFLIGHT:
-                    view.abort_prefetch(*key)
-            elif key not in self._reload:
-                view.abort_prefetch(*key)
+                    abort(*key)
+            elif key not in reload:
+                abort(*key)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         it = view.iteration_index
@@ -409,9 +343,9 @@ class MoEpic(Policy):
         replaces the least-priority cached top (LCP replacement, section 3.3; the victims come
         from ``choose_victim`` while the unit still sits in the buffer); bottoms and unused
         guesses are dropped."""
-        if not self._cacheable(unit):
+        layer, e, p = unit
+        if not self._keeps[layer][p]:
             return False
-        layer, e, _ = unit
         if self._routed != (view.iteration_index, layer) or e not in self._needed:
             return False
         self._admitting = unit
@@ -424,15 +358,14 @@ class MoEpic(Policy):
         is admitted); wait for the buffer while it holds a segment the layer has yet to compute
         (it frees once that computes: a prefill streams its missing segments through the buffer
         and keeps the cached tops); else evict by the replacement rule."""
-        candidates = list(request.candidates)
+        candidates = request.candidates
         if not candidates:
             return request.decline
         adm = self._admitting
         if adm is not None and view.in_buffer(*adm):
             return self._victim(candidates)
         layer = candidates[0][0]
-        largest = max(self._part_sizes(view, layer))
-        if view.buffer_free() >= largest:
+        if view.buffer_free() >= max(self._sizes[layer] or self._part_sizes(view, layer)):
             return request.decline
         if request.reason is Reason.DEMAND and self._buffer_drains(view, request.unit[0]):
             return request.decline
@@ -500,6 +433,7 @@ class MoEpic(Policy):
             self._fractions[i] = new_fr[i]
             self._sizes[i] = None
             self._theta[i] = new_theta[i]
+            self._keeps[i] = self._keep(i)
             self._budget[i] = float(alloc.budgets[i])
             self._reload_todo.extend((i, e, 0) for e in sorted(keep) if view.state(i, e, 0) == ABSENT)
         view.set_layer_budgets(caps)

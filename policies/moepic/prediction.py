@@ -26,8 +26,10 @@ def lookahead_ranking(logits: np.ndarray, k: int) -> tuple[list[int], list[float
             order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
             # the first is the maximum (of +0 and -0 either: x - 0 and x - (-0) differ only in
             # the sign of a zero, and exp of either is 1)
-            z = np.exp(row - row[order[0]])
-            best_l = (z / z.sum()).tolist()
+            # the maximum as a Python float: a weak scalar, subtracted in float32 all the same
+            z = np.exp(row - vals[order[0]])
+            z /= z.sum()
+            best_l = z.tolist()
             return order, [best_l[e] for e in order[:k]], [order]
     per = np.argsort(-lg, axis=1, kind="stable")
     if lg.shape[0] == 1:

@@ -114,10 +114,18 @@ class CachePriority:
     def ranking_list(self, layer: int) -> list[int]:
         """Experts of ``layer`` from highest to lowest priority (ties: more recent activation,
         then lower id). The first ``C`` are the cache of size ``C`` that LCP converges to."""
-        prio = self.priority_list(layer)
+        now = self._clock[layer] - 1
+        decay = self._decay
+        if now + 1 >= len(decay):   # nu is at most the clock
+            decay = self._grow(now + 1)
+        last = self._last[layer]
+        # priority_list, inlined (once per layer)
+        prio = [m * decay[now - t] for m, t in zip(self._mu[layer], last, strict=True)]
+        if len(set(prio)) == len(prio):   # distinct priorities decide alone
+            return sorted(range(len(prio)), key=prio.__getitem__, reverse=True)
         # descending (priority, last activation, -id) is ascending (-priority, -last, id); the
         # keys are distinct, so the order is total
-        keys = sorted(zip(prio, self._last[layer], range(0, -len(prio), -1), strict=True), reverse=True)
+        keys = sorted(zip(prio, last, range(0, -len(prio), -1), strict=True), reverse=True)
         return [-k[2] for k in keys]
 
     def ranking(self, layer: int) -> np.ndarray:

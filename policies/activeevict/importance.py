@@ -66,8 +66,9 @@ class ImportanceScorer:
         """Empty windows for ``num_layers`` layers of ``num_experts`` experts."""
         self.E = num_experts
         # per layer and expert, the iterations it was executed in as the bits of an int: bit j is
-        # the layer's j-th observed iteration since the origin ``_base[layer]``; ``_count[layer]``
-        # iterations observed since then (the window is the newest ``min(count, T)`` of them)
+        # the layer's j-th observed iteration since an origin that observe moves forward now and
+        # then; ``_count[layer]`` iterations observed since the origin (the window is the newest
+        # ``min(count, T)`` of them)
         self._bits = [[0] * num_experts for _ in range(num_layers)]
         self._count = [0] * num_layers
         self._weights = [1.0]   # gamma^age, by the repeated products of Eq. 8's loop

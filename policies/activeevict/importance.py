@@ -198,15 +198,23 @@ def release_target_of(p: list[float], present: set[int], top: Sequence[int], *, 
 class ImportanceCache(CacheRule):
     """Evict the resident of lowest importance ``s`` (Eq. 13) with the layer's last predicted
     distribution; the hotness windows are filled by whoever shares ``scorer`` (the
-    pre-evictor), or by this rule itself from ``on_access`` when used alone."""
+    pre-evictor, ``fills_windows=False``), or by this rule itself from ``on_access`` when used alone."""
 
-    def __init__(self, scorer: ImportanceScorer) -> None:
+    def __init__(self, scorer: ImportanceScorer, *, fills_windows: bool = True) -> None:
         super().__init__()
         self.scorer = scorer
+        self.fills_windows = fills_windows
 
     def setup(self, ctx: Context) -> None:
         """Empty windows."""
         self.scorer.setup(ctx.num_layers, ctx.num_experts)
+
+    def uses_hook(self, name: str) -> bool:
+        """``on_access`` only when this rule fills the windows itself (``fills_windows``; not when
+        the pre-evictor that shares ``scorer`` does)."""
+        if name == "on_access":
+            return self.fills_windows
+        return super().uses_hook(name)
 
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Count the layer's executed experts (once per iteration and layer)."""

@@ -76,6 +76,12 @@ class PreEvictor(Prefetcher):
         """Reads ``lookahead_logits`` (without them: hotness stands in for the prediction)."""
         return frozenset({"lookahead_logits"})
 
+    def uses_hook(self, name: str) -> bool:
+        """``before_layer`` only with ``preevict_at="before_layer"``."""
+        if name == "before_layer":
+            return self.preevict_at == "before_layer"
+        return super().uses_hook(name)
+
     def setup(self, ctx: Context) -> None:
         """Slots per layer (Eq. 5); no lookahead means hotness-only, reported."""
         if len(ctx.pool_capacity) != ctx.num_layers:

@@ -190,9 +190,7 @@ class PreEvictor(Prefetcher):
         keep = set(top)
         state, pinned = view.state, view.pinned
         residents = sorted({k[1] for k in units if state(*k) == RESIDENT})
-        cands = [e for e in residents if e not in keep and not pinned(target, e)]
-        if not cands:
-            return 0
+        cands = [e for e in residents if e not in keep]   # pinned ones are skipped below
         if len(cands) > 1:   # one candidate needs no ranking
             s = self.scorer.scores(target, residents, p)
             cands.sort(key=lambda x: (s[x], x))
@@ -200,6 +198,8 @@ class PreEvictor(Prefetcher):
         for e in cands:
             if done >= need:
                 break
+            if pinned(target, e):
+                continue
             keys = [k for k in units if k[1] == e]
             if all(view.evict(*k) for k in keys):
                 self._mine.update(keys)

@@ -46,10 +46,11 @@ class BudgetTopKPlanner(Planner):
         present = {k[1] for k in view.units_of_layer(layer)}
         avail = self._slots[layer] - len(present)
         out = []
-        for row in experts:
+        k_max = self._k_max
+        for row in np.asarray(experts).tolist():
             best, used, new = 0, 0, []
-            for k in range(1, min(self._k_max, len(row)) + 1):
-                e = int(row[k - 1])
+            for k in range(1, min(k_max, len(row)) + 1):
+                e = row[k - 1]
                 if e < 0:
                     break
                 if e not in present:
@@ -60,7 +61,7 @@ class BudgetTopKPlanner(Planner):
                 best = k
             if best == 0:                       # no feasible k: the top-1 still runs (A7)
                 best = 1
-                e0 = int(row[0])
+                e0 = row[0]
                 new = [] if e0 in present else [e0]
             present.update(new)
             avail = max(0, avail - len(new))

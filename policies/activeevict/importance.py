@@ -21,7 +21,6 @@ top-(k + r) (``boundary="nonresident"``, A6).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -66,47 +65,79 @@ class ImportanceScorer:
     def setup(self, num_layers: int, num_experts: int) -> None:
         """Empty windows for ``num_layers`` layers of ``num_experts`` experts."""
         self.E = num_experts
-        # per layer, the window's executed expert sets (ids without repeats), oldest first
-        self.history: list[deque[list[int]]] = [deque(maxlen=self.window) for _ in range(num_layers)]
+        # per layer and expert, the iterations it was executed in as the bits of an int: bit j is
+        # the layer's j-th observed iteration since an origin that observe moves forward now and
+        # then; ``_count[layer]`` iterations observed since the origin (the window is the newest
+        # ``min(count, T)`` of them)
+        self._bits = [[0] * num_experts for _ in range(num_layers)]
+        self._count = [0] * num_layers
         self._weights = [1.0]   # gamma^age, by the repeated products of Eq. 8's loop
         for _ in range(self.window - 1):
             self._weights.append(self._weights[-1] * self.gamma)
-        self.last_use = np.full((num_layers, num_experts), -1, dtype=np.int64)
-        self.predicted: list[np.ndarray | None] = [None] * num_layers
-        self._seen: set[tuple[int, int]] = set()
+        self.last_use = [[-1] * num_experts for _ in range(num_layers)]
+        self.predicted: list[Sequence[float] | None] = [None] * num_layers
+        self._last_it: list[int | None] = [None] * num_layers   # iteration last observed per layer
 
     def observe(self, iteration: int, layer: int, executed: Iterable[int]) -> None:
         """Push the experts executed at (``iteration``, ``layer``) into the layer's window (once
         per iteration and layer, whichever part calls first)."""
-        if (iteration, layer) in self._seen:
+        if self._last_it[layer] == iteration:
             return
-        if len(self._seen) > 4 * len(self.history):
-            self._seen = {k for k in self._seen if k[0] >= iteration - 1}
-        self._seen.add((iteration, layer))
-        ids = [int(e) for e in executed if e >= 0]
-        self.history[layer].append(list(dict.fromkeys(ids)))
-        self.last_use[layer, ids] = iteration
+        self._last_it[layer] = iteration
+        bits, n = self._bits[layer], self._count[layer]
+        if n >= 4 * self.window:   # move the origin: drop the bits older than the window
+            drop = n - self.window
+            for e in range(self.E):
+                bits[e] >>= drop
+            n -= drop
+        bit = 1 << n
+        last = self.last_use[layer]
+        for e in executed:
+            if e >= 0:
+                e = int(e)
+                bits[e] |= bit
+                last[e] = iteration
+        self._count[layer] = n + 1
+
+    def observe_plan(self, iteration: int, layer: int, plan: np.ndarray) -> None:
+        """:meth:`observe` the experts of an executed ``plan`` (``-1`` for none)."""
+        if self._last_it[layer] != iteration:
+            self.observe(iteration, layer, set(plan.ravel().tolist()))
+
+    def _usage_of(self, layer: int, expert: int) -> float:
+        """Eq. 8 for one expert: the window's weights of its iterations added newest first (the
+        same double additions, in the same order, as summing the window's indicator vectors)."""
+        n = self._count[layer]
+        size = min(n, self.window)
+        m = self._bits[layer][expert] >> (n - size)   # bit p: age size - 1 - p
+        w = self._weights
+        top = size - 1
+        u = 0.0
+        while m:
+            p = m.bit_length() - 1
+            u += w[top - p]
+            m ^= 1 << p
+        return u
 
     def usage(self, layer: int) -> np.ndarray:
         """Eq. 8: ``u(e) = sum_t gamma^(T - t) I_t(e)``, the newest iteration weighing 1."""
-        u = [0.0] * self.E   # Python floats: the same double additions, newest first
-        for ids, w in zip(reversed(self.history[layer]), self._weights, strict=False):   # window <= T
-            for e in ids:
-                u[e] += w
-        return np.array(u)
+        return np.array([self._usage_of(layer, e) for e in range(self.E)])
 
     def hotness(self, layer: int, residents: Sequence[int]) -> dict[int, float]:
         """Eq. 9: usage normalised over the residents (all 0 when they were never used)."""
-        u = self.usage(layer)
-        tot = float(sum(u[e] for e in residents))
-        return {e: (float(u[e]) / tot if tot > 0 else 0.0) for e in residents}
+        u = {e: self._usage_of(layer, e) for e in residents}
+        tot = 0.0   # a plain loop: the residents' usage added in their order
+        for e in residents:
+            tot += u[e]
+        return {e: (u[e] / tot if tot > 0 else 0.0) for e in residents}
 
-    def scores(self, layer: int, residents: Sequence[int], p_hat: np.ndarray | None = None
+    def scores(self, layer: int, residents: Sequence[int], p_hat: Sequence[float] | None = None
                ) -> dict[int, float]:
         """Eq. 13 for each resident (``p_hat``: the predicted distribution of ``layer``; the last
         one remembered when None, zeros before any)."""
         if self.score == "lru":
-            return {e: float(self.last_use[layer, e]) for e in residents}
+            last = self.last_use[layer]
+            return {e: float(last[e]) for e in residents}
         if p_hat is None:
             p_hat = self.predicted[layer]
         h = self.hotness(layer, residents)
@@ -115,47 +146,79 @@ class ImportanceScorer:
                 for e in residents}
 
 
-def release_target(p_hat: np.ndarray, present: set[int], top: Sequence[int], *, tau: float,
+def descending(p: Sequence[float]) -> list[int]:
+    """Indices of ``p`` by descending value, ties by index: ``np.argsort(-p, kind="stable")``
+    (NaNs last, by index, as numpy sorts them)."""
+    t = sum(p)
+    if t == t:   # no NaN: sorted(reverse=True) keeps the index order of ties
+        return sorted(range(len(p)), key=p.__getitem__, reverse=True)
+    nan = [i for i, x in enumerate(p) if x != x]
+    rest = [i for i, x in enumerate(p) if x == x]
+    return sorted(rest, key=p.__getitem__, reverse=True) + nan
+
+
+def release_target(p_hat: Sequence[float] | np.ndarray, present: set[int], top: Sequence[int], *, tau: float,
                    r_max: int, redundancy: str = "literal", boundary: str = "literal") -> int:
     """Eq. 17: ``Delta = (k - H_hat) + r_k``, ``top`` the predicted top-k (``k = len(top)``),
     ``H_hat`` how many of them are ``present`` (Eq. 14), ``r_k`` the flat gaps below the
     boundary (Eq. 16: ``sum_{j<r_max} [p_(k+j) - p_(k+j+1) < tau]``, 1-based ranks)."""
-    srt = np.sort(np.asarray(p_hat, dtype=np.float64))[::-1]
+    p = np.asarray(p_hat, dtype=np.float64).tolist()
+    return release_target_of(p, present, top, tau=tau, r_max=r_max, redundancy=redundancy, boundary=boundary)
+
+
+def release_target_of(p: list[float], present: set[int], top: Sequence[int], *, tau: float, r_max: int,
+                      redundancy: str = "literal", boundary: str = "literal") -> int:
+    """:func:`release_target` of ``p`` given as Python floats (the pre-evictor's per-layer call)."""
     k = len(top)
     r = 0
-    for j in range(r_max):
-        a, b = k + j - 1, k + j            # 0-based positions of p_(k+j) and p_(k+j+1)
-        if a < 0 or b >= len(srt):
-            break
-        if srt[a] - srt[b] < tau:
-            r += 1
-        elif redundancy == "run":
-            break
+    if r_max > 0 and k < len(p):
+        t = sum(p)
+        if t == t:             # no NaN: the values, highest first
+            srt = sorted(p, reverse=True)
+        else:                  # numpy's descending order puts the NaNs first
+            srt = [x for x in p if x != x] + sorted((x for x in p if x == x), reverse=True)
+        for j in range(r_max):
+            a, b = k + j - 1, k + j            # 0-based positions of p_(k+j) and p_(k+j+1)
+            if a < 0 or b >= len(srt):
+                break
+            if srt[a] - srt[b] < tau:
+                r += 1
+            elif redundancy == "run":
+                break
     if boundary == "nonresident":
-        order = np.argsort(-np.asarray(p_hat, dtype=np.float64), kind="stable")
-        wanted = set(int(e) for e in top) | set(int(e) for e in order[: k + r])
+        wanted = set(int(e) for e in top) | set(descending(p)[: k + r])
         return len(wanted - present)
-    hits = sum(1 for e in top if int(e) in present)
+    hits = 0
+    for e in top:
+        if int(e) in present:
+            hits += 1
     return (k - hits) + r
 
 
 class ImportanceCache(CacheRule):
     """Evict the resident of lowest importance ``s`` (Eq. 13) with the layer's last predicted
     distribution; the hotness windows are filled by whoever shares ``scorer`` (the
-    pre-evictor), or by this rule itself from ``on_access`` when used alone."""
+    pre-evictor, ``fills_windows=False``), or by this rule itself from ``on_access`` when used alone."""
 
-    def __init__(self, scorer: ImportanceScorer) -> None:
+    def __init__(self, scorer: ImportanceScorer, *, fills_windows: bool = True) -> None:
         super().__init__()
         self.scorer = scorer
+        self.fills_windows = fills_windows
 
     def setup(self, ctx: Context) -> None:
         """Empty windows."""
         self.scorer.setup(ctx.num_layers, ctx.num_experts)
 
+    def uses_hook(self, name: str) -> bool:
+        """``on_access`` only when this rule fills the windows itself (``fills_windows``; not when
+        the pre-evictor that shares ``scorer`` does)."""
+        if name == "on_access":
+            return self.fills_windows
+        return super().uses_hook(name)
+
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Count the layer's executed experts (once per iteration and layer)."""
-        plan = outcome.plan
-        self.scorer.observe(view.iteration_index, layer, sorted({e for e in plan.ravel().tolist() if e >= 0}))
+        self.scorer.observe_plan(view.iteration_index, layer, outcome.plan)
 
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:

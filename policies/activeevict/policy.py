@@ -65,7 +65,7 @@ class ActiveEvict(Composed):
         self.scorer = ImportanceScorer(alpha=alpha, gamma=gamma, window=window, score=score)
         self.pre_evictor = PreEvictor(self.scorer, tau=tau, r_max=r_max, redundancy=redundancy,
                                       boundary=boundary, cross_token=cross_token, preevict_at=preevict_at)
-        self.assemble(cache=ImportanceCache(self.scorer), prefetcher=self.pre_evictor,
+        self.assemble(cache=ImportanceCache(self.scorer, fills_windows=False), prefetcher=self.pre_evictor,
                       planner=BudgetTopKPlanner(k_max) if dynamic_topk else None)
 
     def needs(self) -> SetupNeeds:

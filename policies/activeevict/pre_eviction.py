@@ -21,13 +21,16 @@ a run in which it never evicted says so in its warnings.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from moesim.policies.activeevict.importance import (
     BOUNDARY,
     REDUNDANCY,
     ImportanceScorer,
-    release_target,
+    descending,
+    release_target_of,
 )
 from moesim.policies.contract.base import (
     MISS,
@@ -73,6 +76,12 @@ class PreEvictor(Prefetcher):
         """Reads ``lookahead_logits`` (without them: hotness stands in for the prediction)."""
         return frozenset({"lookahead_logits"})
 
+    def uses_hook(self, name: str) -> bool:
+        """``before_layer`` only with ``preevict_at="before_layer"``."""
+        if name == "before_layer":
+            return self.preevict_at == "before_layer"
+        return super().uses_hook(name)
+
     def setup(self, ctx: Context) -> None:
         """Slots per layer (Eq. 5); no lookahead means hotness-only, reported."""
         if len(ctx.pool_capacity) != ctx.num_layers:
@@ -85,7 +94,7 @@ class PreEvictor(Prefetcher):
         if not self._lookahead:
             ctx.warn("pre-eviction: the trace has no lookahead_logits; the layer's decayed usage stands "
                      "in for the predicted distribution (alpha = 1 in effect)")
-        self._pending: tuple[int, int, np.ndarray, list[int]] | None = None
+        self._pending: tuple[int, int, list[float], list[int]] | None = None
         self._mine: set[UnitKey] = set()
         self.evictions = 0
         self.fired = 0
@@ -94,22 +103,29 @@ class PreEvictor(Prefetcher):
                             "experts need (or no decode iteration ran)")
 
     # -- the prediction ---------------------------------------------------------------------------
-    def predicted(self, view: View, layer: int, target: int) -> np.ndarray:
+    def predicted(self, view: View, layer: int, target: int) -> list[float]:
         """``p_hat`` of ``target`` after ``layer`` is routed: mean over tokens of the lookahead
         softmax (Eqs. 10-12), or the target's normalised decayed usage without lookahead."""
-        look = view.lookahead_logits(layer) if self._lookahead else None
+        return self._predicted(view.lookahead_logits(layer) if self._lookahead else None, target)
+
+    def _predicted(self, look: np.ndarray | None, target: int) -> list[float]:
         if look is not None:
-            return softmax_rows(look).mean(axis=0).astype(np.float64)
+            sm = softmax_rows(look)
+            if sm.shape[0] == 1:   # the mean of one row is the row (0 + p, divided by 1)
+                return sm[0].tolist()
+            return sm.mean(axis=0).astype(np.float64).tolist()
         u = self.scorer.usage(target)
         tot = u.sum()
-        return u / tot if tot > 0 else np.full_like(u, 1.0 / len(u))
+        return (u / tot if tot > 0 else np.full_like(u, 1.0 / len(u))).tolist()
 
-    def predicted_top(self, view: View, layer: int, p_hat: np.ndarray) -> list[int]:
+    def predicted_top(self, view: View, layer: int, p_hat: Sequence[float]) -> list[int]:
         """The predicted top-k: per token, united over the iteration's tokens ([rec] A10); with
         one token, the top-k of ``p_hat``."""
-        look = view.lookahead_logits(layer) if self._lookahead else None
+        return self._predicted_top(view.lookahead_logits(layer) if self._lookahead else None, p_hat)
+
+    def _predicted_top(self, look: np.ndarray | None, p_hat: Sequence[float]) -> list[int]:
         if look is None or look.shape[0] == 1:
-            return [int(e) for e in np.argsort(-p_hat, kind="stable")[: self._k]]
+            return descending(p_hat)[: self._k]
         top: dict[int, None] = {}
         for row in np.asarray(look, dtype=np.float32):
             for e in np.argsort(-row, kind="stable")[: self._k]:
@@ -119,8 +135,7 @@ class PreEvictor(Prefetcher):
     # -- hooks ------------------------------------------------------------------------------------
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Count executed experts; a pre-evicted expert that this routing needs is a regret."""
-        plan = outcome.plan
-        self.scorer.observe(view.iteration_index, layer, sorted({e for e in plan.ravel().tolist() if e >= 0}))
+        self.scorer.observe_plan(view.iteration_index, layer, outcome.plan)
         if not self._mine:
             return
         for e, st in zip(outcome.experts, outcome.status, strict=True):
@@ -136,15 +151,15 @@ class PreEvictor(Prefetcher):
         """Predict the next layer and free the slots it needs (or remember it for before_layer)."""
         if view.iteration.phase_name != "decode":
             return
-        L = view.num_layers
-        if layer + 1 < L:
+        if layer + 1 < view.num_layers:
             target = layer + 1
         elif self.cross_token:
             target = 0
         else:
             return
-        p_hat = self.predicted(view, layer, target)
-        top = self.predicted_top(view, layer, p_hat)
+        look = view.lookahead_logits(layer) if self._lookahead else None
+        p_hat = self._predicted(look, target)
+        top = self._predicted_top(look, p_hat)
         self.scorer.predicted[target] = p_hat
         if self.preevict_at == "after_layer":
             self.preevict(view, target, p_hat, top)
@@ -161,26 +176,30 @@ class PreEvictor(Prefetcher):
             self.preevict(view, target, p_hat, top)
         self._pending = None
 
-    def preevict(self, view: View, target: int, p_hat: np.ndarray, top: list[int]) -> int:
+    def preevict(self, view: View, target: int, p_hat: Sequence[float] | np.ndarray, top: list[int]) -> int:
         """Evict the lowest-``s`` residents of ``target`` until ``Delta`` slots are free; returns
         how many experts were evicted."""
+        p = p_hat.astype(np.float64).tolist() if isinstance(p_hat, np.ndarray) else p_hat
         units = view.units_of_layer(target)
         present = {k[1] for k in units}
-        delta = release_target(p_hat, present, top, tau=self.tau, r_max=self.r_max,
-                               redundancy=self.redundancy, boundary=self.boundary)
+        delta = release_target_of(p, present, top, tau=self.tau, r_max=self.r_max,
+                                  redundancy=self.redundancy, boundary=self.boundary)
         need = delta - (self._slots[target] - len(present))
         if need <= 0:
             return 0
         keep = set(top)
-        residents = sorted({k[1] for k in units if view.state(*k) == RESIDENT})
-        cands = [e for e in residents if e not in keep and not view.pinned(target, e)]
-        if not cands:
-            return 0
-        s = self.scorer.scores(target, residents, p_hat)
+        state, pinned = view.state, view.pinned
+        residents = sorted({k[1] for k in units if state(*k) == RESIDENT})
+        cands = [e for e in residents if e not in keep]   # pinned ones are skipped below
+        if len(cands) > 1:   # one candidate needs no ranking
+            s = self.scorer.scores(target, residents, p)
+            cands.sort(key=lambda x: (s[x], x))
         done = 0
-        for e in sorted(cands, key=lambda x: (s[x], x)):
+        for e in cands:
             if done >= need:
                 break
+            if pinned(target, e):
+                continue
             keys = [k for k in units if k[1] == e]
             if all(view.evict(*k) for k in keys):
                 self._mine.update(keys)

@@ -27,21 +27,21 @@ _DECODE = 1  # IterationInfo.phase of a decode step
 
 class Commitments:
     """Predicted experts per (request, layer): ``[k]`` ids, best first, and their predicted
-    probabilities. A commitment is used once (taken by the planner)."""
+    probabilities (lists). A commitment is used once (taken by the planner)."""
 
     def __init__(self) -> None:
-        self._store: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
+        self._store: dict[tuple[int, int], tuple[list[int], list[float] | None]] = {}
 
     def clear(self) -> None:
         """Forget every commitment."""
         self._store.clear()
 
-    def put(self, request: int, layer: int, experts: np.ndarray, probs: np.ndarray | None) -> None:
+    def put(self, request: int, layer: int, experts: list[int], probs: list[float] | None) -> None:
         """Commit ``request``'s next use of ``layer`` to ``experts`` (``probs`` None: the
         predictor gives no probabilities)."""
         self._store[(request, layer)] = (experts, probs)
 
-    def take(self, request: int, layer: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+    def take(self, request: int, layer: int) -> tuple[list[int], list[float] | None] | None:
         """The commitment of (request, layer), removed; None when there is none."""
         return self._store.pop((request, layer), None)
 
@@ -103,13 +103,26 @@ class CommitPrefetcher(Prefetcher):
         if scores is None:
             return
         k = min(self._k, scores.shape[1])
-        if self.commitments is not None and view.iteration.phase == _DECODE:
+        commit = self.commitments is not None and view.iteration.phase == _DECODE
+        if isinstance(scores, np.ndarray) and scores.shape[0] == 1 and scores.dtype.char in "ef":
+            row = scores.tolist()[0]   # one row of float16/32: the same values as Python floats
+            total = sum(row)
+            if total == total:   # no NaN: the stable descending order is argsort's and top_experts'
+                top = sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]
+                if commit:
+                    assert self.commitments is not None
+                    self.commitments.put(int(view.iteration.request_ids[0]), target, top,
+                                         [row[e] for e in top] if self.predictor.probabilistic else None)
+                self.prefetch_set(view, target, [(e, row[e]) for e in top])
+                return
+        if commit:
+            assert self.commitments is not None
             reqs = view.iteration.request_ids
             probabilistic = self.predictor.probabilistic
             for t in range(scores.shape[0]):
-                top = np.argsort(-scores[t], kind="stable")[:k]
-                self.commitments.put(int(reqs[t]), target, top.astype(np.int64),
-                                     scores[t, top].astype(np.float64) if probabilistic else None)
+                best = np.argsort(-scores[t], kind="stable")[:k]
+                self.commitments.put(int(reqs[t]), target, best.tolist(),
+                                     scores[t, best].astype(np.float64).tolist() if probabilistic else None)
         self.prefetch_set(view, target, top_experts(scores, k))
 
 
@@ -147,40 +160,42 @@ class CommitPlanner(Planner):
         """The committed experts of every token that has a commitment for ``layer``."""
         if view.iteration.phase != _DECODE:
             return None
-        reqs = view.iteration.request_ids
+        reqs = view.iteration.request_ids.tolist()
         routed = routing.experts
-        plan = routed.astype(np.int64)
         tw = routing.weights
-        weights = None if tw is None else tw.astype(np.float64)
+        rows = routed.tolist()
+        width = routed.shape[1]
+        plan_rows = rows[:]                      # rows are replaced, never changed in place
+        w_rows = None if tw is None else tw.tolist()
+        take = self.commitments.take
         changed = unweighted = False
         for t in range(routing.n_tokens):
-            got = self.commitments.take(int(reqs[t]), layer)
+            got = take(int(reqs[t]), layer)
             if got is None:
                 continue
             experts, probs = got
-            k = min(len(experts), plan.shape[1])
+            k = min(len(experts), width)
             experts = experts[:k]
-            true = [int(e) for e in routed[t]]
-            c = len(set(experts.tolist()) & set(true))
+            true = rows[t]
+            c = len(set(experts) & set(true))
             pct = commit_accuracy(c, len(true))
             self.accuracy[pct] = self.accuracy.get(pct, 0) + 1
             self.committed += 1
-            plan[t, :] = -1
-            plan[t, :k] = experts
+            plan_rows[t] = experts + [-1] * (width - k)
             if probs is None:
                 unweighted = True      # the quality harness then weighs by the true router
-            elif weights is not None and tw is not None:
+            elif w_rows is not None and tw is not None:
                 w = probs[:k]
                 if self.owa and c in self._trigger:
-                    w = owa_weights(true, tw[t].tolist(), experts.tolist(), probs.tolist(),
-                                    alpha1=self.alpha1, alpha2=self.alpha2)
+                    w = owa_weights(true, tw[t].tolist(), experts, probs,
+                                    alpha1=self.alpha1, alpha2=self.alpha2).tolist()
                     self.owa_triggered += 1
-                weights[t, :] = 0.0
-                weights[t, :k] = w
+                w_rows[t] = w + [0.0] * (width - k)
             changed = True
         if not changed:
             return None
-        return Plan(plan, weights=None if unweighted else weights)
+        weights = None if unweighted or w_rows is None else np.array(w_rows, dtype=np.float64)
+        return Plan(np.array(plan_rows, dtype=np.int64), weights=weights)
 
     def report(self) -> dict[str, Any]:
         """Commitments made, their Eq. (3) accuracy histogram (percent -> count) and OWA triggers."""

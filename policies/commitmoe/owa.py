@@ -50,7 +50,8 @@ def owa_weights(true_experts: Sequence[int], true_weights: Sequence[float], pred
     if not correct:
         return np.asarray(pred_weights, dtype=np.float64).copy()
     m_corr = sum(g_true[e] for e in correct)
-    m_miss = sum(w for e, w in g_true.items() if e not in set(correct))
+    hit = set(correct)
+    m_miss = sum(w for e, w in g_true.items() if e not in hit)
     factor = (1.0 + m_miss / m_corr) * alpha1 if m_corr > 0 else alpha1
     g1 = np.array([g_true[int(e)] * factor if int(e) in g_true else float(pw)
                    for e, pw in zip(pred_experts, pred_weights, strict=True)], dtype=np.float64)

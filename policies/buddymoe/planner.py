@@ -266,18 +266,18 @@ class BuddySubstitutePlanner(Planner):
             self.q = q if self.eta > 0 else None
 
     # -- Algorithm 1 ----------------------------------------------------------------------------
-    def _missing(self, state: int) -> bool:
-        return state == ABSENT or (self.substitute_late and state != RESIDENT)
-
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         """Replace the layer's misses by resident buddies, subject to the gates; with
         ``fallback="cpu"`` the misses left run on the host CPU."""
         S = routing.experts
         state = {}   # the routed experts in id order (np.unique's), without a numpy call per layer
+        missing = set()
+        view_state, late = view.state, self.substitute_late
         for e in sorted(set(S.ravel().tolist())):
             if e >= 0:
-                state[e] = view.state(layer, e)
-        missing = {e for e, s in state.items() if self._missing(s)}
+                s = state[e] = view_state(layer, e)
+                if s == ABSENT or (late and s != RESIDENT):   # absent, or in flight with substitute_late
+                    missing.add(e)
         if not missing:
             return None
         plan = None

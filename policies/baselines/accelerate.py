@@ -110,17 +110,21 @@ class Accelerate(Policy):
         if layer < self.resident:
             return None
         ex = routing.experts
-        routed = set(ex.reshape(-1).tolist())   # -1 (dropped) is never an expert below
-        others = tuple(e for e in range(self._E) if e not in routed)
-        for e in others:
-            view.prefetch(layer, e)
-        return Plan(ex.copy(), wait_for=others)
+        routed = set(ex.ravel().tolist())   # -1 (dropped) is never an expert below
+        others = []   # a plain loop: a comprehension is a call of its own
+        prefetch = view.prefetch
+        for e in range(self._E):
+            if e not in routed:
+                others.append(e)
+                prefetch(layer, e)
+        return Plan(ex.copy(), wait_for=tuple(others))
 
     def on_layer_end(self, view: View, layer: int) -> None:
         """A streamed layer's weights are freed."""
         if layer >= self.resident:
-            for key in view.units_of_layer(layer):
-                view.evict(*key)
+            evict = view.evict
+            for layer_, e, p in view.units_of_layer(layer):
+                evict(layer_, e, p)
 
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """A streamed layer's leftover; never a resident layer's expert."""

@@ -132,7 +132,7 @@ class EAMPrefetcher(Prefetcher):
             if sq > 0:
                 norm = math.sqrt(sq)   # == np.linalg.norm: the sum of squares is an exact integer
                 sim = self._eamc @ (self._eams[r].reshape(-1) / norm)
-                best = int(np.argmax(sim))
+                best = int(sim.argmax())
                 if sim[best] > 0:   # no stored request shares an expert: keep the request's own
                     return best
         return -1

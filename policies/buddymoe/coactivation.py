@@ -123,6 +123,39 @@ def buddy_lists(q: np.ndarray, A: np.ndarray, alpha: float | Sequence[float], k_
     return [[order_l[layer][i][:keep_l[layer][i]] for i in range(E)] for layer in range(L)]
 
 
+def buddy_row(counts: Sequence[float], activations: Sequence[float], expert: int, alpha: float,
+              k_max: int) -> list[int]:
+    """One expert's buddies, exactly as :func:`buddy_lists` gives them with ``epsilon = 0`` when
+    every count is an integer (the binary profile): ``counts`` is the expert's row ``M[l, i]``,
+    ``activations`` the layer's ``A[l]``, ``alpha`` the layer's. Plain Python on one row, for a
+    planner that asks for a few rows of a profile that changes every iteration: the row total is
+    a sum of integers, exact in any order, each ``q`` the correctly rounded quotient numpy's
+    division gives, the cumulative sum the same left-to-right one as ``np.cumsum``, and the
+    order the lexsort's (``q`` descending, ``A`` descending, id ascending)."""
+    m = [0.0 if j == expert else c + 0.0 for j, c in enumerate(counts)]
+    tot = sum(m)
+    if activations[expert] <= 0 or not tot > 0:
+        return []
+    q = [c / tot for c in m]
+    order = sorted(range(len(q)), key=lambda j: (-q[j], -activations[j], j))
+    thr = alpha - 1e-12
+    cum = 0.0
+    n_peers = 0
+    first = -1
+    for j in order:
+        v = q[j]
+        if not v > 0:
+            break
+        n_peers += 1
+        cum += v
+        if first < 0 and cum >= thr:
+            first = n_peers
+            break
+    if first < 0:   # never reached: every peer with q > 0 (they all came first)
+        first = n_peers
+    return order[:min(first, k_max)]
+
+
 @dataclass
 class CoactivationProfile:
     """The counts of a co-activation profile: ``activations`` ``A`` ``[L, E]`` and

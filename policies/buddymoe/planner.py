@@ -39,9 +39,10 @@ from moesim.policies.buddymoe.coactivation import (
     COACTIVATION_MODES,
     BuddyLists,
     CoactivationProfile,
+    buddy_row,
     renormalised,
 )
-from moesim.policies.buddymoe.tae import calibrate_tau, tae
+from moesim.policies.buddymoe.tae import calibrate_tau, surely_positive, tae
 from moesim.policies.contract.base import (
     ABSENT,
     RESIDENT,
@@ -134,7 +135,11 @@ class BuddySubstitutePlanner(Planner):
         self.fallback = fallback
         self.apply_to_prefill = apply_to_prefill
         self.lists = lists
-        self.buddies: BuddyLists = []
+        self._lists: BuddyLists = []
+        self._alphas: list[float] = []
+        self._lazy = False     # online binary profile: rows built when asked (buddy_row)
+        self._stale = False    # ... and the lists in force are the counts', not _lists
+        self._rows: dict[tuple[int, int], list[int]] = {}
         self.q: np.ndarray | None = None
         self.tau_l: np.ndarray = np.zeros(0)
         self.profile: CoactivationProfile | None = None
@@ -160,6 +165,39 @@ class BuddySubstitutePlanner(Planner):
         """The router weights (TAE, weighted profile) and, with ``eta > 0``, the logits."""
         return self.required_columns() | {"weights"}
 
+    # -- the lists in force -----------------------------------------------------------------------
+    @property
+    def buddies(self) -> BuddyLists:
+        """The buddy lists ``[layer][expert]`` in force. The online binary profile builds only
+        the rows the planner asks for (:func:`buddy_row`), at each layer's routing, before the
+        layer's own counts grow; read in full, they are built from the counts now (at an
+        iteration's end, the lists of the next iteration)."""
+        if self._stale and self.profile is not None:
+            self._lists = self.profile.buddies(self.alpha, self.k_max, self.epsilon)[0]
+            self._stale = False
+            self._rows = {}
+        return self._lists
+
+    @buddies.setter
+    def buddies(self, lists: BuddyLists) -> None:
+        self._lists = lists
+        self._stale = False
+        self._rows = {}
+
+    def _buddy_row(self, layer: int, expert: int) -> list[int]:
+        """``buddies[layer][expert]``, built alone when the online lists are stale."""
+        if not self._stale:
+            return self._lists[layer][expert]
+        key = (layer, expert)
+        got = self._rows.get(key)
+        if got is None:
+            prof = self.profile
+            assert prof is not None
+            got = self._rows[key] = buddy_row(prof.coactivations[layer, expert].tolist(),
+                                              prof.activations[layer].tolist(), expert,
+                                              self._alphas[layer], self.k_max)
+        return got
+
     # -- set-up ---------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """What the planner did over the run (:class:`BuddyCounts`), for ``policy_report``."""
@@ -171,6 +209,8 @@ class BuddySubstitutePlanner(Planner):
         L, E = ctx.num_layers, ctx.num_experts
         self.counts = BuddyCounts()
         self.online = False
+        self._lazy = self._stale = False
+        self._rows = {}
         taus = [float(self.tau)] * L if isinstance(self.tau, (int, float)) else [float(t) for t in self.tau]
         if len(taus) != L:
             raise PolicySetupError(f"tau has {len(taus)} values for {L} layers")
@@ -203,6 +243,10 @@ class BuddySubstitutePlanner(Planner):
         except ValueError as exc:
             raise PolicySetupError(str(exc)) from None
         self.q = q if self.eta > 0 else None
+        # integer counts (binary, no smoothing) and no q to re-rank by: the rows one at a time
+        self._lazy = self.online and self.coactivation == "binary" and self.epsilon == 0 and self.eta == 0
+        self._alphas = ([float(self.alpha)] * L if isinstance(self.alpha, (int, float))
+                        else [float(a) for a in self.alpha])
 
     # -- online profile -------------------------------------------------------------------------
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
@@ -214,22 +258,26 @@ class BuddySubstitutePlanner(Planner):
     def on_iteration_end(self, view: View) -> None:
         """Without a profile split, rebuild the buddy lists from the counts so far."""
         if self.online and self.profile is not None:
+            if self._lazy:   # the next layers' routings ask for the rows they need
+                self._stale = True
+                self._rows = {}
+                return
             self.buddies, q = self.profile.buddies(self.alpha, self.k_max, self.epsilon)
             self.q = q if self.eta > 0 else None
 
     # -- Algorithm 1 ----------------------------------------------------------------------------
-    def _missing(self, state: int) -> bool:
-        return state == ABSENT or (self.substitute_late and state != RESIDENT)
-
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         """Replace the layer's misses by resident buddies, subject to the gates; with
         ``fallback="cpu"`` the misses left run on the host CPU."""
         S = routing.experts
         state = {}   # the routed experts in id order (np.unique's), without a numpy call per layer
+        missing = set()
+        view_state, late = view.state, self.substitute_late
         for e in sorted(set(S.ravel().tolist())):
             if e >= 0:
-                state[e] = view.state(layer, e)
-        missing = {e for e, s in state.items() if self._missing(s)}
+                s = state[e] = view_state(layer, e)
+                if s == ABSENT or (late and s != RESIDENT):   # absent, or in flight with substitute_late
+                    missing.add(e)
         if not missing:
             return None
         plan = None
@@ -247,58 +295,72 @@ class BuddySubstitutePlanner(Planner):
         """Algorithm 1 with the gates: the new ``[n, k]`` plan, or None when nothing changed."""
         S = routing.experts
         n, k = S.shape
-        self.counts.considered += n
-        self.counts.with_miss += sum(1 for t in range(n) if any(int(e) in missing for e in S[t]))
+        rows = S.tolist()
+        counts = self.counts
+        counts.considered += n
+        row_missing_all = [[r for r, e in enumerate(row) if e in missing] for row in rows]
+        counts.with_miss += sum(1 for rm in row_missing_all if rm)
         if self.beta is not None:
             delta = sum(1 for s in state.values() if s != RESIDENT) / len(state)
             if delta >= self.beta:
-                self.counts.beta_bypassed += 1
+                counts.beta_bypassed += 1
                 return None
         w = routing.weights
-        score = tae(w, self.temperature) if w is not None else None
+        score = None   # the TAE of every token, computed when a token's gate needs it
+        # tau = 0 at temperature 1 blocks only TAE = 0, which surely_positive rules out cheaply
+        quick = w is not None and self.temperature == 1.0 and self.tau_l[layer] == 0.0
+        w_rows = w.tolist() if quick and w is not None else None
         p = renormalised(w, self.temperature) if (w is not None and self.gamma is not None) else None
         z = self._normalised_logits(view, layer) if self.eta > 0 else None
         depth = self.k_max if self.search_depth is None else self.search_depth
         cap = k if self.rho is None else self.rho
-        lists = self.buddies[layer]
-        plan = S.copy()
-        changed = False
-        for t in range(n):
-            row_missing = [r for r in range(k) if int(S[t, r]) in missing]
+        is_resident = view.is_resident
+        plan = None
+        for t, row_missing in enumerate(row_missing_all):
             if not row_missing:
                 continue
-            if score is not None and score[t] <= self.tau_l[layer]:
-                self.counts.tae_blocked += 1
-                continue
+            if w is not None and not (w_rows is not None and surely_positive(w_rows[t])):
+                if score is None:
+                    score = tae(w, self.temperature)
+                if score[t] <= self.tau_l[layer]:
+                    counts.tae_blocked += 1
+                    continue
             if p is not None and self.gamma is not None and k >= 2:
                 top = np.sort(p[t])[::-1]
                 if top[0] - top[1] >= self.gamma:
-                    self.counts.tae_blocked += 1
+                    counts.tae_blocked += 1
                     continue
-            used = {int(e) for e in S[t]}
+            row = rows[t]
+            used = set(row)
             n_sub = 0
             for pos, r in enumerate(row_missing):
                 if n_sub >= cap:
-                    self.counts.rho_cut += len(row_missing) - pos
+                    counts.rho_cut += len(row_missing) - pos
                     break
-                e = int(S[t, r])
-                cands = lists[e][:depth]
+                e = row[r]
+                cands = self._buddy_row(layer, e)[:depth]
                 if z is not None and self.q is not None and cands:
                     q = self.q[layer, e]
                     cands = sorted(cands, key=lambda b: -q[b] * (1.0 + self.eta * z[t, b]))
-                found = next((b for b in cands if b not in used and view.is_resident(layer, b)), None)
+                found = None
+                for b in cands:
+                    if b not in used and is_resident(layer, b):
+                        found = b
+                        break
                 if found is None:
-                    self.counts.no_buddy += 1
+                    counts.no_buddy += 1
                     if self.fallback == "drop":
+                        if plan is None:
+                            plan = S.copy()
                         plan[t, r] = -1
-                        changed = True
                     continue
+                if plan is None:
+                    plan = S.copy()
                 plan[t, r] = found
                 used.add(found)
                 n_sub += 1
-                self.counts.swaps += 1
-                changed = True
-        return plan if changed else None
+                counts.swaps += 1
+        return plan
 
     def _normalised_logits(self, view: View, layer: int) -> np.ndarray | None:
         lg = view.logits(layer)

@@ -10,6 +10,8 @@ TAE values (section 3.1 (iii), ``p`` in [10, 20] in the paper).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from moesim.policies.buddymoe.coactivation import renormalised
@@ -26,6 +28,26 @@ def tae(weights: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         return np.zeros(p.shape[:-1])
     logp = np.log(p, out=np.zeros_like(p), where=p > 0)
     return np.clip(-(p * logp).sum(axis=-1) / np.log(k), 0.0, 1.0)
+
+
+def surely_positive(row: list[float]) -> bool:
+    """Whether :func:`tae` of one token's weights ``row`` (at temperature 1) is certainly above 0,
+    without computing it: at least two weights are positive, all are finite, and the smallest
+    positive one is far from vanishing beside their sum (ratio above 1e-200, sum below 1e300).
+    Then some renormalised ``p`` lies strictly inside (0, 1), its ``p log p`` is negative and far
+    from underflow, so the entropy, and the TAE, are positive. False says nothing either way."""
+    pos = 0
+    tot = 0.0
+    low = math.inf
+    for v in row:
+        if not math.isfinite(v):
+            return False
+        if v > 0:
+            pos += 1
+            tot += v
+            if v < low:
+                low = v
+    return pos >= 2 and tot < 1e300 and low > 1e-200 * tot
 
 
 def calibrate_tau(weights: np.ndarray, percentile: float, temperature: float = 1.0) -> np.ndarray:

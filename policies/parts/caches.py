@@ -185,6 +185,10 @@ class LFUCache(RecencyCache):
                ) -> VictimChoice:
         """The candidate of fewest accesses since it came in."""
         count, last = self._count, self._last
+        if len(candidates) == 2:   # a small pool's common case: min keeps the first of equal keys
+            a, b = candidates
+            ca, cb = count.get(a, 0), count.get(b, 0)
+            return b if cb < ca or (cb == ca and last.get(b, 0) < last.get(a, 0)) else a
         return min(candidates, key=lambda k: (count.get(k, 0), last.get(k, 0)))
 
 

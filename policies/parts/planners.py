@@ -35,6 +35,15 @@ class RandomSubstitutePlanner(Planner):
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         """Substitute absent experts by random resident ones."""
         ex = routing.experts
+        rows = ex.tolist()
+        state = view.state
+        absent: dict[int, bool] = {}   # each routed id's state, asked once (no hook acts in between)
+        for row in rows:
+            for e in row:
+                if e not in absent:
+                    absent[e] = state(layer, e) == ABSENT
+        if not any(absent.values()):   # nothing to replace: no plan, and no random draw either way
+            return None
         resident = sorted({k[1] for k in view.resident_units(view.pool_of(layer))
                            if k[0] == layer and view.is_resident(layer, k[1])})
         if not resident:
@@ -42,14 +51,13 @@ class RandomSubstitutePlanner(Planner):
         plan = ex.copy()
         changed = False
         cap = ex.shape[1] if self.max_per_token is None else self.max_per_token
-        for t in range(ex.shape[0]):
-            used = set(int(x) for x in ex[t])
+        for t, row in enumerate(rows):
+            used = set(row)
             n = 0
-            for r in range(ex.shape[1]):
+            for r, e in enumerate(row):
                 if n >= cap:
                     break
-                e = int(ex[t, r])
-                if view.state(layer, e) != ABSENT:
+                if not absent[e]:
                     continue
                 cands = [b for b in resident if b not in used]
                 if not cands:

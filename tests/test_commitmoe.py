@@ -11,7 +11,7 @@ from moesim.policies.commitmoe.owa import commit_accuracy, default_trigger, owa_
 from moesim.policies.contract.registry import make_policy
 from moesim.policies.parts.predictors import TrainedPredictor
 from moesim.sim.run.profile import profile_from_trace, trace_requests
-from tests.util import make_trace, run_engine, step_us, tiny_hw, tiny_model
+from tests.util import DECODE, PREFILL, make_trace, run_engine, step_us, tiny_hw, tiny_model
 
 
 def _lookahead(rows: list[list[list[int]]], E: int) -> np.ndarray:
@@ -198,3 +198,39 @@ def test_without_lookahead_auto_commits_the_previous_tokens_routing_and_says_so(
     assert any("no lookahead_logits" in w for w in m["warnings"])
     # t1 L0 commits t0's layer 0 ([0], wrong); t1 L1 t0's layer 1 ([1]); t2 L0 t1's layer 0 ([3])
     assert plans[2:] == [([[0]], None), ([[1]], None), ([[3]], None), ([[1]], None)]
+
+
+def _previous_token_plans(phases: tuple[str, ...]) -> list[tuple[int, int, object]]:
+    """(iteration, layer, planned experts or None) of commitmoe(previous-token) on two requests:
+    request 0 prompt [0][1], [2][3], decode [1][2], [3][0]; request 1 prompt [3][2], decode [0][0]."""
+    tr = make_trace([[[0], [1]], [[2], [3]], [[1], [2]], [[3], [0]], [[3], [2]], [[0], [0]]], num_experts=4,
+                    requests=[0, 0, 0, 0, 1, 1], phases=[PREFILL, PREFILL, DECODE, DECODE, PREFILL, DECODE],
+                    weights=np.full((6, 2, 1), 0.5, dtype=np.float32))
+    pol = make_policy("commitmoe", {"predictor": "previous-token"})
+    plans: list[tuple[int, int, object]] = []
+    orig = pol.on_routed
+
+    def spy(view, layer, routing):  # type: ignore[no-untyped-def]
+        plan = orig(view, layer, routing)
+        plans.append((view.iteration_index, layer, None if plan is None else plan.experts.tolist()))
+        return plan
+    pol.on_routed = spy  # type: ignore[method-assign]
+    run_engine(tr, pol, tiny_model(2, 4, 1), tiny_hw(), budget_experts=6, phases=phases)
+    return plans
+
+
+def test_previous_token_commitments_follow_the_request_across_a_prefill() -> None:
+    # the first decode token commits layer 1 to its own last prompt token's layer 1 ([3]); a
+    # prefill of several tokens used to make one commitment per prompt row (an IndexError)
+    plans = _previous_token_plans(("prefill", "decode"))
+    decode = [(layer, p) for it, layer, p in plans if it in (1, 2, 4)]
+    assert decode == [(0, None), (1, [[3]]),     # t2: no commitment for layer 0 yet; layer 1 from t1
+                      (0, [[1]]), (1, [[2]]),    # t3: layer 0 from t2 (cross-token), layer 1 from t2
+                      (0, None), (1, [[2]])]     # t5: request 1's prompt gives layer 1 [2]
+
+
+def test_previous_token_makes_no_commitment_from_another_request() -> None:
+    # decode only: request 1's first token has no previous token in the replay, so it runs as
+    # routed, not as request 0's last token did
+    plans = _previous_token_plans(("decode",))
+    assert plans[-2:] == [(2, 0, None), (2, 1, None)]

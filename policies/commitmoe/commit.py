@@ -63,6 +63,11 @@ class CommitPrefetcher(Prefetcher):
         self.cancel_mispredicted = cancel_mispredicted
         self._k = 0
         self.cancelled = 0
+        # request ids of this iteration's and the previous iteration's tokens (a predictor whose
+        # rows are the previous iteration's tokens is matched to requests with them)
+        self._iteration = -1
+        self._requests: np.ndarray | None = None
+        self._previous_requests: np.ndarray | None = None
 
     def required_columns(self) -> frozenset[str]:
         """The predictor's."""
@@ -76,6 +81,7 @@ class CommitPrefetcher(Prefetcher):
         """Set up the predictor; forget earlier commitments."""
         self._k = ctx.top_k
         self.cancelled = 0
+        self._iteration, self._requests, self._previous_requests = -1, None, None
         self.predictor.setup(ctx)
         if self.commitments is not None:
             self.commitments.clear()
@@ -93,6 +99,9 @@ class CommitPrefetcher(Prefetcher):
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Predict, commit (decode only) and prefetch the next step."""
+        it = view.iteration
+        if it.index != self._iteration:
+            self._iteration, self._previous_requests, self._requests = it.index, self._requests, it.request_ids
         if layer + 1 < view.num_layers:
             target = layer + 1
         elif self.cross_token:
@@ -103,7 +112,10 @@ class CommitPrefetcher(Prefetcher):
         if scores is None:
             return
         k = min(self._k, scores.shape[1])
-        commit = self.commitments is not None and view.iteration.phase == _DECODE
+        commit = self.commitments is not None and it.phase == _DECODE
+        if commit and self.predictor.rows_from_previous_iteration(layer, view.num_layers):
+            self._commit_by_request(it.request_ids, target, scores, k)
+            commit = False
         if isinstance(scores, np.ndarray) and scores.shape[0] == 1 and scores.dtype.char in "ef":
             row = scores.tolist()[0]   # one row of float16/32: the same values as Python floats
             total = sum(row)
@@ -124,6 +136,24 @@ class CommitPrefetcher(Prefetcher):
                 self.commitments.put(int(reqs[t]), target, best.tolist(),
                                      scores[t, best].astype(np.float64).tolist() if probabilistic else None)
         self.prefetch_set(view, target, top_experts(scores, k))
+
+    def _commit_by_request(self, requests: np.ndarray, target: int, scores: np.ndarray, k: int) -> None:
+        """Commit each token of this iteration to the ``k`` best experts of the previous
+        iteration's row of its request (its previous token: the last such row); a request that
+        had no token there gets no commitment and runs as routed."""
+        assert self.commitments is not None
+        previous = self._previous_requests
+        if previous is None or len(previous) != scores.shape[0]:
+            return
+        last = {int(r): j for j, r in enumerate(previous.tolist())}
+        probabilistic = self.predictor.probabilistic
+        for r in requests.tolist():
+            j = last.get(int(r))
+            if j is None:
+                continue
+            best = np.argsort(-scores[j], kind="stable")[:k]
+            self.commitments.put(int(r), target, best.tolist(),
+                                 scores[j, best].astype(np.float64).tolist() if probabilistic else None)
 
 
 class CommitPlanner(Planner):

@@ -21,8 +21,9 @@ Mixtral 1.20/1.06, Qwen 1.30/1.00, DeepSeek 1.15/1.00; neutral 1.0/1.0 is the de
 * ``lookahead``: the next layer's router on the current router input (the trace's
   ``lookahead_logits``), a zero-training stand-in for the paper's trained MLP (spec C1);
 * ``auto`` (default): ``lookahead`` when the trace has ``lookahead_logits``, else
-  ``previous-token`` (the previous token's routing of the target layer), saying so in the run's
-  warnings; ``previous-token`` can also be asked for;
+  ``previous-token`` (the routing of the target layer by the request's previous token; a request
+  with no token in the previous iteration commits nothing), saying so in the run's warnings;
+  ``previous-token`` can also be asked for;
 * ``trained``: a per-layer linear map from the layer's router logits to the next router's
   distribution, fitted by Eq. (4)'s KL loss on the ``profile:`` split only
   (:class:`~moesim.policies.parts.predictors.TrainedPredictor`).

@@ -91,8 +91,15 @@ class Predictor(DeclaresKernel):
     def token_scores(self, view: View, layer: int) -> np.ndarray | None:
         """``[n_tokens, E]`` scores (higher = likelier; probabilities where the source has them)
         of each token's next step after (``layer``, this iteration), or None when the source
-        has no per-token answer."""
+        has no per-token answer. Rows are the tokens of this iteration, or of the previous one
+        where :meth:`rows_from_previous_iteration` says so."""
         raise NotImplementedError
+
+    def rows_from_previous_iteration(self, layer: int, num_layers: int) -> bool:
+        """Whether :meth:`token_scores` after ``layer`` has one row per token of the previous
+        iteration (not of this one): a per-request use of the rows must then match them by
+        request. Default: False."""
+        return False
 
 
 class LookaheadPredictor(Predictor):
@@ -127,8 +134,13 @@ class PreviousTokenPredictor(Predictor):
         """Remember the model's expert count."""
         self._E = ctx.num_experts
 
+    def rows_from_previous_iteration(self, layer: int, num_layers: int) -> bool:
+        """True before the last layer: the rows are the previous iteration's tokens."""
+        return layer + 1 < num_layers
+
     def token_scores(self, view: View, layer: int) -> np.ndarray | None:
-        """Rank scores (k for the previous token's first expert down to 1; 0 elsewhere)."""
+        """Rank scores (k for the previous token's first expert down to 1; 0 elsewhere): one
+        row per token of the previous iteration (after the last layer: of this one)."""
         L = view.num_layers
         prev = view.previous_routing(layer + 1) if layer + 1 < L else view.routing(0).experts
         if prev is None:

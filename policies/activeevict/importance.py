@@ -166,7 +166,7 @@ def release_target(p_hat: Sequence[float] | np.ndarray, present: set[int], top: 
     return release_target_of(p, present, top, tau=tau, r_max=r_max, redundancy=redundancy, boundary=boundary)
 
 
-def release_target_of(p: list[float], present: set[int], top: Sequence[int], *, tau: float, r_max: int,
+def release_target_of(p: Sequence[float], present: set[int], top: Sequence[int], *, tau: float, r_max: int,
                       redundancy: str = "literal", boundary: str = "literal") -> int:
     """:func:`release_target` of ``p`` given as Python floats (the pre-evictor's per-layer call)."""
     k = len(top)

@@ -19,6 +19,8 @@ LFU. Pure numpy, no engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from moesim.policies.contract.base import UnitKey
@@ -132,7 +134,7 @@ class CachePriority:
         """:meth:`ranking_list` as an array."""
         return np.array(self.ranking_list(layer), dtype=np.intp)
 
-    def victim(self, candidates: list[UnitKey]) -> UnitKey:
+    def victim(self, candidates: Sequence[UnitKey]) -> UnitKey:
         """The candidate of least priority (ties: least recent activation, then lower layer, id
         and part)."""
         clock, mus, lasts = self._clock, self._mu, self._last

@@ -155,7 +155,7 @@ class ExpertMapStore:
 
     def layer_list(self, slot: int, layer: int) -> list[float]:
         """:meth:`layer_row` as Python floats."""
-        return self.by_layer[layer, slot].tolist()  # type: ignore[no-any-return]
+        return self.by_layer[layer, slot].tolist()
 
     def semantic(self, sem: np.ndarray) -> tuple[int, float]:
         """Eq. 4: the stored map of most similar embedding and its cosine (store not empty)."""
@@ -172,7 +172,11 @@ class ExpertMapStore:
     def trajectory(self, layer: int, dots: np.ndarray, traj_sq: float) -> tuple[int, float]:
         """Eq. 5: the stored map whose layers ``0..layer`` are most similar to the observed ones,
         given their running dot products ``dots`` and the observed squared norm ``traj_sq``."""
-        den = np.sqrt(self.prefix_sq[: self.n, layer] * traj_sq)
-        cs = np.divide(dots, den, out=np.zeros_like(dots), where=den > 0)
+        den = self.prefix_sq[: self.n, layer] * traj_sq
+        np.sqrt(den, out=den)
+        if den.size and den.min() > 0:   # no zero (nor NaN) norm: the plain quotient is the one below
+            cs = np.divide(dots, den, out=den)
+        else:
+            cs = np.divide(dots, den, out=np.zeros_like(dots), where=den > 0)
         y = int(np.argmax(cs))
         return y, float(cs[y])

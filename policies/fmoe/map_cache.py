@@ -43,13 +43,15 @@ class MapPriorityCache(CacheRule):
         # each unit's victim key (priority, -layer, -expert, -part), kept until its count or the
         # maps' p change (``_keys_p``: the p rows the keys were computed from)
         self._keys: dict[UnitKey, tuple[float, int, int, int]] = {}
-        self._keys_p: object = None
+        self._keys_p: list[list[float]] | None = None
+        self._cleared = True   # the keys were cleared since the last eviction keyed every candidate
 
     def setup(self, ctx: Context) -> None:
         """Forget all counts."""
         self.freq = {}
         self._keys = {}
         self._keys_p = None
+        self._cleared = True
         self._J = ctx.num_experts
 
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
@@ -95,6 +97,7 @@ class MapPriorityCache(CacheRule):
         if rows is not self._keys_p:   # a new match: every p may have changed
             self._keys.clear()
             self._keys_p = rows
+            self._cleared = True
 
     def _key(self, k: UnitKey, rows: list[list[float]] | None) -> tuple[float, int, int, int]:
         """The victim key of unit ``k`` under p ``rows`` (uniform for None)."""
@@ -103,16 +106,30 @@ class MapPriorityCache(CacheRule):
         return (1.0 / den if den > 0 else float("inf"), -k[0], -k[1], -k[2])
 
     def _fill(self, cands: Sequence[UnitKey]) -> None:
-        """Key every candidate that has none."""
+        """Key every candidate (again: a key is a function of the current p and count)."""
         rows = self._keys_p
+        fget, smooth, inf = self.freq.get, self.freq_smoothing, float("inf")
+        if rows is None:
+            rows = [[1.0 / self._J] * self._J] * (1 + max(k[0] for k in cands))
+        self._keys.update({k: (1.0 / den if (den := rows[k[0]][k[1]] * (fget(k, 0) + smooth)) > 0 else inf,
+                               -k[0], -k[1], -k[2]) for k in cands})
+        self._cleared = False
+
+    def _best(self, cands: Sequence[UnitKey]) -> UnitKey:
+        """The candidate of highest key (keyed first where needed: all of them after the keys
+        were cleared, else one by one, as the few that came in since are met)."""
         keys = self._keys
-        p_uniform = 1.0 / self._J
-        freq, smooth, inf = self.freq, self.freq_smoothing, float("inf")
-        for k in cands:
-            if k not in keys:
-                p = rows[k[0]][k[1]] if rows is not None else p_uniform
-                den = p * (freq.get(k, 0) + smooth)
-                keys[k] = (1.0 / den if den > 0 else inf, -k[0], -k[1], -k[2])
+        get = keys.__getitem__
+        if self._cleared:
+            self._fill(cands)
+        for _ in range(4):
+            try:
+                return max(cands, key=get)
+            except KeyError as exc:
+                k = exc.args[0]
+                keys[k] = self._key(k, self._keys_p)
+        self._fill(cands)
+        return max(cands, key=get)
 
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """The candidate of highest eviction priority that is neither ``protected`` nor (with
@@ -122,17 +139,17 @@ class MapPriorityCache(CacheRule):
         cands = request.candidates
         if not cands:
             return request.decline
-        self._sync()
-        keys = self._keys
-        get = keys.__getitem__
-        try:
-            best = max(cands, key=get)
-        except KeyError:
+        maps = self.maps
+        if maps is not None and maps.p_rows() is not self._keys_p:
+            self._sync()
+        if self._cleared:
             self._fill(cands)
-            best = max(cands, key=get)
-        protected = self.protected
-        window = self.maps.window() if self.protect_window and self.maps is not None else None
-        if best not in protected and (window is None or best not in window):
+        try:   # _best, its common case inlined (this runs for every eviction)
+            best = max(cands, key=self._keys.__getitem__)
+        except KeyError:
+            best = self._best(cands)
+        if best not in self.protected and (maps is None or not self.protect_window
+                                           or best not in maps.window()):
             return best
         return CacheRule.choose_victim(self, view, request)
 
@@ -148,5 +165,4 @@ class MapPriorityCache(CacheRule):
         if not cands:
             return request.decline
         self._sync()
-        self._fill(cands)
-        return max(cands, key=self._keys.__getitem__)
+        return self._best(cands)

@@ -99,6 +99,12 @@ class ExpertMapPrefetcher(Prefetcher):
                ) -> np.ndarray:
         """``[n, J]`` router probabilities of ``n`` token rows (sparse without logits)."""
         if logits is not None and self._logits:
+            if isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.ndim == 2:
+                # softmax_rows's float32 steps without its copy of the input (the same values)
+                z = logits - logits.max(axis=1, keepdims=True)
+                np.exp(z, out=z)
+                z /= z.sum(axis=1, keepdims=True)
+                return z.astype(np.float64)
             return softmax_rows(logits).astype(np.float64)
         out = np.zeros((experts.shape[0], self._J))
         vals = (np.asarray(weights, dtype=np.float64) if weights is not None
@@ -139,15 +145,16 @@ class ExpertMapPrefetcher(Prefetcher):
 
     def _remember(self, x: int, y: int) -> None:
         """Request ``x`` matched stored map ``y``: ``p_map`` is the maximum of the requests'
-        latest maps, computed again only when a slot or the store changed (else it would be
-        the same array: it is kept, and with it the cache's keys)."""
-        self._p_req[x] = self.store.maps[y]
+        latest maps (``_p_slots``: each request's slot), computed again only when a slot or the
+        store changed (else it would be the same array: it is kept, and with it the cache's
+        keys)."""
         slots = self._p_slots
         slots[x] = y
         now = (self.store.version, *slots.items())
         if now != self._p_of:
             self._p_of = now
-            self.p_map = np.max(np.stack(list(self._p_req.values())), axis=0)
+            maps = self.store.maps
+            self.p_map = np.max(np.stack([maps[s] for s in slots.values()]), axis=0)
 
     def on_iteration_start(self, view: View) -> None:
         """Semantic matching for layers ``0..d-1``."""
@@ -161,7 +168,6 @@ class ExpertMapPrefetcher(Prefetcher):
         self._traj = {x: np.zeros((self._L, self._J)) for x in self._reqs}
         self._dots = {x: np.zeros(n) for x in self._reqs}
         self._tsq = dict.fromkeys(self._reqs, 0.0)
-        self._p_req: dict[int, np.ndarray] = {}
         self._p_slots = {}
         self._want = {}
         self._l_now = -1

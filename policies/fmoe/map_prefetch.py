@@ -250,14 +250,15 @@ class ExpertMapPrefetcher(Prefetcher):
         cache = self.cache
         if cache is not None:
             cache.protected = self.window()
+        state_of, present, reprioritize = view.state, view.is_present, self.reprioritize
         try:
             for neg, t, e in todo:
                 pri = -neg
-                state = view.state(t, e)
+                state = state_of(t, e)
                 if state == QUEUED:
-                    if self.reprioritize:
+                    if reprioritize:
                         view.reprioritize(t, e, 0, pri)
-                elif not view.is_present(t, e) and view.prefetch(t, e, priority=pri):
+                elif not present(t, e) and view.prefetch(t, e, priority=pri):
                     self.issued += 1
                     if cache is not None:
                         cache.refresh((t, e, 0))

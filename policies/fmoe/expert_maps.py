@@ -17,10 +17,37 @@ from __future__ import annotations
 import numpy as np
 
 
-def select_by_mass(p: np.ndarray, delta: float, k: int, dynamic: bool = True) -> list[tuple[int, float]]:
+def select_by_mass(p: np.ndarray | list[float], delta: float, k: int, dynamic: bool = True
+                   ) -> list[tuple[int, float]]:
     """``(expert, probability)`` of the smallest prefix of ``p`` in descending order whose mass
     is at least ``delta`` and which holds at least ``k`` experts (only ``k`` without
     ``dynamic``); experts of probability 0 are never added beyond ``k``."""
+    if isinstance(p, np.ndarray) and p.dtype != np.float64:   # its own float type: numpy's sums
+        return _select_by_mass_np(p, delta, k, dynamic)
+    vals = p.tolist() if isinstance(p, np.ndarray) else [float(v) for v in p]
+    for v in vals:
+        if v != v:   # a NaN: numpy's order (NaN last), below
+            return _select_by_mass_np(np.asarray(vals), delta, k, dynamic)
+    # plain Python on the few probabilities of one layer, the same result as below: a stable
+    # descending sort (ties by expert id), the running sum in the same order of additions
+    order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
+    n = k
+    if dynamic:
+        nonzero = len(vals) - vals.count(0.0)
+        need = nonzero
+        thr = delta - 1e-9
+        csum = 0.0
+        for i, e in enumerate(order):
+            csum = csum + vals[e] if i else vals[e]
+            if csum >= thr:
+                need = i + 1
+                break
+        n = max(k, min(need, nonzero))
+    return [(e, vals[e]) for e in order[:n]]
+
+
+def _select_by_mass_np(p: np.ndarray, delta: float, k: int, dynamic: bool) -> list[tuple[int, float]]:
+    """:func:`select_by_mass` in numpy (for probabilities with a NaN)."""
     order = np.argsort(-p, kind="stable")
     n = k
     if dynamic:
@@ -32,9 +59,11 @@ def select_by_mass(p: np.ndarray, delta: float, k: int, dynamic: bool = True) ->
     return [(int(e), float(p[e])) for e in order[:n]]
 
 
-def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine of each row of ``a`` with ``b`` (0 where a norm is 0)."""
-    na = np.linalg.norm(a, axis=1)
+def _cos(a: np.ndarray, b: np.ndarray, na: np.ndarray | None = None) -> np.ndarray:
+    """Cosine of each row of ``a`` with ``b`` (0 where a norm is 0); ``na``: the rows' norms
+    (``np.linalg.norm(a, axis=1)``), when known."""
+    if na is None:
+        na = np.linalg.norm(a, axis=1)
     nb = float(np.linalg.norm(b))
     dots = a @ b
     den = na * nb
@@ -56,21 +85,31 @@ class ExpertMapStore:
         # grown as maps are stored, up to ``capacity``)
         self.by_layer = np.zeros((num_layers, min(capacity, 64), num_experts))
         self.sem: np.ndarray | None = None
+        # float64 copies of the stored maps (flat, slot-major) and embeddings, with each row's
+        # norm (``np.linalg.norm(rows, axis=1)``: a row's norm does not depend on the rows beside
+        # it): what the cosines of ``redundancy`` and ``semantic`` read, converted once per map
+        # (written only by insert; grown as maps are stored, up to ``capacity``)
+        self._flat = np.zeros((min(capacity, 64), num_layers * num_experts))
+        self._flat_norm = np.zeros(capacity)
+        self._sem64: np.ndarray | None = None
+        self._sem_norm = np.zeros(capacity)
         self.prefix_sq = np.zeros((capacity, num_layers))   # cumulative squared norms of the layers
         self.replaced = 0
+        self.version = 0   # stored maps written so far (a slot's content changes only then)
 
     def _ensure(self, h: int) -> None:
         if self.sem is None:
             self.sem = np.zeros((self.capacity, h), dtype=np.float32)
+            self._sem64 = np.zeros((min(self.capacity, 64), h))
         elif self.sem.shape[1] != h:
             raise ValueError(f"embedding of length {h}; the store holds length {self.sem.shape[1]}")
 
     def redundancy(self, sem: np.ndarray, emap: np.ndarray) -> np.ndarray:
         """``RDY`` of the new (``sem``, ``emap``) against every stored map."""
-        assert self.sem is not None
-        cs = _cos(self.sem[: self.n].astype(np.float64), np.asarray(sem, dtype=np.float64))
-        cm = _cos(self.maps[: self.n].reshape(self.n, -1).astype(np.float64),
-                  np.asarray(emap, dtype=np.float64).reshape(-1))
+        assert self._sem64 is not None
+        n = self.n
+        cs = _cos(self._sem64[:n], np.asarray(sem, dtype=np.float64), self._sem_norm[:n])
+        cm = _cos(self._flat[:n], np.asarray(emap, dtype=np.float64).reshape(-1), self._flat_norm[:n])
         return (self.d / self.L) * cs + ((self.L - self.d) / self.L) * cm
 
     def insert(self, sem: np.ndarray, emap: np.ndarray) -> int:
@@ -92,16 +131,37 @@ class ExpertMapStore:
             grown[:, : self.by_layer.shape[1]] = self.by_layer
             self.by_layer = grown
         self.by_layer[:, slot] = row
+        self._flat, flat = self._grown(self._flat, slot), self.maps[slot].reshape(1, -1).astype(np.float64)
+        self._flat[slot] = flat[0]
+        self._flat_norm[slot] = np.linalg.norm(flat, axis=1)[0]
+        assert self._sem64 is not None
+        self._sem64, s64 = self._grown(self._sem64, slot), self.sem[slot: slot + 1].astype(np.float64)
+        self._sem64[slot] = s64[0]
+        self._sem_norm[slot] = np.linalg.norm(s64, axis=1)[0]
+        self.version += 1
         return slot
+
+    def _grown(self, rows: np.ndarray, slot: int) -> np.ndarray:
+        """``rows`` (one per slot), with room for ``slot`` (doubled, up to ``capacity``)."""
+        if slot < rows.shape[0]:
+            return rows
+        grown = np.zeros((min(self.capacity, max(2 * rows.shape[0], slot + 1)), rows.shape[1]))
+        grown[: rows.shape[0]] = rows
+        return grown
 
     def layer_row(self, slot: int, layer: int) -> np.ndarray:
         """Stored map ``slot``'s probabilities at ``layer`` in float64 (a new array)."""
         return self.by_layer[layer, slot].copy()
 
+    def layer_list(self, slot: int, layer: int) -> list[float]:
+        """:meth:`layer_row` as Python floats."""
+        return self.by_layer[layer, slot].tolist()
+
     def semantic(self, sem: np.ndarray) -> tuple[int, float]:
         """Eq. 4: the stored map of most similar embedding and its cosine (store not empty)."""
-        assert self.sem is not None and self.n > 0
-        cs = _cos(self.sem[: self.n].astype(np.float64), np.asarray(sem, dtype=np.float64).reshape(-1))
+        assert self._sem64 is not None and self.n > 0
+        n = self.n
+        cs = _cos(self._sem64[:n], np.asarray(sem, dtype=np.float64).reshape(-1), self._sem_norm[:n])
         y = int(np.argmax(cs))
         return y, float(cs[y])
 
@@ -112,7 +172,11 @@ class ExpertMapStore:
     def trajectory(self, layer: int, dots: np.ndarray, traj_sq: float) -> tuple[int, float]:
         """Eq. 5: the stored map whose layers ``0..layer`` are most similar to the observed ones,
         given their running dot products ``dots`` and the observed squared norm ``traj_sq``."""
-        den = np.sqrt(self.prefix_sq[: self.n, layer] * traj_sq)
-        cs = np.divide(dots, den, out=np.zeros_like(dots), where=den > 0)
+        den = self.prefix_sq[: self.n, layer] * traj_sq
+        np.sqrt(den, out=den)
+        if den.size and den.min() > 0:   # no zero (nor NaN) norm: the plain quotient is the one below
+            cs = np.divide(dots, den, out=den)
+        else:
+            cs = np.divide(dots, den, out=np.zeros_like(dots), where=den > 0)
         y = int(np.argmax(cs))
         return y, float(cs[y])

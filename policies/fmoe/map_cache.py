@@ -43,22 +43,31 @@ class MapPriorityCache(CacheRule):
         # each unit's victim key (priority, -layer, -expert, -part), kept until its count or the
         # maps' p change (``_keys_p``: the p rows the keys were computed from)
         self._keys: dict[UnitKey, tuple[float, int, int, int]] = {}
-        self._keys_p: object = None
+        self._keys_p: list[list[float]] | None = None
+        self._cleared = True   # the keys were cleared since the last eviction keyed every candidate
 
     def setup(self, ctx: Context) -> None:
         """Forget all counts."""
         self.freq = {}
         self._keys = {}
         self._keys_p = None
+        self._cleared = True
         self._J = ctx.num_experts
 
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
-        """One visit per executed expert."""
-        freq, keys = self.freq, self._keys
+        """One visit per executed expert (and its victim key again)."""
+        self._sync()
+        freq, keys, key_of, rows = self.freq, self._keys, self._key, self._keys_p
         for e in outcome.experts:
             key = (layer, e, 0)
             freq[key] = freq.get(key, 0) + 1
-            keys.pop(key, None)
+            keys[key] = key_of(key, rows)
+
+    def refresh(self, key: UnitKey) -> None:
+        """A unit the prefetcher issued: its victim key now (its count does not change: fMoE
+        counts executions only)."""
+        self._sync()
+        self._keys[key] = self._key(key, self._keys_p)
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         """Counts are forgotten when the unit leaves."""
@@ -76,6 +85,74 @@ class MapPriorityCache(CacheRule):
         den = p * (self.freq.get(key, 0) + self.freq_smoothing)
         return 1.0 / den if den > 0 else float("inf")
 
+    # -- victim keys ------------------------------------------------------------------------------
+    # Each unit's victim key ``(priority, -layer, -expert, -part)`` (``priority`` inlined) is kept
+    # in ``_keys`` until its count or the maps' p change (``_keys_p``: the p rows the keys were
+    # computed from; the maps hand out the same rows object while p is unchanged). The keys of
+    # distinct units differ, so the highest key is the same whatever the candidates' order.
+    def _sync(self) -> None:
+        """Make the kept keys those of the maps' current p (``_keys_p`` their rows): cleared
+        when p changed."""
+        rows = self.maps.p_rows() if self.maps is not None else None
+        if rows is not self._keys_p:   # a new match: every p may have changed
+            self._keys.clear()
+            self._keys_p = rows
+            self._cleared = True
+
+    def _key(self, k: UnitKey, rows: list[list[float]] | None) -> tuple[float, int, int, int]:
+        """The victim key of unit ``k`` under p ``rows`` (uniform for None)."""
+        p = rows[k[0]][k[1]] if rows is not None else 1.0 / self._J
+        den = p * (self.freq.get(k, 0) + self.freq_smoothing)
+        return (1.0 / den if den > 0 else float("inf"), -k[0], -k[1], -k[2])
+
+    def _fill(self, cands: Sequence[UnitKey]) -> None:
+        """Key every candidate (again: a key is a function of the current p and count)."""
+        rows = self._keys_p
+        fget, smooth, inf = self.freq.get, self.freq_smoothing, float("inf")
+        if rows is None:
+            rows = [[1.0 / self._J] * self._J] * (1 + max(k[0] for k in cands))
+        self._keys.update({k: (1.0 / den if (den := rows[k[0]][k[1]] * (fget(k, 0) + smooth)) > 0 else inf,
+                               -k[0], -k[1], -k[2]) for k in cands})
+        self._cleared = False
+
+    def _best(self, cands: Sequence[UnitKey]) -> UnitKey:
+        """The candidate of highest key (keyed first where needed: all of them after the keys
+        were cleared, else one by one, as the few that came in since are met)."""
+        keys = self._keys
+        get = keys.__getitem__
+        if self._cleared:
+            self._fill(cands)
+        for _ in range(4):
+            try:
+                return max(cands, key=get)
+            except KeyError as exc:
+                k = exc.args[0]
+                keys[k] = self._key(k, self._keys_p)
+        self._fill(cands)
+        return max(cands, key=get)
+
+    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+        """The candidate of highest eviction priority that is neither ``protected`` nor (with
+        ``protect_window``) in the maps' window: :meth:`victim` after the base rule's filter,
+        taken as the highest key of all candidates when that one is not excluded (it is then
+        the highest of the rest too)."""
+        cands = request.candidates
+        if not cands:
+            return request.decline
+        maps = self.maps
+        if maps is not None and maps.p_rows() is not self._keys_p:
+            self._sync()
+        if self._cleared:
+            self._fill(cands)
+        try:   # _best, its common case inlined (this runs for every eviction)
+            best = max(cands, key=self._keys.__getitem__)
+        except KeyError:
+            best = self._best(cands)
+        if best not in self.protected and (maps is None or not self.protect_window
+                                           or best not in maps.window()):
+            return best
+        return CacheRule.choose_victim(self, view, request)
+
     def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of highest eviction priority outside the protected window."""
@@ -87,18 +164,5 @@ class MapPriorityCache(CacheRule):
                 cands = outside
         if not cands:
             return request.decline
-        # max over (priority(k), -layer, -expert, -part), priority inlined: this runs for every
-        # eviction over the whole (global) pool, so each unit's key is kept until it changes
-        rows = self.maps.p_rows() if self.maps is not None else None
-        keys = self._keys
-        if rows is not self._keys_p:   # a new match: every p may have changed
-            keys.clear()
-            self._keys_p = rows
-        p_uniform = 1.0 / self._J
-        freq, smooth, inf = self.freq, self.freq_smoothing, float("inf")
-        for k in cands:
-            if k not in keys:
-                p = rows[k[0]][k[1]] if rows is not None else p_uniform
-                den = p * (freq.get(k, 0) + smooth)
-                keys[k] = (1.0 / den if den > 0 else inf, -k[0], -k[1], -k[2])
-        return max(cands, key=keys.__getitem__)
+        self._sync()
+        return self._best(cands)

@@ -90,11 +90,23 @@ class ExpertMapPrefetcher(Prefetcher):
         self._want: dict[int, dict[int, float]] = {}
         self._reqs: list[int] = []
         self._l_now = -1
+        self._window: frozenset[UnitKey] | None = None
+        self._p_slots: dict[int, int] = {}
+        self._one: dict[int, int] = {}
+        self._p_of: tuple[object, ...] | None = None
 
     def _probs(self, experts: np.ndarray, weights: np.ndarray | None, logits: np.ndarray | None
                ) -> np.ndarray:
         """``[n, J]`` router probabilities of ``n`` token rows (sparse without logits)."""
         if logits is not None and self._logits:
+            if isinstance(logits, np.ndarray) and logits.dtype.char in "ef" and logits.ndim == 2:
+                # softmax_rows's float32 steps on float16/32 logits, in place on one copy (the
+                # same values)
+                z = logits.astype(np.float32)
+                z -= z.max(axis=1, keepdims=True)
+                np.exp(z, out=z)
+                z /= z.sum(axis=1, keepdims=True)
+                return z.astype(np.float64)
             return softmax_rows(logits).astype(np.float64)
         out = np.zeros((experts.shape[0], self._J))
         vals = (np.asarray(weights, dtype=np.float64) if weights is not None
@@ -122,29 +134,46 @@ class ExpertMapPrefetcher(Prefetcher):
         if self.match_us and n:
             view.spend_cpu(n * self.match_us * 1e-6)
 
-    def _add(self, target: int, emap_row: np.ndarray, score: float) -> None:
-        delta = float(np.clip(1.0 - score, 0.0, 1.0))
+    def _add(self, target: int, emap_row: list[float], score: float) -> None:
+        """Want the experts ``select_by_mass`` picks from ``emap_row`` for layer ``target`` at
+        ``delta = clip(1 - score, 0, 1)`` (each at the highest probability it was wanted)."""
+        d = 1.0 - score   # np.clip's result in plain Python (NaN stays NaN)
+        delta = 0.0 if d < 0.0 else 1.0 if d > 1.0 else d
+        self._window = None
         want = self._want.setdefault(target, {})
         for e, p in select_by_mass(emap_row, delta, self._K, self.dynamic_threshold):
             if p > want.get(e, -1.0):
                 want[e] = p
 
     def _remember(self, x: int, y: int) -> None:
-        self._p_req[x] = self.store.maps[y]
-        self.p_map = np.max(np.stack(list(self._p_req.values())), axis=0)
+        """Request ``x`` matched stored map ``y``: ``p_map`` is the maximum of the requests'
+        latest maps (``_p_slots``: each request's slot), computed again only when a slot or the
+        store changed (else it would be the same array: it is kept, and with it the cache's
+        keys)."""
+        slots = self._p_slots
+        slots[x] = y
+        now = (self.store.version, *slots.items())
+        if now != self._p_of:
+            self._p_of = now
+            maps = self.store.maps
+            self.p_map = np.max(np.stack([maps[s] for s in slots.values()]), axis=0)
 
     def on_iteration_start(self, view: View) -> None:
         """Semantic matching for layers ``0..d-1``."""
         ids = view.iteration.request_ids
         self._reqs = list(dict.fromkeys(int(r) for r in ids.tolist()))
         self._rows = {x: np.nonzero(ids == x)[0] for x in self._reqs}
+        # the row of a request with one token: its mean probabilities are that row plus 0.0 (what
+        # numpy's mean of one row is, -0.0 included)
+        self._one = {x: int(r[0]) for x, r in self._rows.items() if len(r) == 1}
         n = self.store.n
         self._traj = {x: np.zeros((self._L, self._J)) for x in self._reqs}
         self._dots = {x: np.zeros(n) for x in self._reqs}
         self._tsq = dict.fromkeys(self._reqs, 0.0)
-        self._p_req: dict[int, np.ndarray] = {}
+        self._p_slots = {}
         self._want = {}
         self._l_now = -1
+        self._window = None
         embs = view.embeddings() if self.semantic else None
         self._sems = ({x: np.asarray(embs[i], dtype=np.float64) for i, x in enumerate(self._reqs)}
                       if embs is not None and len(embs) == len(self._reqs) else {})
@@ -155,7 +184,7 @@ class ExpertMapPrefetcher(Prefetcher):
         for x in self._reqs:
             y, s = self.store.semantic(self._sems[x])
             for t in range(min(self.prefetch_distance, self._L)):
-                self._add(t, self.store.layer_row(y, t), s)
+                self._add(t, self.store.layer_list(y, t), s)
             self._remember(x, y)
         self.issue(view, -1)
 
@@ -165,8 +194,10 @@ class ExpertMapPrefetcher(Prefetcher):
         logits = view.logits(layer) if self._logits else None
         probs = self._probs(routing.experts, routing.weights, logits)
         n = self.store.n
+        one = self._one
         for x in self._reqs:
-            p = probs[self._rows[x]].mean(axis=0)
+            r = one.get(x)
+            p = probs[r] + 0.0 if r is not None else probs[self._rows[x]].mean(axis=0)
             self._traj[x][layer] = p
             self._tsq[x] += float(p @ p)
             if n:
@@ -175,19 +206,25 @@ class ExpertMapPrefetcher(Prefetcher):
             view.cancel_prefetches(layer)
         self._want.pop(layer, None)
         self._l_now = layer
+        self._window = None
         target = layer + self.prefetch_distance
         if self.trajectory and n and target < self._L:
             self._charge(view, len(self._reqs))
             for x in self._reqs:
                 y, s = self.store.trajectory(layer, self._dots[x], self._tsq[x])
-                self._add(target, self.store.layer_row(y, target), s)
+                self._add(target, self.store.layer_list(y, target), s)
                 self._remember(x, y)
         self.issue(view, layer)
 
     def window(self) -> frozenset[UnitKey]:
-        """Units wanted for layers ``l_now + 1 .. l_now + d`` (protected from eviction)."""
-        lo, hi = self._l_now + 1, self._l_now + self.prefetch_distance
-        return frozenset((t, e, 0) for t, want in self._want.items() if lo <= t <= hi for e in want)
+        """Units wanted for layers ``l_now + 1 .. l_now + d`` (protected from eviction); the
+        same set until the wanted experts or ``l_now`` change."""
+        win = self._window
+        if win is None:
+            lo, hi = self._l_now + 1, self._l_now + self.prefetch_distance
+            win = self._window = frozenset((t, e, 0) for t, want in self._want.items() if lo <= t <= hi
+                                           for e in want)
+        return win
 
     def p_evict(self, layer: int, expert: int) -> float:
         """The eviction ``p`` of an expert: the latest matched maps' probability (max over
@@ -207,21 +244,23 @@ class ExpertMapPrefetcher(Prefetcher):
     def issue(self, view: View, l_now: int) -> None:
         """Prefetch (or re-rank) every wanted expert of layers ``l_now+1..l_now+d`` at priority
         ``p / (t - l_now)``, highest first."""
-        todo = sorted(((p / (t - l_now), t, e) for t, want in self._want.items()
-                       if l_now < t <= l_now + self.prefetch_distance for e, p in want.items()),
-                      key=lambda x: (-x[0], x[1], x[2]))
+        # sorted by (-priority, t, e): the priority is negated back exactly (a sign flip)
+        todo = sorted((-(p / (t - l_now)), t, e) for t, want in self._want.items()
+                      if l_now < t <= l_now + self.prefetch_distance for e, p in want.items())
         if not todo:
             return
         cache = self.cache
         if cache is not None:
             cache.protected = self.window()
+        state_of, present, reprioritize = view.state, view.is_present, self.reprioritize
         try:
-            for pri, t, e in todo:
-                state = view.state(t, e)
+            for neg, t, e in todo:
+                pri = -neg
+                state = state_of(t, e)
                 if state == QUEUED:
-                    if self.reprioritize:
+                    if reprioritize:
                         view.reprioritize(t, e, 0, pri)
-                elif not view.is_present(t, e) and view.prefetch(t, e, priority=pri):
+                elif not present(t, e) and view.prefetch(t, e, priority=pri):
                     self.issued += 1
                     if cache is not None:
                         cache.refresh((t, e, 0))

@@ -54,7 +54,14 @@ def _list_matrix(
         i = int(wrong[0])
         raise TraceError(path, f"has {lengths[i]} entries, expected {width}", row=row0 + i, column=column)
     values = to_numpy(arr.values)[offsets[0]:offsets[-1]] if n else to_numpy(arr.flatten())   # no nulls here
-    return np.asarray(values, dtype=dtype).reshape(n, width)
+    with np.errstate(over="ignore"):   # a float too large for ``dtype`` becomes inf, which the caller reports
+        mat = np.asarray(values, dtype=dtype).reshape(n, width)
+    if mat.dtype.kind == "f" and values.dtype.kind == "f" and values.dtype.itemsize > mat.dtype.itemsize:
+        over = np.isinf(mat) & np.isfinite(values.reshape(n, width))
+        if over.any():
+            i = first_bad_row(over.any(axis=1))
+            raise TraceError(path, f"value beyond the range of {np.dtype(dtype).name}", row=row0 + i, column=column)
+    return mat
 
 
 def _check_finite(mat: np.ndarray, column: str, path: Any, row0: int) -> None:

@@ -200,13 +200,13 @@ def test_without_lookahead_auto_commits_the_previous_tokens_routing_and_says_so(
     assert plans[2:] == [([[0]], None), ([[1]], None), ([[3]], None), ([[1]], None)]
 
 
-def _previous_token_plans(phases: tuple[str, ...]) -> list[tuple[int, int, object]]:
-    """(iteration, layer, planned experts or None) of commitmoe(previous-token) on two requests:
+def _previous_token_plans(phases: tuple[str, ...], predictor: str) -> list[tuple[int, int, object]]:
+    """(iteration, layer, planned experts or None) of commitmoe(``predictor``) on two requests:
     request 0 prompt [0][1], [2][3], decode [1][2], [3][0]; request 1 prompt [3][2], decode [0][0]."""
     tr = make_trace([[[0], [1]], [[2], [3]], [[1], [2]], [[3], [0]], [[3], [2]], [[0], [0]]], num_experts=4,
                     requests=[0, 0, 0, 0, 1, 1], phases=[PREFILL, PREFILL, DECODE, DECODE, PREFILL, DECODE],
                     weights=np.full((6, 2, 1), 0.5, dtype=np.float32))
-    pol = make_policy("commitmoe", {"predictor": "previous-token"})
+    pol = make_policy("commitmoe", {"predictor": predictor})   # auto: previous-token (no lookahead)
     plans: list[tuple[int, int, object]] = []
     orig = pol.on_routed
 
@@ -219,18 +219,20 @@ def _previous_token_plans(phases: tuple[str, ...]) -> list[tuple[int, int, objec
     return plans
 
 
-def test_previous_token_commitments_follow_the_request_across_a_prefill() -> None:
+@pytest.mark.parametrize("predictor", ["previous-token", "auto"])
+def test_previous_token_commitments_follow_the_request_across_a_prefill(predictor: str) -> None:
     # the first decode token commits layer 1 to its own last prompt token's layer 1 ([3]); a
     # prefill of several tokens used to make one commitment per prompt row (an IndexError)
-    plans = _previous_token_plans(("prefill", "decode"))
+    plans = _previous_token_plans(("prefill", "decode"), predictor)
     decode = [(layer, p) for it, layer, p in plans if it in (1, 2, 4)]
     assert decode == [(0, None), (1, [[3]]),     # t2: no commitment for layer 0 yet; layer 1 from t1
                       (0, [[1]]), (1, [[2]]),    # t3: layer 0 from t2 (cross-token), layer 1 from t2
                       (0, None), (1, [[2]])]     # t5: request 1's prompt gives layer 1 [2]
 
 
-def test_previous_token_makes_no_commitment_from_another_request() -> None:
+@pytest.mark.parametrize("predictor", ["previous-token", "auto"])
+def test_previous_token_makes_no_commitment_from_another_request(predictor: str) -> None:
     # decode only: request 1's first token has no previous token in the replay, so it runs as
     # routed, not as request 0's last token did
-    plans = _previous_token_plans(("decode",))
+    plans = _previous_token_plans(("decode",), predictor)
     assert plans[-2:] == [(2, 0, None), (2, 1, None)]

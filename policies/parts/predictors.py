@@ -212,6 +212,10 @@ class AutoPredictor(Predictor):
         """The chosen source's per-token scores."""
         return self.inner.token_scores(view, layer)
 
+    def rows_from_previous_iteration(self, layer: int, num_layers: int) -> bool:
+        """The chosen source's answer."""
+        return self.inner.rows_from_previous_iteration(layer, num_layers)
+
     @property
     def probabilistic(self) -> bool:  # type: ignore[override]
         """Whether the chosen source's scores are probabilities."""

@@ -84,20 +84,7 @@ class StridePrefetcher(Prefetcher):
         k = self._k
         look = view.lookahead_logits(layer)
         if layer + 1 < L and look is not None:
-            if look.shape[0] == 1 and look.dtype.char in "ef":
-                # softmax_rows and top_experts of one row, in the same float32 operations
-                z = np.array(look[0], dtype=np.float32)
-                z -= z.max()
-                np.exp(z, out=z)
-                z /= z.sum()
-                row = z.tolist()
-                guess = []   # a plain loop: a comprehension is a call of its own, and k is small
-                for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]:
-                    guess.append((e, row[e]))
-                self.prefetch_set(view, layer + 1, guess)
-            else:
-                guess = top_experts(softmax_rows(look), k)
-                self.prefetch_set(view, layer + 1, [(e, float(p)) for e, p in guess])
+            self.prefetch_set(view, layer + 1, top_experts(softmax_rows(look), k))
         cur = outcome.routing.experts
         n = cur.shape[0]
         rows = cur.tolist()

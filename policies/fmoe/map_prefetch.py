@@ -99,14 +99,6 @@ class ExpertMapPrefetcher(Prefetcher):
                ) -> np.ndarray:
         """``[n, J]`` router probabilities of ``n`` token rows (sparse without logits)."""
         if logits is not None and self._logits:
-            if isinstance(logits, np.ndarray) and logits.dtype.char in "ef" and logits.ndim == 2:
-                # softmax_rows's float32 steps on float16/32 logits, in place on one copy (the
-                # same values)
-                z = logits.astype(np.float32)
-                z -= z.max(axis=1, keepdims=True)
-                np.exp(z, out=z)
-                z /= z.sum(axis=1, keepdims=True)
-                return z.astype(np.float64)
             return softmax_rows(logits).astype(np.float64)
         out = np.zeros((experts.shape[0], self._J))
         vals = (np.asarray(weights, dtype=np.float64) if weights is not None

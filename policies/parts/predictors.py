@@ -28,9 +28,18 @@ PREDICTORS = ("auto", "lookahead", "previous-token", "trained")
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of ``[n, E]`` scores, in their float type (at least float32)."""
+    """Row-wise softmax of ``[n, E]`` scores, in their float type (at least float32), computed in
+    place on one copy. One row (the batch-1 case, once per layer) takes 1-D reductions: a row's
+    maximum and its pairwise sum are the same numbers as along ``axis=1``, without the 2-D
+    reduction's set-up."""
     z = np.array(x, dtype=np.result_type(np.asarray(x).dtype, np.float32))
-    z = z - z.max(axis=1, keepdims=True)
+    if z.shape[0] == 1:
+        row = z[0]
+        row -= row.max()
+        np.exp(row, out=row)
+        row /= row.sum()
+        return z
+    z -= z.max(axis=1, keepdims=True)
     np.exp(z, out=z)
     z /= z.sum(axis=1, keepdims=True)
     return z

@@ -9,6 +9,10 @@ Environment: ``GOLDEN_SCEN=substring`` limits the scenarios. To hash another che
 put a folder with ``moesim/{sim,policies,traces}`` links to it first on ``PYTHONPATH``. A run
 that fails records its one-line error (``ERR:``) or exception (``EXC:``: a bug) instead of a
 hash. About 1,000 runs: several minutes on two cores.
+
+``engine_path`` and ``engine_path_reason`` are left out of the hash: they say how a run was
+computed (a fast replay or the event loop, and why), not what it computed, and a run that a
+fast replay takes over must hash the same as before.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+HOW = ("engine_path", "engine_path_reason")
+"""Metrics that say which path computed a run (not hashed)."""
 
 
 def golden(root: Path, only: str | None = None) -> dict[str, str]:
@@ -47,7 +54,8 @@ def golden(root: Path, only: str | None = None) -> dict[str, str]:
             except Exception as exc:  # a bug: recorded, so that the comparison shows it
                 out[key] = f"EXC:{type(exc).__name__}: {exc}"[:200]
                 continue
-            h = hashlib.sha256(json.dumps(res.metrics, sort_keys=True, default=str).encode())
+            metrics = {k: v for k, v in res.metrics.items() if k not in HOW}
+            h = hashlib.sha256(json.dumps(metrics, sort_keys=True, default=str).encode())
             for col in sorted(res.steps):
                 a = np.ascontiguousarray(res.steps[col])
                 h.update(col.encode())

@@ -10,9 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from moesim.policies.contract.base import View
+from moesim.policies.contract.base import Plan, Routing, View
 from moesim.policies.contract.registry import make_policy, policy_names
 from moesim.policies.parts.caches import LRUCache
+from moesim.policies.parts.compose import Composed
+from moesim.policies.parts.planners import Planner
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.transfers import PolicyError
@@ -21,8 +23,9 @@ from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, tiny_hw, tiny_model
 
-# the fast path replays per-layer pools only (one global pool goes to the event loop)
-DEMAND_ONLY = sorted(n for n in policy_names() if make_policy(n).demand_only() and make_policy(n).scope == "layer")
+# every policy that declares itself demand-only: per-layer pools and one global pool
+# (least-stale), lossless and lossy (random-substitute's plans only substitute)
+DEMAND_ONLY = sorted(n for n in policy_names() if make_policy(n).demand_only())
 
 
 def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: Any, initial: str,
@@ -123,6 +126,39 @@ class _Liar(LRUCache):
 def test_false_demand_only_is_one_line() -> None:
     with pytest.raises(PolicyError, match="declares itself demand-only but issued a transfer"):
         _tiny_run(_Liar(), budget=3)
+
+
+class _CpuPlanner(Planner):
+    """Says it only substitutes, then runs every slot on the CPU."""
+
+    def demand_only(self) -> bool:
+        return True
+
+    def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
+        return Plan(routing.experts, on_cpu=np.ones(routing.experts.shape, dtype=bool))
+
+
+class _CpuLiar(Composed):
+    name = "cpu-liar"
+    lossy = True
+
+    def __init__(self) -> None:
+        self.assemble(cache=LRUCache(), planner=_CpuPlanner())
+
+
+def test_demand_only_plan_with_cpu_slots_is_one_line() -> None:
+    """A demand-only policy's plans may substitute or drop experts, nothing else."""
+    assert _CpuLiar().demand_only()
+    with pytest.raises(PolicyError, match="declares itself demand-only but planned CPU slots"):
+        _tiny_run(_CpuLiar(), budget=3)
+
+
+def test_substituting_policy_takes_the_generic_fast_replay() -> None:
+    """random-substitute (lossy, its planner demand-only) takes the generic replay, not a kernel,
+    and substitutes there: at budget 2 of 4 experts every token after the first finds an absent
+    expert and a resident one it does not use."""
+    eng = _tiny_run(make_policy("random-substitute"), budget=2)
+    assert eng.state.path == "fast" and eng.state.stats.substitutions > 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -318,11 +318,12 @@ class Policy:
         return {}
 
     def demand_only(self) -> bool:
-        """Whether this policy only ever loads experts on demand: it never prefetches, plans,
-        spends CPU time, splits experts or changes budgets, and never refuses a demand victim
-        while an unpinned resident is left. Such runs may take the engine's fast path (same
-        metrics, no event machinery); one that breaks the promise there is stopped with one
-        line. Default: False."""
+        """Whether this policy only ever loads experts on demand: it never prefetches, spends CPU
+        time, splits experts, changes budgets or reacts to landings (``on_loaded``), its plans
+        at most substitute or drop experts (no CPU slots, no ``wait_for``), and it never refuses
+        a demand victim while an unpinned resident is left. Such runs may take the engine's fast
+        path (same metrics, no event machinery); one that breaks the promise there is stopped
+        with one line. Default: False."""
         return False
 
     def uses_hook(self, name: str) -> bool:

@@ -349,6 +349,10 @@ class LCPCache(CacheRule):
         """Fresh indicators for the model's shape."""
         self.prio = CachePriority(ctx.num_layers, ctx.num_experts, rho=self.rho, omega=self.omega)
 
+    def demand_only(self) -> bool:
+        """It loads on demand only, and always names a victim while a candidate is left."""
+        return True
+
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Every token that passed the layer updates the indicators."""
         self.prio.observe(layer, outcome.plan)

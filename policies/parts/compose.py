@@ -95,9 +95,12 @@ class Composed(Policy):
         return all(getattr(own, h) is getattr(Composed, h) for h in _OWN)
 
     def demand_only(self) -> bool:
-        """A cache rule alone that loads only on demand, in a composition that overrides no hook
-        of its own."""
-        if self.prefetcher is not None or self.planner is not None or not self.cache.demand_only():
+        """A cache rule that loads only on demand, with no prefetcher and at most a planner that
+        declares itself demand-only too (it only substitutes or drops experts), in a composition
+        that overrides no hook of its own."""
+        if self.prefetcher is not None or not self.cache.demand_only():
+            return False
+        if self.planner is not None and not self.planner.demand_only():
             return False
         return self.parts_only()
 

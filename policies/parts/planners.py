@@ -32,6 +32,11 @@ class RandomSubstitutePlanner(Planner):
         """Take the run's random stream."""
         self._rng = ctx.rng
 
+    def demand_only(self) -> bool:
+        """It only swaps absent experts for resident ones: nothing is loaded, run on the CPU or
+        waited for, and no decision time is charged."""
+        return True
+
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         """Substitute absent experts by random resident ones."""
         ex = routing.experts

@@ -41,6 +41,7 @@ from moesim.sim.fast.plan import (
     Planner,
     RandomPlanner,
 )
+from moesim.sim.fast.refusal import kernel_refusal
 from moesim.sim.fast.static import static_sets
 
 if TYPE_CHECKING:
@@ -71,8 +72,11 @@ def ordered_kind(state: RunState[Transfers]) -> str | None:
     ``state``'s policy is one cache rule that declares that kernel (alone, or in a composition
     of nothing else that overrides no hook: :mod:`moesim.sim.fast.capability`), else None (call
     on runs the fast path accepted; None too with a ``runtime.demand_load_us``, which the
-    generic fast replay charges)."""
+    generic fast replay charges, and for a lossy policy or one global pool, which only the
+    generic replay handles)."""
     if state.cost.demand_load_s():   # the kernels time demand loads without it; the generic replay charges it
+        return None
+    if kernel_refusal(state) is not None:   # a lossy policy or one global pool: the generic replay
         return None
     if static_sets(state) is not None:   # the fast path took it: its set is resident
         return "static"

@@ -30,9 +30,11 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from moesim.policies.contract.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
 from moesim.sim.engine.lanes import DEMAND_CLASS
-from moesim.sim.engine.plans import access_order
+from moesim.sim.engine.plans import access_order, check_plan, count_lossy
 from moesim.sim.engine.splits import apply_fractions
 from moesim.sim.engine.transfers import PolicyError
 from moesim.sim.engine.vram import Unit
@@ -40,7 +42,7 @@ from moesim.sim.fast.loads import compute_with_loads
 from moesim.sim.fast.order import finish_iteration, ordered_kind, replay_ordered
 from moesim.sim.fast.prefetch import replay_prefetch
 from moesim.sim.fast.prefetch_check import is_prefetch_policy, prefetch_refusal, prefetch_source
-from moesim.sim.fast.refusal import run_refusal
+from moesim.sim.fast.refusal import replay_refusal
 from moesim.sim.fast.static import static_refusal, static_sets
 
 if TYPE_CHECKING:
@@ -65,11 +67,11 @@ def fast_path_refusal(state: RunState[Transfers]) -> str | None:
             return "static's kernel does not charge runtime.demand_load_us"
     elif not policy.demand_only():
         return f"policy {policy.name!r} is not demand-only"
-    why = run_refusal(state)
+    why = replay_refusal(state)
     if why is not None:
         return why
-    if policy.uses_hook("on_loaded") or policy.uses_hook("on_routed"):
-        return "the policy reacts to landings or plans"
+    if policy.uses_hook("on_loaded"):
+        return "the policy reacts to landings"
     per_pool = min(state.vram.capacity) // state.expert_bytes
     widest = max((it.n_tokens for it in state.workload.iterations), default=0)
     if min(widest * state.K, state.E) > per_pool:
@@ -129,6 +131,9 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
     has_after = policy.uses_hook("after_layer")
     has_end = policy.uses_hook("on_layer_end")
     has_iend = policy.uses_hook("on_iteration_end")
+    has_routed = policy.uses_hook("on_routed")   # a demand-only policy's plans only substitute or drop
+    lossy = policy.lossy
+    global_pool = state.global_pool
     overhead_layer = cost.overhead_layer_s()
     transfer_s = cost.transfer_s
     expert_bytes = state.expert_bytes
@@ -168,7 +173,32 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
             st.gpu_busy_s += layer_s
             st.overhead_s += overhead_layer
             state.routed_upto = layer
-            if single:
+            routing = None
+            plan_m = None
+            if has_routed:
+                state.fast_now = now
+                routing = state.routing_of(it, layer)
+                plan = policy.on_routed(view, layer, routing)
+                no_cpu("on_routed")
+                if plan is not None:
+                    if plan.wait_for or (plan.on_cpu is not None and np.asarray(plan.on_cpu, dtype=bool).any()):
+                        raise PolicyError(f"policy {policy.name!r} declares itself demand-only but planned "
+                                          "CPU slots or waits for copies")
+                    plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy,
+                                        num_experts=state.E, where=f"iteration {it.index}, layer {layer}")
+                if lossy:
+                    count_lossy(st, routing, plan_m)
+            elif lossy:
+                routing = state.routing_of(it, layer)
+                count_lossy(st, routing, None)
+            if plan_m is not None:
+                if single:
+                    exps = [x for x in plan_m.tolist()[0] if x >= 0]
+                    counts = [1] * len(exps)
+                else:
+                    flat = plan_m.reshape(-1)
+                    exps, counts = access_order(flat[flat >= 0])
+            elif single:
                 exps = [x for x in trace_experts[row0 + layer].tolist() if x >= 0]
                 counts = [1] * len(exps)
             else:
@@ -188,7 +218,7 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
                 key = (layer, e, 0)
                 u = units.get(key)
                 if u is None:
-                    u = Unit(key, expert_bytes, layer, True)
+                    u = Unit(key, expert_bytes, 0 if global_pool else layer, True)
                     vram.add(u)
                     miss_units.append(u)
                     miss_bytes += expert_bytes
@@ -221,8 +251,9 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
                     tx.count_start(u, DEMAND_CLASS, j % n_lanes)
             if has_access or has_after:
                 state.fast_now = now
-                routing = state.routing_of(it, layer)
-                outcome = Outcome(layer, routing, routing.experts, exps, status, [])
+                if routing is None:
+                    routing = state.routing_of(it, layer)
+                outcome = Outcome(layer, routing, routing.experts if plan_m is None else plan_m, exps, status, [])
                 if has_access:
                     policy.on_access(view, layer, outcome)
                 if has_after:

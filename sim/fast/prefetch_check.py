@@ -19,7 +19,7 @@ import numpy as np
 
 from moesim.policies.contract.base import RESIDENT
 from moesim.sim.fast.capability import next_layer_parts, predictor_source
-from moesim.sim.fast.refusal import run_refusal
+from moesim.sim.fast.refusal import kernel_refusal
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
@@ -55,7 +55,7 @@ def prefetch_refusal(state: RunState[Transfers]) -> str | None:
             return "the lookahead logits are not plain floats (or hold NaN)"
     if source == "oracle" and bool((state.trace.experts < 0).any()):
         return "the trace has dropped routing slots (the oracle would prefetch expert -1)"
-    why = run_refusal(state)
+    why = kernel_refusal(state)
     if why is not None:
         return why
     if state.check_invariants:

@@ -128,6 +128,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
     decision_s = float(policy.decision_us) * 1e-6
     overhead_layer = cost.overhead_layer_s()
     timeout = env.timeout
+    grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
     tr_experts, tr_weights = run.trace.experts, run.trace.weights
     for it in iters:
         run.cur_iter = it
@@ -282,8 +283,12 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
             stall = 0.0
             if miss_units:
                 tx.waiting.extend(miss_units)
-            if tx.waiting:
-                stall += yield from grant_demand(tx, timeout)
+            if tx.waiting:   # grant_demand, inlined (a generator per layer otherwise)
+                granted, delay = grant_waiting()
+                if delay > 0:
+                    yield timeout(delay)
+                queue_demand(granted)
+                stall += delay
             if has_access or has_after:
                 outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
                 if has_access:
@@ -333,8 +338,12 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                         pinned.discard(bu.key)
                         if bu.in_buffer:   # free the staging room at once
                             tx.settle(bu)
-                    if tx.waiting:
-                        stall += yield from grant_demand(tx, timeout)
+                    if tx.waiting:   # grant_demand, inlined
+                        granted, delay = grant_waiting()
+                        if delay > 0:
+                            yield timeout(delay)
+                        queue_demand(granted)
+                        stall += delay
                     continue
                 # nothing ready: wait for a transfer, or for room
                 ts = env._now

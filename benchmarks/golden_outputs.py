@@ -5,7 +5,8 @@ trees can be compared run by run (a file move, a refactor of the engine: "bit fo
     python benchmarks/golden_outputs.py OUT.json [ROOT]       # ROOT: the tree whose scenarios run
     python benchmarks/golden_outputs.py --compare A.json B.json
 
-Environment: ``GOLDEN_SCEN=substring`` limits the scenarios. To hash another checkout's code,
+Environment: ``GOLDEN_SCEN=substring`` limits the scenarios, ``GOLDEN_POLICIES=a,b`` the
+policies (each scenario's own policy runs either way). To hash another checkout's code,
 put a folder with ``moesim/{sim,policies,traces}`` links to it first on ``PYTHONPATH``. A run
 that fails records its one-line error (``ERR:``) or exception (``EXC:``: a bug) instead of a
 hash. About 1,000 runs: several minutes on two cores.
@@ -31,8 +32,9 @@ HOW = ("engine_path", "engine_path_reason")
 """Metrics that say which path computed a run (not hashed)."""
 
 
-def golden(root: Path, only: str | None = None) -> dict[str, str]:
-    """Hash of every (scenario, policy) run under ``root``'s ``scenarios/`` (sweeps excluded)."""
+def golden(root: Path, only: str | None = None, policies: list[str] | None = None) -> dict[str, str]:
+    """Hash of every (scenario, policy) run under ``root``'s ``scenarios/`` (sweeps excluded),
+    or of the ``policies`` named."""
     from moesim.policies.contract.registry import policy_names
     from moesim.sim.config.scenario import load_scenario
     from moesim.sim.core.errors import MoesimError
@@ -44,7 +46,7 @@ def golden(root: Path, only: str | None = None) -> dict[str, str]:
     for scen in scenarios:
         if only and only not in scen:
             continue
-        for name in ["<own>", *sorted(policy_names())]:
+        for name in ["<own>", *sorted(policies or policy_names())]:
             key = f"{os.path.relpath(scen, root)}::{name}"
             try:
                 res = run_loaded(load_scenario(scen, [] if name == "<own>" else [f"policy={name}"]))
@@ -85,7 +87,8 @@ def main() -> int:
         print(f"{len(set(a) | set(b)) - len(diff)} equal, {len(diff)} differ")
         return 1 if diff else 0
     root = Path(args.paths[1] if len(args.paths) > 1 else ".").resolve()
-    Path(args.paths[0]).write_text(json.dumps(golden(root, os.environ.get("GOLDEN_SCEN")), indent=1, sort_keys=True))
+    Path(args.paths[0]).write_text(json.dumps(golden(root, os.environ.get("GOLDEN_SCEN"),
+                                                     [p for p in os.environ.get("GOLDEN_POLICIES", "").split(",") if p]), indent=1, sort_keys=True))
     return 0
 
 

@@ -116,6 +116,7 @@ class Transfers(Withdrawals):
         self._has_on_loaded = state.policy.uses_hook("on_loaded")
         # hooks called per eviction, bound once (a policy's methods do not change during a run)
         self._choose_victim, self._on_evict = state.policy.choose_victim, state.policy.on_evict
+        self._has_on_evict = state.policy.uses_hook("on_evict")   # else drop skips the no-op call
         self.issue_s = cost.prefetch_issue_s()   # runtime.prefetch_issue_us, per prefetch issued
         self._sizes = state.part_sizes   # part split -> bytes of each part (the state's cache)
 
@@ -166,7 +167,12 @@ class Transfers(Withdrawals):
         del vram.units[key]   # vram.remove(u), inlined (once per eviction)
         del vram.pool_units[u.pool][key]
         if self.d2h is None:
-            vram.release(u)
+            nbytes = u.nbytes   # vram.release(u), inlined
+            if u.in_buffer:
+                vram.buffer_used -= nbytes
+            else:
+                vram.used[u.pool] -= nbytes
+            vram.total -= nbytes
             if self.space_event._value is PENDING:   # self.wake()
                 self.space_event.succeed()
         else:
@@ -176,7 +182,8 @@ class Transfers(Withdrawals):
         if not u.used and not u.demand:
             self.stats.wasted_prefetch_bytes += u.nbytes
         self.last_evict_iter[key] = self.iteration
-        self._on_evict(self.view, key)
+        if self._has_on_evict:
+            self._on_evict(self.view, key)
 
     def settle(self, u: Unit) -> None:
         """A resident unit in the transfer buffer whose layer is done with it: it moves into its
@@ -338,7 +345,8 @@ class Transfers(Withdrawals):
             if not vram.take_buffer(u):
                 return False
         else:
-            self.make_room(pool, nbytes, Reason.PREFETCH, key)
+            if vram.capacity[pool] - vram.used[pool] + vram.draining[pool] - vram.claimed[pool] < nbytes:
+                self.make_room(pool, nbytes, Reason.PREFETCH, key)   # (it evicts nothing when this fits)
             if not vram.take_room(u, True):
                 if vram.room_to_come(pool) < nbytes:
                     return False
@@ -349,7 +357,8 @@ class Transfers(Withdrawals):
                 if self.issue_s:
                     self._spend_issue()
                 return True
-        vram.add(u)
+        vram.units[key] = u   # vram.add(u), inlined (once per prefetch)
+        vram.pool_units[pool][key] = u
         self.lanes.submit(u, PREFETCH_CLASS, priority)
         if self.issue_s:
             self._spend_issue()

@@ -141,7 +141,13 @@ class CopyLanes:
             wev._value = None
             env = self.env
             heapq.heappush(env._queue, (env._now, NORMAL, next(env._eid), wev))
-        self._next(lane)
+        queue = self.queue   # self._next(lane), inlined (once per transfer)
+        while queue:
+            _, _, _, u, cls = heapq.heappop(queue)
+            if u.state == self.QUEUED:   # else withdrawn meanwhile
+                self._start(u, cls, lane)
+                return
+        self.idle.append(lane)
 
     @property
     def can_withdraw(self) -> bool:

@@ -24,10 +24,11 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 import simpy
-from simpy.events import PENDING
+from simpy.events import NORMAL, PENDING, Timeout
 
 DEMAND_CLASS, PREFETCH_CLASS = 0, 1
 ORDERS = ("priority", "fifo")
+_new_timeout = Timeout.__new__   # a Timeout without its __init__ (CopyLanes._start sets its fields)
 
 
 class Transfer(Protocol):
@@ -69,7 +70,7 @@ class CopyLanes:
         self.on_land = on_land
         self.QUEUED, self.INFLIGHT = queued, inflight
         self.fifo = order == "fifo"
-        self.queue: list[tuple[int, float, int, Any]] = []
+        self.queue: list[tuple[int, float, int, Any, int]] = []   # (class, -priority, seq, unit, class)
         self.idle = list(range(n_lanes - 1, -1, -1))   # free lanes, lowest id popped first
         self.busy_s = 0.0
         self.inflight_count = 0
@@ -77,52 +78,76 @@ class CopyLanes:
         self.current: list[tuple[Any, int, float, float, simpy.Event] | None] = [None] * n_lanes
         self._seq = 0
         self._dur: dict[int, float] = {}   # duration by size (``duration`` is a pure function of it)
-        self._timeout = env.timeout   # SimPy makes a new bound constructor at each env.timeout
+        # per lane, the callback of its transfer's timeout
+        self._land_cb = [partial(self._on_timeout, lane) for lane in range(n_lanes)]
 
     def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
         """Queue ``unit``; it starts at once if a lane is free."""
         seq = self._seq = self._seq + 1
         unit.state = self.QUEUED
-        heapq.heappush(self.queue, (0, 0.0, seq, (unit, cls)) if self.fifo else (cls, -priority, seq, (unit, cls)))
-        if self.idle:
-            self._next(self.idle.pop())
+        if self.idle:   # a free lane: the queue holds nothing (a lane idles only once it ran dry)
+            self._start(unit, cls, self.idle.pop())
+            return
+        heapq.heappush(self.queue, (0, 0.0, seq, unit, cls) if self.fifo else (cls, -priority, seq, unit, cls))
 
     def _next(self, lane: int) -> None:
         queue = self.queue
+        queued = self.QUEUED
+        heappop = heapq.heappop
         while queue:
-            _, _, _, (u, cls) = heapq.heappop(queue)
-            if u.state != self.QUEUED:   # withdrawn meanwhile
-                continue
-            u.state = self.INFLIGHT
-            dur = self._dur.get(u.nbytes)
-            if dur is None:
-                dur = self._dur[u.nbytes] = self.duration(u.nbytes)
-            start = self.env._now   # env.now without the property call
-            self.inflight_count += 1
-            self.on_start(u, cls, lane)
-            ev = self._timeout(dur)
-            assert ev.callbacks is not None
-            ev.callbacks.append(partial(self._on_timeout, u, cls, lane, start, dur))
-            self.current[lane] = (u, cls, start, dur, ev)
-            if u.event is None:
-                u.event = ev   # whoever waits for the unit from now on waits for this timeout
-            return
+            _, _, _, u, cls = heappop(queue)
+            if u.state == queued:   # else withdrawn meanwhile
+                self._start(u, cls, lane)
+                return
         self.idle.append(lane)
 
-    def _on_timeout(self, u: Any, cls: int, lane: int, start: float, dur: float, _ev: simpy.Event) -> None:
+    def _start(self, u: Any, cls: int, lane: int) -> None:
+        """``u``'s transfer starts on ``lane``: one timeout (``env.timeout(dur)``, built inline as
+        SimPy's ``Timeout.__init__`` and ``Environment.schedule`` would) whose callback lands it."""
+        u.state = self.INFLIGHT
+        nbytes = u.nbytes
+        dur = self._dur.get(nbytes)
+        if dur is None:
+            dur = self._dur[nbytes] = self.duration(nbytes)
+        env = self.env
+        start = env._now   # env.now without the property call
+        self.inflight_count += 1
+        self.on_start(u, cls, lane)
+        ev = _new_timeout(Timeout)
+        ev.env = env
+        ev.callbacks = [self._land_cb[lane]]
+        ev._value = None
+        ev._delay = dur
+        ev._ok = True
+        heapq.heappush(env._queue, (env._now + dur, NORMAL, next(env._eid), ev))
+        self.current[lane] = (u, cls, start, dur, ev)
+        if u.event is None:
+            u.event = ev   # whoever waits for the unit from now on waits for this timeout
+
+    def _on_timeout(self, lane: int, ev: simpy.Event) -> None:
         cur = self.current[lane]
-        if cur is None or cur[0] is not u:   # aborted: the lane has moved on
+        if cur is None or cur[4] is not ev:   # aborted: the lane has moved on
             return
+        u, cls, start, dur, _ = cur
         self.current[lane] = None
         self.busy_s += dur
         self.inflight_count -= 1
-        ev = u.event
+        wev = u.event
         self.on_land(u, cls, lane, start, dur)
-        # a waiter made its own event while it was queued; ev._value is PENDING: not ev.triggered,
-        # without the property call
-        if ev is not None and ev._value is PENDING:
-            ev.succeed()
-        self._next(lane)
+        # a waiter made its own event while it was queued; wev._value is PENDING: not
+        # wev.triggered; it succeeds as Event.succeed() does, without the calls
+        if wev is not None and wev._value is PENDING:
+            wev._ok = True
+            wev._value = None
+            env = self.env
+            heapq.heappush(env._queue, (env._now, NORMAL, next(env._eid), wev))
+        queue = self.queue   # self._next(lane), inlined (once per transfer)
+        while queue:
+            _, _, _, u, cls = heapq.heappop(queue)
+            if u.state == self.QUEUED:   # else withdrawn meanwhile
+                self._start(u, cls, lane)
+                return
+        self.idle.append(lane)
 
     @property
     def can_withdraw(self) -> bool:
@@ -134,10 +159,10 @@ class CopyLanes:
         Under fifo order nothing is withdrawn."""
         if self.fifo:
             return []
-        kept: list[tuple[int, float, int, Any]] = []
+        kept: list[tuple[int, float, int, Any, int]] = []
         dropped: list[Any] = []
         for entry in self.queue:
-            u, cls = entry[3]
+            u, cls = entry[3], entry[4]
             if u.state == self.QUEUED and not keep(u, cls):
                 dropped.append(u)
             else:
@@ -174,16 +199,16 @@ class CopyLanes:
         """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""
         if self.fifo or unit.state != self.QUEUED:
             return False
-        for i, (c, _, seq, (u, cls)) in enumerate(self.queue):
+        for i, (c, _, seq, u, cls) in enumerate(self.queue):
             if u is unit and cls != DEMAND_CLASS:
-                self.queue[i] = (c, -priority, seq, (u, cls))
+                self.queue[i] = (c, -priority, seq, u, cls)
                 heapq.heapify(self.queue)
                 return True
         return False
 
     def queued_units(self) -> Iterable[Any]:
         """Units still waiting for a lane."""
-        return (e[3][0] for e in self.queue if e[3][0].state == self.QUEUED)
+        return (e[3] for e in self.queue if e[3].state == self.QUEUED)
 
     @property
     def busy(self) -> bool:

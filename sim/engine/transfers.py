@@ -116,7 +116,10 @@ class Transfers(Withdrawals):
         self._has_on_loaded = state.policy.uses_hook("on_loaded")
         # hooks called per eviction, bound once (a policy's methods do not change during a run)
         self._choose_victim, self._on_evict = state.policy.choose_victim, state.policy.on_evict
+        self._has_on_evict = state.policy.uses_hook("on_evict")   # else drop skips the no-op call
         self.issue_s = cost.prefetch_issue_s()   # runtime.prefetch_issue_us, per prefetch issued
+        self._evict_s = cost.hardware.evict_us * 1e-6   # per eviction a demand load waits for
+        self._demand_s = cost.demand_load_s()           # runtime.demand_load_us, per demand load
         self._sizes = state.part_sizes   # part split -> bytes of each part (the state's cache)
 
     def landing(self, u: Unit) -> simpy.Event:
@@ -166,7 +169,12 @@ class Transfers(Withdrawals):
         del vram.units[key]   # vram.remove(u), inlined (once per eviction)
         del vram.pool_units[u.pool][key]
         if self.d2h is None:
-            vram.release(u)
+            nbytes = u.nbytes   # vram.release(u), inlined
+            if u.in_buffer:
+                vram.buffer_used -= nbytes
+            else:
+                vram.used[u.pool] -= nbytes
+            vram.total -= nbytes
             if self.space_event._value is PENDING:   # self.wake()
                 self.space_event.succeed()
         else:
@@ -176,7 +184,8 @@ class Transfers(Withdrawals):
         if not u.used and not u.demand:
             self.stats.wasted_prefetch_bytes += u.nbytes
         self.last_evict_iter[key] = self.iteration
-        self._on_evict(self.view, key)
+        if self._has_on_evict:
+            self._on_evict(self.view, key)
 
     def settle(self, u: Unit) -> None:
         """A resident unit in the transfer buffer whose layer is done with it: it moves into its
@@ -338,7 +347,8 @@ class Transfers(Withdrawals):
             if not vram.take_buffer(u):
                 return False
         else:
-            self.make_room(pool, nbytes, Reason.PREFETCH, key)
+            if vram.capacity[pool] - vram.used[pool] + vram.draining[pool] - vram.claimed[pool] < nbytes:
+                self.make_room(pool, nbytes, Reason.PREFETCH, key)   # (it evicts nothing when this fits)
             if not vram.take_room(u, True):
                 if vram.room_to_come(pool) < nbytes:
                     return False
@@ -349,7 +359,8 @@ class Transfers(Withdrawals):
                 if self.issue_s:
                     self._spend_issue()
                 return True
-        vram.add(u)
+        vram.units[key] = u   # vram.add(u), inlined (once per prefetch)
+        vram.pool_units[pool][key] = u
         self.lanes.submit(u, PREFETCH_CLASS, priority)
         if self.issue_s:
             self._spend_issue()
@@ -385,23 +396,29 @@ class Transfers(Withdrawals):
         them with :meth:`queue_demand` (the engine's GPU process does this inline, without a
         sub-generator per call)."""
         delay = 0.0
-        evict_s = self.cost.hardware.evict_us * 1e-6
-        demand_s = self.cost.demand_load_s()
+        evict_s = self._evict_s
+        demand_s = self._demand_s
         granted: list[Unit] = []
         vram = self.vram
-        while self.waiting:
-            u = self.waiting[0]
-            if (self.demand_pending and self.serial_swap and vram.room_to_come(u.pool) < u.nbytes
-                    and vram.buffer_free() < u.nbytes):
+        used, draining, claimed = vram.used, vram.draining, vram.claimed   # never rebound (capacity is)
+        waiting = self.waiting
+        while waiting:
+            u = waiting[0]
+            pool, nbytes = u.pool, u.nbytes
+            if (self.demand_pending and self.serial_swap and vram.room_to_come(pool) < nbytes
+                    and vram.buffer_free() < nbytes):
                 break   # its room needs an eviction: not before the previous demand load landed
-            ok, n = self._allocate(u, True, Reason.DEMAND)
-            if not ok and self.cancel_queued_pool(u.pool):
+            # self._allocate(u, True, Reason.DEMAND), inlined: make_room evicts nothing when it fits
+            n = (self.make_room(pool, nbytes, Reason.DEMAND, u.key)[1]
+                 if vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes else 0)
+            ok = vram.take_room(u, True)
+            if not ok and self.cancel_queued_pool(pool):
                 ok, n2 = self._allocate(u, True, Reason.DEMAND)
                 n += n2
             delay += n * evict_s
             if not ok:
                 break
-            self.waiting.pop(0)
+            waiting.pop(0)
             u.state = QUEUED
             granted.append(u)
             if self.serial_swap:

@@ -27,10 +27,11 @@ class EngineView:
     """What a policy may see and do (see :class:`moesim.policies.contract.base.View`), over the
     run's state ``_e``."""
 
-    __slots__ = ("_e",)
+    __slots__ = ("_e", "_units")
 
     def __init__(self, state: RunState[Any]) -> None:
         self._e = state
+        self._units = state.vram.units   # the run's units by key (one dict for the whole run)
 
     # -- time and position ---------------------------------------------------------------------
     @property
@@ -135,7 +136,7 @@ class EngineView:
     # -- residency ------------------------------------------------------------------------------
     def state(self, layer: int, expert: int, part: int = 0) -> int:
         """``ABSENT``, ``WAITING``, ``QUEUED``, ``INFLIGHT`` or ``RESIDENT``."""
-        u = self._e.vram.units.get((layer, expert, part))
+        u = self._units.get((layer, expert, part))
         return ABSENT if u is None else u.state
 
     def is_resident(self, layer: int, expert: int) -> bool:
@@ -150,7 +151,7 @@ class EngineView:
 
     def is_present(self, layer: int, expert: int, part: int = 0) -> bool:
         """The unit is resident or issued (waiting, queued, in flight)."""
-        return (layer, expert, part) in self._e.vram.units
+        return (layer, expert, part) in self._units
 
     def resident_units(self, pool: int | None = None) -> list[UnitKey]:
         """Resident units, of ``pool`` or of all pools."""
@@ -200,7 +201,7 @@ class EngineView:
 
     def in_buffer(self, layer: int, expert: int, part: int = 0) -> bool:
         """The unit is present and holds room in the transfer buffer rather than in its pool."""
-        u = self._e.vram.units.get((layer, expert, part))
+        u = self._units.get((layer, expert, part))
         return u is not None and u.in_buffer
 
     # -- actions --------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ Either way a transfer that has started runs to its end, unless the engine aborts
 queued transfer. The lanes are driven by SimPy callbacks rather than processes: a transfer is
 one ``env.timeout`` whose callback lands it and starts the next queued one (one event per
 transfer; an aborted transfer's timeout still fires, and its callback finds the lane moved on).
+That timeout, and the success of a waiter's own landing event, are built inline as SimPy 4.1's
+``env.timeout`` and ``Event.succeed`` build them (``Environment._queue`` and ``._eid``;
+``pyproject.toml`` pins ``simpy<4.2``, ``tests/test_lanes_simpy.py`` checks both against SimPy's).
 """
 
 from __future__ import annotations

@@ -140,6 +140,17 @@ def test_random_substitute_runs_the_lossy_path_and_reports_quality_metrics() -> 
     assert m["misses"] < run_engine(tr, make_policy("lru"), tiny_model(2, 8, 2), tiny_hw(), budget_experts=6)[1]["misses"]
 
 
+def test_integers_of_one_draws_nothing_as_the_random_planner_assumes() -> None:
+    # RandomSubstitutePlanner skips the call when one candidate is left: numpy returns 0 then
+    # and leaves the generator (its half-word buffer included) as it was
+    a, b = np.random.default_rng(7), np.random.default_rng(7)
+    a.integers(3)
+    b.integers(3)   # both now hold a buffered half word
+    assert int(a.integers(1)) == 0
+    assert a.bit_generator.state == b.bit_generator.state
+    assert [int(a.integers(5)) for _ in range(9)] == [int(b.integers(5)) for _ in range(9)]
+
+
 def test_a_bad_plan_is_a_clear_error() -> None:
     class Twice(LRU):
         name = "test-twice"

@@ -67,6 +67,9 @@ class Fiddler(Policy):
         self._cost: Any = None
         self._expert_bytes = 0
         self._copy_at: int | None = None
+        self._copies_memo: dict[int, bool] = {}
+        self._one_row: dict[tuple[int, ...], tuple[int, int, np.ndarray | None]] = {}
+        self._may_hold: set[int] = set()   # layers that may hold a unit outside the popular set
         self.counts = {"copied": 0, "on_cpu": 0}
 
     def read_columns(self) -> frozenset[str]:
@@ -85,6 +88,9 @@ class Fiddler(Policy):
         self.popular = {(int(i) // E, int(i) % E, 0) for i in order}
         self._cost = ctx.cost
         self._expert_bytes = ctx.expert_bytes
+        self._copies_memo = {}
+        self._one_row = {}
+        self._may_hold = set()
         self.counts = {"copied": 0, "on_cpu": 0}
 
     def copies(self, n_tokens: int) -> bool:
@@ -102,29 +108,68 @@ class Fiddler(Policy):
     def warm(self, view: View, units: list[UnitKey]) -> None:
         """``cache.initial`` places nothing here: its units leave."""
         for key in units:
-            if key not in self.popular:
-                view.evict(*key)
+            if key not in self.popular and not view.evict(*key):
+                self._may_hold.add(key[0])
+
+    def decide(self, layer: int, rows: list[list[int]]) -> tuple[int, int, np.ndarray | None]:
+        """Algorithm 1 for one layer's routed ``rows``: how many missing experts are copied, how
+        many run on the CPU, and the ``on_cpu`` mask of the slots (None when none does)."""
+        tokens: dict[int, int] = {}   # Python on a few short rows: quicker than np.unique on them
+        for row in rows:
+            for e in row:
+                if e >= 0:
+                    tokens[e] = tokens.get(e, 0) + 1
+        popular, memo = self.popular, self._copies_memo
+        copied = 0
+        cpu: set[int] = set()
+        for e, n in tokens.items():
+            if (layer, e, 0) in popular:
+                continue
+            copy = memo.get(n)
+            if copy is None:   # the cost model is fixed once set up: one answer per token count
+                copy = memo[n] = self.copies(n)
+            if copy:
+                copied += 1
+            else:
+                cpu.add(e)
+        if not cpu:
+            return copied, 0, None
+        return copied, len(cpu), np.array([[e in cpu for e in row] for row in rows], dtype=bool)
 
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
-        """Resident experts run on the GPU; each missing one is copied or runs on the CPU."""
+        """Resident experts run on the GPU; each missing one is copied or runs on the CPU (one
+        token's answer is kept per routed row: it depends on nothing else once set up)."""
         ex = routing.experts
-        on_cpu = np.zeros(ex.shape, dtype=bool)
-        ids, counts = np.unique(ex[ex >= 0], return_counts=True)
-        for e, n in zip(ids.tolist(), counts.tolist(), strict=True):
-            if (layer, e, 0) in self.popular:
-                continue
-            if self.copies(n):
-                self.counts["copied"] += 1
-            else:
-                self.counts["on_cpu"] += 1
-                on_cpu |= ex == e
-        return Plan(ex.copy(), on_cpu=on_cpu) if on_cpu.any() else None
+        rows = ex.tolist()
+        if len(rows) == 1:
+            key = (layer, *rows[0])
+            got = self._one_row.get(key)
+            if got is None:
+                got = self._one_row[key] = self.decide(layer, rows)
+                if got[2] is not None:
+                    got[2].flags.writeable = False   # shared by the plans of this row
+        else:
+            got = self.decide(layer, rows)
+        copied, on_cpu_n, on_cpu = got
+        if copied:
+            self.counts["copied"] += copied
+            self._may_hold.add(layer)
+        if on_cpu is None:
+            return None
+        self.counts["on_cpu"] += on_cpu_n
+        return Plan(ex.copy(), on_cpu=on_cpu)
 
     def on_layer_end(self, view: View, layer: int) -> None:
-        """Copied experts are not kept."""
+        """Copied experts are not kept. Only a layer where an expert was copied (or a warm unit
+        stayed) can hold one: the others are not scanned."""
+        if layer not in self._may_hold:
+            return
+        kept = False
         for key in view.units_of_layer(layer):
-            if key not in self.popular:
-                view.evict(*key)
+            if key not in self.popular and not view.evict(*key):
+                kept = True
+        if not kept:
+            self._may_hold.discard(layer)
 
     def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
         """A copied expert left in a staging slot; never a popular one."""

@@ -20,10 +20,9 @@ victims out in that order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from moesim.policies.contract.base import (
-    RESIDENT,
     Context,
     EvictionRequest,
     Outcome,
@@ -102,16 +101,21 @@ class LFRUCache(CacheRule):
         freq, last, seq = self._entry.get(key, (0, 0, 0))
         return freq / (clock - last + 1), seq
 
-    def _scorer(self, clock: int) -> Callable[[UnitKey], tuple[float, int]]:
-        """:meth:`score` at ``clock`` as a key function (its body inlined: one call per candidate)."""
+    def _least(self, candidates: Sequence[UnitKey], clock: int) -> UnitKey:
+        """The first candidate of least :meth:`score` at ``clock`` (``min`` by score; the body
+        of :meth:`score` inlined, a plain loop rather than a key function per call)."""
         if type(self).score is not LFRUCache.score:
-            return lambda k: self.score(k, clock)
+            return min(candidates, key=lambda k: self.score(k, clock))
         get = self._entry.get
-
-        def key(k: UnitKey) -> tuple[float, int]:
+        best = candidates[0]
+        freq, last, best_seq = get(best, _NONE)
+        best_s = freq / (clock - last + 1)
+        for k in candidates:   # the first again: never less than itself
             freq, last, seq = get(k, _NONE)
-            return freq / (clock - last + 1), seq
-        return key
+            sc = freq / (clock - last + 1)
+            if sc < best_s or (sc == best_s and seq < best_seq):   # (score, seq) < best's
+                best, best_s, best_seq = k, sc, seq
+        return best
 
     def _replay_pass(self, view: View, layer: int, candidates: Sequence[UnitKey]) -> list[UnitKey]:
         """vLLM's victims for this layer's pass: ids ascending, free slots first, each miss
@@ -119,17 +123,17 @@ class LFRUCache(CacheRule):
         routed = view.routing(layer).experts
         ids = sorted({e for e in routed.reshape(-1).tolist() if e >= 0})
         pool = view.pool_of(layer)
-        resident = sum(1 for k in view.resident_units(pool) if view.state(*k) == RESIDENT)
-        free = view.capacity(pool) // max(1, view.part_bytes(layer)) - resident
+        held = set(view.resident_units(pool))   # the layer's resident units (its pool's)
+        free = view.capacity(pool) // max(1, view.part_bytes(layer)) - len(held)
         clock = self._clock.get(layer, 0)
         left = list(candidates)
         victims = []
         for e in ids:
-            if view.state(layer, e) != RESIDENT:   # a miss: a free slot, else a victim
+            if (layer, e, 0) not in held:   # a miss: a free slot, else a victim
                 if free > 0:
                     free -= 1
                 elif left:
-                    v = min(left, key=self._scorer(clock))
+                    v = self._least(left, clock)
                     left.remove(v)
                     victims.append(v)
             clock += 1
@@ -148,4 +152,4 @@ class LFRUCache(CacheRule):
                 v = self._victims.pop(0)
                 if v in candidates:
                     return v
-        return min(candidates, key=self._scorer(self._clock.get(layer, 0)))
+        return self._least(candidates, self._clock.get(layer, 0))

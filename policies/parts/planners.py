@@ -43,19 +43,27 @@ class RandomSubstitutePlanner(Planner):
         rows = ex.tolist()
         state = view.state
         absent: dict[int, bool] = {}   # each routed id's state, asked once (no hook acts in between)
+        some = False
         for row in rows:
             for e in row:
                 if e not in absent:
-                    absent[e] = state(layer, e) == ABSENT
-        if not any(absent.values()):   # nothing to replace: no plan, and no random draw either way
+                    a = absent[e] = state(layer, e) == ABSENT
+                    some = some or a
+        if not some:   # nothing to replace: no plan, and no random draw either way
             return None
-        resident = sorted({k[1] for k in view.resident_units(view.pool_of(layer))
-                           if k[0] == layer and view.is_resident(layer, k[1])})
-        if not resident:
+        held: set[int] = set()   # experts of the layer whose every part is resident
+        is_resident = view.is_resident
+        for k in view.resident_units(view.pool_of(layer)):
+            e = k[1]
+            if k[0] == layer and e not in held and is_resident(layer, e):
+                held.add(e)
+        if not held:
             return None
+        resident = sorted(held)
+        integers = self._rng.integers
+        cap = ex.shape[1] if self.max_per_token is None else self.max_per_token
         plan = ex.copy()
         changed = False
-        cap = ex.shape[1] if self.max_per_token is None else self.max_per_token
         for t, row in enumerate(rows):
             used = set(row)
             n = 0
@@ -67,7 +75,8 @@ class RandomSubstitutePlanner(Planner):
                 cands = [b for b in resident if b not in used]
                 if not cands:
                     break
-                b = cands[int(self._rng.integers(len(cands)))]
+                # integers(1) is 0 and draws nothing from the stream: one candidate needs no call
+                b = cands[0] if len(cands) == 1 else cands[int(integers(len(cands)))]
                 plan[t, r] = b
                 used.add(b)
                 n += 1

@@ -278,9 +278,14 @@ class MoEpic(SpeculativePrefetch, Policy):
         self._admitting = None
         # the routing is known: MoEpic terminates the prefetch for this layer (section 3.2)
         self._queue.pop(layer, None)
+        spec = self._spec
+        if not spec and not self._reload:
+            # no guess and no re-load is issued: the layer's pool holds only resident units (its
+            # demand loads of earlier iterations have landed), so there is nothing to stop
+            return None
         self._terminate(view, layer, needed)
         # wrong guesses already in the buffer make room for the demand loads
-        for key in [k for k, t in self._spec.items() if k[0] == layer and t <= it]:
+        for key in [k for k, t in spec.items() if k[0] == layer and t <= it]:
             if key[1] not in needed and view.state(*key) == RESIDENT and view.in_buffer(*key):
                 view.evict(*key)
         return None

@@ -90,12 +90,14 @@ class StridePrefetcher(Prefetcher):
         rows = cur.tolist()
         trans = self._trans[layer]
         E = self._E
+        top = min(k, E)
+        # one token: its routed experts (a repeated expert counts twice, as in the sum below)
+        src = [a for a in rows[0] if a >= 0] if n == 1 else []
         for t in range(layer + 2, min(L, layer + 1 + self.stride)):
             dist = t - layer
             table = trans[dist]
             assert table is not None
             if n == 1:   # one token: the same sums and top-k, in Python
-                src = [a for a in rows[0] if a >= 0]   # a repeated expert counts twice, as there
                 if len(src) == 1:
                     sc = table[src[0]]
                 elif len(src) == 2:
@@ -110,7 +112,7 @@ class StridePrefetcher(Prefetcher):
                 # top_experts reads the float64 shares as float32 ('f': the same C cast)
                 prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
                 out = []
-                for e in sorted(range(E), key=prob.__getitem__, reverse=True)[:min(k, E)]:
+                for e in sorted(range(E), key=prob.__getitem__, reverse=True)[:top]:
                     p = prob[e]
                     if p > 0:
                         out.append((e, p / dist))

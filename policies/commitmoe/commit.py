@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.commitmoe.owa import commit_accuracy, default_trigger, owa_weights
+from moesim.policies.commitmoe.owa import commit_accuracy, default_trigger, owa_weight_list
 from moesim.policies.contract.base import Context, Outcome, Plan, Routing, View
 from moesim.policies.parts.planners import Planner
 from moesim.policies.parts.predictors import Predictor, top_experts
@@ -217,8 +217,8 @@ class CommitPlanner(Planner):
             elif w_rows is not None and tw is not None:
                 w = probs[:k]
                 if self.owa and c in self._trigger:
-                    w = owa_weights(true, tw[t].tolist(), experts, probs,
-                                    alpha1=self.alpha1, alpha2=self.alpha2).tolist()
+                    w = owa_weight_list(true, tw[t].tolist(), experts, probs,
+                                        alpha1=self.alpha1, alpha2=self.alpha2)
                     self.owa_triggered += 1
                 w_rows[t] = w + [0.0] * (width - k)
             changed = True

@@ -45,18 +45,28 @@ def owa_weights(true_experts: Sequence[int], true_weights: Sequence[float], pred
     """G'' of Eqs. (5)-(6) for ``pred_experts`` (in their order), from the true routing's experts
     and weights and the predictor's weights of the predicted experts. With no correct expert
     there is nothing to redistribute to: the predictor's weights come back unchanged."""
+    return np.array(owa_weight_list(true_experts, true_weights, pred_experts, pred_weights,
+                                    alpha1=alpha1, alpha2=alpha2), dtype=np.float64)
+
+
+def owa_weight_list(true_experts: Sequence[int], true_weights: Sequence[float], pred_experts: Sequence[int],
+                    pred_weights: Sequence[float], *, alpha1: float, alpha2: float) -> list[float]:
+    """:func:`owa_weights` as a list of Python floats (once per committed token, where a small
+    array costs more than the arithmetic): the same float64 operations in the same order."""
     g_true = {int(e): float(w) for e, w in zip(true_experts, true_weights, strict=True)}
     correct = [int(e) for e in pred_experts if int(e) in g_true]
     if not correct:
-        return np.asarray(pred_weights, dtype=np.float64).copy()
+        return [float(w) for w in pred_weights]
     m_corr = sum(g_true[e] for e in correct)
     hit = set(correct)
     m_miss = sum(w for e, w in g_true.items() if e not in hit)
     factor = (1.0 + m_miss / m_corr) * alpha1 if m_corr > 0 else alpha1
-    g1 = np.array([g_true[int(e)] * factor if int(e) in g_true else float(pw)
-                   for e, pw in zip(pred_experts, pred_weights, strict=True)], dtype=np.float64)
-    total = g1.sum()
+    g1 = [g_true[int(e)] * factor if int(e) in g_true else float(pw)
+          for e, pw in zip(pred_experts, pred_weights, strict=True)]
+    # numpy's sum of one or two float64 values is the plain sum; of more, its pairwise order
+    total = (g1[0] if len(g1) == 1 else g1[0] + g1[1] if len(g1) == 2
+             else float(np.array(g1, dtype=np.float64).sum()))
     if total <= 0:
         return g1
-    out: np.ndarray = g1 * (sum(g_true.values()) / total) * alpha2
-    return out
+    scale = sum(g_true.values()) / total
+    return [g * scale * alpha2 for g in g1]

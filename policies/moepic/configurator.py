@@ -126,13 +126,11 @@ class SplitStats:
         if pred_order is None:
             return
         pa, pr = self._pred_act[layer], self._pred_rank[layer]
-        pos = [0] * N
         for t, row in enumerate(rows):
-            order = _as_list(pred_order[t])
-            for y, e in enumerate(order):
-                pos[e] = y
-                pr[y][rank[e]] += 1
-            for y in {pos[e] for e in row if e >= 0}:
+            order = _as_list(pred_order[t])   # a permutation of the N experts
+            for pr_y, e in zip(pr, order, strict=True):   # the y-th predicted expert's cache rank
+                pr_y[rank[e]] += 1
+            for y in {order.index(e) for e in row if e >= 0}:   # an activated expert's position
                 pa[y] += 1
         self._pred_tokens[layer] += len(rows)
 

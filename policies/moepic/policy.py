@@ -161,6 +161,8 @@ class MoEpic(SpeculativePrefetch, Policy):
         self._total = ctx.total_budget / self._eb                   # V_e
         self._total_bytes = ctx.total_budget
         self._min_budget = 0.0 if ctx.buffer_bytes >= self._eb else 2.0
+        # no transfer buffer: nothing is ever staged there (no unit is in it, none drains)
+        self._no_buffer = ctx.buffer_bytes <= 0
         smallest = min(min(f) for f in self._fractions) * self._eb
         if self.prefetch and ctx.buffer_bytes < smallest:
             ctx.warn(f"{self.name}: the transfer buffer (cache.buffer_experts) holds no expert segment, so the "
@@ -229,8 +231,14 @@ class MoEpic(SpeculativePrefetch, Policy):
         part = 1 if nparts == 2 else 0
         if nparts == 1 and self._theta[layer] >= 1.0:
             return
+        state = view.state
+        if self._no_buffer:
+            for e in self._ran[layer]:
+                if state(layer, e, part) == RESIDENT:
+                    view.evict(layer, e, part)
+            return
         for e in self._ran[layer]:
-            if view.state(layer, e, part) == RESIDENT and not view.in_buffer(layer, e, part):
+            if state(layer, e, part) == RESIDENT and not view.in_buffer(layer, e, part):
                 view.evict(layer, e, part)
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -270,9 +278,14 @@ class MoEpic(SpeculativePrefetch, Policy):
         self._admitting = None
         # the routing is known: MoEpic terminates the prefetch for this layer (section 3.2)
         self._queue.pop(layer, None)
+        spec = self._spec
+        if not spec and not self._reload:
+            # no guess and no re-load is issued: the layer's pool holds only resident units (its
+            # demand loads of earlier iterations have landed), so there is nothing to stop
+            return None
         self._terminate(view, layer, needed)
         # wrong guesses already in the buffer make room for the demand loads
-        for key in [k for k, t in self._spec.items() if k[0] == layer and t <= it]:
+        for key in [k for k, t in spec.items() if k[0] == layer and t <= it]:
             if key[1] not in needed and view.state(*key) == RESIDENT and view.in_buffer(*key):
                 view.evict(*key)
         return None
@@ -361,6 +374,8 @@ class MoEpic(SpeculativePrefetch, Policy):
         candidates = request.candidates
         if not candidates:
             return request.decline
+        if self._no_buffer:   # no room to stage in, nothing staged that could drain
+            return self._victim(candidates)
         adm = self._admitting
         if adm is not None and view.in_buffer(*adm):
             return self._victim(candidates)

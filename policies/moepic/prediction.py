@@ -10,6 +10,57 @@ import numpy as np
 
 from moesim.policies.parts.predictors import softmax_rows
 
+_add = np.add.reduce
+
+
+class RowScores:
+    """The predicted scores of the first ``k`` experts of a one-token ranking, computed when first
+    asked for (:meth:`get`): a guess that is never issued never needs them. ``row`` holds the
+    logits (float16 or float32), ``top`` the maximum as a Python float."""
+
+    __slots__ = ("row", "top", "order", "k", "_scores")
+
+    def __init__(self, row: np.ndarray, top: float, order: list[int], k: int) -> None:
+        self.row = row
+        self.top = top
+        self.order = order
+        self.k = k
+        self._scores: list[float] | None = None
+
+    def get(self) -> list[float]:
+        """Softmax (float32) of the row at the first ``k`` experts of ``order``."""
+        scores = self._scores
+        if scores is None:
+            # the maximum as a Python float: a weak scalar, subtracted in float32 all the same
+            # (of +0 and -0 either: x - 0 and x - (-0) differ only in the sign of a zero, and exp
+            # of either is 1); add.reduce of a 1-D row is its sum()
+            z = np.asarray(self.row, dtype=np.float32) - self.top
+            np.exp(z, out=z)
+            z /= _add(z)
+            best_l = z.tolist()
+            scores = self._scores = [best_l[e] for e in self.order[:self.k]]
+        return scores
+
+    def __getitem__(self, i: int) -> float:
+        """The score of the ``i``-th expert of the order."""
+        return self.get()[i]
+
+
+def lookahead_guess(logits: np.ndarray, k: int
+                    ) -> tuple[list[int], list[float] | RowScores, list[list[int]]] | None:
+    """:func:`lookahead_ranking`, with the scores of a one-token ranking left to compute when
+    first needed (a :class:`RowScores`); None for no tokens."""
+    if logits.shape[0] == 1 and logits.dtype.char in "ef":
+        # float16 and float32 give the same Python floats as their float32 conversion
+        row = logits[0]
+        vals = row.tolist()
+        if not math.isnan(sum(vals)):   # no NaN (nor inf - inf): Python sorts as numpy does
+            # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True keeps a
+            # stable sort's order among equal keys
+            order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
+            return order, RowScores(row, vals[order[0]], order, k), [order]
+    return lookahead_ranking(logits, k)
+
 
 def lookahead_ranking(logits: np.ndarray, k: int) -> tuple[list[int], list[float], list[list[int]]] | None:
     """For ``[n, E]`` lookahead ``logits``: every expert by descending predicted score (ties by
@@ -21,16 +72,8 @@ def lookahead_ranking(logits: np.ndarray, k: int) -> tuple[list[int], list[float
     if lg.shape[0] == 1:
         vals = row.tolist()
         if not math.isnan(sum(vals)):   # no NaN (nor inf - inf): Python sorts as numpy does
-            # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True keeps a
-            # stable sort's order among equal keys
             order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
-            # the first is the maximum (of +0 and -0 either: x - 0 and x - (-0) differ only in
-            # the sign of a zero, and exp of either is 1)
-            # the maximum as a Python float: a weak scalar, subtracted in float32 all the same
-            z = np.exp(row - vals[order[0]])
-            z /= z.sum()
-            best_l = z.tolist()
-            return order, [best_l[e] for e in order[:k]], [order]
+            return order, RowScores(row, vals[order[0]], order, k).get(), [order]
     per = np.argsort(-lg, axis=1, kind="stable")
     if lg.shape[0] == 1:
         ranked = per[0]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from moesim.policies.contract.base import ABSENT, UnitKey, View
-from moesim.policies.moepic.prediction import lookahead_ranking
+from moesim.policies.moepic.prediction import RowScores, lookahead_guess
 from moesim.policies.parts.lcp_priority import CachePriority
 
 
@@ -31,6 +31,7 @@ class SpeculativePrefetch:
     _queue: dict[int, list[Any]]
     _pred: dict[int, tuple[int, list[list[int]]]]
     _fractions: list[tuple[float, ...]]
+    _no_buffer: bool                       # no transfer buffer (cache.buffer_experts 0)
     _sizes: list[tuple[int, ...] | None]   # part bytes per layer, None until read
 
     def _part_sizes(self, view: View, layer: int) -> tuple[int, ...]:
@@ -48,14 +49,14 @@ class SpeculativePrefetch:
         E = self._E
         K = self._K   # the predicted activated experts (section 3.2), no further
         order: list[int]
-        scores: list[float]
+        scores: list[float] | RowScores   # a one-token guess's scores: computed when first issued
         per_token: list[list[int]]
         if not self.speculative:           # w/o SP: random order
             order = self._rng.permutation(E).tolist()
             scores = [1.0 - y / E for y in range(min(K, E))]
             per_token = [order]
         elif logits is not None:
-            ranked_guess = lookahead_ranking(logits, K)
+            ranked_guess = lookahead_guess(logits, K)
             if ranked_guess is None:
                 return
             order, scores, per_token = ranked_guess
@@ -76,6 +77,8 @@ class SpeculativePrefetch:
         entry = self._queue.get(layer)
         if entry is None:
             return
+        if self._no_buffer and min(self._sizes[layer] or self._part_sizes(view, layer)) > 0:
+            return   # no buffer: nothing can ever be issued (a stale entry only waits to be replaced)
         target_iter, order, scores, pos = entry
         it = view.iteration_index
         if target_iter < it or (target_iter == it and self._routed == (it, layer)):

@@ -140,15 +140,16 @@ class CachePriority:
         clock, mus, lasts = self._clock, self._mu, self._last
         decay = self._decay
         best: UnitKey | None = None
-        best_key: tuple[float, int, int, int, int] | None = None
+        best_p = best_t = 0   # (priority, last activation) of ``best``; the ties compare the rest
         for k in candidates:
             layer, e = k[0], k[1]
             t = lasts[layer][e]
             nu = clock[layer] - 1 - t
             if nu >= len(decay):
                 decay = self._grow(nu)
-            key = (mus[layer][e] * decay[nu], t, layer, e, k[2])
-            if best_key is None or key < best_key:
-                best, best_key = k, key
+            p = mus[layer][e] * decay[nu]
+            # the least (priority, last, layer, id, part), the tuple built only on a tie
+            if best is None or p < best_p or (p == best_p and (t, layer, e, k[2]) < (best_t, *best)):
+                best, best_p, best_t = k, p, t
         assert best is not None, "victim() needs a candidate"
         return best

@@ -24,9 +24,15 @@ def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, n
     ex = np.asarray(plan.experts)
     if ex.shape[0] != routing.n_tokens:
         raise PolicyError(f"policy {policy_name!r} planned {ex.shape[0]} tokens at {where}; the iteration has {routing.n_tokens}")
-    if ex.size and (ex.min() < -1 or ex.max() >= num_experts):
+    rows = ex.tolist()   # Python lists: a plan has a few short rows
+    if ex.size <= 64:   # a few slots: Python's min and max are quicker than two numpy reductions
+        lo = min([min(row) for row in rows if row], default=0)
+        hi = max([max(row) for row in rows if row], default=0)
+    else:
+        lo, hi = (int(ex.min()), int(ex.max())) if ex.size else (0, 0)
+    if lo < -1 or hi >= num_experts:
         raise PolicyError(f"policy {policy_name!r} planned an expert outside -1..{num_experts - 1} at {where}")
-    for row in ex.tolist():   # Python lists: a plan has a few short rows
+    for row in rows:
         valid = [x for x in row if x >= 0]
         if len(set(valid)) != len(valid):
             raise PolicyError(f"policy {policy_name!r} planned one expert twice for a token at {where}: {row}")
@@ -37,7 +43,12 @@ def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, n
 
 def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None:
     """Add one layer's substitutions, drops, mass kept, top-1 agreement and slots run to ``st``
-    (``plan`` None: everything ran as routed)."""
+    (``plan`` None: everything ran as routed).
+
+    The mass kept of a token is the routed weights that still run over all its routed weights,
+    each sum taken in the weights' own type (a float32 trace: float32 sums, numpy's for the
+    whole row); the shortcuts below give those same floats without numpy calls where the sum
+    is exact in any type: no weight or one weight kept, or both of two."""
     orig = routing.experts
     n, k = orig.shape
     st.token_layers += n
@@ -47,9 +58,11 @@ def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None
         st.slots_run += n * k
         return
     w = routing.weights
+    routed_rows = orig.tolist()
+    plan_rows = plan.tolist()
     for t in range(n):
-        routed = orig[t].tolist()
-        ran = [x for x in plan[t].tolist() if x >= 0]
+        routed = routed_rows[t]
+        ran = [x for x in plan_rows[t] if x >= 0]
         ran_set = set(ran)
         subs = sum(1 for x in ran if x not in routed)
         missing = sum(1 for x in routed if x not in ran_set)
@@ -57,9 +70,21 @@ def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None
         st.dropped += max(0, missing - subs)
         st.slots_run += len(ran)
         st.top1_kept += routed[0] in ran_set
-        wt = w[t] if w is not None else np.ones(k)
-        tot = float(wt.sum())
-        kept = float(sum(wt[j] for j in range(k) if routed[j] in ran_set))
+        keep = [j for j in range(k) if routed[j] in ran_set]
+        if w is None:   # equal weights: sums of ones are exact
+            tot = float(k)
+            kept = float(len(keep))
+        else:
+            wt = w[t]
+            tot = float(wt.sum())
+            if not keep:
+                kept = 0.0
+            elif len(keep) == 1:
+                kept = float(wt[keep[0]])   # 0 + w is w in any type
+            elif len(keep) == k == 2:
+                kept = tot                  # w0 + w1, one rounding in the weights' type either way
+            else:
+                kept = float(sum(wt[j] for j in keep))
         st.mass_kept_sum += kept / tot if tot > 0 else 1.0
         st.lossy_layers += bool(subs or missing)
 

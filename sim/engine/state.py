@@ -31,10 +31,13 @@ from moesim.policies.contract.base import (
     View,
 )
 from moesim.sim.engine.cost import CostModel
+from moesim.sim.engine.frozen import slot_maker
 from moesim.sim.engine.records import RunStats, StepRecords, TimelineEvent
 from moesim.sim.engine.vram import Vram
 from moesim.sim.engine.workload import Iteration, Workload
 from moesim.traces.format.trace_file import Trace
+
+_new_routing = slot_maker(Routing)   # Routing(layer, experts, weights), per routed layer
 
 
 class Actions(Protocol):
@@ -183,6 +186,11 @@ class RunState(Generic[A]):
 
     def routing_of(self, it: Iteration, layer: int) -> Routing:
         """The recorded routing of ``layer`` for ``it``."""
-        rows = self.rows_of(it, layer)
+        rows0 = it.rows0
+        if rows0.shape[0] == 1:   # rows_of, inlined: one token's rows are a slice
+            r = int(rows0[0]) + layer
+            rows: slice | np.ndarray = slice(r, r + 1)
+        else:
+            rows = rows0 + layer
         w = self.trace.weights
-        return Routing(layer, self.trace.experts[rows], None if w is None else w[rows])
+        return _new_routing(layer, self.trace.experts[rows], None if w is None else w[rows])

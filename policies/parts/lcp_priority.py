@@ -140,7 +140,7 @@ class CachePriority:
         clock, mus, lasts = self._clock, self._mu, self._last
         decay = self._decay
         best: UnitKey | None = None
-        best_p = best_t = 0   # (priority, last activation) of ``best``; the ties compare the rest
+        best_p, best_t = 0.0, 0   # (priority, last activation) of ``best``; the ties compare the rest
         for k in candidates:
             layer, e = k[0], k[1]
             t = lasts[layer][e]

@@ -347,9 +347,16 @@ class Transfers(Withdrawals):
             if not vram.take_buffer(u):
                 return False
         else:
-            if vram.capacity[pool] - vram.used[pool] + vram.draining[pool] - vram.claimed[pool] < nbytes:
+            used = vram.used
+            if vram.capacity[pool] - used[pool] + vram.draining[pool] - vram.claimed[pool] < nbytes:
                 self.make_room(pool, nbytes, Reason.PREFETCH, key)   # (it evicts nothing when this fits)
-            if not vram.take_room(u, True):
+            # vram.take_room(u, True), inlined (once per prefetch)
+            if vram.capacity[pool] - used[pool] >= nbytes:
+                used[pool] += nbytes
+            elif vram.buffer_capacity - vram.buffer_used >= nbytes:
+                u.in_buffer = True
+                vram.buffer_used += nbytes
+            else:
                 if vram.room_to_come(pool) < nbytes:
                     return False
                 # its room is being copied back to the host (swap_out): claim it and wait
@@ -359,11 +366,17 @@ class Transfers(Withdrawals):
                 if self.issue_s:
                     self._spend_issue()
                 return True
+            tot = vram.total = vram.total + nbytes
+            if tot > vram.peak:
+                vram.peak = tot
         vram.units[key] = u   # vram.add(u), inlined (once per prefetch)
         vram.pool_units[pool][key] = u
         self.lanes.submit(u, PREFETCH_CLASS, priority)
-        if self.issue_s:
-            self._spend_issue()
+        issue_s = self.issue_s
+        if issue_s:   # self._spend_issue(), inlined
+            st = self.state
+            st.spent_s += issue_s
+            st.issue_spent_s += issue_s
         return True
 
     def _spend_issue(self) -> None:

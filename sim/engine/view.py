@@ -169,7 +169,12 @@ class EngineView:
     def pinned(self, layer: int, expert: int) -> bool:
         """Some part of the expert is pinned: planned for the current layer, not yet computed."""
         pins = self._e.vram.pinned
-        return any((layer, expert, p) in pins for p in range(len(self._e.fractions[layer])))
+        if not pins:
+            return False
+        for p in range(len(self._e.fractions[layer])):   # noqa: SIM110 - a plain loop: no generator to make
+            if (layer, expert, p) in pins:
+                return True
+        return False
 
     def pool_of(self, layer: int) -> int:
         """The pool holding ``layer``'s units."""

@@ -134,9 +134,9 @@ class LookaheadPredictor(Predictor):
         return top_experts(logits, k)
 
     def token_scores(self, view: View, layer: int) -> np.ndarray | None:
-        """Softmax of each token's lookahead logits (the next router's probabilities)."""
-        logits = view.lookahead_logits(layer)
-        return None if logits is None else softmax_rows(logits)
+        """Softmax of each token's lookahead logits (the next router's probabilities):
+        ``view.lookahead_probs``, read-only."""
+        return view.lookahead_probs(layer)
 
 
 class PreviousTokenPredictor(Predictor):

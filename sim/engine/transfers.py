@@ -342,10 +342,12 @@ class Transfers(Withdrawals):
         pool = 0 if self.global_pool else layer
         if self.waiting and any(w.pool == pool for w in self.waiting):
             return False  # demand loads waiting for room in this pool come first
-        u = Unit(key, nbytes, pool, False)
+        # the unit is made once it has room (a prefetch refused for room makes none)
         if into_buffer:
-            if not vram.take_buffer(u):
+            if vram.buffer_capacity - vram.buffer_used < nbytes:
                 return False
+            u = Unit(key, nbytes, pool, False)
+            vram.take_buffer(u)
         else:
             used = vram.used
             if vram.capacity[pool] - used[pool] + vram.draining[pool] - vram.claimed[pool] < nbytes:
@@ -353,12 +355,15 @@ class Transfers(Withdrawals):
             # vram.take_room(u, True), inlined (once per prefetch)
             if vram.capacity[pool] - used[pool] >= nbytes:
                 used[pool] += nbytes
+                u = Unit(key, nbytes, pool, False)
             elif vram.buffer_capacity - vram.buffer_used >= nbytes:
-                u.in_buffer = True
                 vram.buffer_used += nbytes
+                u = Unit(key, nbytes, pool, False)
+                u.in_buffer = True
             else:
                 if vram.room_to_come(pool) < nbytes:
                     return False
+                u = Unit(key, nbytes, pool, False)
                 # its room is being copied back to the host (swap_out): claim it and wait
                 vram.claim(u)
                 vram.add(u)

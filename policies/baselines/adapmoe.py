@@ -103,6 +103,9 @@ class AdapMoE(MixtralOffloading):
         self._reuse_guess = (isinstance(pref, NextLayerPrefetcher)
                              and type(pref).after_layer is NextLayerPrefetcher.after_layer
                              and self._by_hook["after_layer"] == [pref.after_layer])
+        # ... and its prefetch_guess is prefetch_set for the target computed in after_layer
+        self._direct_set = (self._reuse_guess and type(pref).prefetch_guess is NextLayerPrefetcher.prefetch_guess
+                            and type(pref).target is NextLayerPrefetcher.target)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Record stack distances and prefetch hits, then prefetch (the parts)."""
@@ -113,31 +116,39 @@ class AdapMoE(MixtralOffloading):
         hit_guess = guess[1] if guess is not None and guess[0] == it else set()
         dist = self._dist[layer]
         guessed = 0
-        for e in outcome.experts:
+        experts = outcome.experts
+        for e in experts:
             if e in stack:
                 d = stack.index(e)
-                stack.pop(d)
+                del stack[d]
             else:
                 d = E
             stack.insert(0, e)
             dist[d] += 1
-            guessed += e in hit_guess
-        self._activated[layer] += len(outcome.experts)
+            if e in hit_guess:
+                guessed += 1
+        self._activated[layer] += len(experts)
         self._guessed[layer] += guessed
         pref = self.prefetcher
         assert isinstance(pref, NextLayerPrefetcher)
+        L = view.num_layers
         if self._k:
-            L = view.num_layers
             target, t_it = (layer + 1, it) if layer + 1 < L else (0, it + 1)
             predicted = pref.predictor.predict(view, layer, self._k)
-            self._guess_for[target] = (t_it, {e for e, _ in predicted})
-            if self._reuse_guess:
+            guess_set = set()   # a plain loop: a comprehension is a call of its own
+            for e, _ in predicted:
+                guess_set.add(e)
+            self._guess_for[target] = (t_it, guess_set)
+            if self._direct_set:   # pref.prefetch_guess(view, layer, predicted), inlined
+                if layer + 1 < L or pref.cross_token:
+                    pref.prefetch_set(view, target, predicted)
+            elif self._reuse_guess:
                 pref.prefetch_guess(view, layer, predicted)
             else:
                 super().after_layer(view, layer, outcome)
         else:
             super().after_layer(view, layer, outcome)
-        if layer == view.num_layers - 1:
+        if layer == L - 1:
             self._tokens += outcome.plan.shape[0]
 
     def cache_sizes(self) -> np.ndarray:

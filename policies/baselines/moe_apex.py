@@ -48,7 +48,11 @@ class AggressivePrefetcher(Prefetcher):
         if self.second_layer and layer + 2 < L:
             prev = view.previous_routing(layer + 2)
             if prev is not None:
-                order = list(dict.fromkeys(e for e in prev.reshape(-1).tolist() if e >= 0))
+                # the distinct experts in first-seen order, then without the dropped (negative)
+                # ones: the same list as dropping them first, without a generator
+                order = list(dict.fromkeys(prev.reshape(-1).tolist()))
+                if order and min(order) < 0:
+                    order = [e for e in order if e >= 0]
                 self.prefetch_set(view, layer + 2, [(e, 1.0 - 0.01 * r) for r, e in enumerate(order)])
 
 

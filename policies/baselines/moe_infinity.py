@@ -174,6 +174,8 @@ class EAMPrefetcher(Prefetcher):
         bests = [self._best_stored(r) for r in uniq]
         k = self._k
         cache = self.cache
+        prefetch = view.prefetch
+        refresh = cache.refresh if cache is not None else None
         for target in layers:
             prob: list[float] | None = None
             order: list[int] | None = None
@@ -196,6 +198,5 @@ class EAMPrefetcher(Prefetcher):
                 pe = prob[e]
                 if pe <= 0:
                     break
-                key = (target, e, 0)
-                if view.prefetch(target, e, 0, priority=pe / dist) and cache is not None:
-                    cache.refresh(key)
+                if prefetch(target, e, 0, pe / dist) and refresh is not None:
+                    refresh((target, e, 0))

@@ -33,10 +33,11 @@ class PreGatePrefetcher(NextLayerPrefetcher):
         """Issue each guess; remember which iteration it is for."""
         it = view.iteration_index
         t_it = it if layer > view.layer else it + 1
+        prefetch, spec = view.prefetch, self._spec
         n = 0
         for e, score in experts:
-            if view.prefetch(layer, e, priority=score):
-                self._spec[(layer, e, 0)] = t_it
+            if prefetch(layer, e, 0, score):
+                spec[(layer, e, 0)] = t_it
                 n += 1
         return n
 

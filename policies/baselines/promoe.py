@@ -23,7 +23,7 @@ from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import LRUCache
 from moesim.policies.parts.compose import Composed
-from moesim.policies.parts.predictors import softmax_rows, top_experts
+from moesim.policies.parts.predictors import top_experts
 from moesim.policies.parts.prefetchers import Prefetcher
 
 
@@ -82,9 +82,10 @@ class StridePrefetcher(Prefetcher):
         """Prefetch the guesses, nearer layers first."""
         L = view.num_layers
         k = self._k
-        look = view.lookahead_logits(layer)
-        if layer + 1 < L and look is not None:
-            self.prefetch_set(view, layer + 1, top_experts(softmax_rows(look), k))
+        if layer + 1 < L:
+            look = view.lookahead_probs(layer)   # softmax_rows(view.lookahead_logits(layer))
+            if look is not None:
+                self.prefetch_set(view, layer + 1, top_experts(look, k))
         cur = outcome.routing.experts
         n = cur.shape[0]
         rows = cur.tolist()

@@ -76,6 +76,12 @@ class View(Protocol):
         router input of ``layer``, once ``layer`` is routed (None without them)."""
         ...
 
+    def lookahead_probs(self, layer: int) -> np.ndarray | None:
+        """The row-wise softmax of :meth:`lookahead_logits` (float32 at least: the numbers
+        :func:`~moesim.policies.parts.predictors.softmax_rows` gives), or None without them;
+        possibly read-only: read it, do not write into it."""
+        ...
+
     def previous_lookahead_logits(self) -> np.ndarray | None:
         """The last layer's lookahead of the previous iteration (a cross-token prediction of
         layer 0), or None."""

@@ -26,22 +26,29 @@ from moesim.policies.parts.linear_router import LinearRouter, fit_linear_router
 
 PREDICTORS = ("auto", "lookahead", "previous-token", "trained")
 
+_F32 = np.dtype(np.float32)
+_max, _sum = np.maximum.reduce, np.add.reduce   # what ndarray.max / .sum reduce with
+
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
     """Row-wise softmax of ``[n, E]`` scores, in their float type (at least float32), computed in
     place on one copy. One row (the batch-1 case, once per layer) takes 1-D reductions: a row's
     maximum and its pairwise sum are the same numbers as along ``axis=1``, without the 2-D
-    reduction's set-up."""
-    z = np.array(x, dtype=np.result_type(np.asarray(x).dtype, np.float32))
+    reduction's set-up. The reductions are the ufuncs' own (``ndarray.max`` and ``.sum`` call
+    them through a Python wrapper, with the same arguments)."""
+    if type(x) is np.ndarray and x.dtype.char in "ef":   # float16/32: float32, as result_type gives
+        z = x.astype(_F32)   # a copy in x's layout, as np.array(x, dtype=float32) makes
+    else:
+        z = np.array(x, dtype=np.result_type(np.asarray(x).dtype, _F32))
     if z.shape[0] == 1:
         row = z[0]
-        row -= row.max()
+        row -= _max(row)
         np.exp(row, out=row)
-        row /= row.sum()
+        row /= _sum(row)
         return z
-    z -= z.max(axis=1, keepdims=True)
+    z -= _max(z, axis=1, keepdims=True)
     np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
+    z /= _sum(z, axis=1, keepdims=True)
     return z
 
 
@@ -127,9 +134,9 @@ class LookaheadPredictor(Predictor):
         return top_experts(logits, k)
 
     def token_scores(self, view: View, layer: int) -> np.ndarray | None:
-        """Softmax of each token's lookahead logits (the next router's probabilities)."""
-        logits = view.lookahead_logits(layer)
-        return None if logits is None else softmax_rows(logits)
+        """Softmax of each token's lookahead logits (the next router's probabilities):
+        ``view.lookahead_probs``, read-only."""
+        return view.lookahead_probs(layer)
 
 
 class PreviousTokenPredictor(Predictor):

@@ -26,26 +26,35 @@ class Prefetcher(Policy, DeclaresKernel):
         in the lane). Members already present count as used now; no prefetch of the set may evict
         another member of it (one that would have to is not issued). Returns how many were issued."""
         cache = self.cache
-        keys = []   # a plain loop: a comprehension is a call of its own, and sets are small
-        for e, _ in experts:
-            keys.append((layer, e, 0))
-        is_present, prefetch = view.is_present, view.prefetch
-        if cache is not None:
-            refresh = cache.refresh
-            for key in keys:
-                if is_present(*key):
-                    refresh(key)
-            cache.protected = frozenset(keys)
+        prefetch = view.prefetch
         issued = 0
+        if cache is None:
+            # a prefetch of a present unit is refused, changing nothing (View.prefetch): no
+            # presence check is needed before it
+            for e, score in experts:
+                if prefetch(layer, e, 0, score):
+                    issued += 1
+            return issued
+        is_present, refresh = view.is_present, cache.refresh
+        keys = []   # plain loops: a comprehension is a call of its own, and sets are small
+        absent = []
+        for e, score in experts:
+            key = (layer, e, 0)
+            keys.append(key)
+            if is_present(layer, e, 0):
+                refresh(key)
+            else:
+                absent.append((key, e, score))
+        cache.protected = frozenset(keys)
         try:
-            for key, (e, score) in zip(keys, experts, strict=True):
-                if not is_present(layer, e, 0) and prefetch(layer, e, 0, score):
-                    if cache is not None:
-                        refresh(key)
+            # a member absent above is absent still unless an earlier issue of this loop brought
+            # it (a repeated member), and then its prefetch is refused as the check would skip it
+            for key, e, score in absent:
+                if prefetch(layer, e, 0, score):
+                    refresh(key)
                     issued += 1
         finally:
-            if cache is not None:
-                cache.protected = _NOTHING
+            cache.protected = _NOTHING
         return issued
 
 

@@ -342,16 +342,28 @@ class Transfers(Withdrawals):
         pool = 0 if self.global_pool else layer
         if self.waiting and any(w.pool == pool for w in self.waiting):
             return False  # demand loads waiting for room in this pool come first
-        u = Unit(key, nbytes, pool, False)
+        # the unit is made once it has room (a prefetch refused for room makes none)
         if into_buffer:
-            if not vram.take_buffer(u):
+            if vram.buffer_capacity - vram.buffer_used < nbytes:
                 return False
+            u = Unit(key, nbytes, pool, False)
+            vram.take_buffer(u)
         else:
-            if vram.capacity[pool] - vram.used[pool] + vram.draining[pool] - vram.claimed[pool] < nbytes:
+            used = vram.used
+            if vram.capacity[pool] - used[pool] + vram.draining[pool] - vram.claimed[pool] < nbytes:
                 self.make_room(pool, nbytes, Reason.PREFETCH, key)   # (it evicts nothing when this fits)
-            if not vram.take_room(u, True):
+            # vram.take_room(u, True), inlined (once per prefetch)
+            if vram.capacity[pool] - used[pool] >= nbytes:
+                used[pool] += nbytes
+                u = Unit(key, nbytes, pool, False)
+            elif vram.buffer_capacity - vram.buffer_used >= nbytes:
+                vram.buffer_used += nbytes
+                u = Unit(key, nbytes, pool, False)
+                u.in_buffer = True
+            else:
                 if vram.room_to_come(pool) < nbytes:
                     return False
+                u = Unit(key, nbytes, pool, False)
                 # its room is being copied back to the host (swap_out): claim it and wait
                 vram.claim(u)
                 vram.add(u)
@@ -359,11 +371,17 @@ class Transfers(Withdrawals):
                 if self.issue_s:
                     self._spend_issue()
                 return True
+            tot = vram.total = vram.total + nbytes
+            if tot > vram.peak:
+                vram.peak = tot
         vram.units[key] = u   # vram.add(u), inlined (once per prefetch)
         vram.pool_units[pool][key] = u
         self.lanes.submit(u, PREFETCH_CLASS, priority)
-        if self.issue_s:
-            self._spend_issue()
+        issue_s = self.issue_s
+        if issue_s:   # self._spend_issue(), inlined
+            st = self.state
+            st.spent_s += issue_s
+            st.issue_spent_s += issue_s
         return True
 
     def _spend_issue(self) -> None:

@@ -17,21 +17,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moesim.policies.contract.base import ABSENT, RESIDENT, CausalityError, Routing, UnitKey
+from moesim.policies.parts.predictors import softmax_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.engine.state import RunState
     from moesim.sim.engine.workload import Iteration
+
+PROBS_BLOCK = 256   # lookahead rows whose softmax :meth:`EngineView.lookahead_probs` makes at once
 
 
 class EngineView:
     """What a policy may see and do (see :class:`moesim.policies.contract.base.View`), over the
     run's state ``_e``."""
 
-    __slots__ = ("_e", "_units")
+    __slots__ = ("_e", "_units", "_probs", "_probs_lo")
 
     def __init__(self, state: RunState[Any]) -> None:
         self._e = state
         self._units = state.vram.units   # the run's units by key (one dict for the whole run)
+        self._probs: np.ndarray | None = None   # lookahead_probs' block: softmax of rows from _probs_lo on
+        self._probs_lo = 0
 
     # -- time and position ---------------------------------------------------------------------
     @property
@@ -92,6 +97,32 @@ class EngineView:
             r = int(rows0[0]) + layer
             return la[r:r + 1]
         return la[rows0 + layer]
+
+    def lookahead_probs(self, layer: int) -> np.ndarray | None:
+        """``softmax_rows(lookahead_logits(layer))`` (:func:`~moesim.policies.parts.predictors.softmax_rows`),
+        the same numbers; read it, do not write into it. One token's row is a row of the softmax
+        of a block of :data:`PROBS_BLOCK` trace rows from it, made once: a row's softmax is the
+        same bytes alone or in a block (max, exp and division are per element; each row's sum
+        is its own pairwise sum either way; checked on every row of a trace and on random blocks
+        in ``tests/test_view_probs.py``)."""
+        e = self._e
+        if layer > e.routed_upto:
+            self._known(layer, "lookahead")   # raises
+        la = e.trace.lookahead_logits
+        if la is None:
+            return None
+        rows0 = e.cur_iter.rows0
+        if rows0.shape[0] != 1:
+            return softmax_rows(la[rows0 + layer])
+        r = int(rows0[0]) + layer
+        probs = self._probs
+        i = r - self._probs_lo
+        if probs is None or not 0 <= i < probs.shape[0]:
+            probs = self._probs = softmax_rows(la[r:r + PROBS_BLOCK])
+            probs.flags.writeable = False
+            self._probs_lo = r
+            i = 0
+        return probs[i:i + 1]
 
     def previous_lookahead_logits(self) -> np.ndarray | None:
         """Lookahead of the last layer of the previous iteration: a cross-token prediction of
@@ -169,7 +200,12 @@ class EngineView:
     def pinned(self, layer: int, expert: int) -> bool:
         """Some part of the expert is pinned: planned for the current layer, not yet computed."""
         pins = self._e.vram.pinned
-        return any((layer, expert, p) in pins for p in range(len(self._e.fractions[layer])))
+        if not pins:
+            return False
+        for p in range(len(self._e.fractions[layer])):   # noqa: SIM110 - a plain loop: no generator to make
+            if (layer, expert, p) in pins:
+                return True
+        return False
 
     def pool_of(self, layer: int) -> int:
         """The pool holding ``layer``'s units."""

@@ -104,8 +104,10 @@ class AdapMoE(MixtralOffloading):
                              and type(pref).after_layer is NextLayerPrefetcher.after_layer
                              and self._by_hook["after_layer"] == [pref.after_layer])
         # ... and its prefetch_guess is prefetch_set for the target computed in after_layer
-        self._direct_set = (self._reuse_guess and type(pref).prefetch_guess is NextLayerPrefetcher.prefetch_guess
-                            and type(pref).target is NextLayerPrefetcher.target)
+        self._direct_set = False
+        if self._reuse_guess and isinstance(pref, NextLayerPrefetcher):
+            self._direct_set = (type(pref).prefetch_guess is NextLayerPrefetcher.prefetch_guess
+                                and type(pref).target is NextLayerPrefetcher.target)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Record stack distances and prefetch hits, then prefetch (the parts)."""

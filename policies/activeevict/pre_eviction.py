@@ -41,7 +41,6 @@ from moesim.policies.contract.base import (
     UnitKey,
     View,
 )
-from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.parts.prefetchers import Prefetcher
 
 PREEVICT_AT = ("after_layer", "before_layer")
@@ -106,11 +105,11 @@ class PreEvictor(Prefetcher):
     def predicted(self, view: View, layer: int, target: int) -> list[float]:
         """``p_hat`` of ``target`` after ``layer`` is routed: mean over tokens of the lookahead
         softmax (Eqs. 10-12), or the target's normalised decayed usage without lookahead."""
-        return self._predicted(view.lookahead_logits(layer) if self._lookahead else None, target)
+        return self._predicted(view.lookahead_probs(layer) if self._lookahead else None, target)
 
-    def _predicted(self, look: np.ndarray | None, target: int) -> list[float]:
-        if look is not None:
-            sm = softmax_rows(look)
+    def _predicted(self, sm: np.ndarray | None, target: int) -> list[float]:
+        """``p_hat`` from the lookahead softmax ``sm`` (``view.lookahead_probs``), or from usage."""
+        if sm is not None:
             if sm.shape[0] == 1:   # the mean of one row is the row (0 + p, divided by 1)
                 return sm[0].tolist()
             return sm.mean(axis=0).astype(np.float64).tolist()
@@ -158,7 +157,7 @@ class PreEvictor(Prefetcher):
         else:
             return
         look = view.lookahead_logits(layer) if self._lookahead else None
-        p_hat = self._predicted(look, target)
+        p_hat = self._predicted(view.lookahead_probs(layer) if look is not None else None, target)
         top = self._predicted_top(look, p_hat)
         self.scorer.predicted[target] = p_hat
         if self.preevict_at == "after_layer":

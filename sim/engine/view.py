@@ -83,16 +83,20 @@ class EngineView:
         lg = e.trace.logits
         return None if lg is None else lg[e.rows_of(e.cur_iter, layer)]
 
-    def lookahead_logits(self, layer: int) -> np.ndarray | None:
-        """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
-        router input of ``layer``, once ``layer`` is routed."""
+    def _lookahead_of(self, layer: int) -> np.ndarray | None:
+        """The trace's lookahead logits (all rows), or None; raises before ``layer`` is routed."""
         e = self._e
         if layer > e.routed_upto:
             self._known(layer, "lookahead")   # raises
-        la = e.trace.lookahead_logits
+        return e.trace.lookahead_logits
+
+    def lookahead_logits(self, layer: int) -> np.ndarray | None:
+        """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
+        router input of ``layer``, once ``layer`` is routed."""
+        la = self._lookahead_of(layer)
         if la is None:
             return None
-        rows0 = e.cur_iter.rows0
+        rows0 = self._e.cur_iter.rows0
         if rows0.shape[0] == 1:   # e.rows_of(e.cur_iter, layer), inlined: once per layer
             r = int(rows0[0]) + layer
             return la[r:r + 1]
@@ -105,13 +109,10 @@ class EngineView:
         same bytes alone or in a block (max, exp and division are per element; each row's sum
         is its own pairwise sum either way; checked on every row of a trace and on random blocks
         in ``tests/test_view_probs.py``)."""
-        e = self._e
-        if layer > e.routed_upto:
-            self._known(layer, "lookahead")   # raises
-        la = e.trace.lookahead_logits
+        la = self._lookahead_of(layer)
         if la is None:
             return None
-        rows0 = e.cur_iter.rows0
+        rows0 = self._e.cur_iter.rows0
         if rows0.shape[0] != 1:
             return softmax_rows(la[rows0 + layer])
         r = int(rows0[0]) + layer

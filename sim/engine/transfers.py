@@ -5,8 +5,8 @@ victims (:class:`~moesim.policies.contract.base.EvictionRequest`). Demand loads 
 order; a prefetch whose room is still draining to the host (``swap_out``) claims it and waits;
 queued prefetches can be withdrawn, and a policy may abort one in flight (neither under fifo
 order: :mod:`moesim.sim.engine.withdrawals`). Every byte is booked in
-:class:`~moesim.sim.engine.vram.Vram`, which keeps the budget's invariant. Three paths that run
-for every copy or eviction (a prefetch's room, a demand grant, a drop) write Vram's books inline,
+:class:`~moesim.sim.engine.vram.Vram`, which keeps the budget's invariant. Two paths that run
+for every copy or eviction (a prefetch's room and a drop) write Vram's books inline,
 as its ``take_room``, ``add`` and ``release`` would (about 6% of a streaming baseline's run);
 each says so where it does, and ``vram.check()`` verifies the books on runs with
 ``check_invariants`` (every run of the tests' ``run_engine`` helper).

@@ -174,7 +174,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                     count_lossy(st, routing, None)
             else:
                 plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy, num_experts=run.E,
-                                    where=f"iteration {it.index}, layer {layer}")
+                                    iteration=it.index, layer=layer)
                 on_cpu = None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
                 if lossy:
                     count_lossy(st, routing, plan_m)

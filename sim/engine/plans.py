@@ -19,11 +19,12 @@ from moesim.sim.engine.transfers import PolicyError
 
 
 def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, num_experts: int,
-               where: str) -> np.ndarray:
-    """Validate a policy's plan; returns its experts as an int matrix."""
+               iteration: int, layer: int) -> np.ndarray:
+    """Validate a policy's plan at ``iteration``, ``layer`` (named in the error); returns its
+    experts as an int matrix."""
     ex = np.asarray(plan.experts)
     if ex.shape[0] != routing.n_tokens:
-        raise PolicyError(f"policy {policy_name!r} planned {ex.shape[0]} tokens at {where}; the iteration has {routing.n_tokens}")
+        raise PolicyError(f"policy {policy_name!r} planned {ex.shape[0]} tokens at iteration {iteration}, layer {layer}; the iteration has {routing.n_tokens}")
     rows = ex.tolist()   # Python lists: a plan has a few short rows
     if ex.size <= 64:   # a few slots: Python's min and max are quicker than two numpy reductions
         lo = min([min(row) for row in rows if row], default=0)
@@ -31,13 +32,13 @@ def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, n
     else:
         lo, hi = (int(ex.min()), int(ex.max())) if ex.size else (0, 0)
     if lo < -1 or hi >= num_experts:
-        raise PolicyError(f"policy {policy_name!r} planned an expert outside -1..{num_experts - 1} at {where}")
+        raise PolicyError(f"policy {policy_name!r} planned an expert outside -1..{num_experts - 1} at iteration {iteration}, layer {layer}")
     for row in rows:
         valid = [x for x in row if x >= 0]
         if len(set(valid)) != len(valid):
-            raise PolicyError(f"policy {policy_name!r} planned one expert twice for a token at {where}: {row}")
+            raise PolicyError(f"policy {policy_name!r} planned one expert twice for a token at iteration {iteration}, layer {layer}: {row}")
     if not lossy and not np.array_equal(ex, routing.experts):
-        raise PolicyError(f"policy {policy_name!r} is not lossy but planned other experts than the routing at {where}")
+        raise PolicyError(f"policy {policy_name!r} is not lossy but planned other experts than the routing at iteration {iteration}, layer {layer}")
     return ex
 
 

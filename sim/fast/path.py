@@ -35,6 +35,7 @@ import numpy as np
 from moesim.policies.contract.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
 from moesim.sim.engine.lanes import DEMAND_CLASS
 from moesim.sim.engine.plans import access_order, check_plan, count_lossy
+from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.splits import apply_fractions
 from moesim.sim.engine.transfers import PolicyError
 from moesim.sim.engine.vram import Unit
@@ -118,7 +119,8 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
     units = vram.units
     pinned = vram.pinned
     caps0 = list(vram.capacity)
-    steps = state.steps if state.record_steps else None
+    steps = state.steps
+    step_rows = steps.rows if state.record_steps else None   # appended inline (see StepRecords)
     iters = state.workload.iterations
     n_iters = len(iters)
     trace_experts = state.trace.experts
@@ -168,7 +170,8 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
             if has_before:
                 state.fast_now = now
                 policy.before_layer(view, layer)
-                no_cpu("before_layer")
+                if state.spent_s:
+                    no_cpu("before_layer")
             now = now + step_s
             st.gpu_busy_s += layer_s
             st.overhead_s += overhead_layer
@@ -179,13 +182,14 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
                 state.fast_now = now
                 routing = state.routing_of(it, layer)
                 plan = policy.on_routed(view, layer, routing)
-                no_cpu("on_routed")
+                if state.spent_s:
+                    no_cpu("on_routed")
                 if plan is not None:
                     if plan.wait_for or (plan.on_cpu is not None and np.asarray(plan.on_cpu, dtype=bool).any()):
                         raise PolicyError(f"policy {policy.name!r} declares itself demand-only but planned "
                                           "CPU slots or waits for copies")
                     plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy,
-                                        num_experts=state.E, where=f"iteration {it.index}, layer {layer}")
+                                        num_experts=state.E, iteration=it.index, layer=layer)
                 if lossy:
                     count_lossy(st, routing, plan_m)
             elif lossy:
@@ -208,14 +212,13 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
             need: list[tuple[float, Any]] = []
             miss_units: list[Any] = []
             hits = miss = miss_bytes = 0
-            for e in exps:
-                pinned.add((layer, e, 0))
-            for i, e in enumerate(exps):
+            keys = [(layer, e, 0) for e in exps]
+            pinned.update(keys)
+            for i, key in enumerate(keys):
                 c = counts[i]
                 t_exp = exp_cost.get(c)
                 if t_exp is None:
                     t_exp = exp_cost[c] = cost.expert_s(c)
-                key = (layer, e, 0)
                 u = units.get(key)
                 if u is None:
                     u = Unit(key, expert_bytes, 0 if global_pool else layer, True)
@@ -258,7 +261,8 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
                     policy.on_access(view, layer, outcome)
                 if has_after:
                     policy.after_layer(view, layer, outcome)
-                no_cpu("on_access/after_layer")
+                if state.spent_s:
+                    no_cpu("on_access/after_layer")
             if not miss_units:
                 dt = sum([x[0] for x in need])
                 now = now + dt
@@ -266,18 +270,21 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
             else:
                 now, stall = compute_with_loads(st, need, miss_units, n_lanes, now, stall,
                                                  transfer_s, dur_of)
-            for e in exps:
-                pinned.discard((layer, e, 0))
+            pinned.difference_update(keys)
             st.stall_s += stall
             if has_end:
                 state.fast_now = now
                 policy.on_layer_end(view, layer)
-                no_cpu("on_layer_end")
+                if state.spent_s:
+                    no_cpu("on_layer_end")
             if check:
                 vram.check()
-            if steps is not None:
-                steps.append((it.index, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, miss, 0,
-                              stall, miss_bytes, 0, tx.layer_evictions))
+            if step_rows is not None:   # StepRecords.append, inlined
+                step_rows.append((it.index, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, miss, 0,
+                                  stall, miss_bytes, 0, tx.layer_evictions))
+                if len(step_rows) >= STEP_CHUNK:
+                    steps.pack()
+                    step_rows = steps.rows
         now = finish_iteration(st, cost, it, n_tok, now)
         state.cur_layer = L
         state.fast_now = now

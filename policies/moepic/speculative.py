@@ -43,9 +43,11 @@ class SpeculativePrefetch:
             self._sizes[layer] = sizes
         return sizes
 
-    def _predict(self, view: View, target: int, target_iter: int, logits: np.ndarray | None) -> None:
+    def _predict(self, view: View, target: int, target_iter: int, logits: np.ndarray | None,
+                 probs: np.ndarray | None = None) -> None:
         """Rank the experts of layer ``target`` (of iteration ``target_iter``) by predicted
-        score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens."""
+        score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens.
+        ``probs``: that softmax of one-token ``logits`` as the view made it, or None."""
         E = self._E
         K = self._K   # the predicted activated experts (section 3.2), no further
         order: list[int]
@@ -56,7 +58,7 @@ class SpeculativePrefetch:
             scores = [1.0 - y / E for y in range(min(K, E))]
             per_token = [order]
         elif logits is not None:
-            ranked_guess = lookahead_guess(logits, K)
+            ranked_guess = lookahead_guess(logits, K, probs)
             if ranked_guess is None:
                 return
             order, scores, per_token = ranked_guess

@@ -107,14 +107,18 @@ class SplitStats:
         N = self.num_experts
         rows = experts.tolist() if isinstance(experts, np.ndarray) else experts
         rank = [0] * N
-        for r, e in enumerate(_as_list(cache_order)):
+        for r, e in enumerate(cache_order if cache_order.__class__ is list else _as_list(cache_order)):
             rank[e] = r
         hist = self._rank_hist[layer]
         acts = 0
-        if len(rows) == 1:          # one token: its experts are distinct
+        if len(rows) == 1:          # one token: an expert named twice counts once in the histogram
             valid = [e for e in rows[0] if e >= 0]
-            for e in set(valid):
-                hist[rank[e]] += 1
+            if len(valid) == 2 and valid[0] != valid[1]:   # top-2, the common case: no set needed
+                hist[rank[valid[0]]] += 1
+                hist[rank[valid[1]]] += 1
+            else:
+                for e in set(valid):
+                    hist[rank[e]] += 1
             acts = len(valid)
         else:
             for row in rows:
@@ -127,11 +131,17 @@ class SplitStats:
             return
         pa, pr = self._pred_act[layer], self._pred_rank[layer]
         for t, row in enumerate(rows):
-            order = _as_list(pred_order[t])   # a permutation of the N experts
+            order = pred_order[t]
+            if order.__class__ is not list:
+                order = _as_list(order)   # a permutation of the N experts
             for pr_y, e in zip(pr, order, strict=True):   # the y-th predicted expert's cache rank
                 pr_y[rank[e]] += 1
-            for y in {order.index(e) for e in row if e >= 0}:   # an activated expert's position
-                pa[y] += 1
+            if len(row) == 2 and row[0] != row[1] and row[0] >= 0 and row[1] >= 0:
+                pa[order.index(row[0])] += 1   # distinct experts: distinct positions
+                pa[order.index(row[1])] += 1
+            else:
+                for y in {order.index(e) for e in row if e >= 0}:   # an activated expert's position
+                    pa[y] += 1
         self._pred_tokens[layer] += len(rows)
 
     def layer(self, layer: int) -> LayerStats:

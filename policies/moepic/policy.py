@@ -331,15 +331,20 @@ class MoEpic(SpeculativePrefetch, Policy):
                 self._config_due = True
         if not (self.prefetch or self._stats is not None):
             return
-        if not last:
-            self._predict(view, layer + 1, it, view.lookahead_logits(layer))
-            if self.prefetch:
-                self._fill(view, layer + 1)
-        elif not self._config_due:
-            # layer 0 of the next token, from this token's last layer (as AdapMoE does)
-            self._predict(view, 0, it + 1, view.lookahead_logits(layer))
-            if self.prefetch:
-                self._fill(view, 0)
+        if last and self._config_due:
+            return
+        logits = view.lookahead_logits(layer)
+        # a one-token guess's scores (used by the prefetch only) read from the softmax the view
+        # makes a block of trace rows at a time: the same numbers as computed from the row
+        probs = (view.lookahead_probs(layer)
+                 if (self.prefetch and not self._no_buffer and self.speculative and logits is not None
+                     and logits.shape[0] == 1)
+                 else None)
+        # layer 0 of the next token from the last layer (as AdapMoE does)
+        target, target_iter = (0, it + 1) if last else (layer + 1, it)
+        self._predict(view, target, target_iter, logits, probs)
+        if self.prefetch:
+            self._fill(view, target)
 
     def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
         target_iter = self._spec.get(unit)

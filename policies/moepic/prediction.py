@@ -16,21 +16,28 @@ _add = np.add.reduce
 class RowScores:
     """The predicted scores of the first ``k`` experts of a one-token ranking, computed when first
     asked for (:meth:`get`): a guess that is never issued never needs them. ``row`` holds the
-    logits (float16 or float32), ``top`` the maximum as a Python float."""
+    logits (float16 or float32), ``top`` the maximum as a Python float; ``probs``, when given,
+    the row's softmax as the view made it (``view.lookahead_probs``: the same float32 numbers as
+    computed here, read instead of computed)."""
 
-    __slots__ = ("row", "top", "order", "k", "_scores")
+    __slots__ = ("row", "top", "order", "k", "probs", "_scores")
 
-    def __init__(self, row: np.ndarray, top: float, order: list[int], k: int) -> None:
+    def __init__(self, row: np.ndarray, top: float, order: list[int], k: int,
+                 probs: np.ndarray | None = None) -> None:
         self.row = row
         self.top = top
         self.order = order
         self.k = k
+        self.probs = probs
         self._scores: list[float] | None = None
 
     def get(self) -> list[float]:
         """Softmax (float32) of the row at the first ``k`` experts of ``order``."""
         scores = self._scores
-        if scores is None:
+        if scores is None and self.probs is not None:
+            best_l = self.probs.tolist()
+            scores = self._scores = [best_l[e] for e in self.order[:self.k]]
+        elif scores is None:
             # the maximum as a Python float: a weak scalar, subtracted in float32 all the same
             # (of +0 and -0 either: x - 0 and x - (-0) differ only in the sign of a zero, and exp
             # of either is 1); add.reduce of a 1-D row is its sum()
@@ -46,10 +53,11 @@ class RowScores:
         return self.get()[i]
 
 
-def lookahead_guess(logits: np.ndarray, k: int
+def lookahead_guess(logits: np.ndarray, k: int, probs: np.ndarray | None = None
                     ) -> tuple[list[int], list[float] | RowScores, list[list[int]]] | None:
     """:func:`lookahead_ranking`, with the scores of a one-token ranking left to compute when
-    first needed (a :class:`RowScores`); None for no tokens."""
+    first needed (a :class:`RowScores`); None for no tokens. ``probs``: the ``[1, E]`` softmax
+    of a one-token ``logits`` as the view made it (``view.lookahead_probs``), or None."""
     if logits.shape[0] == 1 and logits.dtype.char in "ef":
         # float16 and float32 give the same Python floats as their float32 conversion
         row = logits[0]
@@ -58,7 +66,7 @@ def lookahead_guess(logits: np.ndarray, k: int
             # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True keeps a
             # stable sort's order among equal keys
             order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
-            return order, RowScores(row, vals[order[0]], order, k), [order]
+            return order, RowScores(row, vals[order[0]], order, k, None if probs is None else probs[0]), [order]
     return lookahead_ranking(logits, k)
 
 

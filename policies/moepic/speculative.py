@@ -43,9 +43,11 @@ class SpeculativePrefetch:
             self._sizes[layer] = sizes
         return sizes
 
-    def _predict(self, view: View, target: int, target_iter: int, logits: np.ndarray | None) -> None:
+    def _predict(self, view: View, target: int, target_iter: int, logits: np.ndarray | None,
+                 probs: np.ndarray | None = None) -> None:
         """Rank the experts of layer ``target`` (of iteration ``target_iter``) by predicted
-        score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens."""
+        score (Eq. 3): softmax of the lookahead router, the best over the iteration's tokens.
+        ``probs``: that softmax of one-token ``logits`` as the view made it, or None."""
         E = self._E
         K = self._K   # the predicted activated experts (section 3.2), no further
         order: list[int]
@@ -56,7 +58,7 @@ class SpeculativePrefetch:
             scores = [1.0 - y / E for y in range(min(K, E))]
             per_token = [order]
         elif logits is not None:
-            ranked_guess = lookahead_guess(logits, K)
+            ranked_guess = lookahead_guess(logits, K, probs)
             if ranked_guess is None:
                 return
             order, scores, per_token = ranked_guess
@@ -90,12 +92,19 @@ class SpeculativePrefetch:
         sizes = self._sizes[layer] or self._part_sizes(view, layer)
         free = view.buffer_free()
         state, prefetch, spec = view.state, view.prefetch, self._spec
+        # the scores as a list, read when the first guess of this call issues (a one-token
+        # guess's RowScores computes them once, when first asked for)
+        sc: list[float] | None = None
         if len(sizes) == 1:   # whole experts
             size = sizes[0]
             while pos < n:
                 e = order[pos]
                 if state(layer, e, 0) == ABSENT:
-                    if size > free or not prefetch(layer, e, 0, priority=scores[pos], into_buffer=True):
+                    if size > free:
+                        break
+                    if sc is None:
+                        sc = scores if scores.__class__ is list else scores.get()
+                    if not prefetch(layer, e, 0, priority=sc[pos], into_buffer=True):
                         break
                     spec[(layer, e, 0)] = target_iter
                     free -= size
@@ -110,12 +119,14 @@ class SpeculativePrefetch:
                     need = (s0 if a0 else 0) + (s1 if a1 else 0)
                     if need > free:
                         break
+                    if sc is None:
+                        sc = scores if scores.__class__ is list else scores.get()
                     if a0:
-                        if not prefetch(layer, e, 0, priority=scores[pos], into_buffer=True):
+                        if not prefetch(layer, e, 0, priority=sc[pos], into_buffer=True):
                             break
                         spec[(layer, e, 0)] = target_iter
                     if a1:
-                        if not prefetch(layer, e, 1, priority=scores[pos], into_buffer=True):
+                        if not prefetch(layer, e, 1, priority=sc[pos], into_buffer=True):
                             break
                         spec[(layer, e, 1)] = target_iter
                     free -= need

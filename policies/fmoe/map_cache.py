@@ -69,7 +69,10 @@ class MapPriorityCache(CacheRule):
         """A unit the prefetcher issued: its victim key now (its count does not change: fMoE
         counts executions only)."""
         self._sync()
-        self._keys[key] = self._key(key, self._keys_p)
+        rows = self._keys_p   # _key, inlined
+        den = (rows[key[0]][key[1]] if rows is not None else 1.0 / self._J) * (
+            self.freq.get(key, 0) + self.freq_smoothing)
+        self._keys[key] = (1.0 / den if den > 0 else float("inf"), -key[0], -key[1], -key[2])
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         """Counts are forgotten when the unit leaves."""

@@ -24,7 +24,11 @@ def select_by_mass(p: np.ndarray | list[float], delta: float, k: int, dynamic: b
     ``dynamic``); experts of probability 0 are never added beyond ``k``."""
     if isinstance(p, np.ndarray) and p.dtype != np.float64:   # its own float type: numpy's sums
         return _select_by_mass_np(p, delta, k, dynamic)
-    vals = p.tolist() if isinstance(p, np.ndarray) else [float(v) for v in p]
+    return select_floats(p.tolist() if isinstance(p, np.ndarray) else [float(v) for v in p], delta, k, dynamic)
+
+
+def select_floats(vals: list[float], delta: float, k: int, dynamic: bool = True) -> list[tuple[int, float]]:
+    """:func:`select_by_mass` of probabilities given as a list of Python floats (not changed)."""
     for v in vals:
         if v != v:   # a NaN: numpy's order (NaN last), below
             return _select_by_mass_np(np.asarray(vals), delta, k, dynamic)
@@ -94,6 +98,9 @@ class ExpertMapStore:
         self._sem64: np.ndarray | None = None
         self._sem_norm = np.zeros(capacity)
         self.prefix_sq = np.zeros((capacity, num_layers))   # cumulative squared norms of the layers
+        # the same norms layer-major (``_prefix_t[l, :n]`` contiguous): what ``trajectory`` reads
+        # every layer (written only by insert, with ``prefix_sq``)
+        self._prefix_t = np.zeros((num_layers, capacity))
         self.replaced = 0
         self.version = 0   # stored maps written so far (a slot's content changes only then)
 
@@ -126,6 +133,7 @@ class ExpertMapStore:
             slot = int(np.argmax(self.redundancy(sem, row)))
             self.replaced += 1
         self.maps[slot], self.sem[slot], self.prefix_sq[slot] = row, sem, sq
+        self._prefix_t[:, slot] = sq
         if slot >= self.by_layer.shape[1]:
             grown = np.zeros((self.L, min(self.capacity, 2 * self.by_layer.shape[1]), self.J))
             grown[:, : self.by_layer.shape[1]] = self.by_layer
@@ -172,7 +180,7 @@ class ExpertMapStore:
     def trajectory(self, layer: int, dots: np.ndarray, traj_sq: float) -> tuple[int, float]:
         """Eq. 5: the stored map whose layers ``0..layer`` are most similar to the observed ones,
         given their running dot products ``dots`` and the observed squared norm ``traj_sq``."""
-        den = self.prefix_sq[: self.n, layer] * traj_sq
+        den = self._prefix_t[layer, : self.n] * traj_sq
         np.sqrt(den, out=den)
         if den.size and den.min() > 0:   # no zero (nor NaN) norm: the plain quotient is the one below
             cs = np.divide(dots, den, out=den)

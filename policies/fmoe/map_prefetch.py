@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.policies.contract.base import QUEUED, Context, Outcome, UnitKey, View
-from moesim.policies.fmoe.expert_maps import ExpertMapStore, select_by_mass
+from moesim.policies.fmoe.expert_maps import ExpertMapStore, select_floats
 from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.parts.prefetchers import Prefetcher
 
@@ -127,13 +127,14 @@ class ExpertMapPrefetcher(Prefetcher):
             view.spend_cpu(n * self.match_us * 1e-6)
 
     def _add(self, target: int, emap_row: list[float], score: float) -> None:
-        """Want the experts ``select_by_mass`` picks from ``emap_row`` for layer ``target`` at
+        """Want the experts ``select_by_mass`` picks from ``emap_row`` (Python floats, as
+        ``tolist`` gives them) for layer ``target`` at
         ``delta = clip(1 - score, 0, 1)`` (each at the highest probability it was wanted)."""
         d = 1.0 - score   # np.clip's result in plain Python (NaN stays NaN)
         delta = 0.0 if d < 0.0 else 1.0 if d > 1.0 else d
         self._window = None
         want = self._want.setdefault(target, {})
-        for e, p in select_by_mass(emap_row, delta, self._K, self.dynamic_threshold):
+        for e, p in select_floats(emap_row, delta, self._K, self.dynamic_threshold):
             if p > want.get(e, -1.0):
                 want[e] = p
 
@@ -148,7 +149,10 @@ class ExpertMapPrefetcher(Prefetcher):
         if now != self._p_of:
             self._p_of = now
             maps = self.store.maps
-            self.p_map = np.max(np.stack([maps[s] for s in slots.values()]), axis=0)
+            if len(slots) == 1:   # the maximum of one map is that map (a copy: slots are rewritten)
+                self.p_map = maps[y].copy()
+            else:
+                self.p_map = np.max(np.stack([maps[s] for s in slots.values()]), axis=0)
 
     def on_iteration_start(self, view: View) -> None:
         """Semantic matching for layers ``0..d-1``."""
@@ -183,17 +187,25 @@ class ExpertMapPrefetcher(Prefetcher):
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Record the layer's probabilities; trajectory matching for layer ``layer + d``."""
         routing = outcome.routing
-        logits = view.logits(layer) if self._logits else None
-        probs = self._probs(routing.experts, routing.weights, logits)
-        n = self.store.n
-        one = self._one
+        lg = view.logits(layer) if self._logits else None
+        if lg is not None:   # a softmax has no -0.0 (exp gives +0.0): ``p + 0.0`` below is ``p``
+            probs, plus = softmax_rows(lg).astype(np.float64), False
+        else:
+            probs, plus = self._probs(routing.experts, routing.weights, None), True
+        store = self.store
+        n = store.n
+        one, traj, tsq, dots = self._one, self._traj, self._tsq, self._dots
+        stored = store.by_layer[layer, :n]   # what ``store.layer_dots`` multiplies (p is float64)
         for x in self._reqs:
             r = one.get(x)
-            p = probs[r] + 0.0 if r is not None else probs[self._rows[x]].mean(axis=0)
-            self._traj[x][layer] = p
-            self._tsq[x] += float(p @ p)
+            if r is None:
+                p = probs[self._rows[x]].mean(axis=0)
+            else:
+                p = probs[r] + 0.0 if plus else probs[r]
+            traj[x][layer] = p
+            tsq[x] += float(p @ p)
             if n:
-                self._dots[x] += self.store.layer_dots(layer, p)
+                dots[x] += stored @ p
         if self.cancel_stale:
             view.cancel_prefetches(layer)
         self._want.pop(layer, None)
@@ -202,9 +214,10 @@ class ExpertMapPrefetcher(Prefetcher):
         target = layer + self.prefetch_distance
         if self.trajectory and n and target < self._L:
             self._charge(view, len(self._reqs))
+            rows = store.by_layer[target]
             for x in self._reqs:
-                y, s = self.store.trajectory(layer, self._dots[x], self._tsq[x])
-                self._add(target, self.store.layer_list(y, target), s)
+                y, s = store.trajectory(layer, dots[x], tsq[x])
+                self._add(target, rows[y].tolist(), s)
                 self._remember(x, y)
         self.issue(view, layer)
 

@@ -10,22 +10,17 @@ import numpy as np
 
 from moesim.policies.parts.predictors import softmax_rows
 
-_add = np.add.reduce
-
 
 class RowScores:
     """The predicted scores of the first ``k`` experts of a one-token ranking, computed when first
     asked for (:meth:`get`): a guess that is never issued never needs them. ``row`` holds the
-    logits (float16 or float32), ``top`` the maximum as a Python float; ``probs``, when given,
-    the row's softmax as the view made it (``view.lookahead_probs``: the same float32 numbers as
-    computed here, read instead of computed)."""
+    logits (float16 or float32); ``probs``, when given, the row's softmax as the view made it
+    (``view.lookahead_probs``: the numbers :func:`softmax_rows` gives, read instead of computed)."""
 
-    __slots__ = ("row", "top", "order", "k", "probs", "_scores")
+    __slots__ = ("row", "order", "k", "probs", "_scores")
 
-    def __init__(self, row: np.ndarray, top: float, order: list[int], k: int,
-                 probs: np.ndarray | None = None) -> None:
+    def __init__(self, row: np.ndarray, order: list[int], k: int, probs: np.ndarray | None = None) -> None:
         self.row = row
-        self.top = top
         self.order = order
         self.k = k
         self.probs = probs
@@ -34,17 +29,9 @@ class RowScores:
     def get(self) -> list[float]:
         """Softmax (float32) of the row at the first ``k`` experts of ``order``."""
         scores = self._scores
-        if scores is None and self.probs is not None:
-            best_l = self.probs.tolist()
-            scores = self._scores = [best_l[e] for e in self.order[:self.k]]
-        elif scores is None:
-            # the maximum as a Python float: a weak scalar, subtracted in float32 all the same
-            # (of +0 and -0 either: x - 0 and x - (-0) differ only in the sign of a zero, and exp
-            # of either is 1); add.reduce of a 1-D row is its sum()
-            z = np.asarray(self.row, dtype=np.float32) - self.top
-            np.exp(z, out=z)
-            z /= _add(z)
-            best_l = z.tolist()
+        if scores is None:
+            probs = self.probs if self.probs is not None else softmax_rows(self.row[None])[0]
+            best_l = probs.tolist()
             scores = self._scores = [best_l[e] for e in self.order[:self.k]]
         return scores
 
@@ -66,7 +53,7 @@ def lookahead_guess(logits: np.ndarray, k: int, probs: np.ndarray | None = None
             # descending score, ties by id: argsort(-row, kind="stable"), as reverse=True keeps a
             # stable sort's order among equal keys
             order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
-            return order, RowScores(row, vals[order[0]], order, k, None if probs is None else probs[0]), [order]
+            return order, RowScores(row, order, k, None if probs is None else probs[0]), [order]
     return lookahead_ranking(logits, k)
 
 
@@ -81,7 +68,7 @@ def lookahead_ranking(logits: np.ndarray, k: int) -> tuple[list[int], list[float
         vals = row.tolist()
         if not math.isnan(sum(vals)):   # no NaN (nor inf - inf): Python sorts as numpy does
             order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
-            return order, RowScores(row, vals[order[0]], order, k).get(), [order]
+            return order, RowScores(row, order, k).get(), [order]
     per = np.argsort(-lg, axis=1, kind="stable")
     if lg.shape[0] == 1:
         ranked = per[0]

@@ -57,22 +57,17 @@ class MapPriorityCache(CacheRule):
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """One visit per executed expert (and its victim key again)."""
         self._sync()
-        freq, keys, rows, smooth = self.freq, self._keys, self._keys_p, self.freq_smoothing
-        row = rows[layer] if rows is not None else None
-        for e in outcome.experts:   # _key, inlined
+        freq, keys, key_of, rows = self.freq, self._keys, self._key, self._keys_p
+        for e in outcome.experts:
             key = (layer, e, 0)
-            f = freq[key] = freq.get(key, 0) + 1
-            den = (row[e] if row is not None else 1.0 / self._J) * (f + smooth)
-            keys[key] = (1.0 / den if den > 0 else float("inf"), -layer, -e, 0)
+            freq[key] = freq.get(key, 0) + 1
+            keys[key] = key_of(key, rows)
 
     def refresh(self, key: UnitKey) -> None:
         """A unit the prefetcher issued: its victim key now (its count does not change: fMoE
         counts executions only)."""
         self._sync()
-        rows = self._keys_p   # _key, inlined
-        den = (rows[key[0]][key[1]] if rows is not None else 1.0 / self._J) * (
-            self.freq.get(key, 0) + self.freq_smoothing)
-        self._keys[key] = (1.0 / den if den > 0 else float("inf"), -key[0], -key[1], -key[2])
+        self._keys[key] = self._key(key, self._keys_p)
 
     def on_evict(self, view: View, unit: UnitKey) -> None:
         """Counts are forgotten when the unit leaves."""

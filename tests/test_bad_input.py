@@ -34,7 +34,7 @@ case("run-set-unknown-policy", ["run", str(QUICKSTART), "--set", "policy=lur"], 
 case("run-set-policy-param", ["run", str(QUICKSTART), "--set", "policy.params.nope=1"], "nope")
 case("run-out-is-file", "run {tmp}/s.yaml --out {tmp}/f", "f", files={"s.yaml": scen(), "f": "x"})
 case("run-out-parent-is-file", "run {tmp}/s.yaml --out {tmp}/f/o", "f", files={"s.yaml": scen(), "f": "x"})
-case("run-out-not-empty", "run {tmp}/s.yaml --out {tmp}/o", "o", "--force",
+case("run-out-not-empty", "run {tmp}/s.yaml --out {tmp}/o", "o", "moesim did not write",
      files={"s.yaml": scen(), "o/keep.txt": "mine"})
 case("run-out-unwritable", "run {tmp}/s.yaml --out /proc/moesim-out", "/proc/moesim-out", files={"s.yaml": scen()})
 case("run-timeline-without-out", "run {tmp}/s.yaml --timeline", "--timeline", "--out", files={"s.yaml": scen()})
@@ -51,13 +51,13 @@ case("hardware-bad-field", "hardware {tmp}/hw.yaml", "hw.yaml", "pcie_gbps",
      files={"hw.yaml": "hardware: {base: rtx-4090, pcie_gbps: fast}\n"})
 case("calibrate-out-not-yaml", "calibrate -o {tmp}/p.txt --model flame-moe-290m", "p.txt", needs="torch")
 case("calibrate-out-parent-file", "calibrate -o {tmp}/f/p.yaml --model flame-moe-290m", "f", files={"f": "x"}, needs="torch")
-case("calibrate-out-exists", "calibrate -o {tmp}/p.yaml --model flame-moe-290m", "p.yaml", "--force",
+case("calibrate-out-exists", "calibrate -o {tmp}/p.yaml --model flame-moe-290m", "p.yaml", "moesim did not write",
      files={"p.yaml": "mine: 1\n"}, needs="torch")
 case("calibrate-empty-model", "calibrate -o {tmp}/p.yaml --model \"\"", "--model", needs="torch")
 case("calibrate-threads-0", "calibrate -o {tmp}/p.yaml --threads 0", "--threads")
 case("validate-missing-scenario", "validate {tmp}/nope.yaml", "nope.yaml", needs="torch")
 case("validate-missing-profile", "validate {tmp}/s.yaml --profile {tmp}/p.yaml", "p.yaml", files={"s.yaml": scen()}, needs="torch")
-case("validate-out-not-empty", "validate {tmp}/s.yaml --out {tmp}/o", "o", "--force",
+case("validate-out-not-empty", "validate {tmp}/s.yaml --out {tmp}/o", "o", "move it away",
      files={"s.yaml": scen(), "o/validation.json": "{}"}, needs="torch")
 case("validate-bad-scenario", "validate {tmp}/s.yaml", "cache.rate", files={"s.yaml": scen(cache={"rate": 2})}, needs="torch")
 
@@ -203,7 +203,7 @@ case("synth-too-large", "trace synth -o {tmp}/t.parquet --preset mixtral-8x7b --
 case("synth-topk-over-experts", "trace synth -o {tmp}/t.parquet --set num_experts=4 --set top_k=8", "top_k")
 case("synth-model-unknown", "trace synth -o {tmp}/t.parquet --set model=nope", "model", "nope")
 case("synth-out-exists", "trace synth -o {tmp}/t.parquet --requests 1 --decode-len 2 --prompt-len 0",
-     "t.parquet", "--force", files={"t.parquet": "mine"})
+     "t.parquet", "moesim did not write", files={"t.parquet": "mine"})
 case("synth-out-parent-file", "trace synth -o {tmp}/f/t.parquet --requests 1", "f", files={"f": "x"})
 case("synth-out-is-folder", "trace synth -o {tmp}/d --requests 1 --decode-len 2", "d", files={"d/x": "x"})
 case("import-unknown-format", "trace import {tmp}/x.csv -o {tmp}/t.parquet --from excel --model flame-moe-290m",
@@ -212,7 +212,7 @@ case("import-missing-source", "trace import {tmp}/x.csv -o {tmp}/t.parquet --fro
      "x.csv")
 case("import-no-model", "trace import {tmp}/x.csv -o {tmp}/t.parquet --from csv", "--model", files={"x.csv": "a\n"})
 case("import-out-exists", "trace import {tmp}/x.csv -o {tmp}/t.parquet --from csv --model tiny --num-layers 2 "
-     "--num-experts 4 --top-k 2", "t.parquet", "--force", files={"x.csv": (ROOT / "tests/data/traces/tiny.csv").read_text(), "t.parquet": "mine"})
+     "--num-experts 4 --top-k 2", "t.parquet", "moesim did not write", files={"x.csv": (ROOT / "tests/data/traces/tiny.csv").read_text(), "t.parquet": "mine"})
 case("record-no-torch-or-bad-hidden", ["trace", "record", "--model", "{tmp}/cfg.json", "--prompts", "{tmp}/p.txt",
                                        "-o", "{tmp}/t.parquet"], "hidden_size",
      files={"cfg.json": json.dumps({"model_type": "mixtral", "hidden_size": -4, "num_hidden_layers": 2,
@@ -224,7 +224,7 @@ case("record-missing-prompts", "trace record --model {tmp}/cfg.json --prompts {t
 case("record-out-parent-file", "trace record --model {tmp}/cfg.json --prompts {tmp}/p.txt -o {tmp}/f/t.parquet",
      "f", files={"cfg.json": "{}", "p.txt": "hi\n", "f": "x"}, needs="torch")
 case("record-out-exists", "trace record --model {tmp}/cfg.json --prompts {tmp}/p.txt -o {tmp}/t.parquet",
-     "t.parquet", "--force", files={"cfg.json": "{}", "p.txt": "hi\n", "t.parquet": "mine"}, needs="torch")
+     "t.parquet", "moesim did not write", files={"cfg.json": "{}", "p.txt": "hi\n", "t.parquet": "mine"}, needs="torch")
 case("record-columns", "trace record --model {tmp}/cfg.json --prompts {tmp}/p.txt -o {tmp}/t.parquet --columns logit",
      "--columns", "logit")
 
@@ -254,9 +254,9 @@ sweep_case("sweep-jobs-zero", SWEEP, "--jobs", extra="--jobs 0")
 sweep_case("sweep-set-bad", SWEEP, "--set", extra="--set cache.rate")
 sweep_case("sweep-dask-bad", SWEEP, "--dask", extra="--dask nowhere")
 case("sweep-missing", "sweep {tmp}/nope.yaml", "nope.yaml")
-case("sweep-out-other-folder", "sweep {tmp}/sw.yaml --out {tmp}/o", "o", "--force",
+case("sweep-out-other-folder", "sweep {tmp}/sw.yaml --out {tmp}/o", "o", "moesim did not write",
      files={"s.yaml": scen(), "sw.yaml": SWEEP.replace("{base}", "s.yaml"), "o/notes.txt": "mine"})
-case("compare-out-other-folder", "compare {tmp}/s.yaml -p lru --rates 0.5 --out {tmp}/o", "o", "--force",
+case("compare-out-other-folder", "compare {tmp}/s.yaml -p lru --rates 0.5 --out {tmp}/o", "o", "moesim did not write",
      files={"s.yaml": scen(), "o/notes.txt": "mine"})
 case("sweep-out-is-file", "sweep {tmp}/sw.yaml --out {tmp}/f", "f",
      files={"s.yaml": scen(), "sw.yaml": SWEEP.replace("{base}", "s.yaml"), "f": "x"})

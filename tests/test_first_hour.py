@@ -53,15 +53,15 @@ def test_config_yaml_reruns_byte_identically(tmp_path: Path, capsys: pytest.Capt
 def test_force_replaces_and_stale_temporaries_go(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s = scenario(tmp_path)
     out = tmp_path / "o"
-    out.mkdir()
-    (out / "old.txt").write_text("from another run")
+    code, _, err = run_cli(["run", str(s), "--out", str(out), "--timeline"], capsys)   # an earlier run
+    assert code == 0, err
     stale = tmp_path / f".o{TMP_TAG}999999999"     # a killed run's leftover (no such process)
     stale.mkdir()
     code, _, err = run_cli(["run", str(s), "--out", str(out)], capsys)
-    assert code == 2 and "--force" in err and (out / "old.txt").exists()
+    assert code == 2 and "--force" in err and (out / "timeline.json").exists()
     code, _, err = run_cli(["run", str(s), "--out", str(out), "--force"], capsys)
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "steps.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [".moesim-output", "config.yaml", "metrics.json", "steps.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "s.yaml"]
 
 
@@ -128,19 +128,25 @@ def test_policies_fit_80_columns_and_describe_one(capsys: pytest.CaptureFixture[
     assert code == 0 and "eamc_capacity" in out
 
 
-def test_sweep_force_starts_afresh_in_a_foreign_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    scenario(tmp_path)
+def test_sweep_force_replaces_only_a_moesim_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = scenario(tmp_path)
     sw = tmp_path / "sw.yaml"
     sw.write_text("name: sw\nbase: s.yaml\ngrid:\n  cache.rate: [0.5]\n")
     out = tmp_path / "o"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     args = ["sweep", str(sw), "--out", str(out), "-j", "1", "--no-progress"]
+    for extra in ([], ["--force"]):   # the user's folder: refused, --force or not, and not offered
+        code, _, err = run_cli([*args, *extra], capsys)
+        assert code == 2 and "moesim did not write" in err and "--force" not in err
+        assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    assert run_cli(["run", str(s), "--out", str(out)], capsys)[0] == 0      # now a run's output
     code, _, err = run_cli(args, capsys)
-    assert code == 2 and "--force" in err and (out / "notes.txt").exists()
+    assert code == 2 and "--force" in err and (out / "metrics.json").exists()
     code, _, err = run_cli([*args, "--force"], capsys)
     assert code == 0, err
-    assert not (out / "notes.txt").exists() and (out / "results.parquet").exists()
+    assert not (out / "metrics.json").exists() and (out / "results.parquet").exists()
     code, _, err = run_cli(args, capsys)            # its own folder: resumed, no --force needed
     assert code == 0 and "1 already done" in err
 

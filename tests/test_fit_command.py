@@ -338,7 +338,7 @@ FIT_CASES = [
          {"m.yaml": mfile(_set("rows/0/role", "train"))}),
     Case("fit-base-missing-file", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["base", "nope.yaml"],
          {"m.yaml": mfile(base="nope.yaml")}),
-    Case("fit-out-not-empty", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["--out", "--force"],
+    Case("fit-out-not-empty", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["--out", "moesim did not write"],
          {"m.yaml": mfile(), "o/keep.txt": "mine"}),
     Case("fit-loo-bad", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o", "--loo", "all"], ["--loo"], {"m.yaml": mfile()}),
 ]

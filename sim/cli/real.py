@@ -124,7 +124,7 @@ def validate(
     trace = load_trace(loaded)
     ref, spec = model_argument(model, loaded.model_spec(trace.model.name))
     om = load(ref, spec, resolve_device(device))
-    with atomic_folder(out, option="--out", force=force) as tmp:
+    with atomic_folder(out, option="--out", force=force, kind="validate") as tmp:
         used = profile
         if profile is None:
             cmd = f"simctl validate {scenario} --device {device}" + (" --quick" if quick else "")

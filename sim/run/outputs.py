@@ -73,7 +73,7 @@ def write_outputs(result: RunResult, out_dir: str | Path, *, timeline: bool = Tr
     renamed at the end (:func:`moesim.sim.core.atomic.atomic_folder`): a failure or a kill leaves
     nothing under ``out_dir``."""
     out = Path(out_dir)
-    with atomic_folder(out, option="--out", force=force) as tmp:
+    with atomic_folder(out, option="--out", force=force, kind="run") as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(result.config, sort_keys=False))
         (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2, sort_keys=True) + "\n")
         write_steps(result, tmp / "steps.parquet")

@@ -144,7 +144,7 @@ def write_fit(result: FitResult, out: Path, *, force: bool = False, command: lis
             "# group matching the scenario); `hardware: fitted.yaml` / `runtime: fitted.yaml` take the\n"
             "# sections below, written when every row ran on one hardware / runtime.\n")
     names = ["fitted.yaml", "rows.csv", "fit.png"]
-    with atomic_folder(out, option="--out", force=force) as tmp:
+    with atomic_folder(out, option="--out", force=force, kind="fit") as tmp:
         (tmp / "fitted.yaml").write_text(head + yaml.safe_dump(doc, sort_keys=False, width=110))
         (tmp / "rows.csv").write_text(rows_csv(result))
         fit_figure(result, tmp / "fit.png")

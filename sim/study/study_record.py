@@ -3,8 +3,8 @@
 Every call of :func:`moesim.sim.study.sweep_run.run_sweep` records, in its output folder, the
 study's name and source, the config hashes of its points (what makes two studies the same) and
 the command line with its working folder, time and moesim version (appended: a resumed study
-lists each call). ``simctl report`` prints the commands; :func:`default_out` reads the hashes
-so that a default output folder is never overwritten by another study.
+lists each call). ``simctl report`` prints the commands; :func:`default_out` reads the marker
+(its study key) so that a default output folder is never overwritten by another study.
 """
 
 from __future__ import annotations
@@ -60,15 +60,18 @@ def record_study(out: Path, sweep: Sweep, command: list[str] | None = None) -> N
 
 def default_out(sweep: Sweep, root: Path = Path("runs"), now: float | None = None) -> tuple[Path, str | None]:
     """The default output folder of a study: ``runs/<name>`` when it is free or holds this very
-    study (same points: it is resumed), else ``runs/<name>-<YYYYmmdd-HHMMSS>``, so that another
+    study (its marker has the same study key: it is resumed), else ``runs/<name>-<YYYYmmdd-HHMMSS>``, so that another
     study's results are never overwritten. Returns the folder and a note saying why it moved
     (None when it did not)."""
     first = root / sweep.spec.name
     if not first.exists() or (first.is_dir() and not any(first.iterdir())):
         return first, None
-    held = read_study(first).get("points")
-    if held == [p.config_hash for p in sweep.points]:
+    from moesim.sim.core.ownership import read_marker
+    from moesim.sim.study.study_folder import same_study
+
+    if same_study(first, sweep):
         return first, None
+    held = read_study(first).get("points") if read_marker(first) is not None else None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     out = root / f"{sweep.spec.name}-{stamp}"
     n = 2

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moesim.sim.core.atomic import OutputError, atomic_file
 from moesim.sim.study.progress import MODES
 from moesim.sim.study.progress import progress as show_progress
+from moesim.sim.study.study_folder import check_study_out, study_folder
 from moesim.sim.study.study_record import moesim_version, record_study
 from moesim.sim.study.sweep import Point, Sweep, SweepError
 
@@ -135,13 +136,19 @@ def point_task(point: Point) -> dict[str, Any]:
 
 # --- the result store -----------------------------------------------------------------------------
 class PointStore:
-    """``<out>/points/<config hash>.json``, each written atomically."""
+    """``<out>/points/<config hash>.json``, each written atomically. ``create`` (the study's own
+    locked folder: :func:`run_sweep`) makes ``points/`` and removes temporary files a killed
+    writer left; without it the store only reads."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, *, create: bool = False) -> None:
         self.dir = out / POINTS
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.dir.glob(".*.tmp"):  # left by a killed writer; never a finished point
-            stale.unlink(missing_ok=True)
+        if create:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OutputError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+            for stale in self.dir.glob(".*.tmp"):  # left by a killed writer; never a finished point
+                stale.unlink(missing_ok=True)
 
     def load(self) -> dict[str, dict[str, Any]]:
         """Every finished point's record, by config hash."""
@@ -158,11 +165,16 @@ class PointStore:
         """Write one record: a temporary file, flushed to disk, then renamed over the final name."""
         final = self.dir / f"{record['config_hash']}.json"
         tmp = self.dir / f".{record['config_hash']}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(record, fh, default=_json_default)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "w") as fh:
+                json.dump(record, fh, default=_json_default)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except OSError as exc:   # a full disk, a folder gone: one line; the finished points stay
+            tmp.unlink(missing_ok=True)
+            raise OutputError(f"--out {final.parent.parent}: cannot write point {record['config_hash']} "
+                              f"({exc.strerror or exc}); run the same command again to resume") from None
 
 
 def _json_default(v: Any) -> Any:
@@ -296,32 +308,28 @@ def check_dask_address(address: str) -> None:
         raise SweepError(f"--dask {address}: expected local:N or a scheduler address such as tcp://HOST:8786")
 
 
-def check_sweep_out(out: Path, *, force: bool = False) -> None:
-    """A sweep's output folder: new, empty, or a sweep folder (with ``points/``) to resume.
-    Any other non-empty folder is refused unless ``force``, which makes :func:`run_sweep`
-    clear it and start afresh. Writes nothing."""
-    from moesim.sim.core.atomic import check_target
-
-    resumable = (out / POINTS).is_dir()
-    check_target(out, option="--out", folder=True, force=force or resumable)
-
-
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: str | None = None,
               retry_failed: bool = False, progress: bool | str = False, force: bool = False,
               command: list[str] | None = None) -> SweepOutcome:
     """Run every point of ``sweep`` not already finished in ``out``, then write the table.
-    ``force`` clears a non-empty ``out`` first (a fresh sweep; see :func:`check_sweep_out`).
-    ``progress`` is a mode of :data:`moesim.sim.study.progress.MODES` (True: the bar, False:
-    nothing); ``command`` (the command line, default ``sys.argv``) is recorded in
-    ``study.json`` (:func:`record_study`)."""
+    ``out`` is new, empty, or this study's folder (resumed); ``force`` replaces another moesim
+    output there with a fresh study (:func:`moesim.sim.study.study_folder.study_folder`, which
+    also locks the folder while the study runs). ``progress`` is a mode of
+    :data:`moesim.sim.study.progress.MODES` (True: the bar, False: nothing); ``command`` (the
+    command line, default ``sys.argv``) is recorded in ``study.json`` (:func:`record_study`)."""
     t0 = time.perf_counter()
     out_dir = Path(out)
-    check_sweep_out(out_dir, force=force)
+    check_study_out(out_dir, sweep, force=force)
     if dask:
         check_dask_address(dask)
-    if force and out_dir.is_dir():
-        shutil.rmtree(out_dir)
-    store = PointStore(out_dir)
+    with study_folder(out_dir, sweep, force=force):
+        return _run_points(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed, progress=progress,
+                           command=command, t0=t0)
+
+
+def _run_points(sweep: Sweep, out_dir: Path, *, jobs: int | None, dask: str | None, retry_failed: bool,
+                progress: bool | str, command: list[str] | None, t0: float) -> SweepOutcome:
+    store = PointStore(out_dir, create=True)
     done = store.load()
     todo = [p for p in sweep.points
             if p.config_hash not in done or (retry_failed and done[p.config_hash].get("status") != "ok")]
@@ -413,7 +421,6 @@ def write_table(sweep: Sweep, records: dict[str, dict[str, Any]], path: Path) ->
     meta = dict(table.schema.metadata or {})
     meta[b"moesim.params"] = json.dumps(params).encode()
     meta[b"moesim.sweep"] = json.dumps({"name": sweep.spec.name, "source": sweep.source}).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table.replace_schema_metadata(meta), tmp)
-    os.replace(tmp, path)
+    with atomic_file(path, option="--out", force=True) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
     return path

@@ -138,7 +138,8 @@ def synth_cmd(
 def _write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all (:func:`moesim.sim.core.atomic.atomic_file`:
     a temporary sibling renamed at the end, removed on an error, Ctrl-C or SIGTERM); an OS error
-    becomes one line naming the path."""
+    becomes one line naming the path. An existing file is replaced only when moesim wrote it
+    (``text`` starts with moesim's header comment, so a file written here is recognised)."""
     with atomic_file(path, option="-o", force=True) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
@@ -221,7 +222,8 @@ def fit_cmd(
     dt = time.perf_counter() - t0
     doc = res.synthetic_yaml()
     if out is not None:
-        _write_text_atomic(out, yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100))
+        _write_text_atomic(out, "# moesim synthetic-trace parameters (simctl trace fit)\n"
+                           + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100))
     rows = [(n, t, f, res.target.sources.get(_row_source(n), "")) for n, t, f in res.rows()]
     if as_json:
         typer.echo(json.dumps({"params": doc["synthetic"], "held": res.held,
@@ -271,6 +273,7 @@ def inspect_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
 ) -> None:
     """Validate a trace and show its metadata, counts and first rows."""
+    from moesim.sim.core.limits import PRINTED_METADATA
     from moesim.traces.analysis.stats import trace_summary
 
     info = trace_summary(file, head=rows)
@@ -281,9 +284,9 @@ def inspect_cmd(
     m = info["model"]
     console.print(f"[bold]{info['file']}[/bold]: moe-trace v{info['version']}, {info['bytes']:,} bytes, "
                   f"{info['row_groups']} row group(s), valid")
-    console.print(f"model: {m['name']}  layers {m['num_layers']}, experts {m['num_experts']}, top-k {m['top_k']}, "
+    console.print(f"model: {PRINTED_METADATA.shorten(str(m['name']))}  layers {m['num_layers']}, experts {m['num_experts']}, top-k {m['top_k']}, "
                   f"shared {m['num_shared_experts']}")
-    console.print("source: " + json.dumps(info["source"], sort_keys=True))
+    console.print("source: " + PRINTED_METADATA.shorten(json.dumps(info["source"], sort_keys=True)))
     console.print("columns: " + ", ".join(info["columns"]))
     tpr = info["tokens_per_request"]
     counts = Table(title="counts")

@@ -53,9 +53,13 @@ def advise_cmd(
                         reserve_gib=reserve, host_reserve_gib=host_reserve, systems=chosen, decode_tokens=tokens)
     if reserve < 0 or host_reserve < 0:
         raise AdviseError("--reserve and --host-reserve must be >= 0")
+    if out is not None:
+        from moesim.sim.core.atomic import check_own_folder
+
+        check_own_folder(out, option="--out", accept=("advise",))   # before any work; made in run_advice
     work = out / "sweep" if out is not None else Path(tempfile.mkdtemp(prefix="moesim-advise-"))
     try:
-        advice = run_advice(req, work, jobs=jobs, dask=dask, progress=_show_progress(progress))
+        advice = run_advice(req, work, jobs=jobs, dask=dask, progress=_show_progress(progress), home=out)
         console = Console()
         print_report(req, advice, console, limit=None if show_all else 25)
         if out is not None:

@@ -138,6 +138,7 @@ def compare_cmd(
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
 ) -> None:
     """Compare policies on one scenario: ranked tables in groups (lossless, lossy, bounds, n/a) and a figure."""
+    from moesim.sim.core.atomic import atomic_file
     from moesim.sim.study.compare import METRICS, comparison_figure, comparison_sweep, rank
     from moesim.sim.study.compare_table import to_csv, to_markdown
     from moesim.sim.study.plot import load_table, save
@@ -161,8 +162,9 @@ def compare_cmd(
     df, _ = load_table(outcome.table)
     comp = rank(df, metric=metric, baseline=baseline)
     md, csv = to_markdown(comp), to_csv(comp)
-    (out_dir / "compare.md").write_text(md)
-    (out_dir / "compare.csv").write_text(csv)
+    for name, text in (("compare.md", md), ("compare.csv", csv)):
+        with atomic_file(out_dir / name, option="--out", force=True) as tmp:   # the study's own folder
+            tmp.write_text(text)
     print(md if fmt == "markdown" else csv, end="")
     err = Console(stderr=True)
     written = [out_dir / "compare.md", out_dir / "compare.csv", outcome.table]
@@ -190,24 +192,38 @@ def plot_cmd(
     start: Annotated[int, typer.Option(help="timeline: first iteration of the window")] = 0,
     iterations: Annotated[int, typer.Option(help="timeline: iterations in the window")] = 3,
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated policies to draw (default: all)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace the figures of an earlier plot (the --out folder, "
+                                        "or the run folder's timeline figures)")] = False,
 ) -> None:
     """Paper-style figures from a sweep table, or the timeline view of one run."""
-    from moesim.sim.study.plot import FORMATS, KINDS, plot_sweep
-    from moesim.sim.study.timeline_plot import plot_timeline
+    from moesim.sim.core.atomic import OutputError, atomic_folder, own_folder
+    from moesim.sim.study.plot import FORMATS, KINDS, plot_sweep, save
+    from moesim.sim.study.timeline_plot import plot_timeline, timeline_figure
 
     formats = fmt or list(FORMATS)
-    if source.is_dir() and (source / "steps.parquet").is_file():
-        paths = plot_timeline(source, out, start=start, iterations=iterations, formats=formats)
+    if source.is_dir() and (source / "steps.parquet").is_file() and out is None:   # beside the run's files
+        fig = timeline_figure(source, start=start, iterations=iterations)
+        own_folder(source, option="plot", kind="run")
+        there = [source / f"timeline.{f}" for f in formats if (source / f"timeline.{f}").exists()]
+        if there and not force:
+            raise OutputError(f"{there[0]}: exists (an earlier plot); add --force to replace it")
+        paths = save(fig, source, "timeline", formats)
     else:
+        timeline = source.is_dir() and (source / "steps.parquet").is_file()
         if not source.exists():
             raise MoesimError(f"{source}: no such file or folder")
-        default_out = (source if source.is_dir() else source.parent) / "figures"
         for k in kind or []:
             if k not in KINDS:
                 raise typer.BadParameter(f"{k}: choose from {', '.join(KINDS)}", param_hint="--kind")
-        paths = plot_sweep(source, out if out is not None else default_out, kinds=kind or list(KINDS), x=x, hue=hue,
-                           facet=facet, baseline=baseline, formats=formats,
-                           policies=[p.strip() for p in policies.split(",") if p.strip()] if policies else None)
+        dest = out if out is not None else (source if source.is_dir() else source.parent) / "figures"
+        with atomic_folder(dest, option="--out", force=force, kind="figures") as tmp:
+            if timeline:
+                drawn = plot_timeline(source, tmp, start=start, iterations=iterations, formats=formats)
+            else:
+                drawn = plot_sweep(source, tmp, kinds=kind or list(KINDS), x=x, hue=hue, facet=facet,
+                                   baseline=baseline, formats=formats,
+                                   policies=[p.strip() for p in policies.split(",") if p.strip()] if policies else None)
+        paths = [dest / p.relative_to(tmp) for p in drawn]
     for p in paths:
         print(p)
     sys.stdout.flush()
@@ -235,14 +251,19 @@ def table_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="write here instead of stdout")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="csv or markdown")] = "csv",
     columns: Annotated[str | None, typer.Option("--columns", "-c", help="comma-separated columns (default: all)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing --out file that holds a table of "
+                                        "this command")] = False,
 ) -> None:
     """A sweep's table as CSV (every row with its swept keys, join keys and metrics) or Markdown."""
-    from moesim.sim.core.atomic import atomic_file
+    from moesim.sim.core.atomic import atomic_file, check_target
     from moesim.sim.study.plot import PlotError, load_table
 
     if fmt not in ("csv", "markdown"):
         raise typer.BadParameter("choose csv or markdown", param_hint="--format")
     df, _ = load_table(folder)
+    known = {str(c) for c in df.columns}
+    if out is not None:
+        check_target(out, option="--out", folder=False, force=force, owned=lambda p: _holds_table(p, known))
     if columns:
         cols = [c.strip() for c in columns.split(",") if c.strip()]
         unknown = [c for c in cols if c not in df.columns]
@@ -263,6 +284,18 @@ def table_cmd(
     if out is None:
         sys.stdout.write(text)
         return
-    with atomic_file(out, option="--out", force=True) as tmp:
+    with atomic_file(out, option="--out", force=force, owned=lambda p: _holds_table(p, known)) as tmp:
         tmp.write_text(text)
     print(out)
+
+
+def _holds_table(path: Path, columns: set[str]) -> bool:
+    """True when the file ``path`` starts with the header of a table ``simctl table`` writes
+    (CSV or Markdown): every name in its first line is a column of the study's table."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            first = fh.readline(100_000).strip()
+    except (OSError, ValueError):
+        return False
+    names = [n.strip() for n in (first.strip("|").split("|") if first.startswith("|") else first.split(","))]
+    return bool(first) and all(n in columns for n in names)

@@ -228,6 +228,37 @@ def atomic_folder(path: str | Path, *, option: str = "--out", force: bool = Fals
             remove_temporary(tmp)
 
 
+def check_own_folder(path: Path, *, option: str = "--out", accept: tuple[str, ...] | None = None) -> bool:
+    """Check, writing nothing, that :func:`own_folder` will take ``path``; True when it is a
+    folder of moesim's already (else it is new or empty)."""
+    out = Path(path)
+    if out.is_dir() and not out.is_symlink() and not is_empty_folder(out):
+        check_target(out, option=option, folder=True, force=True)
+        held = str((read_marker(out) or {}).get("kind", "output"))
+        if accept is not None and held not in accept:
+            raise OutputError(f"{option} {out}: holds another moesim output ({held}); give another {option}")
+        return True
+    check_target(out, option=option, folder=True)
+    return False
+
+
+def own_folder(path: str | Path, *, option: str = "--out", kind: str, accept: tuple[str, ...] | None = None) -> Path:
+    """Make ``path`` a folder that moesim adds its files to (a report, an advice, figures beside
+    a run): created with the marker of ``kind`` when it is new or empty; accepted when it
+    carries the marker (of a kind in ``accept``, when given); refused otherwise (the user's
+    folder, an output from before the marker). Each file is then written with
+    :func:`atomic_file`."""
+    out = Path(path)
+    if check_own_folder(out, option=option, accept=accept):
+        return out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_marker(out, kind)
+    except OSError as exc:
+        raise OutputError(f"{option} {out}: cannot write ({_reason(exc)})") from None
+    return out
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path, *, option: str = "-o", force: bool = False,
                 owned: Callable[[Path], bool] | None = None) -> Iterator[Path]:

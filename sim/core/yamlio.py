@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.limits import YAML_BYTES
 
 
 class YamlError(MoesimError, ValueError):
@@ -56,16 +57,20 @@ def loads(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise YamlError(f"{source}:{_where(exc)}: {problem}") from None
+    except RecursionError:
+        raise YamlError(f"{source}: nested too deeply to read") from None
 
 
 def load_yaml_file(path: str | Path) -> Any:
-    """Read and parse a YAML file strictly (UTF-8; duplicate keys refused)."""
+    """Read and parse a YAML file strictly (UTF-8; duplicate keys refused; no larger than
+    :data:`moesim.sim.core.limits.YAML_BYTES`)."""
     p = Path(path)
     if not p.exists():
         raise YamlError(f"{p}: no such file")
     if p.is_dir():
         raise YamlError(f"{p}: is a directory, not a YAML file")
     try:
+        YAML_BYTES.check(p.stat().st_size, str(p))
         raw = p.read_bytes()
     except OSError as exc:
         raise YamlError(f"{p}: cannot read ({exc.strerror or exc})") from None

@@ -323,14 +323,19 @@ def fit_error(path: str) -> str | None:
 
 
 def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: str | None = None,
-               progress: bool | str = False, force: bool = False) -> Advice:
+               progress: bool | str = False, force: bool = False, home: Path | None = None) -> Advice:
     """Search every option that fits: simulate them as sweep points in ``out`` (reused when
-    already there) and mark the best and the Pareto front."""
+    already there) and mark the best and the Pareto front. ``home`` (``advise --out``, holding
+    ``out``) is made an advice folder (:func:`moesim.sim.core.atomic.own_folder`) once the
+    request is known to be valid."""
+    from moesim.sim.core.atomic import own_folder
     from moesim.sim.study.sweep_run import PointStore, run_sweep
 
     base, options, workload, notes = build(req)
     sweep = to_sweep(req, base, options)
     calib = calibration_lines(req, base, options)
+    if home is not None:
+        own_folder(home, option="--out", kind="advise", accept=("advise",))
     outcome = run_sweep(sweep, out, jobs=jobs, dask=dask, progress=progress, force=force)
     records = PointStore(out).load()
     rows = []

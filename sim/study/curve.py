@@ -173,6 +173,7 @@ def curve_cmd(
                                           "policies depend on timing)")] = "rtx-4090",
     simulate: Annotated[bool, typer.Option("--simulate", help="simulate lru and belady too (the simulator's replay, "
                                            "where a token's experts are resident together) instead of one pass")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace the --out folder of an earlier curve")] = False,
 ) -> None:
     """Hit rate against cache size for any policy, per layer and all layers: LRU (stack
     distances) and Belady (OPT stack) in one pass each, the others simulated per size."""
@@ -181,6 +182,7 @@ def curve_cmd(
     from rich.table import Table
 
     from moesim.policies.contract.registry import policy_names
+    from moesim.sim.core.atomic import atomic_folder, check_target
 
     if fmt not in ("parquet", "csv"):
         raise CurveError(f"--format: {fmt!r} is not parquet or csv")
@@ -199,9 +201,11 @@ def curve_cmd(
                          + (f"; did you mean {close[0]!r}?" if close else "; see simctl policies"))
     if not trace.is_file():
         raise CurveError(f"{trace}: no such trace file")
-    cols, meta, applied = curve_table(trace, pols, _ints(sizes, "--sizes"), wanted, hardware, simulate)
     dest = out if out is not None else Path("runs") / f"curve-{trace.stem}"
-    written = write_curves(cols, dest, fmt, f"{meta.model.name}: {trace.name}")
+    check_target(dest, option="--out", folder=True, force=force)
+    cols, meta, applied = curve_table(trace, pols, _ints(sizes, "--sizes"), wanted, hardware, simulate)
+    with atomic_folder(dest, option="--out", force=force, kind="curve") as tmp:   # the table and figure, or nothing
+        written = [dest / p.name for p in write_curves(cols, tmp, fmt, f"{meta.model.name}: {trace.name}")]
     E = meta.model.num_experts
     refs = int(cols["references"][(cols["layer"] == -1)].max(initial=0))
     t = Table("experts/layer", "% of layer", "GiB", *(f"{p} hit rate" for p in pols),

@@ -170,12 +170,15 @@ def to_markdown(rep: Report, figure_dir: str = FIGURES) -> str:
 def write_report(folder: str | Path, out: str | Path | None = None, *, metric: str = "tpot",
                  baseline: str | None = None) -> list[Path]:
     """Write ``report.html``, ``report.md`` and its figures into ``out`` (default: the study's
-    folder), each file whole or not at all; returns the files written."""
-    from moesim.sim.core.atomic import atomic_file
+    folder), each file whole or not at all; returns the files written. ``out`` is new, empty, or
+    a folder moesim wrote (:func:`moesim.sim.core.atomic.own_folder`)."""
+    from moesim.sim.core.atomic import atomic_file, own_folder
     from moesim.sim.study.report_html import to_html
 
     rep = build_report(folder, metric=metric, baseline=baseline)
-    dest = Path(out) if out is not None else Path(folder)
+    dest = own_folder(Path(out) if out is not None else Path(folder), option="--out", kind="report")
+    if rep.figures:
+        own_folder(dest / FIGURES, option="--out", kind="report-figures")
     written = []
     for f in rep.figures:
         target = dest / FIGURES / f"{f.stem}.png"

@@ -31,6 +31,7 @@ import copy
 import difflib
 import itertools
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.limits import SWEEP_POINTS
 from moesim.sim.core.yamlio import load_yaml_file
 
 ALL = "all"
@@ -234,6 +236,7 @@ def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str
     from moesim.sim.study.needs import fit_points
 
     axes = _axes(spec, source)
+    SWEEP_POINTS.check(math.prod(len(vals) for _, vals in axes), f"{source}: the grid")
     if isinstance(spec.base, str):
         base_path = (base_dir / spec.base) if not Path(spec.base).is_absolute() else Path(spec.base)
         if not base_path.is_file():

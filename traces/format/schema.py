@@ -112,6 +112,8 @@ class TraceMeta:
             raise TraceError(path, f"metadata {META_KEY.decode()!r} is not valid JSON ({exc.msg})") from None
         except UnicodeDecodeError:
             raise TraceError(path, f"metadata {META_KEY.decode()!r} is not UTF-8 text") from None
+        except RecursionError:
+            raise TraceError(path, f"metadata {META_KEY.decode()!r} is nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise TraceError(path, f"metadata {META_KEY.decode()!r} must be a JSON object")
         version = obj.get("version")

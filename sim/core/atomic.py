@@ -86,13 +86,20 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_target(path: Path, *, option: str, folder: bool, force: bool = False,
                  owned: Callable[[Path], bool] | None = None) -> None:
-    """Refuse, before any work, an output that cannot be written: a place moesim never writes
+    """Refuse, before any work, an output that cannot be written: a name that is not UTF-8
+    (Parquet and JSON cannot hold it), a place moesim never writes
     (:func:`moesim.sim.core.ownership.protected_reason`), a symbolic link, a parent that is a
     file, a folder where a file goes (or the reverse), an existing output that moesim did not
     write (even with ``force``: :mod:`moesim.sim.core.ownership`) or that it wrote, without
     ``force``, a place without write permission. ``owned`` recognises more files as moesim's
     (a command's own kind of output that carries no signature). Writes nothing."""
     path = Path(path)
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise OutputError(f"{option} {shown}: the name is not UTF-8 text (character {exc.start + 1}); "
+                          "give a UTF-8 name") from None
     why = protected_reason(path)
     if why is not None:
         raise OutputError(f"{option} {path}: is {why}; moesim never writes into it nor replaces it: "

@@ -195,6 +195,7 @@ def read_csv_records(
     lines = text_lines(path)
     with contextlib.closing(lines):
         reader = csv.reader(text for _, text in lines)
+        start = 1   # the line where the record being read begins: an unclosed quote is reported there
         try:
             header = next(reader, None)
             if header is None:
@@ -203,15 +204,25 @@ def read_csv_records(
             fields = _check_header(header, path, reader.line_num, rename)
             rec.names = fields
             names: list[str] = [rename.get(h, h) for h in header]
-            for row in reader:
+            while True:
+                start = reader.line_num + 1
+                row = next(reader, None)
+                if row is None:
+                    break
                 line = reader.line_num
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue  # blank line
+                if len(row) != len(names) and line > start:   # a quoted field took the next lines in
+                    raise SourceError(path, f"has {len(row)} fields, the header has {len(names)}: a quote opened on "
+                                            f"this line runs on to line {line}; is it closed?", line=start)
                 if len(row) != len(names):
                     raise SourceError(path, f"has {len(row)} fields, the header has {len(names)}", line=line)
-                _add_record(rec, dict(zip(names, row, strict=True)), path, line,
+                _add_record(rec, dict(zip(names, row, strict=True)), path, start,   # where the record begins
                             layer_offset=layer_offset, names=fields, **_flags(fields))
         except csv.Error as exc:
+            if reader.line_num > start:   # the record ran on past its line: a quote opened there never closes
+                raise SourceError(path, f"malformed CSV: a quoted field opened on this line is not closed ({exc})",
+                                  line=start) from None
             raise SourceError(path, f"malformed CSV ({exc})", line=reader.line_num) from None
     return rec
 

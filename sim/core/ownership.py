@@ -36,6 +36,7 @@ LEGACY_LAYOUTS: dict[str, tuple[str, ...]] = {
     "validation": ("validation.json",),
     "advice": ("advise.csv",),
     "curve": ("curve.png",),
+    "model": ("model.safetensors", "train_log.json"),
 }
 """The files (all present) that made each kind of moesim output folder before the marker."""
 

@@ -38,18 +38,34 @@ def prompts_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the prompt positions.")] = 0,
     corpus: Annotated[Path | None, typer.Option(
         "--corpus", help="Corpus folder (default: this Python's standard library).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing prompts file.")] = False,
 ) -> None:
     """Write prompts cut from the held-out part of the corpus (text the bundled MoEs never saw)."""
     import json
 
+    from moesim.sim.core.atomic import atomic_file, check_target
     from moesim.traces.tiny.tiny_corpus import held_out_prompts, load_corpus
 
+    check_target(out, option="--out", folder=False, force=force, owned=_holds_prompts)
     texts = held_out_prompts(load_corpus(corpus), n, length, seed=seed)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    tmp.replace(out)
+    with atomic_file(out, option="--out", force=force, owned=_holds_prompts) as tmp:
+        tmp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     typer.echo(f"wrote {out}: {len(texts)} held-out prompts of at most {length} bytes")
+
+
+def _holds_prompts(path: Path) -> bool:
+    """True when every line of ``path`` is ``{"text": ...}``, as ``simctl model prompts`` writes."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                obj = json.loads(line)
+                if not (isinstance(obj, dict) and list(obj) == ["text"] and isinstance(obj["text"], str)):
+                    return False
+    except (OSError, ValueError, RecursionError):
+        return False
+    return True
 
 
 @quiet_library_warnings()
@@ -80,10 +96,12 @@ def _train_cmd(
     device: Annotated[str, typer.Option("--device", help="cpu (the recipe) or cuda: the same "
                                         "initial weights and batches, faster, not "
                                         "bit-identical to a CPU run.")] = "cpu",
+    force: Annotated[bool, typer.Option("--force", help="Replace the --out folder of an earlier training.")] = False,
 ) -> None:
     """Train a small Mixtral-architecture MoE on CPU from offline text (needs the tracer extra)."""
-    if out.exists() and not out.is_dir():
-        raise MoesimError(f"--out {out}: exists and is not a folder")
+    from moesim.sim.core.atomic import atomic_folder, check_target
+
+    check_target(out, option="--out", folder=True, force=force)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch  # noqa: F401
@@ -134,7 +152,8 @@ def _train_cmd(
     verb = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "model" else ""
     command = f"simctl model {verb} " + " ".join(shlex.quote(a) for a in sys.argv[3:]) \
         if verb in ("train", "train-tiny") else f"simctl model train --preset {preset} -o {out}"
-    save(result, out, command=command, name=preset)
+    with atomic_folder(out, option="--out", force=force, kind="model") as tmp:
+        save(result, tmp, command=command, name=preset)
     log = result.log()
     typer.echo(f"wrote {out}: held-out loss {log['held_out_loss']:.3f} nats/byte (perplexity "
                f"{log['held_out_perplexity']:.2f}; random weights {log['random_model_held_out_loss']:.3f}), "

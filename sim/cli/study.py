@@ -197,8 +197,8 @@ def plot_cmd(
 ) -> None:
     """Paper-style figures from a sweep table, or the timeline view of one run."""
     from moesim.sim.core.atomic import OutputError, atomic_folder, own_folder
-    from moesim.sim.study.plot import FORMATS, KINDS, plot_sweep, save
-    from moesim.sim.study.timeline_plot import plot_timeline, timeline_figure
+    from moesim.sim.study.plot import FORMATS, KINDS, save, sweep_figures
+    from moesim.sim.study.timeline_plot import timeline_figure
 
     formats = fmt or list(FORMATS)
     if source.is_dir() and (source / "steps.parquet").is_file() and out is None:   # beside the run's files
@@ -216,13 +216,13 @@ def plot_cmd(
             if k not in KINDS:
                 raise typer.BadParameter(f"{k}: choose from {', '.join(KINDS)}", param_hint="--kind")
         dest = out if out is not None else (source if source.is_dir() else source.parent) / "figures"
+        if timeline:
+            figures = [("timeline", timeline_figure(source, start=start, iterations=iterations))]
+        else:
+            figures = sweep_figures(source, kinds=kind or list(KINDS), x=x, hue=hue, facet=facet, baseline=baseline,
+                                    policies=[p.strip() for p in policies.split(",") if p.strip()] if policies else None)
         with atomic_folder(dest, option="--out", force=force, kind="figures") as tmp:
-            if timeline:
-                drawn = plot_timeline(source, tmp, start=start, iterations=iterations, formats=formats)
-            else:
-                drawn = plot_sweep(source, tmp, kinds=kind or list(KINDS), x=x, hue=hue, facet=facet,
-                                   baseline=baseline, formats=formats,
-                                   policies=[p.strip() for p in policies.split(",") if p.strip()] if policies else None)
+            drawn = [p for stem, fig in figures for p in save(fig, tmp, stem, formats)]
         paths = [dest / p.relative_to(tmp) for p in drawn]
     for p in paths:
         print(p)

@@ -403,9 +403,18 @@ def plot_sweep(table: str | Path, out_dir: str | Path, *, kinds: Sequence[str] =
                hue: str = "policy", facet: str | None = None, baseline: str | None = None,
                formats: Sequence[str] = FORMATS, policies: Sequence[str] | None = None) -> list[Path]:
     """Every asked figure of a sweep table, written under ``out_dir``; returns the files."""
-    df, params = load_table(table)
     paths: list[Path] = []
-    for k in kinds:
-        fig = sweep_figure(df, params, k, x=x, hue=hue, facet=facet, baseline=baseline, policies=policies)
-        paths += save(fig, out_dir, k.replace("-", "_"), formats)
+    for stem, fig in sweep_figures(table, kinds=kinds, x=x, hue=hue, facet=facet, baseline=baseline,
+                                   policies=policies):
+        paths += save(fig, out_dir, stem, formats)
     return paths
+
+
+def sweep_figures(table: str | Path, *, kinds: Sequence[str] = tuple(KINDS), x: str | None = None,
+                  hue: str = "policy", facet: str | None = None, baseline: str | None = None,
+                  policies: Sequence[str] | None = None) -> list[tuple[str, Figure]]:
+    """Every asked figure of a sweep table with its file stem, drawn and not yet written (so
+    that bad options are found before any output is touched)."""
+    df, params = load_table(table)
+    return [(k.replace("-", "_"), sweep_figure(df, params, k, x=x, hue=hue, facet=facet, baseline=baseline,
+                                               policies=policies)) for k in kinds]

@@ -38,7 +38,7 @@ def test_run_writes_the_four_outputs(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 0, err
     assert "TPOT ms" in out and "hit" in out
     files = {p.name for p in (tmp_path / "o").iterdir()}
-    assert files == {"config.yaml", "metrics.json", "steps.parquet", "timeline.json"}
+    assert files == {".moesim-output", "config.yaml", "metrics.json", "steps.parquet", "timeline.json"}
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["output_tokens"] == 128 and metrics["policy"] == "lru"
     config = yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())

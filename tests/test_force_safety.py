@@ -372,3 +372,36 @@ def test_json_in_a_marker_is_never_run_or_trusted_beyond_its_kind(tmp_path: Path
     assert read_marker(tmp_path) == {}                # unreadable: still marked, nothing else believed
     (tmp_path / MARKER).write_text(json.dumps({"kind": "run"}))
     assert read_marker(tmp_path) == {"kind": "run"}
+
+
+# --- advise -------------------------------------------------------------------------------------
+ADVISE = ["advise", "--model", "tiny-moe", "--gpu", "rtx-4090", "--host-mem", "1", "--reserve", "0",
+          "--host-reserve", "0", "--tokens", "8", "--jobs", "1", "--no-progress", "--systems", "lru"]
+VRAM = str((543_488 + 20 * 98_304) / 2**30)        # tiny-moe's other weights and 20 experts
+
+
+def test_advise_out_is_its_own_folder(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proj = home / "proj"
+    (proj / "mine").mkdir()
+    (proj / "mine" / "notes.txt").write_text("mine")
+    one_line(*cli(capsys, *ADVISE, "--vram", VRAM, "--out", "mine")[::2], "moesim did not write")
+    assert cli(capsys, *ADVISE, "--vram", VRAM, "--out", "a")[0] == 0
+    assert cli(capsys, *ADVISE, "--vram", VRAM, "--out", "a")[0] == 0            # again: its points reused
+    assert read_marker(proj / "a") == {"kind": "advise", "written_by": "moesim"}
+    other = str(float(VRAM) * 1.5)
+    one_line(*cli(capsys, *ADVISE, "--vram", other, "--out", "a")[::2], "holds another study", "--force")
+    assert cli(capsys, *ADVISE, "--vram", other, "--out", "a", "--force")[0] == 0
+
+
+def test_a_full_disk_writing_the_advice_is_one_line(home: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Path.write_text
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        if "advise.csv" in self.name:
+            _enospc()
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", full)
+    one_line(*cli(capsys, *ADVISE, "--vram", VRAM, "--out", "a")[::2], "advise.csv", "No space left on device")
+    assert not (home / "proj" / "a" / "advise.csv").exists() and not leftovers(home / "proj" / "a")

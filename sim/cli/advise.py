@@ -38,6 +38,8 @@ def advise_cmd(
     jobs: Annotated[int | None, _JOBS] = None,
     dask: Annotated[str | None, _DASK] = None,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, else a line per few points with the time left)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="start afresh when the --out folder holds the points "
+                                        "of another advice")] = False,
 ) -> None:
     """Which flags for my GPU: predicted tokens/s of every setting of each offloading system that fits."""
     from moesim.sim.study.advise import AdviseError, AdviseRequest, run_advice
@@ -59,7 +61,8 @@ def advise_cmd(
         check_own_folder(out, option="--out", accept=("advise",))   # before any work; made in run_advice
     work = out / "sweep" if out is not None else Path(tempfile.mkdtemp(prefix="moesim-advise-"))
     try:
-        advice = run_advice(req, work, jobs=jobs, dask=dask, progress=_show_progress(progress), home=out)
+        advice = run_advice(req, work, jobs=jobs, dask=dask, progress=_show_progress(progress), home=out,
+                            force=force)
         console = Console()
         print_report(req, advice, console, limit=None if show_all else 25)
         if out is not None:

@@ -30,7 +30,7 @@ from moesim.sim.core.atomic import (
     replace_folder,
 )
 from moesim.sim.core.folder_lock import FolderLock
-from moesim.sim.core.ownership import is_empty_folder, read_marker
+from moesim.sim.core.ownership import is_empty_folder, read_marker, write_marker
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.study.sweep import Sweep
@@ -78,6 +78,13 @@ def study_folder(out: Path, sweep: Sweep, *, force: bool = False, option: str = 
     how = check_study_out(out, sweep, force=force, option=option)
     if how == "resume":
         lock = FolderLock(out, option=option)
+    elif how == "new" and out.is_dir():   # an empty folder (perhaps a mount point): marked where it is
+        lock = FolderLock(out, option=option)
+        try:
+            write_marker(out, KIND, study=study_key(sweep), name=sweep.spec.name)
+        except OSError as exc:
+            lock.release()
+            raise OutputError(f"{option} {out}: cannot write ({exc.strerror or exc})") from None
     else:
         old = FolderLock(out, option=option) if out.is_dir() else None   # nobody writes the old one now
         try:

@@ -11,7 +11,8 @@ a point is not run), ``error`` (its one line, or the n/a reason), ``config_hash`
 ``moesim_version`` and ``wall_s``.
 
 Running the same sweep again skips every point whose file exists (killed sweeps resume where
-they were; failed points too, unless ``retry_failed``). A point that raises is recorded with its
+they were; failed points too, unless ``retry_failed``); the folder is this study's only when its
+marker says so (:mod:`moesim.sim.study.study_folder`, which also locks it while the study runs). A point that raises is recorded with its
 one-line error and the others go on. Workers load each trace once and keep it, keyed by its
 path and content hash (or by its synthetic parameters).
 """

@@ -14,6 +14,7 @@ layout from before the marker existed is refused with a line saying how to proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -75,16 +76,17 @@ def protected_reason(path: Path) -> str | None:
     p = _resolved(Path(path))
     if p == Path(p.anchor):
         return "the root folder"
-    home = _resolved(Path.home())
-    cwd = _resolved(Path.cwd())
-    if p == home:
-        return "your home folder"
-    if p == cwd:
-        return "the working folder"
-    if p in cwd.parents:
-        return "an ancestor of the working folder"
-    if p in home.parents:
-        return "an ancestor of your home folder"
+    places = []
+    with contextlib.suppress(OSError, RuntimeError, KeyError):   # no home folder known
+        places.append((_resolved(Path.home()), "your home folder"))
+    with contextlib.suppress(OSError):                             # the working folder was deleted
+        places.append((_resolved(Path.cwd()), "the working folder"))
+    for place, name in places:
+        if p == place:
+            return name
+    for place, name in places:
+        if p in place.parents:
+            return f"an ancestor of {name}"
     return None
 
 

@@ -61,16 +61,17 @@ def leftovers(folder: Path) -> list[str]:
 
 
 # --- folders moesim never touches --------------------------------------------------------------
+@pytest.mark.parametrize("force", [[], ["--force"]])
 @pytest.mark.parametrize("target", ["~", "/", ".", "..", "~/proj"])
 @pytest.mark.parametrize("command", [["run", "s.yaml"], ["sweep", "sw.yaml", "--no-progress"],
                                      ["compare", "s.yaml", "-p", "lru", "--rates", "0.5", "--no-figure"],
                                      ["fit", "no-such-measurements.yaml"]])
 def test_root_home_and_working_folders_are_refused_without_offering_force(
-        command: list[str], target: str, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        command: list[str], target: str, force: list[str], home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep_file(home / "proj", [0.5])
     out = str(Path(target).expanduser())
     before = sorted(p.name for p in home.iterdir())
-    code, _, err = cli(capsys, *command, "--out", out, "--force")
+    code, _, err = cli(capsys, *command, "--out", out, *force)
     line = one_line(code, err, "moesim never writes into it")
     assert "--force" not in line
     assert sorted(p.name for p in home.iterdir()) == before and (home / ".bashrc").read_text() == "mine"

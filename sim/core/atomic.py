@@ -169,7 +169,8 @@ def _mkparent(path: Path, option: str) -> None:
 
 
 def remove_temporary(path: Path) -> None:
-    """Remove a temporary sibling that this process made (a folder, a file, or a link: never what a link points to)."""
+    """Remove a temporary sibling that moesim made (a folder, a file, or a link: never what a
+    link points to)."""
     if path.is_symlink() or path.is_file():
         with contextlib.suppress(OSError):
             path.unlink()

@@ -60,7 +60,7 @@ class Band:
         """``0.80-1.30x (9 rows)`` or ``none published``, for a table cell."""
         if not self.known:
             return "none published"
-        return f"{self.lo:.2f}-{self.hi:.2f}x ({self.rows} rows)"
+        return f"{self.lo:.2f}-{self.hi:.2f}x ({self.rows} row{'s' if self.rows != 1 else ''})"
 
     def interval(self, value: float, floor: float) -> tuple[float, float]:
         """The speeds a prediction of ``value`` may stand for: ``value / hi`` to ``value / lo``;

@@ -177,9 +177,9 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
         if not _calibration_key_known():
             raise AdviseError("--calibration: this moesim has no `calibration:` scenario key (simctl fit); give the "
                               "fitted file as --gpu (its hardware section) or --runtime instead")
-    for bits in req.bits or []:
-        if not (0 < bits <= 32):
-            raise AdviseError(f"--bits {bits:g}: expected bits per weight in (0, 32]")
+    for given in req.bits or []:
+        if not (0 < given <= 32):
+            raise AdviseError(f"--bits {given:g}: expected bits per weight in (0, 32]")
     hw = hardware_ref(req.gpu, req.cpu, req.vram_gib)
     ref, name = model_ref(req.model)
     trace, workload = _trace(req, ref, name)

@@ -118,7 +118,9 @@ def fit_band(path: str) -> Band | None:
     except YamlError:
         return None
     fit = data.get("fit") if isinstance(data, dict) else None
-    held = fit.get("held_out") if isinstance(fit, dict) else None
+    if not isinstance(fit, dict):
+        return None
+    held = fit.get("held_out")
     if not isinstance(held, dict) or not held.get("rows"):
         return None
     name = f"fit {fit.get('name', p.stem)}"

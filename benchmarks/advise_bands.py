@@ -20,7 +20,9 @@ Nothing is typed in by hand and nothing is re-simulated; the inputs are:
    ``catalog``. The sets that re-fit another set's rows (``VARIANTS`` of
    ``benchmarks/seed_scoreboard.py``) are left out, as the scoreboard leaves them out of its goals.
    A new measurement set is picked up as soon as its fit folder is committed; a set in
-   ``measurements/`` without one is named on stderr.
+   ``measurements/`` without one gets one uncounted row saying so (and a line on stderr), so
+   the committed table goes stale, and ``tests/test_advise_bands.py`` fails, whenever a set is
+   added, fitted or refitted.
 
 Each row's system is its policy (``accelerate``, ``mixtral-offloading``, ``lru``, ``cpu-moe``,
 ``fiddler`` are advise's systems; others are listed for completeness), its GPU class
@@ -154,12 +156,22 @@ def fit_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def unfitted_rows() -> list[dict[str, Any]]:
+    """One uncounted row per measurement set without a committed fit folder, so that the table
+    names every set (and differs from the committed one as soon as a set is added)."""
+    return [{"source": f"measurements/{stem}.yaml", "set": stem, "row": "", "system": "", "hardware": "",
+             "gpu_class": "", "model": "", "metric": "", "published": "", "predicted": "", "speed_ratio": "",
+             "prediction": "", "counted": f"no: no committed fit folder (simctl fit measurements/{stem}.yaml "
+                                          f"--out benchmarks/results/fits/{stem}, then rerun this script)"}
+            for stem in unfitted_sets()]
+
+
 def table_text() -> str:
     """The table as CSV text (what ``sim/study/advise_bands.csv`` must hold)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
-    for row in published_rows() + fit_rows():
+    for row in published_rows() + fit_rows() + unfitted_rows():
         w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
     return buf.getvalue()
 

@@ -76,3 +76,14 @@ def test_fit_band_is_the_fits_own_held_out_error(tmp_path) -> None:
     assert b2 is not None and b2.hi == pytest.approx(1.1537) and b2.lo == pytest.approx(1 / 1.1537)
     (tmp_path / "other.yaml").write_text("name: x\n")
     assert fit_band(str(tmp_path / "other.yaml")) is None
+
+
+def test_a_new_set_without_a_fit_folder_is_named(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A measurement set with no committed fit folder gets an uncounted row naming the command."""
+    import benchmarks.advise_bands as ab
+
+    (tmp_path / "new-set.yaml").write_text("name: new-set\n")
+    monkeypatch.setattr(ab, "MEASUREMENTS", tmp_path)
+    rows = ab.unfitted_rows()
+    assert [r["set"] for r in rows] == ["new-set"]
+    assert rows[0]["counted"].startswith("no: no committed fit folder (simctl fit measurements/new-set.yaml")

@@ -235,3 +235,12 @@ def test_bad_model_spec_is_one_line(model: str, needle: str, capsys: pytest.Capt
     _, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0 and len(lines) == 1 and needle in lines[0], err
+
+
+def test_a_model_name_is_printed_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A name from the user's spec is text, not rich markup."""
+    code = main(["advise", "--model", "{base: tiny-moe, name: '[bold]my-moe'}", "--gpu", "rtx-4090", "--vram",
+                 str(TINY_VRAM), "--host-mem", "1", "--reserve", "0", "--host-reserve", "0", "--tokens", "4",
+                 "--jobs", "1", "--no-progress", "--systems", "lru", "--bits", "16"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "[bold]my-moe on rtx-4090" in out

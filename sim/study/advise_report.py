@@ -72,7 +72,8 @@ def print_report(req: AdviseRequest, advice: Advice, console: Any, *, limit: int
 
     rows = _ordered(advice)
     t = Table("system", "setting (as the tool spells it)", "bits", "VRAM GiB", "host GiB", "tokens/s", "error band", "",
-              title=f"{advice.model_name} on {Path(req.gpu).name}, {req.vram_gib:g} GiB VRAM, {req.host_gib:g} GiB host")
+              title=escape(f"{advice.model_name} on {Path(req.gpu).name}, {req.vram_gib:g} GiB VRAM, "
+                           f"{req.host_gib:g} GiB host"))
     shown = rows if limit is None else rows[:limit]
     for r in shown:
         v = row_values(r)

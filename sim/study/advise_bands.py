@@ -80,6 +80,10 @@ def load_table(path: Path = TABLE) -> tuple[dict[str, str], ...]:
         return tuple(csv.DictReader(f))
 
 
+def _rows(n: int) -> str:
+    return f"{n} published row" + ("" if n == 1 else "s")
+
+
 def _band(rows: list[dict[str, str]], words: str) -> Band:
     ratios = [float(r["speed_ratio"]) for r in rows]
     return Band(min(ratios), max(ratios), len(ratios), words)
@@ -93,10 +97,10 @@ def catalog_band(system: str, label: str, cls: str, table: tuple[dict[str, str],
     catalog = [r for r in rows if r["prediction"] == "catalog"]
     same = [r for r in catalog if r["gpu_class"] == cls]
     if same:
-        return _band(same, f"on {len(same)} published {label} rows on {CLASS_WORDS.get(cls, cls)}")
+        return _band(same, f"on {_rows(len(same)).replace(' row', f' {label} row')} on {CLASS_WORDS.get(cls, cls)}")
     if catalog:
         classes = ", ".join(sorted({CLASS_WORDS.get(r['gpu_class'], r['gpu_class']) for r in catalog}))
-        return _band(catalog, f"on {len(catalog)} published {label} rows, none on {CLASS_WORDS.get(cls, cls)} "
+        return _band(catalog, f"on {_rows(len(catalog)).replace(' row', f' {label} row')}, none on {CLASS_WORDS.get(cls, cls)} "
                               f"(theirs: {classes})")
     fitted = [r for r in rows if r["prediction"] == "fitted"]
     if fitted:

@@ -12,8 +12,9 @@ Systems and their knobs (the policy that stands for each, and its runtime overhe
   run on the CPU) and the hot-cache slots per CPU layer of PR #27861 (``--moe-expert-cache``,
   an open pull request: :data:`UNMERGED_HOT_CACHE`; ``merged_only`` leaves those options out).
   The GPU holds ``(L - n) E + n h`` experts, the host ``n E``. llama.cpp's flag counts
-  transformer blocks (``common/arg.cpp`` pushes one CPU override per block index ``0..N-1``;
-  a dense block has no expert tensor to move), so the flag printed is ``n`` plus the model's
+  transformer blocks (``common/arg.cpp`` pushes one CPU override per block index ``0..N-1``,
+  each the pattern ``blk.<i>.ffn_(up|down|gate|gate_up)_(ch|)exps`` of ``common/common.h``'s
+  ``llm_ffn_exps_block_regex``; a dense block has no such tensor to move), so the flag printed is ``n`` plus the model's
   leading dense blocks (``ModelSpec.dense_blocks``), and the policy is given both. Runtime
   ``llama-cpp-like``.
 * ``fiddler``: the GPU holds as many experts as fit, most popular first, plus one staging slot

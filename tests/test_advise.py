@@ -244,3 +244,15 @@ def test_a_model_name_is_printed_as_written(tmp_path: Path, capsys: pytest.Captu
                  "--jobs", "1", "--no-progress", "--systems", "lru", "--bits", "16"])
     out, _ = capsys.readouterr()
     assert code == 0 and "[bold]my-moe on rtx-4090" in out
+
+
+def test_unmerged_rows_are_marked_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["advise", "--model", "tiny-moe", "--gpu", "rtx-4090", "--vram", "0.003", "--host-mem", "1", "--reserve",
+            "0", "--host-reserve", "0", "--tokens", "4", "--jobs", "1", "--no-progress", "--systems", "cpu-moe",
+            "--bits", "16", "--all"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "--moe-expert-cache 4 [unmerged]" in out and "caveat: unmerged upstream: 3 options" in out
+    assert main([*args, "--merged-only"]) == 0
+    out = capsys.readouterr().out
+    assert "--moe-expert-cache" not in out.split("caveat:")[0] and "caveat: --merged-only" in out

@@ -10,13 +10,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moesim.sim.cli.main import main
-from moesim.sim.study.advise import AdviseRequest, Row, build, pareto, run_advice
-from moesim.sim.study.advise_options import GIB, Memory, Shape, all_options, llamacpp_options, steps
+from moesim.sim.study.advise import AdviseRequest, Row, build, mark, pareto, run_advice, widths
+from moesim.sim.study.advise_bands import Band
+from moesim.sim.study.advise_options import (
+    GIB,
+    UNMERGED_HOT_CACHE,
+    Memory,
+    Shape,
+    all_options,
+    llamacpp_flags,
+    llamacpp_options,
+    steps,
+)
 
 # tiny-moe: 4 layers x 16 experts of 3 x 128 x 128 x 2 B = 98,304 B; 543,488 B of other weights
 TINY_VRAM = (543_488 + 20 * 98_304) / GIB      # the non-expert weights and 20 experts, no reserve
 TINY = AdviseRequest(model="tiny-moe", gpu="rtx-4090", vram_gib=TINY_VRAM, host_gib=0.01, reserve_gib=0.0,
-                     host_reserve_gib=0.0, decode_tokens=8)
+                     host_reserve_gib=0.0, decode_tokens=8, bits=[16.0])
 
 
 def test_options_fit_and_best_on_front(tmp_path: Path) -> None:
@@ -31,6 +41,8 @@ def test_options_fit_and_best_on_front(tmp_path: Path) -> None:
     (best,) = advice.best()
     assert best.pareto
     assert best.tokens_per_s == max(r.tokens_per_s or 0.0 for r in advice.rows)
+    assert all(r.band is not None for r in advice.rows)
+    assert any(c.startswith("host assumed: 16 cores, 80 GB/s") for c in advice.caveats)
 
 
 def test_resumed_run_reuses_points(tmp_path: Path) -> None:
@@ -113,12 +125,134 @@ def test_bad_input_is_one_line(args: list[str], needle: str, capsys: pytest.Capt
 def test_cli_writes_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["advise", "--model", "tiny-moe", "--gpu", "rtx-4090", "--vram", str(TINY_VRAM), "--host-mem", "1",
                  "--reserve", "0", "--host-reserve", "0", "--tokens", "8", "--jobs", "1", "--no-progress",
-                 "--systems", "lru,cpu-moe", "--out", str(tmp_path / "o")])
+                 "--systems", "lru,cpu-moe", "--bits", "16", "--cpu", "epyc-genoa-12ch", "--out", str(tmp_path / "o")])
     out, _ = capsys.readouterr()
     assert code == 0
-    assert "best at 16 bits" in out and "calibration:" in out and "workload:" in out
+    assert " at 16 bits" in out and "calibration:" in out and "workload:" in out
+    assert "host assumed" not in out
     for name in ("advise.csv", "advise.md", "advise.png", "advise.svg"):
         assert (tmp_path / "o" / name).stat().st_size > 0
     csv = (tmp_path / "o" / "advise.csv").read_text().splitlines()
     assert csv[0].startswith("system,setting,bits,vram_gib")
     assert {line.split(",")[0] for line in csv[1:]} == {"expert cache (lru)", "llama.cpp"}
+    assert all("no published llama.cpp rows" in line for line in csv[1:] if line.startswith("llama.cpp"))
+
+
+def test_every_width_considered_by_default() -> None:
+    """Without --bits: the model's own width and Q8_0's and Q4_K's sizes below it, each with its memory."""
+    req = AdviseRequest(model="tiny-moe", gpu="rtx-4090", vram_gib=TINY_VRAM, host_gib=0.01, reserve_gib=0.0,
+                        host_reserve_gib=0.0, systems=["lru"])
+    _, options, _, notes = build(req)
+    assert sorted({o.shape.bits for o in options}) == [4.5, 8.5, 16.0]
+    assert [n.split(":")[0] for n in notes[:3]] == ["at 16 bits per weight (the model's own)",
+                                                    "at 8.5 bits per weight (the size of llama.cpp's Q8_0)",
+                                                    "at 4.5 bits per weight (the size of llama.cpp's Q4_K)"]
+    assert widths(8.5, None) == [None, 4.5] and widths(16, [16.0]) == [16.0]
+
+
+def test_llamacpp_flag_counts_dense_blocks() -> None:
+    """llama.cpp's --n-cpu-moe N moves blocks 0..N-1 (common/arg.cpp: one override per block index):
+    DeepSeek-V2-Lite's dense first block counts, so n MoE layers on the CPU print as n + 1, and the
+    policy gets both (it places the same n layers)."""
+    from moesim.sim.config.catalog import get_model
+
+    m = get_model("deepseek-v2-lite")
+    assert m.dense_blocks == 1 and "dense_blocks" not in m.model_dump()
+    shape = Shape("deepseek-v2-lite", 26, 64, 100, 0, 16, dense_blocks=1)
+    mem = Memory(vram_gib=64 * 100 / GIB, host_gib=1.0, reserve_gib=0, host_reserve_gib=0)
+    opts = llamacpp_options(shape, mem)
+    assert {(o.params["n_cpu_moe"], o.params["dense_blocks"], o.setting) for o in opts if not o.unmerged} \
+        == {(26, 1, "-ngl 99 --n-cpu-moe 26"), (27, 1, "-ngl 99 --n-cpu-moe 27")}
+    assert llamacpp_flags(Shape("m", 4, 8, 1, 0, 16), 3, 2) == "-ngl 99 --n-cpu-moe 3 --moe-expert-cache 2"
+
+
+def test_cpu_moe_places_the_same_layers_with_dense_blocks() -> None:
+    from policies.llamacpp.placement import cpu_layers
+
+    assert cpu_layers(26, dense_blocks=1, n_cpu_moe=5) == cpu_layers(26, n_cpu_moe=4)
+
+
+def test_unmerged_marked_and_left_out_with_merged_only() -> None:
+    shape = Shape("t", 4, 16, 100, 0, 16)
+    mem = Memory(vram_gib=40 * 100 / GIB, host_gib=1.0, reserve_gib=0, host_reserve_gib=0)
+    hot = [o for o in llamacpp_options(shape, mem) if o.params["hot_cache_slots"]]
+    assert hot and all(o.unmerged == UNMERGED_HOT_CACHE and "--moe-expert-cache" in o.setting for o in hot)
+    assert "PR #27861" in UNMERGED_HOT_CACHE and "open" in UNMERGED_HOT_CACHE
+    assert not any(o.unmerged for o in all_options(shape, mem, merged_only=True))
+    assert [o for o in all_options(shape, mem, merged_only=True) if o.policy == "cpu-moe"]
+
+
+def _row(tps: float, band: Band | None) -> Row:
+    from moesim.sim.study.advise_options import Option
+
+    mem = Memory(1000, 1000, 0, 0)
+    return Row(Option("s", "lru", {}, "", 1, Shape("t", 1, 2, GIB, 0, 16), 0, "none", mem), tps, "ok", band=band)
+
+
+def test_ties_within_the_error_bands() -> None:
+    """Best 10 with band 0.5-1.0x may stand for 10-20; 6 at 0.5-1.0x for 6-12 (a tie); 4 for 4-8
+    (not). Without bands 1% either way: 9.95 ties with 10, 9.7 does not."""
+    band = Band(0.5, 1.0, 3, "on 3 rows")
+    rows = [_row(10, band), _row(6, band), _row(4, band)]
+    mark(rows)
+    assert [r.mark() for r in rows] == ["tie, fastest", "tie", ""]   # one VRAM: only the fastest on the front
+    bare = [_row(10, None), _row(9.95, None), _row(9.7, None)]
+    mark(bare)
+    assert [(r.best, r.tie) for r in bare] == [(True, True), (False, True), (False, False)]
+    alone = [_row(10, None), _row(9.0, None)]
+    mark(alone)
+    assert alone[0].mark() == "best"
+
+
+def test_model_file_and_inline_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "my-moe.yaml"
+    spec.write_text("model: {base: tiny-moe, num_layers: 2, dense_blocks: 1}\n")
+    for model in (str(spec), "{base: tiny-moe, num_layers: 2, dense_blocks: 1}"):
+        req = AdviseRequest(model=model, gpu="rtx-4090", vram_gib=TINY_VRAM, host_gib=0.01, reserve_gib=0.0,
+                            host_reserve_gib=0.0, bits=[16.0], systems=["cpu-moe"])
+        base, options, _, _ = build(req)
+        assert base["model"]["num_layers"] == 2 and "dense_blocks" not in base["model"]
+        assert {o.shape.num_layers for o in options} == {2} and all(o.shape.dense_blocks == 1 for o in options)
+        assert base["trace"]["synthetic"]["num_layers"] == 2
+
+
+def test_model_spec_runs(tmp_path: Path) -> None:
+    req = AdviseRequest(model="{base: tiny-moe, num_layers: 2}", gpu="rtx-4090", vram_gib=TINY_VRAM, host_gib=0.01,
+                        reserve_gib=0.0, host_reserve_gib=0.0, bits=[16.0], systems=["lru"], decode_tokens=4)
+    advice = run_advice(req, tmp_path / "a", jobs=1)
+    assert advice.ok() and advice.model_name == "tiny-moe-custom"
+
+
+@pytest.mark.parametrize("model, needle", [
+    ("{num_layers: 2}", "--model (inline): "),
+    ("{base: tiny-moe, num_layers: -2}", "--model (inline): "),
+    ("{base: tiny-moe", "--model {base: tiny-moe: not an inline YAML mapping"),
+    ("nope.yaml", "--model nope.yaml: no such file"),
+    ("tiny-mo", "did you mean 'tiny-moe'?"),
+])
+def test_bad_model_spec_is_one_line(model: str, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["advise", "--model", model, "--gpu", "rtx-4090", "--vram", "24", "--host-mem", "8"])
+    _, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0 and len(lines) == 1 and needle in lines[0], err
+
+
+def test_a_model_name_is_printed_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A name from the user's spec is text, not rich markup."""
+    code = main(["advise", "--model", "{base: tiny-moe, name: '[bold]my-moe'}", "--gpu", "rtx-4090", "--vram",
+                 str(TINY_VRAM), "--host-mem", "1", "--reserve", "0", "--host-reserve", "0", "--tokens", "4",
+                 "--jobs", "1", "--no-progress", "--systems", "lru", "--bits", "16"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "[bold]my-moe on rtx-4090" in out
+
+
+def test_unmerged_rows_are_marked_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["advise", "--model", "tiny-moe", "--gpu", "rtx-4090", "--vram", "0.003", "--host-mem", "1", "--reserve",
+            "0", "--host-reserve", "0", "--tokens", "4", "--jobs", "1", "--no-progress", "--systems", "cpu-moe",
+            "--bits", "16", "--all"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "--moe-expert-cache 4 [unmerged]" in out and "caveat: unmerged upstream: 3 options" in out
+    assert main([*args, "--merged-only"]) == 0
+    out = capsys.readouterr().out
+    assert "--moe-expert-cache" not in out.split("caveat:")[0] and "caveat: --merged-only" in out

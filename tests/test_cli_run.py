@@ -122,6 +122,21 @@ def test_bad_scenarios_fail_with_one_line(tmp_path: Path, capsys: pytest.Capture
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("ref", ["gone.parquet", "sub/gone-fit.yaml"])
+def test_a_missing_relative_trace_names_the_folder_it_was_resolved_against(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], ref: str) -> None:
+    """``--set trace=REL`` resolves against the scenario's folder, not the working directory;
+    the one line says so and names both (issue 35)."""
+    scen = small_scenario(tmp_path)
+    code, _, err = run_cli(["run", str(scen), "--set", f"trace={ref}", "--out", str(tmp_path / "o")], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert (f"trace: {ref}: no such file (a relative trace path, in the scenario or in --set trace=, is resolved "
+            f"against the scenario's folder {scen.parent}: {scen.parent / ref}; give an absolute path") in lines[0]
+    code, _, err = run_cli(["run", str(scen), "--set", f"trace={tmp_path / ref}"], capsys)
+    assert code == 2 and err.strip().endswith(f"trace: {tmp_path / ref}: no such file")
+
+
 def test_missing_and_malformed_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["run", str(tmp_path / "nope.yaml")], capsys)
     assert code == 2 and "nope.yaml: no such scenario file" in err

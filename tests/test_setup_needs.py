@@ -17,7 +17,7 @@ from moesim.policies.contract.needs import DEFAULT_PROFILE_SHARE, TOP_K, SetupNe
 from moesim.policies.contract.registry import make_policy, policy_class, policy_names
 from moesim.sim.cli.main import main
 from moesim.sim.config.scenario import load_scenario_data
-from moesim.sim.study.needs import fit_group, trace_facts
+from moesim.sim.study.needs import fit_group, profile_note, trace_facts
 from moesim.sim.study.sweep import SweepSpec, expand
 from moesim.sim.study.sweep_run import run_sweep
 from tests.util import ROOT
@@ -205,7 +205,8 @@ def test_a_sweep_records_kind_and_applied_and_draws_lossy_dashed(tmp_path: Path)
     assert kinds == {"lru": "lossless", "static": "lossless", "belady": "oracle",
                      "random-substitute": "lossy", "pregated": "lossless"}
     ok = df[df["status"] == "ok"]
-    assert all(json.loads(a)[0].startswith("profile.requests=16 (for static") for a in ok["applied"])
+    assert all(json.loads(a)[0].startswith("profile.requests=16 (50% of the trace's 32 requests, for static")
+               for a in ok["applied"])
     assert (ok["requests"] == 1).all()                                # one request replayed by every policy
     static = ok[ok["policy"] == "static"]
     assert not any("optimistic" in w for ws in static["warnings"] for w in json.loads(ws))
@@ -214,3 +215,18 @@ def test_a_sweep_records_kind_and_applied_and_draws_lossy_dashed(tmp_path: Path)
     lines = {c.get_label(): c.lines[0].get_linestyle() for c in fig.axes[0].containers}
     assert lines == {"lru": "-", "static": "-", "belady (bound)": ":", "random-substitute (lossy)": "--"}
     plt.close(fig)
+
+
+def test_the_applied_note_says_the_share_applied() -> None:
+    """fMoE asks for 70% of the trace; 2 requests make 1 (50%): the note says 50%, then what was
+    asked and why it differs (issue 35: it said 70%)."""
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["workload"]["requests"] = 30            # 32 requests, 30 replayed: 2 left to profile
+    fit = fit_group(_items(data, ["static"]), trace_facts(_items(data, ["static"])[0][1]))[0]
+    assert fit.data["profile"] == {"requests": 2}
+    assert fit.applied[0].startswith("profile.requests=2 (6% of the trace's 32 requests, for static: ")
+    assert "50% asked, 16 requests, made 2 (the workload's requests come first)" in fit.applied[0]
+    note = profile_note(1, 2, 0.7, "fmoe", "fMoE's 7:3 split", 1)
+    assert note.startswith("profile.requests=1 (50% of the trace's 2 requests") and "70% asked, 1.4 requests, made 1 " \
+        "(whole requests)" in note and "70% of" not in note
+    assert "asked" not in profile_note(16, 32, 0.5, "lru", "moesim's share", 16)

@@ -172,7 +172,8 @@ def test_record_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "torch", None)  # makes "import torch" fail
     monkeypatch.delitem(sys.modules, "moesim.traces.tracer.tracer", raising=False)
     with pytest.raises(MoesimError, match=r"needs torch and transformers \(torch is not installed\): "
-                                          r"pip install 'torch==2.13.0' && pip install 'moesim\[tracer\]'"):
+                                          r"pip install 'torch==2.13.0' && pip install -e '\.\[tracer\]' in your "
+                                          r"moesim checkout"):
         record(model="x", prompts=tmp_path / "p.txt", out=tmp_path / "o.parquet")
 
 

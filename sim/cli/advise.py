@@ -15,15 +15,17 @@ from moesim.sim.cli.study import _DASK, _JOBS, _floats, _show_progress
 
 
 def advise_cmd(
-    model: Annotated[str, typer.Option("--model", help="catalog model (simctl models)")],
+    model: Annotated[str, typer.Option("--model", help="catalog model (simctl models), a model .yaml file, or an "
+                                       "inline mapping such as '{base: mixtral-8x7b, num_layers: 16}'")],
     gpu: Annotated[str, typer.Option("--gpu", help="catalog GPU (simctl hardware) or a hardware .yaml file "
                                      "(a `simctl calibrate` profile, a fitted file's hardware section)")],
     vram: Annotated[float, typer.Option("--vram", help="GPU memory to use, GiB")],
     host_mem: Annotated[float, typer.Option("--host-mem", help="host memory to use, GiB")],
     trace: Annotated[str | None, typer.Option("--trace", help="a trace file (default: the model's synthetic preset)")] = None,
     bits: Annotated[str | None, typer.Option("--bits", help="weight widths to try, bits per weight, e.g. 16,4.5 "
-                                             "(default: the model's own)")] = None,
-    cpu: Annotated[str | None, typer.Option("--cpu", help="host CPU from the hosts catalog (default: a generic host)")] = None,
+                                             "(default: the model's own, 8.5 and 4.5 below it)")] = None,
+    cpu: Annotated[str | None, typer.Option("--cpu", help="host CPU from the hosts catalog, simctl hardware (default: a "
+                                            "generic 16-core, 80 GB/s host, said in the output)")] = None,
     runtime: Annotated[str | None, typer.Option("--runtime", help="runtime-overhead .yaml file for every system "
                                                 "(default: each system's catalog runtime)")] = None,
     calibration: Annotated[str | None, typer.Option("--calibration", help="a `simctl fit` file applied to every option")] = None,
@@ -35,6 +37,8 @@ def advise_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="folder for advise.png/svg/csv/md and the points "
                                              "(given again: finished points are reused)")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="list every option (default: the 25 fastest)")] = False,
+    merged_only: Annotated[bool, typer.Option("--merged-only", help="leave out options that need an upstream feature "
+                                              "not merged yet (llama.cpp's --moe-expert-cache, PR #27861)")] = False,
     jobs: Annotated[int | None, _JOBS] = None,
     dask: Annotated[str | None, _DASK] = None,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, else a line per few points with the time left)")] = None,
@@ -52,7 +56,8 @@ def advise_cmd(
     chosen = [s.strip() for s in systems.split(",") if s.strip()] if systems else None
     req = AdviseRequest(model=model, gpu=gpu, vram_gib=vram, host_gib=host_mem, trace=trace,
                         bits=_floats(bits, "--bits"), cpu=cpu, runtime=runtime, calibration=calibration,
-                        reserve_gib=reserve, host_reserve_gib=host_reserve, systems=chosen, decode_tokens=tokens)
+                        reserve_gib=reserve, host_reserve_gib=host_reserve, systems=chosen, decode_tokens=tokens,
+                        merged_only=merged_only)
     if reserve < 0 or host_reserve < 0:
         raise AdviseError("--reserve and --host-reserve must be >= 0")
     if out is not None:

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.install_hint import extra_hint
 from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 
@@ -74,7 +75,7 @@ def quality(
     except ImportError as exc:
         missing = (exc.name or "torch").split(".")[0]
         raise MoesimError(f"simctl quality needs torch and transformers ({missing} is not installed): "
-                          "pip install 'moesim[tracer]'") from None
+                          + extra_hint("tracer")) from None
     from moesim.sim.real.quality import evaluate_plans
     from moesim.traces.tiny import tiny_model
     from moesim.traces.tracer.model_loading import load_model

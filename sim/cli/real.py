@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.install_hint import extra_hint
 from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 
@@ -31,7 +32,7 @@ def require_tracer(command: str) -> None:
     missing = [m for m in ("torch", "transformers", "safetensors") if importlib.util.find_spec(m) is None]
     if missing:
         raise MoesimError(f"simctl {command} needs the tracer extra ({', '.join(missing)} not installed): "
-                          "pip install 'torch==2.13.0' && pip install 'moesim[tracer]'")
+                          + extra_hint("tracer", torch=True))
 
 
 @quiet_library_warnings()

@@ -234,6 +234,16 @@ class LoadedScenario(BaseModel):
         t = self.scenario.trace
         return self._file(t) if isinstance(t, str) else None
 
+    def missing_trace(self) -> str | None:
+        """One line when the trace file does not exist (None when it does, or is synthetic): a
+        relative path, written in the scenario or given as ``--set trace=``, is resolved
+        against the scenario file's folder, and the line says which folder."""
+        t = self.scenario.trace
+        path = self.trace_path()
+        if path is None or not isinstance(t, str) or path.is_file():
+            return None
+        return missing_file_line(self.source, "trace", t, path, self.base_dir)
+
     def model_spec(self, trace_model_name: str, trace_shape: dict[str, int] | None = None) -> ModelSpec:
         """The resolved model: the scenario's ``model:``, else the trace's own model by name.
 
@@ -332,6 +342,16 @@ def _format_validation(exc: ValidationError, source: str | None, prefix: str = "
     return f"{source or 'scenario'}: {path}: {msg}{more}"
 
 
+def missing_file_line(source: str | None, key: str, ref: str, path: Path, base_dir: Path) -> str:
+    """``KEY: REF: no such file``, saying for a relative ``REF`` the folder it was resolved
+    against (the scenario file's, also for ``--set KEY=``) and the path that makes."""
+    line = f"{source or 'scenario'}: {key}: {ref}: no such file"
+    if not Path(ref).expanduser().is_absolute():
+        line += (f" (a relative {key} path, in the scenario or in --set {key}=, is resolved against the scenario's "
+                 f"folder {base_dir}: {path}; give an absolute path for a file elsewhere)")
+    return line
+
+
 def inline_trace_fit(data: dict[str, Any], *, source: str | None, base_dir: Path) -> str | None:
     """A ``trace:`` that names a YAML file (``simctl trace fit -o FIT.yaml``'s output, or any
     file holding ``{synthetic: {...}}``) is replaced in place by its mapping: the trace is then
@@ -345,7 +365,7 @@ def inline_trace_fit(data: dict[str, Any], *, source: str | None, base_dir: Path
     path = path if path.is_absolute() else base_dir / path
     where = f"{source or 'scenario'}: trace: {ref}"
     if not path.is_file():
-        raise ScenarioError(f"{where}: no such file")
+        raise ScenarioError(missing_file_line(source, "trace", ref, path, base_dir))
     try:
         fit = load_yaml_file(path)
     except MoesimError as exc:

@@ -52,12 +52,33 @@ def write_steps(result: RunResult, path: Path) -> None:
             writer.write_table(steps_table(result, start, start + STEPS_ROW_GROUP), row_group_size=STEPS_ROW_GROUP)
 
 
+CPU_TRACKS = {"GPU": "CPU compute", "PCIe D2H": "memcpy back", "PCIe H2D": "memcpy"}
+"""The timeline's track names for a run whose device is the CPU (``hardware.device: cpu``): the
+engine records ``GPU``, ``PCIe H2D <lane>`` and ``PCIe D2H``, which on the CPU are its own compute
+and memory copies (a prefix is replaced, so ``PCIe H2D 0`` is ``memcpy 0``)."""
+
+COMPUTE_TRACKS = ("GPU", CPU_TRACKS["GPU"])
+"""The device's compute track under either name (the timeline view colours its spans by kind)."""
+
+
+def track_name(track: str, device: str) -> str:
+    """The name a timeline track is shown with on ``device`` (``gpu``: as recorded)."""
+    if device != "cpu":
+        return track
+    for prefix, name in CPU_TRACKS.items():
+        if track == prefix or track.startswith(prefix + " "):
+            return name + track[len(prefix):]
+    return track
+
+
 def chrome_trace(result: RunResult, name: str) -> dict[str, Any]:
-    """The recorded GPU, CPU and copy-lane activity as a Chrome trace (opens in Perfetto)."""
+    """The recorded device, host CPU and copy-lane activity as a Chrome trace (opens in
+    Perfetto), the tracks named for the device that ran (:func:`track_name`)."""
     tracks: dict[str, int] = {}
     events: list[dict[str, Any]] = []
+    device = str(result.config.get("resolved", {}).get("hardware", {}).get("device", "gpu"))
     for track, label, start, dur, args in result.timeline:
-        tid = tracks.setdefault(track, len(tracks) + 1)
+        tid = tracks.setdefault(track_name(track, device), len(tracks) + 1)
         events.append({"name": label, "ph": "X", "pid": 1, "tid": tid, "ts": start * 1e6,
                        "dur": dur * 1e6, "args": args})
     meta = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"moesim: {name}"}}]

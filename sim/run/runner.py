@@ -60,6 +60,9 @@ def load_trace(loaded: LoadedScenario, columns: frozenset[str] | None = None) ->
     None), or generated from ``{synthetic: {...}}``."""
     path = loaded.trace_path()
     if path is not None:
+        missing = loaded.missing_trace()
+        if missing is not None:
+            raise ScenarioError(missing)
         return read_trace(path, None if columns is None else sorted(columns))
     from moesim.traces.synthetic.generator import (  # generator only when asked for
         SynthParams,

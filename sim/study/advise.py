@@ -5,10 +5,15 @@ The options (:mod:`moesim.sim.study.advise_options`) become the points of one sw
 axis of policy, expert budget, runtime and model), run by the sweep machinery
 (:func:`moesim.sim.study.sweep_run.run_sweep`: a point file per option, so a run given the same
 ``--out`` again reuses every finished point; a process pool or Dask; a progress bar). The
-result is one row per option (system, setting, VRAM used, host memory used, tokens/s), the best
-option per weight width, the Pareto front of VRAM against speed, and the calibration the
-predictions rest on: the hardware's and each runtime's sources, and the held-out error of a
-``simctl fit`` file where one is given.
+result is one row per option (system, setting as the tool spells it, VRAM used, host memory
+used, tokens/s and the error band of the published rows nearest to it,
+:mod:`moesim.sim.study.advise_bands`), the best option per weight width with the options tied
+with it (within the error bands), the Pareto front of VRAM against speed, the caveats (options
+resting on unmerged upstream features, the host assumed) and the calibration the predictions
+rest on.
+
+Without ``--bits`` every width is considered: the model's own, then llama.cpp's Q8_0 and Q4_K
+sizes below it, each with the memory it takes (a width where nothing fits says what it needs).
 
 The default workload is short, so that the whole search takes seconds: the model's synthetic
 preset (or default knobs), 3 requests of 16 prompt and 64 generated tokens; the first request
@@ -23,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moesim.sim.core.errors import MoesimError
+from moesim.sim.study.advise_bands import Band
+from moesim.sim.study.advise_inputs import (
+    AdviseError,
+    at_width,
+    hardware_ref,
+    model_ref,
+    synthetic_trace,
+)
 from moesim.sim.study.advise_options import (
     SYSTEMS,
     Memory,
@@ -34,14 +46,13 @@ from moesim.sim.study.advise_options import (
 )
 
 REQUESTS, PROMPT, DECODE = 3, 16, 64
-# Widths tried, in order, when the user gives no --bits and the model's own does not fit:
+# Widths tried besides the model's own when the user gives no --bits (those below it):
 # llama.cpp's Q8_0 (blocks of 32 int8 weights and one fp16 scale: 34 bytes per 32 weights =
 # 8.5 bits) and Q4_K (super-blocks of 256 weights in 144 bytes = 4.5 bits), ggml's block formats.
 FALLBACK_BITS = {8.5: "Q8_0", 4.5: "Q4_K"}
-
-
-class AdviseError(MoesimError, ValueError):
-    """Input ``simctl advise`` cannot use, or nothing fits; the message is one line."""
+TIE_FLOOR = 0.01
+"""Where an option has no error band, predictions within 1% are ties (one seed's resolution, as
+``simctl compare`` ranks single-seed results)."""
 
 
 @dataclass
@@ -62,6 +73,7 @@ class AdviseRequest:
     host_reserve_gib: float = 4.0
     systems: list[str] | None = None
     decode_tokens: int = DECODE
+    merged_only: bool = False
 
 
 @dataclass
@@ -74,6 +86,16 @@ class Row:
     error: str | None = None
     pareto: bool = False
     best: bool = False
+    tie: bool = False
+    """Within the error bands of its width's best (the best itself when it has such rows)."""
+    band: Band | None = None
+
+    def mark(self) -> str:
+        """The table's mark: ``best``, ``tie`` (the best when others tie with it: ``tie, fastest``),
+        ``front`` or nothing."""
+        if self.best:
+            return "tie, fastest" if self.tie else "best"
+        return "tie" if self.tie else ("front" if self.pareto else "")
 
 
 @dataclass
@@ -86,6 +108,8 @@ class Advice:
     notes: list[str] = field(default_factory=list)
     points_run: int = 0
     points_reused: int = 0
+    caveats: list[str] = field(default_factory=list)
+    model_name: str = ""
 
     def ok(self) -> list[Row]:
         """Rows that ran."""
@@ -97,57 +121,16 @@ class Advice:
 
 
 # --- inputs ---------------------------------------------------------------------------------------
-def _hardware(req: AdviseRequest) -> dict[str, Any]:
-    from moesim.sim.config.catalog import CatalogError, hardware_names, is_spec_file, load_spec_file
-    from moesim.sim.config.catalog.host import host_names
-
-    if is_spec_file(req.gpu):
-        try:
-            hw = load_spec_file(Path(req.gpu).resolve(), "hardware")
-        except CatalogError as exc:
-            raise AdviseError(f"--gpu: {exc}") from None
-        hw.pop("provenance", None)
-    elif req.gpu in hardware_names():
-        hw = {"base": req.gpu}
-    else:
-        import difflib
-
-        close = difflib.get_close_matches(req.gpu, hardware_names(), n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(hardware_names())}"
-        raise AdviseError(f"--gpu {req.gpu}: not in the hardware catalog and not a .yaml file; {hint}")
-    if req.cpu is not None:
-        if req.cpu not in host_names():
-            raise AdviseError(f"--cpu {req.cpu}: not in the host catalog; known: {', '.join(host_names())}")
-        hw["cpu"] = req.cpu
-    hw["vram_gib"] = req.vram_gib
-    return hw
-
-
-def _shape(req: AdviseRequest, bits: float | None) -> tuple[Shape, dict[str, Any]]:
+def _shape(ref: dict[str, Any], name: str, bits: float | None) -> tuple[Shape, dict[str, Any]]:
     """The model at ``bits`` per weight (None: its own width) and its scenario reference."""
-    from moesim.sim.config.catalog import get_model, model_names
-
-    if req.model not in model_names():
-        import difflib
-
-        close = difflib.get_close_matches(req.model, model_names(), n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(model_names())}"
-        raise AdviseError(f"--model {req.model}: not in the model catalog; {hint}")
-    m = get_model(req.model)
-    native = m.dtype_bytes * 8
-    ref: dict[str, Any] = {"base": req.model}
-    if bits is not None and not math.isclose(bits, native):
-        ref.update(dtype_bytes=bits / 8, non_expert_bytes=int(m.non_expert_bytes * bits / native))
-        m = get_model(ref)
-    shape = Shape(req.model, m.num_layers, m.num_experts, int(m.expert_bytes), int(m.non_expert_bytes),
-                  bits if bits is not None else native)
-    return shape, ref
+    ref, m = at_width(ref, bits)
+    shape = Shape(name, m.num_layers, m.num_experts, int(m.expert_bytes), int(m.non_expert_bytes),
+                  bits if bits is not None else m.dtype_bytes * 8, m.dense_blocks)
+    return shape, {k: v for k, v in ref.items() if k != "dense_blocks"}
 
 
-def _trace(req: AdviseRequest) -> tuple[str | dict[str, Any], str]:
+def _trace(req: AdviseRequest, ref: dict[str, Any], name: str) -> tuple[str | dict[str, Any], str]:
     """The scenario's trace and the workload in words."""
-    from moesim.traces.synthetic.generator import PRESETS
-
     n = req.decode_tokens
     if req.trace is not None:
         path = Path(req.trace)
@@ -155,16 +138,18 @@ def _trace(req: AdviseRequest) -> tuple[str | dict[str, Any], str]:
             raise AdviseError(f"--trace {req.trace}: no such file")
         return str(path.resolve()), (f"{path.name}: its first request is the offline profile, the next two are "
                                      f"decoded at batch 1 (decode only)")
-    synth: dict[str, Any] = {"requests": REQUESTS, "prompt_len": PROMPT, "decode_len": n, "seed": 0}
-    if req.model in PRESETS:
-        synth["preset"] = req.model
-        what = f"the synthetic {req.model} preset"
-    else:
-        synth["model"] = req.model
-        what = f"a synthetic trace of {req.model} (default router knobs: no preset for this model)"
-    return {"synthetic": synth}, (f"{what}: {REQUESTS} requests of {PROMPT} prompt and {n} generated tokens; the "
-                                  f"first is the offline profile (Fiddler's popularity), the other {REQUESTS - 1} "
-                                  f"are decoded one at a time (batch 1, decode only, {(REQUESTS - 1) * n} tokens)")
+    trace, what = synthetic_trace(ref, name, REQUESTS, PROMPT, n)
+    return trace, (f"{what}: {REQUESTS} requests of {PROMPT} prompt and {n} generated tokens; the "
+                   f"first is the offline profile (Fiddler's popularity), the other {REQUESTS - 1} "
+                   f"are decoded one at a time (batch 1, decode only, {(REQUESTS - 1) * n} tokens)")
+
+
+def widths(native: float, given: list[float] | None) -> list[float | None]:
+    """The widths to try: ``given``, else the model's own (None) and each of
+    :data:`FALLBACK_BITS` below it."""
+    if given:
+        return list(given)
+    return [None, *(b for b in FALLBACK_BITS if b < native - 1e-9)]
 
 
 def _calibration_key_known() -> bool:
@@ -175,8 +160,9 @@ def _calibration_key_known() -> bool:
 
 def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[str]]:
     """The base scenario, every option that fits, the workload in words and notes on what was
-    assumed. Without ``bits`` the model's own width is tried, then :data:`FALLBACK_BITS` in
-    order until something fits. Bad input, or no option that fits, raises :class:`AdviseError`."""
+    assumed, per weight width: without ``bits`` every width of :func:`widths` is tried, each
+    with its own options (a width where nothing fits gets a note of what it needs). Bad input,
+    or no option that fits at any width, raises :class:`AdviseError`."""
     for name, value in (("--vram", req.vram_gib), ("--host-mem", req.host_gib)):
         if not (value > 0 and math.isfinite(value)):
             raise AdviseError(f"{name} {value:g}: must be a positive number of GiB")
@@ -191,33 +177,44 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
         if not _calibration_key_known():
             raise AdviseError("--calibration: this moesim has no `calibration:` scenario key (simctl fit); give the "
                               "fitted file as --gpu (its hardware section) or --runtime instead")
-    hw = _hardware(req)
-    trace, workload = _trace(req)
+    for given in req.bits or []:
+        if not (0 < given <= 32):
+            raise AdviseError(f"--bits {given:g}: expected bits per weight in (0, 32]")
+    hw = hardware_ref(req.gpu, req.cpu, req.vram_gib)
+    ref, name = model_ref(req.model)
+    trace, workload = _trace(req, ref, name)
     mem = Memory(req.vram_gib, req.host_gib, req.reserve_gib, req.host_reserve_gib)
     notes: list[str] = []
     options: list[Option] = []
     shortfall = []
-    widths: list[float | None] = list(req.bits) if req.bits else [None, *FALLBACK_BITS]
-    for bits in widths:
-        if bits is not None and not (0 < bits <= 32):
-            raise AdviseError(f"--bits {bits:g}: expected bits per weight in (0, 32]")
-        shape, ref = _shape(req, bits)
-        found = all_options(shape, mem, req.systems)
+    from moesim.sim.config.catalog import get_model
+
+    native = get_model(ref).dtype_bytes * 8
+    for bits in widths(native, req.bits):
+        shape, at = _shape(ref, name, bits)
+        found = all_options(shape, mem, req.systems, req.merged_only)
         for o in found:
-            o.model = ref
+            o.model = at
         options += found
-        if not found:
+        size = f" (the size of llama.cpp's {FALLBACK_BITS[bits]})" if bits in FALLBACK_BITS else ""
+        own = " (the model's own)" if bits is None else ""
+        if found:
+            vram = [o.vram_gib for o in found]
+            notes.append(f"at {shape.bits:g} bits per weight{own}{size}: {len(found)} options, {min(vram):.1f}-"
+                         f"{max(vram):.1f} GiB of VRAM; experts {shape.routed_bytes / 2**30:.1f} GiB, other weights "
+                         f"{shape.non_expert_bytes / 2**30:.1f} GiB")
+        else:
             shortfall.append(least_needed(shape, mem))
-        if req.bits is None and found:
-            if bits is not None:   # the model's own width did not fit: say so
-                notes.append(f"at the model's own width nothing fits ({shortfall[0]}); shown at {bits:g} bits per "
-                             f"weight, the size of llama.cpp's {FALLBACK_BITS[bits]} (give --bits to choose)")
-            break
+            notes.append(f"at {shape.bits:g} bits per weight{own}{size}: nothing fits ({shortfall[-1]})")
     if not options:
         raise AdviseError(f"nothing fits {req.vram_gib:g} GiB of VRAM and {req.host_gib:g} GiB of host memory: "
                           + "; ".join(shortfall))
+    if req.bits is None:
+        notes.append("every width above is considered (a narrower width is not marked down for quality); "
+                     "--bits 16,8.5 chooses")
     base: dict[str, Any] = {
-        "name": f"advise-{req.model}", "trace": trace, "hardware": hw, "model": req.model,
+        "name": f"advise-{name}", "trace": trace, "hardware": hw,
+        "model": req.model if ref == {"base": req.model} else {k: v for k, v in ref.items() if k != "dense_blocks"},
         "cache": {"experts_per_layer": 1}, "policy": "lru", "runtime": "none",
         "profile": {"requests": 1}, "workload": {"batch_size": 1, "phases": ["decode"]}, "seed": 0}
     if req.calibration is not None:
@@ -230,7 +227,7 @@ def to_sweep(req: AdviseRequest, base: dict[str, Any], options: list[Option]) ->
     from moesim.sim.study.sweep import SweepError, SweepSpec, expand
 
     runtime = str(Path(req.runtime).resolve()) if req.runtime else None
-    spec = SweepSpec(name=f"advise-{req.model}", base=copy.deepcopy(base), zip={
+    spec = SweepSpec(name=str(base["name"]), base=copy.deepcopy(base), zip={
         "policy": [{"name": o.policy, "params": o.params} for o in options],
         "cache.experts_per_layer": [o.experts_per_layer for o in options],
         "runtime": [runtime or o.runtime for o in options],
@@ -255,15 +252,66 @@ def pareto(rows: list[Row]) -> list[Row]:
     return front
 
 
-def mark(rows: list[Row]) -> None:
-    """Set ``pareto`` (per weight width) and ``best`` (the fastest of each width)."""
+def mark(rows: list[Row], floor: float = TIE_FLOOR) -> None:
+    """Set ``pareto`` (per weight width), ``best`` (the fastest of each width) and ``tie``: a row
+    whose error band reaches the best's (the fastest speed it may stand for, its prediction over
+    its band's low end, at or above the slowest the best may stand for, the best's over its high
+    end; ``floor`` either way for a row without a band), and the best itself when it has ties."""
     for bits in dict.fromkeys(r.option.shape.bits for r in rows):
         group = [r for r in rows if r.option.shape.bits == bits]
         for r in pareto(group):
             r.pareto = True
         ok = [r for r in group if r.tokens_per_s is not None]
-        if ok:
-            max(ok, key=lambda r: (r.tokens_per_s or 0.0, -r.option.vram_gib)).best = True
+        if not ok:
+            continue
+        best = max(ok, key=lambda r: (r.tokens_per_s or 0.0, -r.option.vram_gib))
+        best.best = True
+        nothing = Band(None, None, 0, "")
+        slowest, _ = (best.band or nothing).interval(best.tokens_per_s or 0.0, floor)
+        for r in ok:
+            if r is not best and (r.band or nothing).interval(r.tokens_per_s or 0.0, floor)[1] >= slowest:
+                r.tie = best.tie = True
+
+
+def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[list[Band], str]:
+    """Each option's error band and a line saying where the bands come from: the held-out error
+    of the first ``simctl fit`` file given (``--calibration``, ``--gpu``, ``--runtime``) that has
+    one, else the published rows of each system on GPUs of this one's class
+    (:func:`moesim.sim.study.advise_bands.catalog_band`)."""
+    from moesim.sim.study.advise_bands import CLASS_WORDS, catalog_band, fit_band, gpu_class
+
+    for flag, path in (("--calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
+        if path and path.endswith((".yaml", ".yml")) and Path(path).is_file():
+            band = fit_band(path)
+            if band is not None:
+                return [band] * len(options), f"error bands: {flag} {Path(path).name}'s own held-out error, {band.words}"
+    cls = gpu_class(hbm_gbps)
+    return ([catalog_band(o.policy, o.system, cls) for o in options],
+            f"error bands: predicted / published tokens/s of each system's published rows (this GPU is of the "
+            f"{CLASS_WORDS[cls]}: {hbm_gbps:g} GB/s), from sim/study/advise_bands.csv "
+            "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")
+
+
+def caveats(req: AdviseRequest, rows: list[Row], cpu_name: str, cpu_words: str) -> list[str]:
+    """What the answer assumes that the user may not: options resting on unmerged upstream
+    features, the host assumed, the error bands' reach."""
+    out = []
+    unmerged = dict.fromkeys(r.option.unmerged for r in rows if r.option.unmerged)
+    for why in unmerged:
+        n = sum(1 for r in rows if r.option.unmerged == why)
+        out.append(f"unmerged upstream: {n} options marked [unmerged]: {why} (--merged-only leaves them out)")
+    if req.merged_only:
+        out.append("--merged-only: options that need an unmerged upstream feature were left out")
+    dense = {r.option.shape.dense_blocks for r in rows if r.option.policy == "cpu-moe"} - {0}
+    for d in dense:
+        out.append(f"llama.cpp's --n-cpu-moe counts transformer blocks, and this model's first {d} "
+                   f"block{'s are' if d > 1 else ' is'} dense: each --n-cpu-moe printed is the MoE layers on the CPU "
+                   f"+ {d}, ready to paste")
+    if req.cpu is None and cpu_name == "default":
+        out.append(f"host assumed: {cpu_words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
+                   "are timed on it): name yours with --cpu NAME (simctl hardware lists the hosts) or a --gpu "
+                   "hardware file with a cpu: section")
+    return out
 
 
 def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> list[str]:
@@ -281,7 +329,7 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
         value = getattr(hw, f) if f != "pageable_gbps" else hw.pageable_rate_gbps
         lines.append(f"  {f} {value:g} {unit}: {hw.source_of(f, where)}")
     cpu = hw.cpu
-    lines.append(f"  host cpu {cpu.name}: {cpu.mem_gbps:g} GB/s, {cpu.cores} cores: {cpu.source or 'no source stated'}")
+    lines.append(f"  host cpu {cpu.name}: {cpu_words(cpu)}: {cpu.source or 'no source stated'}")
     if req.runtime:
         rt = get_runtime(load_spec_file(Path(req.runtime), "runtime"))
         lines.append(f"runtime (every system) {rt.name} ({req.runtime}): {rt.source or 'no source stated'}")
@@ -295,9 +343,14 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
         if held:
             lines.append(f"{label} {Path(path or '').name}: {held}")
     if not any("held-out" in line for line in lines):
-        lines.append("held-out error: none known (no `simctl fit` file given; the catalog figures are spec "
-                     "sheets and derivations, not fitted to this machine)")
+        lines.append("no `simctl fit` file given: the catalog figures are spec sheets and derivations, not fitted "
+                     "to this machine; the error bands beside each number say how far they were from published rows")
     return lines
+
+
+def cpu_words(cpu: Any) -> str:
+    """A host CPU in a few words: cores, memory bandwidth, compute."""
+    return f"{cpu.cores} cores, {cpu.mem_gbps:g} GB/s memory, {cpu.tflops:g} TFLOP/s"
 
 
 def fit_error(path: str) -> str | None:
@@ -328,26 +381,33 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
     already there) and mark the best and the Pareto front. ``home`` (``advise --out``, holding
     ``out``) is made an advice folder (:func:`moesim.sim.core.atomic.own_folder`) once the
     request is known to be valid."""
+    from moesim.sim.config.scenario import load_scenario_data
     from moesim.sim.core.atomic import own_folder
     from moesim.sim.study.sweep_run import PointStore, run_sweep
 
     base, options, workload, notes = build(req)
     sweep = to_sweep(req, base, options)
     calib = calibration_lines(req, base, options)
+    hw = load_scenario_data(copy.deepcopy(base), source="simctl advise", base_dir=Path.cwd()).hardware_spec()
+    row_bands, band_line = bands(req, options, hw.hbm_gbps)
     if home is not None:
         own_folder(home, option="--out", kind="advise", accept=("advise",))
     outcome = run_sweep(sweep, out, jobs=jobs, dask=dask, progress=progress, force=force)
     records = PointStore(out).load()
     rows = []
-    for point, option in zip(sweep.points, options, strict=True):
+    for point, option, band in zip(sweep.points, options, row_bands, strict=True):
         rec = records.get(point.config_hash, {})
         tps = rec.get("metrics", {}).get("tokens_per_s") if rec.get("status") == "ok" else None
-        rows.append(Row(option, float(tps) if tps is not None else None, rec.get("status", "missing"), rec.get("error")))
+        rows.append(Row(option, float(tps) if tps is not None else None, rec.get("status", "missing"), rec.get("error"),
+                        band=band))
     mark(rows)
     notes = notes + [f"VRAM used = non-expert weights + experts on the GPU + {req.reserve_gib:g} GiB reserve (CUDA "
              f"context, KV cache, activations); host = what the system keeps there + {req.host_reserve_gib:g} GiB "
              "reserve"]
-    return Advice(rows, calib, workload, notes, points_run=outcome.ran, points_reused=outcome.skipped)
+    found = caveats(req, rows, hw.cpu.name, cpu_words(hw.cpu)) + [band_line]
+    return Advice(rows, calib, workload, notes, points_run=outcome.ran, points_reused=outcome.skipped, caveats=found,
+                  model_name=model_ref(req.model)[1])
 
 
-__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "build", "run_advice", "pareto", "mark"]
+__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "mark", "pareto", "run_advice",
+           "widths"]

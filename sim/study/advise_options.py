@@ -8,10 +8,15 @@ Systems and their knobs (the policy that stands for each, and its runtime overhe
   vLLM's proposal). The GPU holds ``k`` experts per layer; the host holds the others (Mixtral-
   offloading swaps an expert between its GPU and host buffers, so each expert lives in one of
   them). ``k = E`` is the whole model on the GPU. Runtime ``hf-eager``.
-* ``llama.cpp``: ``--n-cpu-moe N`` (the first ``N`` MoE layers' experts stay in host memory and
-  run on the CPU) and the hot-cache slots per CPU layer of PR #27861 (``--moe-expert-cache``).
-  The GPU holds ``(L - N) E + N h`` experts, the host ``N E``. ``N`` counts MoE layers;
-  llama.cpp's flag counts blocks, so a model with leading dense blocks needs ``N`` plus those. Runtime ``llama-cpp-like``.
+* ``llama.cpp``: ``--n-cpu-moe`` (the first ``n`` MoE layers' experts stay in host memory and
+  run on the CPU) and the hot-cache slots per CPU layer of PR #27861 (``--moe-expert-cache``,
+  an open pull request: :data:`UNMERGED_HOT_CACHE`; ``merged_only`` leaves those options out).
+  The GPU holds ``(L - n) E + n h`` experts, the host ``n E``. llama.cpp's flag counts
+  transformer blocks (``common/arg.cpp`` pushes one CPU override per block index ``0..N-1``,
+  each the pattern ``blk.<i>.ffn_(up|down|gate|gate_up)_(ch|)exps`` of ``common/common.h``'s
+  ``llm_ffn_exps_block_regex``; a dense block has no such tensor to move), so the flag printed is ``n`` plus the model's
+  leading dense blocks (``ModelSpec.dense_blocks``), and the policy is given both. Runtime
+  ``llama-cpp-like``.
 * ``fiddler``: the GPU holds as many experts as fit, most popular first, plus one staging slot
   for a copied expert; a missed expert is computed on the CPU or copied. Its user sets nothing
   but the memory; smaller placements are listed too, for the VRAM-speed front. Runtime
@@ -40,6 +45,9 @@ RUNTIMES = {"lru": "hf-eager", "mixtral-offloading": "hf-eager", "cpu-moe": "lla
 SYSTEMS = {"lru": "expert cache (lru)", "mixtral-offloading": "mixtral-offloading", "cpu-moe": "llama.cpp",
            "fiddler": "fiddler", "accelerate": "accelerate"}
 MAX_STEPS = 8     # values tried per knob (all of them when there are few)
+UNMERGED_HOT_CACHE = ("llama.cpp's --moe-expert-cache is ggml-org/llama.cpp PR #27861, an open pull request: "
+                      "in no llama.cpp release; build that branch to use it")
+"""What an option with llama.cpp's hot cache rests on (see ``simctl policies cpu-moe``)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class Shape:
     expert_bytes: int
     non_expert_bytes: int
     bits: float
+    dense_blocks: int = 0
 
     @property
     def routed_bytes(self) -> int:
@@ -94,6 +103,8 @@ class Option:
     runtime: str
     memory: Memory
     model: dict[str, Any] = field(default_factory=dict)
+    unmerged: str = ""
+    """Why the option needs an upstream feature that is not merged ("" when it needs none)."""
 
     @property
     def vram_gib(self) -> float:
@@ -144,32 +155,43 @@ def cache_options(shape: Shape, mem: Memory, policy: str) -> list[Option]:
     return out
 
 
-def llamacpp_options(shape: Shape, mem: Memory) -> list[Option]:
-    """``--n-cpu-moe N`` from the fewest layers that fit up to all of them, each without and
-    with a few hot-cache sizes."""
+def llamacpp_flags(shape: Shape, n: int, hot: int) -> str:
+    """The llama.cpp flags of ``n`` MoE layers on the CPU and ``hot`` cache slots per CPU layer,
+    as llama.cpp spells them: ``--n-cpu-moe`` counts blocks, dense ones included."""
+    if n == 0:
+        return "-ngl 99 (every expert on the GPU)"
+    return f"-ngl 99 --n-cpu-moe {n + shape.dense_blocks}" + (f" --moe-expert-cache {hot}" if hot else "")
+
+
+def llamacpp_options(shape: Shape, mem: Memory, merged_only: bool = False) -> list[Option]:
+    """``--n-cpu-moe`` from the fewest layers that fit up to all of them, each without and
+    with a few hot-cache sizes (without them when ``merged_only``)."""
     L, E, eb = shape.num_layers, shape.num_experts, shape.expert_bytes
     room = _max_gpu_experts(shape, mem)
     out = []
     least = next((n for n in range(L + 1) if (L - n) * E <= room), None)
     if least is None:
         return []
-    slot_choices = [0] + [h for h in sorted({max(1, E // 8), max(1, E // 4), max(1, E // 2)}) if h < E]
+    slot_choices = [0] + ([] if merged_only else [h for h in sorted({max(1, E // 8), max(1, E // 4), max(1, E // 2)})
+                                                  if h < E])
+    d = shape.dense_blocks
     for n in steps(least, L):
         for h in slot_choices if n > 0 else [0]:
             gpu = max(1, (L - n) * E + n * h)   # --cpu-moe alone: the simulator's least budget, one expert
             if gpu > room:
                 continue
-            params: dict[str, Any] = {"n_cpu_moe": n, "hot_cache_slots": h}
-            setting = f"-ncmoe {n}" + (f", hot cache {h}/layer" if h else "")
-            out.append(Option(SYSTEMS["cpu-moe"], "cpu-moe", params, setting, gpu, shape, n * E * eb,
-                              RUNTIMES["cpu-moe"], mem))
+            params: dict[str, Any] = {"n_cpu_moe": n + d if n else 0, "hot_cache_slots": h}
+            if d:
+                params["dense_blocks"] = d
+            out.append(Option(SYSTEMS["cpu-moe"], "cpu-moe", params, llamacpp_flags(shape, n, h), gpu, shape,
+                              n * E * eb, RUNTIMES["cpu-moe"], mem, unmerged=UNMERGED_HOT_CACHE if h else ""))
     return out
 
 
 def fiddler_options(shape: Shape, mem: Memory) -> list[Option]:
     """The most popular experts that fit (the largest placement) and a few smaller ones."""
     L, E = shape.num_layers, shape.num_experts
-    room = min(_max_gpu_experts(shape, mem), L * E + 1)
+    room = min(_max_gpu_experts(shape, mem), L * E)   # every expert placed but one, and the staging slot
     out = []
     for budget in steps(2, room):
         placed = budget - 1   # one staging slot for a copied expert
@@ -193,15 +215,16 @@ def accelerate_options(shape: Shape, mem: Memory) -> list[Option]:
     return out
 
 
-def all_options(shape: Shape, mem: Memory, systems: list[str] | None = None) -> list[Option]:
-    """Every option of the chosen systems (default: all) that fits the memory."""
+def all_options(shape: Shape, mem: Memory, systems: list[str] | None = None, merged_only: bool = False) -> list[Option]:
+    """Every option of the chosen systems (default: all) that fits the memory (without those
+    that need an unmerged upstream feature when ``merged_only``)."""
     chosen = systems or list(SYSTEMS)
     out: list[Option] = []
     for policy in chosen:
         if policy in ("lru", "mixtral-offloading"):
             out += cache_options(shape, mem, policy)
         elif policy == "cpu-moe":
-            out += llamacpp_options(shape, mem)
+            out += llamacpp_options(shape, mem, merged_only)
         elif policy == "fiddler":
             out += fiddler_options(shape, mem)
         elif policy == "accelerate":

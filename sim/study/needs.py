@@ -154,6 +154,17 @@ def profile_size(loaded: LoadedScenario, facts: TraceFacts, share: float) -> tup
     return size, ""
 
 
+def profile_note(size: int, n: int, share: float, who: str, why: str, replayed: int) -> str:
+    """The applied note of a profile split: the share applied (``size`` of ``n`` requests), and
+    the share asked for when whole requests or the workload made it another."""
+    note = f"profile.requests={size} ({size / n:.0%} of the trace's {n} requests, for {who}: {why}"
+    if abs(size - share * n) > 1e-9:
+        why_not = ("the workload's requests come first" if size < max(1, round(share * n))
+                   else "whole requests")
+        note += f"; {share:.0%} asked, {share * n:g} requests, made {size} ({why_not})"
+    return note + f"; every policy replays the same {replayed})"
+
+
 def _who(names: list[str]) -> str:
     names = list(dict.fromkeys(names))
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
@@ -208,9 +219,8 @@ def fit_group(items: Sequence[tuple[dict[str, Any], LoadedScenario, Policy]], fa
             why_share = ("moesim's share where the papers name none" if share == DEFAULT_PROFILE_SHARE
                          else needs[top].source or names[top])
             replayed = len(_replayed(items[i][1], facts, size))
-            fits[i].applied.append(
-                f"profile.requests={size} (for {_who([names[j] for j in wanting])}: {share:.0%} of the trace's "
-                f"{len(facts.requests)} requests, {why_share}; every policy replays the same {replayed})")
+            fits[i].applied.append(profile_note(size, len(facts.requests), share, _who([names[j] for j in wanting]),
+                                                why_share, replayed))
     # 3. runs too short for a periodic step
     for i, (_, loaded, _) in enumerate(items):
         need = needs[i]

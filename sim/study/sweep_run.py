@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moesim.sim.core.atomic import OutputError, atomic_file
+from moesim.sim.core.install_hint import extra_hint
 from moesim.sim.study.progress import MODES
 from moesim.sim.study.progress import progress as show_progress
 from moesim.sim.study.study_folder import check_study_out, study_folder
@@ -217,7 +218,7 @@ def _dask(address: str) -> Iterator[Callable[[list[dict[str, Any]]], Iterator[di
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
-        raise SweepError("--dask needs dask.distributed: pip install 'moesim[sweep]'") from None
+        raise SweepError("--dask needs dask.distributed: " + extra_hint("sweep")) from None
     cluster = None
     if address.startswith("local:"):
         try:

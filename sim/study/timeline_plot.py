@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moesim.sim.run.outputs import COMPUTE_TRACKS
 from moesim.sim.study.plot import FORMATS, PlotError, print_style, save
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +27,7 @@ def _track_spans(timeline: dict[str, Any], t0_us: float, t1_us: float) -> dict[s
         args = e.get("args") or {}
         if "demand" in args:
             what = "demand load" if args["demand"] else "prefetch"
-        elif track.upper().startswith("GPU"):
+        elif track.startswith(COMPUTE_TRACKS):
             what = "experts" if "expert" in e["name"] else "attention / other"
         else:
             what = "other"

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.install_hint import extra_hint
 from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -109,7 +110,7 @@ def _train_cmd(
     except ImportError as exc:
         missing = (exc.name or "torch").split(".")[0]
         raise MoesimError(f"simctl model train needs torch and transformers ({missing} is "
-                          "not installed): pip install 'moesim[tracer]'") from None
+                          "not installed): " + extra_hint("tracer")) from None
     from rich.console import Console
     from rich.progress import (
         BarColumn,

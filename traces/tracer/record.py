@@ -18,6 +18,7 @@ import typer
 
 from moesim.sim.core.atomic import check_target
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.install_hint import extra_hint
 from moesim.sim.core.lib_warnings import quiet_library_warnings
 
 _COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
@@ -116,7 +117,7 @@ def record(
     except ImportError as exc:
         missing = (exc.name or "torch").split(".")[0]
         raise MoesimError(f"simctl trace record needs torch and transformers ({missing} is not "
-                          "installed): pip install 'torch==2.13.0' && pip install 'moesim[tracer]' (a pinned torch; "
+                          "installed): " + extra_hint("tracer", torch=True) + " (a pinned torch; "
                           "an unpinned one pulls a CUDA build of several GB)") from None
     if not prompts.is_file():
         raise MoesimError(f"--prompts {prompts}: no such file")

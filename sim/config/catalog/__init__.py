@@ -87,6 +87,10 @@ class ModelSpec(BaseModel):
     expert_intermediate_size: PositiveInt = Field(description="FFN intermediate size of one routed expert")
     dtype_bytes: PositiveFloat = Field(2, description="bytes per weight (2 for bf16, 1 for fp8)")
     non_expert_bytes: int = Field(0, ge=0, description="bytes of all weights that are not routed experts")
+    dense_blocks: int = Field(0, ge=0, exclude=True, description=(
+        "leading transformer blocks with a dense FFN before the first MoE layer (DeepSeek's "
+        "first_k_dense_replace): not simulated, but counted by llama.cpp's --n-cpu-moe, which numbers "
+        "blocks; `simctl advise` adds them to the count it prints. Left out of dumps (it times nothing)"))
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -1,0 +1,144 @@
+"""The error band beside each of ``simctl advise``'s numbers: how far moesim's predictions were
+from the published rows nearest to the option (same system, and the same GPU class where there
+are rows), read from the committed table ``advise_bands.csv`` beside this file, which
+``python benchmarks/advise_bands.py`` regenerates from the repo's published rows and predictions
+(``benchmarks/results/published_systems.md`` and every ``benchmarks/results/fits/*/rows.csv``;
+``tests/test_advise_bands.py`` fails when the committed table differs).
+
+A band is the lowest and highest ``speed_ratio`` (predicted / published tokens/s) of those
+rows: ``0.8-1.3x`` means moesim predicted between 0.8 and 1.3 times what was measured. Without
+``--calibration`` only rows predicted at the catalogs' figures count (advise predicts at them
+too); rows predicted after fitting to their own testbed are mentioned, not used. With
+``--calibration FIT.yaml`` the band is that fit's own held-out error.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TABLE = Path(__file__).with_name("advise_bands.csv")
+"""The committed table (written by ``benchmarks/advise_bands.py``)."""
+
+COLUMNS = ["source", "set", "row", "system", "hardware", "gpu_class", "model", "metric", "published", "predicted",
+           "speed_ratio", "prediction", "counted"]
+"""The table's columns, in order."""
+
+HBM_GBPS = 1500.0
+"""GPU memory bandwidth from which a GPU is in the ``hbm`` class: the data-centre parts with HBM
+(A100 1.9-2.0 TB/s, H100 2-3.4, H20 4.0) against the GDDR parts (RTX 4090 1.0 TB/s, A6000 0.77,
+L4 0.3): the two regimes of compute and copy time the published rows come from."""
+
+CLASS_WORDS = {"hbm": "HBM data-centre GPUs", "gddr": "GDDR GPUs", "unknown": "GPUs of unknown class"}
+"""The GPU classes in words."""
+
+
+def gpu_class(hbm_gbps: float) -> str:
+    """``hbm`` or ``gddr`` by the GPU's memory bandwidth (see :data:`HBM_GBPS`)."""
+    return "hbm" if hbm_gbps >= HBM_GBPS else "gddr"
+
+
+@dataclass(frozen=True)
+class Band:
+    """The spread of predicted / published speed on ``rows`` published rows (``lo`` and ``hi``
+    None when there are none), and the words that say which rows."""
+
+    lo: float | None
+    hi: float | None
+    rows: int
+    words: str
+
+    @property
+    def known(self) -> bool:
+        """Whether there are rows to make a band of."""
+        return self.lo is not None and self.hi is not None
+
+    def short(self) -> str:
+        """``0.80-1.30x (9 rows)`` or ``none published``, for a table cell."""
+        if not self.known:
+            return "none published"
+        return f"{self.lo:.2f}-{self.hi:.2f}x ({self.rows} row{'s' if self.rows != 1 else ''})"
+
+    def interval(self, value: float, floor: float) -> tuple[float, float]:
+        """The speeds a prediction of ``value`` may stand for: ``value / hi`` to ``value / lo``;
+        without a band, ``floor`` either way (a single seed's resolution)."""
+        if not self.known:
+            return value / (1 + floor), value * (1 + floor)
+        assert self.lo is not None and self.hi is not None
+        return value / self.hi, value / self.lo
+
+
+@cache
+def load_table(path: Path = TABLE) -> tuple[dict[str, str], ...]:
+    """The committed table's rows (empty when the file is missing)."""
+    if not path.is_file():
+        return ()
+    with open(path, newline="") as f:
+        return tuple(csv.DictReader(f))
+
+
+def _rows(n: int) -> str:
+    return f"{n} published row" + ("" if n == 1 else "s")
+
+
+def _band(rows: list[dict[str, str]], words: str) -> Band:
+    ratios = [float(r["speed_ratio"]) for r in rows]
+    return Band(min(ratios), max(ratios), len(ratios), words)
+
+
+def catalog_band(system: str, label: str, cls: str, table: tuple[dict[str, str], ...] | None = None) -> Band:
+    """The band of ``system`` (a policy name; ``label`` its name in words) on a GPU of class
+    ``cls``, from the rows predicted at the catalogs' figures: the same class where there are
+    rows, else every class (said), else none (said, with the fitted rows' spread if any)."""
+    rows = [r for r in (load_table() if table is None else table) if r["system"] == system and r["counted"] == "yes"]
+    catalog = [r for r in rows if r["prediction"] == "catalog"]
+    same = [r for r in catalog if r["gpu_class"] == cls]
+    if same:
+        return _band(same, f"on {_rows(len(same)).replace(' row', f' {label} row')} on {CLASS_WORDS.get(cls, cls)}")
+    if catalog:
+        classes = ", ".join(sorted({CLASS_WORDS.get(r['gpu_class'], r['gpu_class']) for r in catalog}))
+        return _band(catalog, f"on {_rows(len(catalog)).replace(' row', f' {label} row')}, none on {CLASS_WORDS.get(cls, cls)} "
+                              f"(theirs: {classes})")
+    fitted = [r for r in rows if r["prediction"] == "fitted"]
+    if fitted:
+        b = _band(fitted, "")
+        return Band(None, None, 0, f"no published {label} rows at the catalog's figures ({b.rows} predicted after "
+                                   f"fitting to their own testbed: {b.lo:.2f}-{b.hi:.2f}x; --calibration gives a fit's)")
+    return Band(None, None, 0, f"no published {label} rows")
+
+
+def fit_band(path: str) -> Band | None:
+    """A ``simctl fit`` file's own held-out error as a band: the spread of its held-out rows'
+    predicted / measured speed when its ``rows.csv`` lies beside it, else its ``max_ratio``
+    either way. None for a file that is no fit or holds out no rows."""
+    from moesim.sim.core.yamlio import YamlError, load_yaml_file
+
+    p = Path(path)
+    try:
+        data: Any = load_yaml_file(p)
+    except YamlError:
+        return None
+    fit = data.get("fit") if isinstance(data, dict) else None
+    if not isinstance(fit, dict):
+        return None
+    held = fit.get("held_out")
+    if not isinstance(held, dict) or not held.get("rows"):
+        return None
+    name = f"fit {fit.get('name', p.stem)}"
+    rows_csv = p.with_name("rows.csv")
+    if rows_csv.is_file():
+        with open(rows_csv, newline="") as f:
+            test = [r for r in csv.DictReader(f) if r.get("role") == "test" and r.get("metric") in ("tokens_per_s", "tpot_ms")
+                    and not r.get("relative_to")]
+        ratios = [float(r["predicted"]) / float(r["measured"]) if r["metric"] == "tokens_per_s"
+                  else float(r["measured"]) / float(r["predicted"]) for r in test]
+        if ratios:
+            return Band(min(ratios), max(ratios), len(ratios), f"on the {len(ratios)} held-out speed rows of {name}")
+    mx = float(held.get("max_ratio", float("nan")))
+    return Band(1 / mx, mx, int(held["rows"]), f"within {mx:.2f}x either way on the {held['rows']} held-out rows of {name}")
+
+
+__all__ = ["Band", "CLASS_WORDS", "COLUMNS", "HBM_GBPS", "TABLE", "catalog_band", "fit_band", "gpu_class", "load_table"]

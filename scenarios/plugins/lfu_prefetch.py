@@ -17,6 +17,7 @@ from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     Outcome,
+    ReadView,
     UnitKey,
     VictimChoice,
     View,
@@ -60,16 +61,16 @@ class FewestUses(CacheRule):
         for expert in outcome.experts:
             self.refresh((layer, expert, 0))
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """A unit that leaves is forgotten: it counts from zero when it comes back."""
         self.uses.pop(unit, None)
         self.last.pop(unit, None)
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         """A prefetch withdrawn before it landed leaves nothing behind."""
         self.on_evict(view, unit)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]) -> VictimChoice:
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]) -> VictimChoice:
         """The candidate of fewest uses, then of the oldest last use."""
         return min(candidates, key=lambda k: (self.uses.get(k, 0), self.last.get(k, 0)))
 

@@ -25,11 +25,25 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 HOW = ("engine_path", "engine_path_reason")
 """Metrics that say which path computed a run (not hashed)."""
+
+
+def run_digest(metrics: dict[str, Any], steps: dict[str, np.ndarray]) -> str:
+    """The sha256 of a run's metrics (less :data:`HOW`) and step records (every column's name,
+    dtype and bytes, columns in name order): equal digests, equal outputs."""
+    h = hashlib.sha256(json.dumps({k: v for k, v in metrics.items() if k not in HOW},
+                                  sort_keys=True, default=str).encode())
+    for col in sorted(steps):
+        a = np.ascontiguousarray(steps[col])
+        h.update(col.encode())
+        h.update(str(a.dtype).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def golden(root: Path, only: str | None = None, policies: list[str] | None = None) -> dict[str, str]:
@@ -41,6 +55,7 @@ def golden(root: Path, only: str | None = None, policies: list[str] | None = Non
     from moesim.sim.run.runner import run_loaded
 
     warnings.filterwarnings("ignore")
+    os.environ.setdefault("MOESIM_ALLOW_PLUGINS", "1")   # scenarios/plugin-example.yaml loads a plugin
     out: dict[str, str] = {}
     scenarios = sorted(p for p in glob.glob(f"{root}/scenarios/**/*.yaml", recursive=True) if "/sweeps/" not in p)
     for scen in scenarios:
@@ -56,14 +71,7 @@ def golden(root: Path, only: str | None = None, policies: list[str] | None = Non
             except Exception as exc:  # a bug: recorded, so that the comparison shows it
                 out[key] = f"EXC:{type(exc).__name__}: {exc}"[:200]
                 continue
-            metrics = {k: v for k, v in res.metrics.items() if k not in HOW}
-            h = hashlib.sha256(json.dumps(metrics, sort_keys=True, default=str).encode())
-            for col in sorted(res.steps):
-                a = np.ascontiguousarray(res.steps[col])
-                h.update(col.encode())
-                h.update(str(a.dtype).encode())
-                h.update(a.tobytes())
-            out[key] = h.hexdigest()
+            out[key] = run_digest(res.metrics, res.steps)
             print(key, out[key][:12], flush=True)
     return out
 

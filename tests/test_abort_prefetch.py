@@ -20,7 +20,7 @@ from moesim.policies.moepic.policy import MoEpic
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
-from moesim.sim.fast.path import fast_path_refusal
+from moesim.sim.fast.path import FAST_PATH, fast_path_refusal
 from tests.util import make_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000
@@ -170,15 +170,28 @@ def test_abort_refuses_what_is_not_a_prefetch_on_its_way() -> None:
 
 def test_no_fast_replay_takes_a_run_that_can_abort() -> None:
     """Aborting needs a prefetch; the fast path takes only demand-only policies, and the
-    prefetch kernel only the shipped mixtral-offloading / oracle-prefetch as such (no subclass:
-    a subclass that aborted would go to the event loop)."""
+    prefetch kernel only the shipped mixtral-offloading / oracle-prefetch compositions (a
+    subclass with a hook of its own, one that aborts, goes to the event loop). Each run is offered to the fast replay
+    as the runner offers it (``fast_replay=FAST_PATH``), which refuses it, saying why."""
 
     class Aborting(MixtralOffloading):
+        """mixtral-offloading that aborts a layer's prefetches not landed when the layer starts
+        (a hook of its own: the prefetch kernel replays the shipped composition only)."""
+
         name = "aborting-mixtral"
+
+        def before_layer(self, view: View, layer: int) -> None:
+            super().before_layer(view, layer)
+            for key in view.units_of_layer(layer):
+                if view.state(*key) != RESIDENT:
+                    view.abort_prefetch(*key)
 
     tr = make_trace([[[0], [1]]] * 3, num_experts=4, lookahead=np.zeros((3, 2, 4), dtype=np.float16))
     for pol in (MoEpic(configurator=False), Aborting(), _AbortAt([(1, 2, 0)])):
         wl = build_workload(tr, batch_size=1, phases=("decode",))
-        eng = Engine(wl, pol, CostModel(tiny_model(2, 4, 1), tiny_hw()), budget_bytes=4 * MB)
+        eng = Engine(wl, pol, CostModel(tiny_model(2, 4, 1), tiny_hw()), budget_bytes=4 * MB,
+                     fast_replay=FAST_PATH)
         eng.run()
-        assert eng.state.path == "event" and fast_path_refusal(eng.state) is not None
+        assert eng.state.path == "event", f"{pol.name}: taken by the {eng.state.path} replay"
+        assert eng.state.path_reason == fast_path_refusal(eng.state), pol.name
+        assert eng.state.path_reason and "turned off" not in eng.state.path_reason, pol.name

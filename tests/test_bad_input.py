@@ -160,6 +160,13 @@ scenario_case("plugins-registers-builtin", scen(plugins=["p.py"]), "p.py", "lru"
     "from moesim.policies.contract.base import Policy\nfrom moesim.policies.contract.registry import register\n"
     "@register\nclass Mine(Policy):\n    name = 'lru'\n")})
 scenario_case("plugins-not-python", scen(plugins=["p.txt"]), "p.txt", files={"p.txt": "hello"})
+scenario_case("plugins-param-not-stored", scen(plugins=["p.py"], policy={"name": "forgetful"}), "forgetful", "window",
+              files={"p.py": (
+                  "from moesim.policies.parts.caches import LRUCache\n"
+                  "from moesim.policies.contract.registry import register\n"
+                  "@register\nclass Forgetful(LRUCache):\n    name = 'forgetful'\n"
+                  "    def __init__(self, *, window: int = 4) -> None:\n"
+                  "        super().__init__()\n        self._window = window\n")})
 scenario_case("pcie-order", scen(pcie={"order": "lifo"}), "pcie.order")
 scenario_case("pcie-unknown", scen(pcie={"sync": True}), "pcie.sync")
 scenario_case("profile-empty", scen(profile={}), "profile")

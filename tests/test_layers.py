@@ -1,7 +1,7 @@
 """The package's layers: every import (top-level, inside functions and under TYPE_CHECKING)
 runs down the layers of ``sim/``, ``traces/`` and ``policies/``, never up or sideways.
 
-    cli  >  study, real  >  run  >  fast  >  engine  >  policies, traces  >  config  >  core
+    cli  >  study, real, testing  >  run  >  fast  >  engine  >  policies, traces  >  config  >  core
 
 Two packages of one rank (``study`` and ``real``; ``policies`` and ``traces``) do not import
 each other. ``traces/cli.py`` (the ``simctl trace`` commands) sits with the CLI."""
@@ -25,6 +25,7 @@ RANKS = [
     ("moesim.sim.run", 5),
     ("moesim.sim.study", 6),
     ("moesim.sim.real", 6),
+    ("moesim.testing", 6),
     ("moesim.sim.cli", 7),
 ]
 
@@ -40,7 +41,7 @@ def layer_of(module: str) -> tuple[str, int]:
 def modules() -> list[tuple[str, Path]]:
     """Every module of the three folders, with its dotted name."""
     out = []
-    for folder in ("sim", "traces", "policies"):
+    for folder in ("sim", "traces", "policies", "testing"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).with_suffix("")
             parts = list(rel.parts)

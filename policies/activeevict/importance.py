@@ -29,6 +29,7 @@ from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     Outcome,
+    ReadView,
     UnitKey,
     VictimChoice,
     View,
@@ -220,7 +221,7 @@ class ImportanceCache(CacheRule):
         """Count the layer's executed experts (once per iteration and layer)."""
         self.scorer.observe_plan(view.iteration_index, layer, outcome.plan)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of lowest ``s`` (ties: lowest expert id)."""
         by_layer: dict[int, dict[int, float]] = {}

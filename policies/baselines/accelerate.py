@@ -30,6 +30,7 @@ from moesim.policies.contract.base import (
     Plan,
     Policy,
     PolicySetupError,
+    ReadView,
     Routing,
     UnitKey,
     VictimChoice,
@@ -126,7 +127,7 @@ class Accelerate(Policy):
             for layer_, e, p in view.units_of_layer(layer):
                 evict(layer_, e, p)
 
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """A streamed layer's leftover; never a resident layer's expert."""
         for key in request.candidates:
             if key not in self._kept:

@@ -12,7 +12,7 @@ previous token's routing of layer ``l + 1`` stands in (the run warns).
 
 from __future__ import annotations
 
-from moesim.policies.contract.base import Context, Plan, Routing, UnitKey, View
+from moesim.policies.contract.base import Context, Plan, ReadView, Routing, UnitKey, View
 from moesim.policies.contract.needs import SetupNeeds
 from moesim.policies.contract.registry import register
 from moesim.policies.parts.caches import DropAfterUseCache
@@ -51,7 +51,7 @@ class PreGatePrefetcher(NextLayerPrefetcher):
         if (t_it < it or (t_it == it and r_it == it and unit[0] <= r_layer)) and not view.pinned(unit[0], unit[1]):
             view.evict(*unit)
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """Forget the guess."""
         self._spec.pop(unit, None)
 

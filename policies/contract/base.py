@@ -39,7 +39,9 @@ Between hooks, whenever they happen:
   for room), or aborted in flight (``view.abort_prefetch``).
 
 What a policy sees goes through ``view`` (:class:`View`), which refuses reads of the future with
-:class:`CausalityError`. Only classes with ``oracle = True`` receive ``ctx.future``, the
+:class:`CausalityError`. ``choose_victim``, ``admit``, ``on_evict`` and ``on_cancel`` get a
+:class:`ReadView` (no action: the engine is making room or recording a departure); mypy holds
+an override to the annotation of its hook. Only classes with ``oracle = True`` receive ``ctx.future``, the
 recorded routing of later steps; they are labelled as bounds in every output.
 """
 
@@ -73,7 +75,14 @@ from moesim.policies.contract.hook_data import (  # noqa: F401
     VictimChoice,
 )
 from moesim.policies.contract.needs import TOP_K, SetupNeeds  # noqa: F401  (re-exported)
-from moesim.policies.contract.view import IterationInfo, View  # noqa: F401  (re-exported)
+from moesim.policies.contract.view import (  # noqa: F401  (re-exported)
+    ActionView,
+    IterationInfo,
+    ReadView,
+    ResidencyView,
+    RoutingView,
+    View,
+)
 
 # Trace columns a policy may need beside ``experts`` (see :meth:`Policy.required_columns`).
 OPTIONAL_COLUMNS = ("weights", "logits", "lookahead_logits", "token_id", "embedding")
@@ -378,12 +387,12 @@ class Policy:
         and ``metrics.json``. Default: none."""
         return []
 
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """Room is needed (see :class:`EvictionRequest`): a victim among ``request.candidates``,
         or ``request.decline``. Default: the first candidate."""
         return request.candidates[0] if request.candidates else request.decline
 
-    def admit(self, view: View, unit: UnitKey) -> bool:
+    def admit(self, view: ReadView, unit: UnitKey) -> bool:
         """A unit staged in the transfer buffer was used: keep it (move into its pool, victims
         from ``choose_victim`` with reason ``ADMIT``) or drop it (False). Default: keep."""
         return True
@@ -391,10 +400,10 @@ class Policy:
     def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
         """A host-to-device transfer of ``unit`` landed."""
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """``unit`` left VRAM."""
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         """A prefetch of ``unit`` was withdrawn before it landed: before its transfer started,
         or aborted in flight by ``view.abort_prefetch`` (it held room, but was never
         resident)."""

@@ -187,6 +187,33 @@ def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
         if problem:
             raise PolicyError(f"policy {name!r}: {key}: {problem}")
     try:
-        return cls(**params)
+        policy = cls(**params)
     except (TypeError, ValueError) as exc:
         raise PolicyError(f"policy {name!r}: {exc}") from None
+    problem = unstored_param(policy, params)
+    if problem:
+        raise PolicyError(problem)
+    return policy
+
+
+def unstored_param(policy: Policy, given: dict[str, Any] | None = None) -> str | None:
+    """Why ``policy`` breaks the parameter rule (scikit-learn's): each keyword parameter of its
+    ``__init__`` is kept as an attribute of the same name, unchanged (the value in ``given``,
+    else the declared default), so that :meth:`~Policy.get_params` reads the parameters back and
+    a run's outputs can name them; None when it keeps them all. Checked on every policy a
+    scenario builds, before the run."""
+    given = given or {}
+    for key, default in policy_params(type(policy)).items():
+        expected = given.get(key, default)
+        if not hasattr(policy, key):
+            return (f"policy {policy.name!r} does not store its parameter {key!r}: its __init__ must keep "
+                    f"each keyword as an attribute of the same name (self.{key} = {key})")
+        kept = getattr(policy, key)
+        try:
+            same = kept is expected or bool(kept == expected)
+        except Exception:  # a value whose == is not one truth value: compare by identity only
+            same = False
+        if not same:
+            return (f"policy {policy.name!r} changes its parameter {key!r}: given {expected!r}, it keeps "
+                    f"{kept!r} (keep each keyword as given; derive other values under another name)")
+    return None

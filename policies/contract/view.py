@@ -1,7 +1,22 @@
 """The :class:`View`: what a policy may see and do at a hook, only about the present and the
 past (the engine and the executor implement it; reads ahead of routing raise
 :class:`~moesim.policies.contract.base.CausalityError`), and :class:`IterationInfo`, the current
-iteration as the view describes it. :mod:`moesim.policies.contract.base` re-exports both.
+iteration as the view describes it. :mod:`moesim.policies.contract.base` re-exports them all.
+
+The view is three narrower protocols joined, and each hook is annotated with what it may use,
+so that mypy holds a policy to it (the engine hands the same object to every hook: nothing
+changes at run time):
+
+* :class:`RoutingView`: time, position, and the routing, logits, lookahead and embeddings of
+  the present and the past;
+* :class:`ResidencyView`: what is resident or on its way, pins, pools and free room;
+* :class:`ActionView`: the few actions (prefetch, reprioritize, evict, cancel, abort, re-split
+  budgets, spend CPU time).
+
+:class:`ReadView` (routing and residency, no action) is what the hooks get that the engine calls
+while it is making room or recording a departure (``choose_victim``, ``admit``, ``on_evict``,
+``on_cancel``): they answer or take note, the engine acts. Every other hook gets the whole
+:class:`View`.
 """
 
 from __future__ import annotations
@@ -32,9 +47,10 @@ class IterationInfo(Protocol):
         ...
 
 
-class View(Protocol):
-    """What a policy may see and do, only about the present and the past. Reads of a layer's
-    routing, logits or lookahead before that layer is routed raise :class:`~moesim.policies.contract.base.CausalityError`."""
+class RoutingView(Protocol):
+    """What a policy may read of the run: time, position, and the routing of the present and
+    the past. Reads of a layer's routing, logits or lookahead before that layer is routed raise
+    :class:`~moesim.policies.contract.base.CausalityError`."""
 
     # -- time and position
     @property
@@ -100,7 +116,11 @@ class View(Protocol):
         of ``dict.fromkeys(iteration.request_ids)``), or None."""
         ...
 
-    # -- residency
+
+
+class ResidencyView(Protocol):
+    """What is resident or on its way to VRAM, what is pinned, and where there is room."""
+
     def state(self, layer: int, expert: int, part: int = 0) -> int:
         """``ABSENT``, ``WAITING``, ``QUEUED``, ``INFLIGHT`` or ``RESIDENT``."""
         ...
@@ -157,7 +177,17 @@ class View(Protocol):
         """The unit holds room in the transfer buffer rather than in its pool."""
         ...
 
-    # -- actions
+
+
+class ReadView(RoutingView, ResidencyView, Protocol):
+    """Routing and residency, no action: the view of the hooks the engine calls while it makes
+    room or records a departure (``choose_victim``, ``admit``, ``on_evict``, ``on_cancel``)."""
+
+
+class ActionView(Protocol):
+    """The few things a policy may do: each keeps every VRAM and copy-lane rule (an action
+    that would break one does nothing and says so)."""
+
     def prefetch(self, layer: int, expert: int, part: int = 0, priority: float = 0.0,
                  into_buffer: bool = False) -> bool:
         """Issue a prefetch; False (doing nothing) when it is present or gets no room."""
@@ -190,3 +220,8 @@ class View(Protocol):
     def spend_cpu(self, seconds: float) -> None:
         """Charge policy computation on the critical path (the GPU stream waits for it)."""
         ...
+
+
+class View(ReadView, ActionView, Protocol):
+    """What a policy may see and do, only about the present and the past (the three protocols
+    joined): the view of every hook but those of :class:`ReadView`."""

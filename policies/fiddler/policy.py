@@ -30,6 +30,7 @@ from moesim.policies.contract.base import (
     Plan,
     Policy,
     PolicySetupError,
+    ReadView,
     Routing,
     UnitKey,
     VictimChoice,
@@ -171,7 +172,7 @@ class Fiddler(Policy):
         if not kept:
             self._may_hold.discard(layer)
 
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """A copied expert left in a staging slot; never a popular one."""
         for key in request.candidates:
             if key not in self.popular:

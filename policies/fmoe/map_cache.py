@@ -19,6 +19,7 @@ from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
     Outcome,
+    ReadView,
     Reason,
     UnitKey,
     VictimChoice,
@@ -69,12 +70,12 @@ class MapPriorityCache(CacheRule):
         self._sync()
         self._keys[key] = self._key(key, self._keys_p)
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """Counts are forgotten when the unit leaves."""
         self.freq.pop(unit, None)
         self._keys.pop(unit, None)
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         """A withdrawn prefetch leaves nothing behind."""
         self.freq.pop(unit, None)
         self._keys.pop(unit, None)
@@ -131,7 +132,7 @@ class MapPriorityCache(CacheRule):
         self._fill(cands)
         return max(cands, key=get)
 
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """The candidate of highest eviction priority that is neither ``protected`` nor (with
         ``protect_window``) in the maps' window: :meth:`victim` after the base rule's filter,
         taken as the highest key of all candidates when that one is not excluded (it is then
@@ -153,7 +154,7 @@ class MapPriorityCache(CacheRule):
             return best
         return CacheRule.choose_victim(self, view, request)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of highest eviction priority outside the protected window."""
         cands = list(candidates)

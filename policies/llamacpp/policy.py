@@ -41,6 +41,7 @@ from moesim.policies.contract.base import (
     Plan,
     Policy,
     PolicySetupError,
+    ReadView,
     Routing,
     UnitKey,
     VictimChoice,
@@ -220,7 +221,7 @@ class CpuMoe(Policy):
             view.evict(*key)
 
     # -- room -----------------------------------------------------------------------------------
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """Leftover op-offload copies first; for op-offload room, then the least recently used
         hot copy of any layer; never a GPU layer's expert or one the current layer runs."""
         cands = [k for k in request.candidates if k not in self._gpu and k not in self._busy]
@@ -232,14 +233,14 @@ class CpuMoe(Policy):
         hot = [(self._hot[k[0]][k], k) for k in cands if k[0] in self._hot and k in self._hot[k[0]]]
         return min(hot)[1] if hot else request.decline
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """Forget an evicted copy."""
         self._staging.discard(unit)
         hot = self._hot.get(unit[0])
         if hot is not None:
             hot.pop(unit, None)
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         """Forget a withdrawn copy."""
         self.on_evict(view, unit)
 

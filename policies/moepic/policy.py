@@ -54,6 +54,7 @@ from moesim.policies.contract.base import (
     Plan,
     Policy,
     PolicySetupError,
+    ReadView,
     Reason,
     Routing,
     UnitKey,
@@ -356,7 +357,7 @@ class MoEpic(SpeculativePrefetch, Policy):
         if passed and not view.pinned(unit[0], unit[1]):
             view.evict(*unit)   # a guess that landed after its layer was routed, and was wrong
 
-    def admit(self, view: View, unit: UnitKey) -> bool:
+    def admit(self, view: ReadView, unit: UnitKey) -> bool:
         """A segment staged in the buffer has been used: the top of an activated expert
         replaces the least-priority cached top (LCP replacement, section 3.3; the victims come
         from ``choose_victim`` while the unit still sits in the buffer); bottoms and unused
@@ -370,7 +371,7 @@ class MoEpic(SpeculativePrefetch, Policy):
         self._spec.pop(unit, None)   # a right guess, used: now a cached top, no longer a guess
         return True
 
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """Room for an admitted top segment: evict by the replacement rule. Room for a demand
         load: stage it in the transfer buffer when that has room (the cache is updated when it
         is admitted); wait for the buffer while it holds a segment the layer has yet to compute
@@ -391,7 +392,7 @@ class MoEpic(SpeculativePrefetch, Policy):
             return request.decline
         return self._victim(candidates)
 
-    def _buffer_drains(self, view: View, layer: int) -> bool:
+    def _buffer_drains(self, view: ReadView, layer: int) -> bool:
         """The transfer buffer holds (or is copying) a segment of ``layer`` that the layer has yet
         to compute: its room frees when it computes, without an eviction."""
         for key in view.units_of_layer(layer):
@@ -399,11 +400,11 @@ class MoEpic(SpeculativePrefetch, Policy):
                 return True
         return False
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         self._spec.pop(unit, None)
         self._reload.discard(unit)
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         self._spec.pop(unit, None)
         self._reload.discard(unit)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from moesim.policies.contract.base import ABSENT, UnitKey, View
+from moesim.policies.contract.base import ABSENT, ReadView, UnitKey, View
 from moesim.policies.moepic.prediction import RowScores, lookahead_guess
 from moesim.policies.parts.lcp_priority import CachePriority
 
@@ -34,7 +34,7 @@ class SpeculativePrefetch:
     _no_buffer: bool                       # no transfer buffer (cache.buffer_experts 0)
     _sizes: list[tuple[int, ...] | None]   # part bytes per layer, None until read
 
-    def _part_sizes(self, view: View, layer: int) -> tuple[int, ...]:
+    def _part_sizes(self, view: ReadView, layer: int) -> tuple[int, ...]:
         """Bytes of each part of an expert of ``layer``, read from the view once per split
         (the policy forgets them when it changes the split)."""
         sizes = self._sizes[layer]

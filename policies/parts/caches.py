@@ -21,6 +21,7 @@ from moesim.policies.contract.base import (
     FutureRouting,
     Outcome,
     Policy,
+    ReadView,
     UnitKey,
     VictimChoice,
     View,
@@ -44,7 +45,7 @@ class CacheRule(Policy, DeclaresKernel):
     def refresh(self, key: UnitKey) -> None:
         """``key`` counts as used now (a prefetcher found it present, or issued it)."""
 
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """The rule's victim among the candidates that are not protected."""
         cands = request.candidates
         protected = self.protected
@@ -58,7 +59,7 @@ class CacheRule(Policy, DeclaresKernel):
             return request.decline
         return self.victim(view, request, cands)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """Pick among ``candidates`` (not empty). Default: the first."""
         return candidates[0]
@@ -137,13 +138,13 @@ class RecencyCache(CacheRule):
         self._last.pop(unit, None)
         self._count.pop(unit, None)
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """An evicted unit's counts are forgotten."""
         self._inserted.pop(unit, None)   # self._forget(unit), inlined: once per eviction
         self._last.pop(unit, None)
         self._count.pop(unit, None)
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         """A prefetch refreshed at issue and withdrawn leaves no entry behind."""
         self._forget(unit)
 
@@ -157,7 +158,7 @@ class LRUCache(RecencyCache):
         """Loads only on demand."""
         return True
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used longest ago."""
         n = len(candidates)
@@ -181,7 +182,7 @@ class LFUCache(RecencyCache):
         return True
 
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of fewest accesses since it came in."""
         count, last = self._count, self._last
@@ -201,7 +202,7 @@ class FIFOCache(RecencyCache):
         """Loads only on demand."""
         return True
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate inserted longest ago."""
         ins = self._inserted
@@ -232,7 +233,7 @@ class RandomCache(RecencyCache):
         """The stream victims are drawn from (the run's policy stream, after ``setup``)."""
         return self._rng
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """A random candidate."""
         return candidates[int(self._rng.integers(len(candidates)))]
@@ -296,7 +297,7 @@ class StaticCache(CacheRule):
         for key in sorted(self.static):
             view.prefetch(*key, priority=-1.0)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The first candidate outside the static set, else none."""
         for key in candidates:
@@ -326,7 +327,7 @@ class BeladyCache(CacheRule):
             raise RuntimeError("the Belady rule needs the oracle annotation (an oracle policy)")
         self._future = ctx.future
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate used farthest in the future."""
         fut = self._future
@@ -357,7 +358,7 @@ class LCPCache(CacheRule):
         """Every token that passed the layer updates the indicators."""
         self.prio.observe(layer, outcome.plan)
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate of least priority."""
         return self.prio.victim(list(candidates))
@@ -385,6 +386,6 @@ class DropAfterUseCache(CacheRule):
         """Drop the last layer's units."""
         self._clear(view, view.num_layers - 1)
 
-    def admit(self, view: View, unit: UnitKey) -> bool:
+    def admit(self, view: ReadView, unit: UnitKey) -> bool:
         """Never keep a staged unit."""
         return False

@@ -28,6 +28,7 @@ from moesim.policies.contract.base import (
     Outcome,
     Plan,
     Policy,
+    ReadView,
     Routing,
     UnitKey,
     VictimChoice,
@@ -174,11 +175,11 @@ class Composed(Policy):
         for hook in self._by_hook["on_iteration_end"]:
             hook(view)
 
-    def choose_victim(self, view: View, request: EvictionRequest) -> VictimChoice:
+    def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """The cache rule's victim."""
         return self.cache.choose_victim(view, request)
 
-    def admit(self, view: View, unit: UnitKey) -> bool:
+    def admit(self, view: ReadView, unit: UnitKey) -> bool:
         """The cache rule's admission."""
         return self.cache.admit(view, unit)
 
@@ -187,12 +188,12 @@ class Composed(Policy):
         for hook in self._by_hook["on_loaded"]:
             hook(view, unit, demand)
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """Every part, in order."""
         for hook in self._by_hook["on_evict"]:
             hook(view, unit)
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         """Every part, in order."""
         for hook in self._by_hook["on_cancel"]:
             hook(view, unit)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moesim.policies.contract.base import EvictionRequest, UnitKey, VictimChoice, View
+from moesim.policies.contract.base import EvictionRequest, ReadView, UnitKey, VictimChoice
 from moesim.policies.parts.caches import RecencyCache
 
 
@@ -44,7 +44,7 @@ class LeastStaleCache(RecencyCache):
         """Layers until ``layer`` runs again, seen from ``current`` (0: the next one)."""
         return (layer - current - 1) % num_layers
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The candidate farthest from its layer's next turn; then least recently used."""
         n = view.num_layers

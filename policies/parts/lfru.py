@@ -27,6 +27,7 @@ from moesim.policies.contract.base import (
     EvictionRequest,
     Outcome,
     PolicySetupError,
+    ReadView,
     Reason,
     UnitKey,
     VictimChoice,
@@ -88,11 +89,11 @@ class LFRUCache(CacheRule):
                 got[0] += 1
                 got[1] = clock
 
-    def on_evict(self, view: View, unit: UnitKey) -> None:
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """An evicted expert's counts are forgotten."""
         self._entry.pop(unit, None)
 
-    def on_cancel(self, view: View, unit: UnitKey) -> None:
+    def on_cancel(self, view: ReadView, unit: UnitKey) -> None:
         """Nothing is prefetched; a withdrawn unit leaves no entry."""
         self._entry.pop(unit, None)
 
@@ -117,7 +118,7 @@ class LFRUCache(CacheRule):
                 best, best_s, best_seq = k, sc, seq
         return best
 
-    def _replay_pass(self, view: View, layer: int, candidates: Sequence[UnitKey]) -> list[UnitKey]:
+    def _replay_pass(self, view: ReadView, layer: int, candidates: Sequence[UnitKey]) -> list[UnitKey]:
         """vLLM's victims for this layer's pass: ids ascending, free slots first, each miss
         evicting the least score at the clock it sees."""
         routed = view.routing(layer).experts
@@ -139,7 +140,7 @@ class LFRUCache(CacheRule):
             clock += 1
         return victims
 
-    def victim(self, view: View, request: EvictionRequest, candidates: Sequence[UnitKey]
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The least score; for a layer's demand loads, in the order vLLM evicts."""
         layer = request.unit[0]

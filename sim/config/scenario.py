@@ -240,8 +240,8 @@ class LoadedScenario(BaseModel):
         against the scenario file's folder, and the line says which folder."""
         t = self.scenario.trace
         path = self.trace_path()
-        if path is None or not isinstance(t, str) or path.is_file():
-            return None
+        if path is None or not isinstance(t, str) or path.exists():
+            return None  # a folder or an unreadable file is the trace reader's to name
         return missing_file_line(self.source, "trace", t, path, self.base_dir)
 
     def model_spec(self, trace_model_name: str, trace_shape: dict[str, int] | None = None) -> ModelSpec:

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from moesim.sim.cli.blas_spin import quiet_blas_workers
 from moesim.sim.cli.lazy_commands import LazyCommand, lazy_group
+from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.atomic import Terminated
 from moesim.sim.core.errors import MoesimError
 
@@ -74,6 +75,7 @@ def run(
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
     baselines: Annotated[bool, typer.Option(help="the summary's speed-up over lru and no-cache (the same scenario, "
                                             "on the fast path)")] = True,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Run one scenario and print its summary."""
     from moesim.sim.config.scenario import load_scenario
@@ -82,6 +84,7 @@ def run(
     from moesim.sim.run.runner import prepare_run
 
     _resume_gc()
+    grant_plugins(allow_plugins)
 
     if timeline and out is None:
         raise MoesimError("--timeline writes timeline.json into the --out folder: give --out too")

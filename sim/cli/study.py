@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.errors import MoesimError
 
 _JOBS = typer.Option("--jobs", "-j", help="local worker processes (default: the CPUs available)")
@@ -84,11 +85,13 @@ def sweep_cmd(
                                                    "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh "
                                         "(without it, only a sweep folder is reused: resumed)")] = False,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Run a sweep: every point of the grid, resumable, into one tidy Parquet table."""
     from moesim.sim.study.sweep import load_sweep
     from moesim.sim.study.sweep_run import PointStore, run_sweep
 
+    grant_plugins(allow_plugins)
     sweep = load_sweep(sweep_file, set_ or [])
     out_dir = _out_dir(out, sweep) if not dry_run else (out or Path("runs") / sweep.spec.name)
     if jobs is not None and jobs < 1:
@@ -136,6 +139,7 @@ def compare_cmd(
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, "
                                                    "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Compare policies on one scenario: ranked tables in groups (lossless, lossy, bounds, n/a) and a figure."""
     from moesim.sim.study.compare import METRICS, comparison_figure, comparison_sweep, rank
@@ -143,6 +147,7 @@ def compare_cmd(
     from moesim.sim.study.plot import load_table, save
     from moesim.sim.study.sweep_run import run_sweep
 
+    grant_plugins(allow_plugins)
     if fmt not in ("markdown", "csv"):
         raise typer.BadParameter("choose markdown or csv", param_hint="--format")
     if metric not in METRICS:

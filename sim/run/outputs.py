@@ -174,6 +174,8 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     t.add_column(style="bold")
     t.add_column()
     t.add_row("policy", escape(policy_line(r["policy"])))
+    for plugin in m.get("plugins", []):   # code of the user's that ran: which file, which bytes
+        t.add_row("plugin code", escape(f"{plugin['file']} (sha256 {plugin['sha256']})"))
     t.add_row("cache", cache_line(result))
     if r.get("trace"):
         t.add_row("trace", escape(r["trace"]) + f"; {m['requests']} requests replayed")

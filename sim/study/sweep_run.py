@@ -101,9 +101,12 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     cpu0 = time.process_time()
     record: dict[str, Any] = {"config_hash": task["config_hash"], "index": task["index"], "params": task["params"],
                               "moesim_version": moesim_version(), "host": os.uname().nodename, "pid": os.getpid()}
+    from moesim.policies.contract.plugins import allow_plugins
     from moesim.sim.config.scenario import load_scenario_data
     from moesim.sim.run.runner import PolicyNotApplicable, run_loaded
 
+    if task.get("allow_plugins"):   # the user's word, given to the command that started this worker
+        allow_plugins()
     try:
         loaded = load_scenario_data(task["data"], source=task["source"], base_dir=Path(task["base_dir"]))
         result = run_loaded(loaded, trace=cached_trace(loaded))
@@ -128,9 +131,12 @@ def not_applicable(point: Point) -> dict[str, Any]:
 
 
 def point_task(point: Point) -> dict[str, Any]:
-    """What a worker needs to run ``point``: plain, picklable data."""
+    """What a worker needs to run ``point``: plain, picklable data (with whether the user allowed
+    plugin code, for workers started before or elsewhere: :mod:`moesim.policies.contract.plugins`)."""
+    from moesim.policies.contract.plugins import plugins_allowed
+
     return {"index": point.index, "config_hash": point.config_hash, "params": point.params, "data": point.data,
-            "source": point.source, "base_dir": str(point.base_dir)}
+            "source": point.source, "base_dir": str(point.base_dir), "allow_plugins": plugins_allowed()}
 
 
 # --- the result store -----------------------------------------------------------------------------

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from moesim.sim.cli.interrupted import resumable
 from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.errors import MoesimError
 
@@ -49,6 +51,20 @@ def _out_dir(out: Path | None, sweep: object) -> Path:
     if note:
         Console(stderr=True).print(note, highlight=False, markup=False, soft_wrap=True)
     return folder
+
+
+def _kept(sweep: object, out: Path) -> Callable[[], tuple[int, int]]:
+    """How many of the study's points have a result file in ``out`` (for an interrupted study)."""
+    from moesim.sim.study.sweep import Sweep
+    from moesim.sim.study.sweep_run import POINTS
+
+    assert isinstance(sweep, Sweep)
+
+    def count() -> tuple[int, int]:
+        have = {p.stem for p in (out / POINTS).glob("*.json")} if (out / POINTS).is_dir() else set()
+        return sum(p.config_hash in have for p in sweep.points), len(sweep.points)
+
+    return count
 
 
 def _report(outcome: object, out: Path) -> None:
@@ -108,8 +124,9 @@ def sweep_cmd(
             print(f"n/a {name}: {reason}")
         print(f"{len(sweep.points)} points, {sum(p.config_hash in done for p in sweep.points)} done, output {out_dir}")
         return
-    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
-                        progress=_show_progress(progress), force=force, command=_command(ctx))
+    with resumable(_command(ctx), out_dir, _kept(sweep, out_dir)):
+        outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
+                            progress=_show_progress(progress), force=force, command=_command(ctx))
     _report(outcome, out_dir)
 
 
@@ -161,8 +178,9 @@ def compare_cmd(
         if baseline not in compared:
             raise MoesimError(f"--baseline {baseline}: not among the compared policies ({', '.join(compared)})")
     out_dir = _out_dir(out, sweep)
-    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force,
-                        command=_command(ctx))
+    with resumable(_command(ctx), out_dir, _kept(sweep, out_dir)):
+        outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force,
+                            command=_command(ctx))
     df, _ = load_table(outcome.table)
     comp = rank(df, metric=metric, baseline=baseline)
     md, csv = to_markdown(comp), to_csv(comp)

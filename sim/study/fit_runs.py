@@ -191,11 +191,13 @@ class RowRunner:
             from concurrent.futures import ProcessPoolExecutor
 
             from moesim.policies.contract.plugins import plugins_allowed
+            from moesim.sim.study.worker_life import start_worker, this_process
 
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["moesim.sim.study.fit", "moesim.sim.run.runner"])
             self._pool = ProcessPoolExecutor(max_workers=self.jobs_n, mp_context=ctx,
-                                             initializer=_init_worker, initargs=(self.ms, plugins_allowed()))
+                                             initializer=start_worker,   # workers die with this process (worker_life)
+                                             initargs=(this_process(), _init_worker, self.ms, plugins_allowed()))
         return self._pool
 
     def run(self, tasks: list[tuple[int, Values]]) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moesim.sim.core.atomic import terminate_cleanly
 from moesim.sim.study.progress import MODES
 from moesim.sim.study.progress import progress as show_progress
 from moesim.sim.study.study_record import moesim_version, record_study
@@ -186,9 +187,13 @@ def _local_pool(jobs: int) -> Iterator[Callable[[list[dict[str, Any]]], Iterator
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    from moesim.sim.study.worker_life import start_worker, stop_pool, this_process
+
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["moesim.sim.study.sweep_run", "moesim.sim.run.runner"])
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    # workers die with this process, even on kill -9 (worker_life); an interrupt ends them at once
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=start_worker,
+                             initargs=(this_process(),)) as pool:
 
         def run(tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             futures = {pool.submit(run_point, t): t for t in tasks}
@@ -202,7 +207,11 @@ def _local_pool(jobs: int) -> Iterator[Callable[[list[dict[str, Any]]], Iterator
                 for fut in futures:
                     fut.cancel()
 
-        yield run
+        try:
+            yield run
+        except BaseException:   # Ctrl-C, SIGTERM or an error of the driver: no point is waited for
+            stop_pool(pool)
+            raise
 
 
 @contextmanager
@@ -347,7 +356,9 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | None = None, dask: s
     queued = {t["config_hash"] for t in tasks}
     pre_na = sum(1 for p in sweep.points if p.config_hash not in queued
                  and done.get(p.config_hash, {}).get("status") == NOT_APPLICABLE)
-    with show_progress(mode, sweep.spec.name, len(sweep.points), skipped + len(n_a), pre_na) as tick:
+    # SIGTERM unwinds as Ctrl-C does: the workers are ended, the finished points stay (a rerun resumes)
+    with terminate_cleanly(), show_progress(mode, sweep.spec.name, len(sweep.points), skipped + len(n_a),
+                                            pre_na) as tick:
         if tasks:
             with executor as run:
                 for rec in run(tasks):

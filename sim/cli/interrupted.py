@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from moesim.sim.core.atomic import Terminated
+from moesim.sim.core.escape import visible
 
 _OUT = ("--out", "-o")
 _DROP = ("--force",)   # a resume with --force would clear the kept points
@@ -48,6 +49,6 @@ def resumable(argv: list[str] | None, out: Path, progress: Callable[[], tuple[in
     except (KeyboardInterrupt, Terminated) as exc:
         what, code = ("Ctrl-C", 130) if isinstance(exc, KeyboardInterrupt) else ("SIGTERM", 143)
         done, total = progress()
-        typer.echo(f"simctl: interrupted ({what}) with {done} of {total} points done and kept in {out}; "
-                   f"resume with: {resume_command(argv, out)}", err=True)
+        typer.echo(f"simctl: interrupted ({what}) with {done} of {total} points done and kept in {visible(out)}; "
+                   f"resume with: {visible(resume_command(argv, out))}", err=True)
         raise typer.Exit(code) from None

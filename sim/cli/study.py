@@ -18,6 +18,7 @@ from rich.console import Console
 from moesim.sim.cli.interrupted import resumable
 from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.escape import terminal, visible
 
 _JOBS = typer.Option("--jobs", "-j", help="local worker processes (default: the CPUs available)")
 _DASK = typer.Option("--dask", help="run on Dask: local:N starts a LocalCluster of N workers; tcp://HOST:PORT joins a scheduler")
@@ -77,14 +78,14 @@ def _report(outcome: object, out: Path) -> None:
               f"{outcome.wall_s:.1f} s", highlight=False)
     reasons = list(dict.fromkeys(msg for _, msg in outcome.not_applicable))
     for msg in reasons[:10]:
-        err.print(f"  n/a {msg}", highlight=False, markup=False, soft_wrap=True)
+        err.print(f"  n/a {visible(msg)}", highlight=False, markup=False, soft_wrap=True)
     if len(reasons) > 10:
         err.print(f"  ... and {len(reasons) - 10} more (see the error column)")
     for index, msg in outcome.failed[:10]:
-        err.print(f"  [red]point {index} failed[/red]: {msg}", markup=True, highlight=False)
+        err.print(f"  [red]point {index} failed[/red]: {terminal(msg)}", markup=True, highlight=False)
     if len(outcome.failed) > 10:
         err.print(f"  ... and {len(outcome.failed) - 10} more (see the error column)")
-    err.print(f"table: {outcome.table}")
+    err.print(f"table: {visible(outcome.table)}", markup=False, highlight=False)
 
 
 def sweep_cmd(
@@ -191,7 +192,7 @@ def compare_cmd(
     written = [out_dir / "compare.md", out_dir / "compare.csv", outcome.table]
     if figure:
         written += save(comparison_figure(comp), out_dir, "compare")
-    err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    err.print("wrote " + ", ".join(visible(p) for p in written), highlight=False, markup=False)
     if outcome.not_applicable:
         n = len(outcome.not_applicable)
         err.print(f"{n} {'point' if n == 1 else 'points'} n/a on this trace and scenario (the table says why)",
@@ -275,8 +276,10 @@ def table_cmd(
             close = difflib.get_close_matches(unknown[0], list(df.columns), n=1)
             raise PlotError(f"--columns {unknown[0]}: no such column" + (f"; did you mean {close[0]!r}?" if close else ""))
         df = df[cols]
-    if fmt == "csv":
-        text = str(df.to_csv(index=False))
+    if fmt == "csv":   # a text cell a spreadsheet would run as a formula is guarded
+        from moesim.sim.core.escape import csv_safe
+
+        text = str(csv_safe(df).to_csv(index=False))
     else:
         from moesim.sim.study.compare_table import markdown_table
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from moesim.sim.cli.interrupted import resumable
 from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.errors import MoesimError
-from moesim.sim.core.escape import terminal, visible
+from moesim.sim.core.escape import csv_safe, terminal, visible
 
 _JOBS = typer.Option("--jobs", "-j", help="local worker processes (default: the CPUs available)")
 _DASK = typer.Option("--dask", help="run on Dask: local:N starts a LocalCluster of N workers; tcp://HOST:PORT joins a scheduler")
@@ -277,8 +277,6 @@ def table_cmd(
             raise PlotError(f"--columns {unknown[0]}: no such column" + (f"; did you mean {close[0]!r}?" if close else ""))
         df = df[cols]
     if fmt == "csv":   # a text cell a spreadsheet would run as a formula is guarded
-        from moesim.sim.core.escape import csv_safe
-
         text = str(csv_safe(df).to_csv(index=False))
     else:
         from moesim.sim.study.compare_table import markdown_table

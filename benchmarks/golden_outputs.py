@@ -9,7 +9,8 @@ Environment: ``GOLDEN_SCEN=substring`` limits the scenarios, ``GOLDEN_POLICIES=a
 policies (each scenario's own policy runs either way). To hash another checkout's code,
 put a folder with ``moesim/{sim,policies,traces}`` links to it first on ``PYTHONPATH``. A run
 that fails records its one-line error (``ERR:``) or exception (``EXC:``: a bug) instead of a
-hash. About 1,000 runs: several minutes on two cores.
+hash. The shipped plugins run (the script sets ``MOESIM_ALLOW_PLUGINS=1``); a plugin run's
+hash covers its ``plugins`` field (each file relative to ROOT, with its sha256). About 1,000 runs: several minutes on two cores.
 
 ``engine_path`` and ``engine_path_reason`` are left out of the hash: they say how a run was
 computed (a fast replay or the event loop, and why), not what it computed, and a run that a
@@ -55,7 +56,9 @@ def golden(root: Path, only: str | None = None, policies: list[str] | None = Non
     from moesim.sim.run.runner import run_loaded
 
     warnings.filterwarnings("ignore")
-    os.environ.setdefault("MOESIM_ALLOW_PLUGINS", "1")   # scenarios/plugin-example.yaml loads a plugin
+    # the shipped scenarios' plugins (scenarios/plugins/) are this tree's own code: allowed
+    # explicitly, as a script allows them (MOESIM_ALLOW_PLUGINS=1)
+    os.environ["MOESIM_ALLOW_PLUGINS"] = "1"
     out: dict[str, str] = {}
     scenarios = sorted(p for p in glob.glob(f"{root}/scenarios/**/*.yaml", recursive=True) if "/sweeps/" not in p)
     for scen in scenarios:
@@ -71,7 +74,10 @@ def golden(root: Path, only: str | None = None, policies: list[str] | None = Non
             except Exception as exc:  # a bug: recorded, so that the comparison shows it
                 out[key] = f"EXC:{type(exc).__name__}: {exc}"[:200]
                 continue
-            out[key] = run_digest(res.metrics, res.steps)
+            metrics = dict(res.metrics)
+            if "plugins" in metrics:   # each file relative to the tree, so that two trees compare
+                metrics["plugins"] = [{**p, "file": os.path.relpath(p["file"], root)} for p in metrics["plugins"]]
+            out[key] = run_digest(metrics, res.steps)
             print(key, out[key][:12], flush=True)
     return out
 

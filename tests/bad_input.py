@@ -184,6 +184,7 @@ def check(c: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
         pytest.importorskip(c.needs)
     _make(tmp_path, c.files)
     monkeypatch.chdir(tmp_path)          # default output folders (runs/...) land here too
+    monkeypatch.delenv("MOESIM_ALLOW_PLUGINS", raising=False)   # --allow-plugins sets it: undone after
     before = _tree(tmp_path)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in c.argv]
     code = main(argv)

@@ -152,21 +152,25 @@ scenario_case("policy-param-string", scen(policy={"name": "moe-infinity", "param
               "cross_token")
 scenario_case("policy-param-bool-for-int", scen(policy={"name": "mixtral-offloading", "params": {"prefetch_experts": True}}),
               "prefetch_experts")
-scenario_case("plugins-missing", scen(plugins=["nope.py"]), "nope.py")
-scenario_case("plugins-syntax", scen(plugins=["p.py"]), "p.py", files={"p.py": "def (:\n"})
-scenario_case("plugins-raises", scen(plugins=["p.py"]), "p.py", files={"p.py": "raise RuntimeError('boom')\n"})
+ALLOW = ["--allow-plugins"]
+scenario_case("plugins-not-allowed", scen(plugins=["p.py"]), "p.py", "--allow-plugins", "MOESIM_ALLOW_PLUGINS",
+              files={"p.py": "open('ran.txt', 'w').write('plugin code ran')\n"})   # the tree check: never ran
+scenario_case("plugins-missing", scen(plugins=["nope.py"]), "nope.py", extra=ALLOW)
+scenario_case("plugins-syntax", scen(plugins=["p.py"]), "p.py", "SyntaxError", files={"p.py": "def (:\n"}, extra=ALLOW)
+scenario_case("plugins-raises", scen(plugins=["p.py"]), "p.py", "boom", files={"p.py": "raise RuntimeError('boom')\n"},
+              extra=ALLOW)
 scenario_case("plugins-scalar", scen(plugins="p.py"), "plugins")
 scenario_case("plugins-registers-builtin", scen(plugins=["p.py"]), "p.py", "lru", files={"p.py": (
     "from moesim.policies.contract.base import Policy\nfrom moesim.policies.contract.registry import register\n"
-    "@register\nclass Mine(Policy):\n    name = 'lru'\n")})
-scenario_case("plugins-not-python", scen(plugins=["p.txt"]), "p.txt", files={"p.txt": "hello"})
+    "@register\nclass Mine(Policy):\n    name = 'lru'\n")}, extra=ALLOW)
+scenario_case("plugins-not-python", scen(plugins=["p.txt"]), "p.txt", files={"p.txt": "hello"}, extra=ALLOW)
 scenario_case("plugins-param-not-stored", scen(plugins=["p.py"], policy={"name": "forgetful"}), "forgetful", "window",
               files={"p.py": (
                   "from moesim.policies.parts.caches import LRUCache\n"
                   "from moesim.policies.contract.registry import register\n"
                   "@register\nclass Forgetful(LRUCache):\n    name = 'forgetful'\n"
                   "    def __init__(self, *, window: int = 4) -> None:\n"
-                  "        super().__init__()\n        self._window = window\n")})
+                  "        super().__init__()\n        self._window = window\n")}, extra=ALLOW)
 scenario_case("pcie-order", scen(pcie={"order": "lifo"}), "pcie.order")
 scenario_case("pcie-unknown", scen(pcie={"sync": True}), "pcie.sync")
 scenario_case("profile-empty", scen(profile={}), "profile")

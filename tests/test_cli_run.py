@@ -166,11 +166,17 @@ def test_listing_commands(capsys: pytest.CaptureFixture[str]) -> None:
 # scenarios/sweeps/ holds sweep files, not scenarios: tests/test_sweep.py runs them
 @pytest.mark.parametrize("path", sorted(p for p in (ROOT / "scenarios").rglob("*.yaml") if "sweeps" not in p.parts),
                          ids=lambda p: p.name)
-def test_every_example_scenario_runs_as_is(path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["run", str(path), "--json"], capsys)
+def test_every_example_scenario_runs_as_is(path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shipped scenario runs; one with plugins runs with --allow-plugins, and its metrics name
+    each plugin file with its sha256."""
+    monkeypatch.delenv("MOESIM_ALLOW_PLUGINS", raising=False)   # --allow-plugins sets it: undone after
+    plugins = (yaml.safe_load(path.read_text()) or {}).get("plugins") or []
+    code, out, err = run_cli(["run", str(path), "--json", *(["--allow-plugins"] if plugins else [])], capsys)
     assert code == 0, err
     m = json.loads(out)
     assert m["output_tokens"] > 0 and m["sim_time_s"] > 0
+    assert [Path(p["file"]) for p in m.get("plugins", [])] == [(path.parent / p).resolve() for p in plugins]
 
 
 def test_an_internal_error_keeps_its_traceback_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],

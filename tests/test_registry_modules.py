@@ -12,7 +12,7 @@ from moesim.policies.contract import registry
 
 
 def test_table_matches_the_registered_classes() -> None:
-    registry._load_all()
+    registry.load_builtin_policies()
     builtin = {name: cls.__module__ for name, cls in registry._REGISTRY.items()
                if cls.__module__.startswith("moesim.policies.")}
     assert builtin == registry._MODULE_OF

@@ -280,20 +280,22 @@ def inspect_cmd(
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
+    from moesim.sim.core.escape import terminal
+
     console = _console()
-    m = info["model"]
-    console.print(f"[bold]{info['file']}[/bold]: moe-trace v{info['version']}, {info['bytes']:,} bytes, "
-                  f"{info['row_groups']} row group(s), valid")
-    console.print(f"model: {PRINTED_METADATA.shorten(str(m['name']))}  layers {m['num_layers']}, experts {m['num_experts']}, top-k {m['top_k']}, "
-                  f"shared {m['num_shared_experts']}")
-    console.print("source: " + PRINTED_METADATA.shorten(json.dumps(info["source"], sort_keys=True)))
-    console.print("columns: " + ", ".join(info["columns"]))
+    m = info["model"]   # the file's own text (names, source) is shown, never acted on: escaped
+    console.print(f"[bold]{terminal(info['file'])}[/bold]: moe-trace v{terminal(info['version'])}, "
+                  f"{info['bytes']:,} bytes, {info['row_groups']} row group(s), valid")
+    console.print(f"model: {terminal(PRINTED_METADATA.shorten(str(m['name'])))}  layers {m['num_layers']}, experts {m['num_experts']}, "
+                  f"top-k {m['top_k']}, shared {m['num_shared_experts']}")
+    console.print("source: " + terminal(PRINTED_METADATA.shorten(json.dumps(info["source"], sort_keys=True, ensure_ascii=False))))
+    console.print("columns: " + terminal(", ".join(info["columns"])))
     tpr = info["tokens_per_request"]
     counts = Table(title="counts")
     for col in ("phase", "rows", "tokens"):
         counts.add_column(col, justify="right")
     for ph in info["rows_by_phase"]:
-        counts.add_row(ph, f"{info['rows_by_phase'][ph]:,}", f"{info['tokens_by_phase'][ph]:,}")
+        counts.add_row(terminal(ph), f"{info['rows_by_phase'][ph]:,}", f"{info['tokens_by_phase'][ph]:,}")
     counts.add_row("all", f"{info['rows']:,}", f"{info['tokens']:,}")
     console.print(counts)
     if tpr:
@@ -305,9 +307,10 @@ def inspect_cmd(
         head = Table(title=f"first {len(info['head'])} rows")
         keys = list(info["head"][0])
         for k in keys:
-            head.add_column(k)
+            head.add_column(terminal(k))
         for r in info["head"]:
-            head.add_row(*[" ".join(str(x) for x in r[k]) if isinstance(r[k], list) else str(r[k]) for k in keys])
+            head.add_row(*[terminal(" ".join(str(x) for x in r[k]) if isinstance(r[k], list) else str(r[k]))
+                           for k in keys])
         console.print(head)
 
 

@@ -2,19 +2,15 @@
 its module decorates the class with :func:`register` and is listed in ``_MODULES`` with the
 names it registers (looking one name up imports only its module); a policy of your own,
 outside the package, registers itself the same way from a file a scenario lists under
-``plugins:`` (:func:`load_plugin`)."""
+``plugins:`` (:mod:`moesim.policies.contract.plugins`)."""
 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import math
-import sys
 import typing
-from pathlib import Path
 from typing import Any, TypeVar
 
 from moesim.policies.contract.base import Policy
@@ -68,7 +64,8 @@ def register(cls: P) -> P:
     return cls
 
 
-def _load_all() -> None:
+def load_builtin_policies() -> None:
+    """Import every built-in policy module (once), so that the registry lists them all."""
     global _loaded
     if not _loaded:
         for mod in _MODULES:
@@ -76,39 +73,8 @@ def _load_all() -> None:
         _loaded = True
 
 
-_PLUGINS: dict[str, str] = {}
-
-
-def load_plugin(path: str | Path) -> None:
-    """Import a Python file that registers policies (``@register``), once per resolved path.
-    A missing file or an error while importing it is one line naming the file."""
-    p = Path(path).expanduser().resolve()
-    if str(p) in _PLUGINS:
-        return
-    if not p.is_file():
-        raise PolicyError(f"{path}: no such policy plugin file")
-    mod_name = f"moesim_plugin_{hashlib.sha256(str(p).encode()).hexdigest()[:10]}_{p.stem}"
-    spec = importlib.util.spec_from_file_location(mod_name, p)
-    if spec is None or spec.loader is None:
-        raise PolicyError(f"{path}: cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    _load_all()
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # the plugin's own error, reported as one line naming it
-        line = ""
-        tb = exc.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == str(p):
-                line = f", line {tb.tb_lineno}"
-            tb = tb.tb_next
-        raise PolicyError(f"{path}{line}: {type(exc).__name__}: {exc}") from None
-    sys.modules[mod_name] = module
-    _PLUGINS[str(p)] = mod_name
-
-
 def policy_names() -> list[str]:
-    _load_all()
+    load_builtin_policies()
     return sorted(_REGISTRY)
 
 
@@ -118,7 +84,7 @@ def policy_class(name: str) -> type[Policy]:
     if name not in _REGISTRY and name in _MODULE_OF:
         importlib.import_module(_MODULE_OF[name])
     if name not in _REGISTRY:
-        _load_all()
+        load_builtin_policies()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(_REGISTRY))}"

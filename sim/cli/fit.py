@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
+from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
+
 if TYPE_CHECKING:
     from moesim.sim.study.fit import LooMethod
 
@@ -23,6 +25,7 @@ def fit_cmd(
     diff_step: Annotated[float, typer.Option("--diff-step", help="finite-difference step, relative to each value")] = 0.03,
     loo: Annotated[str, typer.Option("--loo", help="leave-one-out: refit (each fit row left out, the fit refined without it), one-step (one Gauss-Newton step: cheaper, approximate), none")] = "refit",
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Fit declared scenario values to measured results by running the simulator; judge the fit on held-out rows."""
     from rich.console import Console
@@ -32,6 +35,7 @@ def fit_cmd(
     from moesim.sim.study.fit_output import report, write_fit
     from moesim.sim.study.fit_spec import load_measurements
 
+    grant_plugins(allow_plugins)
     if loo not in ("one-step", "refit", "none"):
         raise typer.BadParameter("choose refit, one-step or none", param_hint="--loo")
     for value, option, low in ((jobs, "--jobs", 1), (grid, "--grid", 2), (max_evals, "--max-evals", 1)):

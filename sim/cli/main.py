@@ -20,8 +20,10 @@ from rich.table import Table
 
 from moesim.sim.cli.blas_spin import quiet_blas_workers
 from moesim.sim.cli.lazy_commands import LazyCommand, lazy_group
+from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.atomic import Terminated
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.escape import terminal, visible
 
 # Commands of other modules, imported and built only when named (simctl run never needs them);
 # `simctl --help` lists them where they were registered: quality first, the others last.
@@ -74,6 +76,7 @@ def run(
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
     baselines: Annotated[bool, typer.Option(help="the summary's speed-up over lru and no-cache (the same scenario, "
                                             "on the fast path)")] = True,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Run one scenario and print its summary."""
     from moesim.sim.config.scenario import load_scenario
@@ -82,6 +85,7 @@ def run(
     from moesim.sim.run.runner import prepare_run
 
     _resume_gc()
+    grant_plugins(allow_plugins)
 
     if timeline and out is None:
         raise MoesimError("--timeline writes timeline.json into the --out folder: give --out too")
@@ -127,7 +131,8 @@ def run(
         state = prepared.engine.state
         print_summary(result, console, speedups(loaded, result, state.trace, state.workload) if baselines else None)
         if out is not None:
-            console.print(f"wrote {out}/config.yaml, metrics.json, steps.parquet" + (", timeline.json" if want_timeline else ""))
+            console.print(f"wrote {terminal(out)}/config.yaml, metrics.json, steps.parquet"
+                          + (", timeline.json" if want_timeline else ""))
 
 
 @app.command()
@@ -308,11 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print("simctl: aborted", file=sys.stderr)
         return 130
-    except MoesimError as exc:
-        print(f"simctl: error: {exc}", file=sys.stderr)
+    except MoesimError as exc:   # its text may quote a file's: control characters shown, never sent
+        print(f"simctl: error: {visible(exc)}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
-        print(f"simctl: error: {exc.filename or exc}: no such file", file=sys.stderr)
+        print(f"simctl: error: {visible(exc.filename or exc)}: no such file", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("simctl: interrupted", file=sys.stderr)
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     except PermissionError as exc:
         # an output or input the OS refuses (a read-only mount, a folder made unwritable
         # meanwhile): the user's environment, not a bug
-        print(f"simctl: error: {exc.filename or exc}: permission denied", file=sys.stderr)
+        print(f"simctl: error: {visible(exc.filename or exc)}: permission denied", file=sys.stderr)
         return 2
     except Exception as exc:
         # click's usage errors (typer vendors its own click in recent releases, so match by shape)
@@ -332,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(exc.ctx.get_help())  # type: ignore[attr-defined]
                 return 0
             msg = " ".join(str(exc.format_message()).split())
-            print(f"simctl: error: {msg}", file=sys.stderr)
+            print(f"simctl: error: {visible(msg)}", file=sys.stderr)
             return int(exc.exit_code)
         # anything else is a bug in moesim (or in a policy's code), never bad input: keep the
         # traceback so that it can be fixed

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from moesim.policies.contract.base import Policy
 from moesim.policies.contract.registry import make_policy, policy_class, policy_names, policy_params
+from moesim.sim.core.escape import terminal, visible
 
 
 def policy_kind(cls: type[Policy]) -> str:
@@ -24,7 +25,7 @@ def policy_table() -> Table:
     t = Table("policy", "kind", "what it does", expand=False)
     for name in policy_names():
         cls = policy_class(name)
-        t.add_row(name, policy_kind(cls), cls.summary)
+        t.add_row(terminal(name), policy_kind(cls), terminal(cls.summary))   # a plugin's own text
     return t
 
 
@@ -55,12 +56,12 @@ def describe_policy(name: str) -> Group:
     doc = inspect.getdoc(cls) or ""
     first = " ".join(doc.split("\n\n")[0].split()).replace("``", "")
     req, reads = trace_needs(cls)
-    head = Text.assemble((name, "bold"), f" ({policy_kind(cls)}, {cls.scope} pool"
+    head = Text.assemble((visible(name), "bold"), f" ({policy_kind(cls)}, {visible(cls.scope)} pool"
                          + (")" if not cls.decision_us else f", {cls.decision_us:g} us per decision)"))
-    lines: list[RenderableType] = [head, Text(cls.summary), Text("")]
+    lines: list[RenderableType] = [head, Text(visible(cls.summary)), Text("")]   # Text: no markup
     if first:
-        lines += [Text(first), Text("")]
-    lines.append(Text(f"source: {paper_of(cls)}"))
+        lines += [Text(visible(first)), Text("")]
+    lines.append(Text(f"source: {visible(paper_of(cls))}"))
     lines.append(Text("trace must contain: experts" + "".join(f", {c}" for c in req)
                       + (f"; reads when present: {', '.join(reads)}" if reads else "")))
     needs = make_policy(name, {}).needs()
@@ -70,7 +71,7 @@ def describe_policy(name: str) -> Group:
     params = policy_params(cls)
     t = Table("parameter", "default", title=None, expand=False)
     for key, default in params.items():
-        t.add_row(key, repr(default))
+        t.add_row(terminal(key), terminal(repr(default)))
     lines.append(Text(""))
     lines.append(t if params else Text("parameters: none"))
     lines.append(Text(f"set them in a scenario: policy: {{name: {name}, params: {{...}}}} "

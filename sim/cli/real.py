@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.install_hint import extra_hint
 from moesim.sim.core.lib_warnings import quiet_library_warnings
@@ -99,8 +100,10 @@ def validate(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="executor runs; each timing is the best of them")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Run a scenario in the simulator (calibrated) and on the real executor; print both and the error."""
+    grant_plugins(allow_plugins)
     require_tracer("validate")
     from moesim.sim.config.catalog import load_spec_file
     from moesim.sim.config.scenario import load_scenario

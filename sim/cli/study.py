@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from moesim.sim.cli.interrupted import resumable
+from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.core.escape import csv_safe, terminal, visible
 
 _JOBS = typer.Option("--jobs", "-j", help="local worker processes (default: the CPUs available)")
 _DASK = typer.Option("--dask", help="run on Dask: local:N starts a LocalCluster of N workers; tcp://HOST:PORT joins a scheduler")
@@ -50,6 +54,20 @@ def _out_dir(out: Path | None, sweep: object) -> Path:
     return folder
 
 
+def _kept(sweep: object, out: Path) -> Callable[[], tuple[int, int]]:
+    """How many of the study's points have a result file in ``out`` (for an interrupted study)."""
+    from moesim.sim.study.sweep import Sweep
+    from moesim.sim.study.sweep_run import POINTS
+
+    assert isinstance(sweep, Sweep)
+
+    def count() -> tuple[int, int]:
+        have = {p.stem for p in (out / POINTS).glob("*.json")} if (out / POINTS).is_dir() else set()
+        return sum(p.config_hash in have for p in sweep.points), len(sweep.points)
+
+    return count
+
+
 def _report(outcome: object, out: Path) -> None:
     from moesim.sim.study.sweep_run import SweepOutcome
 
@@ -60,14 +78,14 @@ def _report(outcome: object, out: Path) -> None:
               f"{outcome.wall_s:.1f} s", highlight=False)
     reasons = list(dict.fromkeys(msg for _, msg in outcome.not_applicable))
     for msg in reasons[:10]:
-        err.print(f"  n/a {msg}", highlight=False, markup=False, soft_wrap=True)
+        err.print(f"  n/a {visible(msg)}", highlight=False, markup=False, soft_wrap=True)
     if len(reasons) > 10:
         err.print(f"  ... and {len(reasons) - 10} more (see the error column)")
     for index, msg in outcome.failed[:10]:
-        err.print(f"  [red]point {index} failed[/red]: {msg}", markup=True, highlight=False)
+        err.print(f"  [red]point {index} failed[/red]: {terminal(msg)}", markup=True, highlight=False)
     if len(outcome.failed) > 10:
         err.print(f"  ... and {len(outcome.failed) - 10} more (see the error column)")
-    err.print(f"table: {outcome.table}")
+    err.print(f"table: {visible(outcome.table)}", markup=False, highlight=False)
 
 
 def sweep_cmd(
@@ -84,11 +102,13 @@ def sweep_cmd(
                                                    "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh "
                                         "(without it, only a sweep folder is reused: resumed)")] = False,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Run a sweep: every point of the grid, resumable, into one tidy Parquet table."""
     from moesim.sim.study.sweep import load_sweep
     from moesim.sim.study.sweep_run import PointStore, run_sweep
 
+    grant_plugins(allow_plugins)
     sweep = load_sweep(sweep_file, set_ or [])
     out_dir = _out_dir(out, sweep) if not dry_run else (out or Path("runs") / sweep.spec.name)
     if jobs is not None and jobs < 1:
@@ -105,8 +125,9 @@ def sweep_cmd(
             print(f"n/a {name}: {reason}")
         print(f"{len(sweep.points)} points, {sum(p.config_hash in done for p in sweep.points)} done, output {out_dir}")
         return
-    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
-                        progress=_show_progress(progress), force=force, command=_command(ctx))
+    with resumable(_command(ctx), out_dir, _kept(sweep, out_dir)):
+        outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, retry_failed=retry_failed,
+                            progress=_show_progress(progress), force=force, command=_command(ctx))
     _report(outcome, out_dir)
 
 
@@ -136,6 +157,7 @@ def compare_cmd(
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, "
                                                    "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
+    allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
 ) -> None:
     """Compare policies on one scenario: ranked tables in groups (lossless, lossy, bounds, n/a) and a figure."""
     from moesim.sim.core.atomic import atomic_file
@@ -144,6 +166,7 @@ def compare_cmd(
     from moesim.sim.study.plot import load_table, save
     from moesim.sim.study.sweep_run import run_sweep
 
+    grant_plugins(allow_plugins)
     if fmt not in ("markdown", "csv"):
         raise typer.BadParameter("choose markdown or csv", param_hint="--format")
     if metric not in METRICS:
@@ -157,8 +180,9 @@ def compare_cmd(
         if baseline not in compared:
             raise MoesimError(f"--baseline {baseline}: not among the compared policies ({', '.join(compared)})")
     out_dir = _out_dir(out, sweep)
-    outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force,
-                        command=_command(ctx))
+    with resumable(_command(ctx), out_dir, _kept(sweep, out_dir)):
+        outcome = run_sweep(sweep, out_dir, jobs=jobs, dask=dask, progress=_show_progress(progress), force=force,
+                            command=_command(ctx))
     df, _ = load_table(outcome.table)
     comp = rank(df, metric=metric, baseline=baseline)
     md, csv = to_markdown(comp), to_csv(comp)
@@ -170,7 +194,7 @@ def compare_cmd(
     written = [out_dir / "compare.md", out_dir / "compare.csv", outcome.table]
     if figure:
         written += save(comparison_figure(comp), out_dir, "compare")
-    err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    err.print("wrote " + ", ".join(visible(p) for p in written), highlight=False, markup=False)
     if outcome.not_applicable:
         n = len(outcome.not_applicable)
         err.print(f"{n} {'point' if n == 1 else 'points'} n/a on this trace and scenario (the table says why)",
@@ -273,8 +297,8 @@ def table_cmd(
             close = difflib.get_close_matches(unknown[0], list(df.columns), n=1)
             raise PlotError(f"--columns {unknown[0]}: no such column" + (f"; did you mean {close[0]!r}?" if close else ""))
         df = df[cols]
-    if fmt == "csv":
-        text = str(df.to_csv(index=False))
+    if fmt == "csv":   # a text cell a spreadsheet would run as a formula is guarded
+        text = str(csv_safe(df).to_csv(index=False))
     else:
         from moesim.sim.study.compare_table import markdown_table
 

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from moesim.sim.core.atomic import atomic_folder
+from moesim.sim.core.escape import terminal as escape  # control characters shown, markup escaped
 from moesim.sim.engine.records import STEP_FIELDS
 from moesim.sim.run.runner import RunResult
 from moesim.traces.format.arrow_numpy import from_numpy
@@ -190,17 +190,19 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     m = result.metrics
     r = result.config["resolved"]
     words = LABELS.get(r["hardware"].get("device", "gpu"), LABELS["gpu"])
-    title = f"{m['scenario']}: {m['policy']}" + (" (oracle bound)" if m["bound"] else "")
+    title = escape(f"{m['scenario']}: {m['policy']}") + (" (oracle bound)" if m["bound"] else "")
     t = Table(title=title, show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("policy", escape(policy_line(r["policy"])))
+    for plugin in m.get("plugins", []):   # code of the user's that ran: which file, which bytes
+        t.add_row("plugin code", escape(f"{plugin['file']} (sha256 {plugin['sha256']})"))
     t.add_row("cache", cache_line(result))
     if r.get("trace"):
         t.add_row("trace", escape(r["trace"]) + f"; {m['requests']} requests replayed")
     if speedups:
         t.add_row("speed-up", escape(speedup_line(speedups)))
-    t.add_row("model / hardware", f"{r['model']['name']} on {r['hardware']['name']}")
+    t.add_row("model / hardware", escape(f"{r['model']['name']} on {r['hardware']['name']}"))
     if r.get("runtime"):
         t.add_row("runtime", escape(runtime_line(r["runtime"])))
     if result.changes:
@@ -231,7 +233,7 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     t.add_row(f"{words['memory']} peak", f"{binary_size(m['vram_peak_gib'] * 1024**3)} "
               f"(experts {binary_size(m['expert_vram_peak_gib'] * 1024**3)})")
     if m.get("policy_report"):
-        t.add_row("policy report", ", ".join(f"{k} {v}" for k, v in m["policy_report"].items()))
+        t.add_row("policy report", escape(", ".join(f"{k} {v}" for k, v in m["policy_report"].items())))
     if m.get("engine_path"):
         why = m.get("engine_path_reason")
         t.add_row("engine", f"{m['engine_path']} replay" + (f" (no fast replay: {escape(why)})" if why else ""))

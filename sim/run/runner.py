@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from moesim.policies.contract.base import MissingColumnsError, Policy, PolicySetupError, Profile
-from moesim.policies.contract.registry import PolicyError, load_plugin, make_policy
+from moesim.policies.contract.plugins import load_plugins, plugin_record
+from moesim.policies.contract.registry import PolicyError, make_policy
 from moesim.sim.config.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
 from moesim.sim.config.scenario import LoadedScenario, ScenarioError, file_digest
 from moesim.sim.core.errors import MoesimError
@@ -177,6 +178,9 @@ class PreparedRun:
         metrics["scenario"] = self.loaded.scenario.name
         metrics.update(join_keys(self.loaded, model, self.hardware, self.runtime, self.budget, self.engine.state.trace))
         metrics["config_hash"] = config_hash
+        plugins = self.loaded.plugin_paths()
+        if plugins:   # code of the user's that ran in this process: which files, which bytes
+            metrics["plugins"] = plugin_record(plugins)
         fits = self.loaded.fit_provenance()
         if fits:   # fitted values in this run: where they come from and how well they predict
             metrics["fit"] = fits
@@ -190,8 +194,12 @@ def scenario_policy(loaded: LoadedScenario) -> Policy:
     checked (a bad one is one line naming the scenario) and the scenario's ``cache.scope`` (the
     pool layout) put in place of the policy's own."""
     scen = loaded.scenario
-    for plugin in loaded.plugin_paths():
-        load_plugin(plugin)
+    try:
+        load_plugins(loaded.plugin_paths(), loaded.source or "scenario")
+    except PolicyError as exc:
+        msg = str(exc)
+        raise ScenarioError(msg if msg.startswith(loaded.source or "scenario") else
+                            f"{loaded.source or 'scenario'}: {msg}") from None
     pspec = scen.policy_spec
     try:
         policy = make_policy(pspec.name, pspec.params)

@@ -11,8 +11,10 @@ run shares, and the setup defaults applied to every run, are said once.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from moesim.sim.core.escape import csv_safe, md_text
 from moesim.sim.study.compare import GROUPS, NOT_APPLICABLE
 from moesim.sim.study.plot import series_label
 
@@ -101,20 +103,21 @@ class Notes:
             cells.append(self.refs[text])
         return ", ".join(cells)
 
-    def lines(self) -> list[str]:
-        """The notes under the tables."""
+    def lines(self, text: Callable[[str], str] = str) -> list[str]:
+        """The notes under the tables, each warning and default passed through ``text`` (the
+        escaping of where they go: :func:`~moesim.sim.core.escape.md_text` for Markdown)."""
         out = []
         if self.common_applied:
-            out.append("Setup defaults applied to every run: " + "; ".join(self.common_applied) + ".")
+            out.append("Setup defaults applied to every run: " + "; ".join(map(text, self.common_applied)) + ".")
         if self.common_warnings:
-            out.append("Every run warns: " + " / ".join(self.common_warnings) + ".")
+            out.append("Every run warns: " + " / ".join(map(text, self.common_warnings)) + ".")
         applied = [(ref, t) for t, ref in self.refs.items() if ref.startswith("a")]
         warned = [(ref, t) for t, ref in self.refs.items() if ref.startswith("w")]
         if applied:
-            out += ["", "Setup defaults applied (notes column):"] + [f"- {ref}: {t}" for ref, t in applied]
+            out += ["", "Setup defaults applied (notes column):"] + [f"- {ref}: {text(t)}" for ref, t in applied]
         if warned:
             out += ["", "Warnings (notes column): a run that warns did not run as its paper meant it in full."]
-            out += [f"- {ref}: {t}" for ref, t in warned]
+            out += [f"- {ref}: {text(t)}" for ref, t in warned]
         return out
 
 
@@ -153,11 +156,12 @@ def group_tables(comp: Comparison) -> tuple[list[tuple[str, list[str], list[list
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    """A GitHub Markdown table's lines: text columns set left, numbers right."""
+    """A GitHub Markdown table's lines: text columns set left, numbers right; every header and
+    cell is plain text (:func:`~moesim.sim.core.escape.md_text`: no raw HTML, no broken row)."""
     left = {"policy", "kind", "rank", "notes", "reason", "error"}
-    lines = ["| " + " | ".join(head) + " |",
+    lines = ["| " + " | ".join(map(md_text, head)) + " |",
              "| " + " | ".join("---" if h in left else "---:" for h in head) + " |"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(map(md_text, row)) + " |" for row in rows]
     return lines
 
 
@@ -177,8 +181,8 @@ def to_markdown(comp: Comparison) -> str:
     scope = (" within each cache rate" if comp.by == ["cache.rate"]
              else f" within each {', '.join(comp.by)}" if comp.by else "")
     lines.append(f"Ranked by {METRIC_NAMES.get(comp.metric, comp.metric)}{scope}, lossless and lossy apart; "
-                 f"speed-up is {comp.baseline}'s TPOT over each row's.")
-    extra = notes.lines()
+                 f"speed-up is {md_text(comp.baseline)}'s TPOT over each row's.")
+    extra = notes.lines(md_text)
     if extra:
         lines += ["", *extra]
     return "\n".join(lines) + "\n"
@@ -186,7 +190,8 @@ def to_markdown(comp: Comparison) -> str:
 
 def to_csv(comp: Comparison) -> str:
     """The comparison as CSV with raw numbers (rates as fractions, times in ms), one row per
-    point: its group (``kind``), rank, status, warnings and applied defaults (`` | ``-joined)."""
+    point: its group (``kind``), rank, status, warnings and applied defaults (`` | ``-joined);
+    a text cell a spreadsheet would run as a formula is guarded (:func:`~moesim.sim.core.escape.csv_cell`)."""
     frame = comp.frame
     cols = [c for c in [*comp.by, "kind", "rank", "policy", "bound", "status", *RAW]
             if c in frame.columns]
@@ -196,4 +201,4 @@ def to_csv(comp: Comparison) -> str:
     for name in ("error", "config_hash"):
         if name in frame.columns:
             out[name] = frame[name]
-    return str(out.to_csv(index=False))
+    return str(csv_safe(out).to_csv(index=False))

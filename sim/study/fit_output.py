@@ -123,13 +123,16 @@ CSV_COLUMNS = ("row", "name", "role", "metric", "measured", "predicted", "ratio"
 
 
 def rows_csv(result: FitResult) -> str:
-    """``rows.csv``: one line per measurement."""
+    """``rows.csv``: one line per measurement (a text cell a spreadsheet would run as a formula
+    guarded: :func:`~moesim.sim.core.escape.csv_cell`)."""
+    from moesim.sim.core.escape import csv_cell
+
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for rec in _row_records(result):
-        w.writerow(["" if rec[c] is None else json.dumps(rec[c], sort_keys=True) if isinstance(rec[c], dict)
-                    else rec[c] for c in CSV_COLUMNS])
+        w.writerow([csv_cell("" if rec[c] is None else json.dumps(rec[c], sort_keys=True) if isinstance(rec[c], dict)
+                             else rec[c]) for c in CSV_COLUMNS])
     return buf.getvalue()
 
 

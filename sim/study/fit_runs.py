@@ -152,8 +152,12 @@ def row_jobs(ms: Measurements) -> list[RowJob]:
                    reference_fixed=(*r.set, *r.relative_to)) for r in ms.rows]
 
 
-def _init_worker(ms: Measurements) -> None:
+def _init_worker(ms: Measurements, allow: bool) -> None:
     global _JOBS, _MS
+    if allow:   # the user's word, given to the command that started this worker
+        from moesim.policies.contract.plugins import allow_plugins
+
+        allow_plugins()
     _MS = ms
     _JOBS = row_jobs(ms)
 
@@ -186,10 +190,14 @@ class RowRunner:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
 
+            from moesim.policies.contract.plugins import plugins_allowed
+            from moesim.sim.study.worker_life import start_worker, this_process
+
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["moesim.sim.study.fit", "moesim.sim.run.runner"])
             self._pool = ProcessPoolExecutor(max_workers=self.jobs_n, mp_context=ctx,
-                                             initializer=_init_worker, initargs=(self.ms,))
+                                             initializer=start_worker,   # workers die with this process (worker_life)
+                                             initargs=(this_process(), _init_worker, self.ms, plugins_allowed()))
         return self._pool
 
     def run(self, tasks: list[tuple[int, Values]]) -> None:

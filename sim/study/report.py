@@ -25,6 +25,7 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moesim.sim.core.escape import md_code, md_text
 from moesim.sim.study.plot import PlotError
 from moesim.sim.study.report_model import FIGURE_DPI, Figure, Report
 
@@ -136,34 +137,39 @@ def build_report(folder: str | Path, *, metric: str = "tpot", baseline: str | No
     name = str(study.get("name") or path.resolve().name)
     return Report(title=f"moesim report: {name}", subtitle=figure_title(df), provenance=provenance(df, study),
                   commands=[c for c in study.get("commands", []) if isinstance(c, dict)],
-                  figures=figures(df, params, comp), tables=tables, notes=notes.lines(), footnotes=footnotes)
+                  figures=figures(df, params, comp), tables=tables, notes=notes.lines(), footnotes=footnotes,
+                  md_notes=notes.lines(md_text))
 
 
 def to_markdown(rep: Report, figure_dir: str = FIGURES) -> str:
-    """The report as Markdown; figures are referenced as ``figure_dir/<stem>.png``."""
-    lines = [f"# {rep.title}", ""]
+    """The report as Markdown; figures are referenced as ``figure_dir/<stem>.png``. Every text
+    from the study's files (names, paths, warnings, commands) is plain text there
+    (:mod:`moesim.sim.core.escape`): no raw HTML, no broken table."""
+    lines = [f"# {md_text(rep.title)}", ""]
     if rep.subtitle:
-        lines += [f"*{rep.subtitle}*", ""]
+        lines += [f"*{md_text(rep.subtitle)}*", ""]
     lines += ["## Provenance", "", "| | |", "| --- | --- |"]
-    lines += [f"| {k} | {v.replace('|', '/')} |" for k, v in rep.provenance]
+    lines += [f"| {md_text(k)} | {md_text(v)} |" for k, v in rep.provenance]
     lines += ["", "## Command", ""]
     if rep.commands:
         for c in rep.commands:
-            lines += [f"Run {c.get('at', '')} in `{c.get('cwd', '')}`:", "", "```sh", str(c.get("command", "")), "```", ""]
+            lines += [f"Run {md_text(c.get('at', ''))} in {md_code(c.get('cwd', ''))}:", "",
+                      md_code(c.get("command", ""), block=True), ""]
     else:
         lines += ["Not recorded: the folder was made before moesim recorded its commands (study.json).", ""]
     if rep.figures:
         lines += ["## Figures", ""]
         for f in rep.figures:
-            lines += [f"![{f.caption}]({figure_dir}/{f.stem}.png)", "", f"*{f.caption}*", ""]
+            lines += [f"![{md_text(f.caption)}]({figure_dir}/{f.stem}.png)", "", f"*{md_text(f.caption)}*", ""]
     lines += ["## Rankings", ""]
     for title, head, rows in rep.tables:
-        lines += [f"### {title}", "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+        lines += [f"### {md_text(title)}", "", "| " + " | ".join(map(md_text, head)) + " |",
+                  "| " + " | ".join("---" for _ in head) + " |"]
+        lines += ["| " + " | ".join(map(md_text, row)) + " |" for row in rows]
         lines.append("")
-    lines += rep.footnotes
-    if rep.notes:
-        lines += ["", *rep.notes]
+    lines += rep.footnotes   # the comparison's Markdown lines, escaped where they were made
+    if rep.md_notes:
+        lines += ["", *rep.md_notes]
     return "\n".join(lines).rstrip() + "\n"
 
 

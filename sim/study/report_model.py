@@ -32,3 +32,6 @@ class Report:
     tables: list[tuple[str, list[str], list[list[str]]]]
     notes: list[str]
     footnotes: list[str] = field(default_factory=list)
+    md_notes: list[str] = field(default_factory=list)
+    """``notes`` with each warning and default escaped for Markdown (``notes`` are raw text,
+    escaped by the HTML page)."""

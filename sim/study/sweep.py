@@ -231,6 +231,7 @@ def _policy_axes(spec: SweepSpec) -> set[str]:
 def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str] | None = None) -> Sweep:
     """Expand and validate every point of ``spec``, then weigh each policy's setup needs (see
     the module docstring); raise :class:`SweepError` on the first bad point."""
+    from moesim.policies.contract.plugins import load_plugins
     from moesim.policies.contract.registry import PolicyError, make_policy
     from moesim.sim.config.scenario import ScenarioError, apply_overrides, load_scenario_data
     from moesim.sim.study.needs import fit_points
@@ -264,6 +265,7 @@ def expand(spec: SweepSpec, *, source: str, base_dir: Path, extra_sets: list[str
         try:
             data = apply_overrides(copy.deepcopy(base_data), overrides_for(params))
             loaded = load_scenario_data(copy.deepcopy(data), source=where, base_dir=scen_dir)
+            load_plugins(loaded.plugin_paths(), where)   # the policy may be a plugin's
             pspec = loaded.scenario.policy_spec
             policy = make_policy(pspec.name, pspec.params)
             loaded.hardware_spec()

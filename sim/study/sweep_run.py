@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moesim.sim.core.atomic import OutputError, atomic_file
+from moesim.sim.core.atomic import OutputError, atomic_file, terminate_cleanly
 from moesim.sim.core.install_hint import extra_hint
 from moesim.sim.study.progress import MODES
 from moesim.sim.study.progress import progress as show_progress
@@ -104,9 +104,12 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     cpu0 = time.process_time()
     record: dict[str, Any] = {"config_hash": task["config_hash"], "index": task["index"], "params": task["params"],
                               "moesim_version": moesim_version(), "host": os.uname().nodename, "pid": os.getpid()}
+    from moesim.policies.contract.plugins import allow_plugins
     from moesim.sim.config.scenario import load_scenario_data
     from moesim.sim.run.runner import PolicyNotApplicable, run_loaded
 
+    if task.get("allow_plugins"):   # the user's word, given to the command that started this worker
+        allow_plugins()
     try:
         loaded = load_scenario_data(task["data"], source=task["source"], base_dir=Path(task["base_dir"]))
         result = run_loaded(loaded, trace=cached_trace(loaded))
@@ -131,9 +134,12 @@ def not_applicable(point: Point) -> dict[str, Any]:
 
 
 def point_task(point: Point) -> dict[str, Any]:
-    """What a worker needs to run ``point``: plain, picklable data."""
+    """What a worker needs to run ``point``: plain, picklable data (with whether the user allowed
+    plugin code, for workers started before or elsewhere: :mod:`moesim.policies.contract.plugins`)."""
+    from moesim.policies.contract.plugins import plugins_allowed
+
     return {"index": point.index, "config_hash": point.config_hash, "params": point.params, "data": point.data,
-            "source": point.source, "base_dir": str(point.base_dir)}
+            "source": point.source, "base_dir": str(point.base_dir), "allow_plugins": plugins_allowed()}
 
 
 # --- the result store -----------------------------------------------------------------------------
@@ -194,9 +200,13 @@ def _local_pool(jobs: int) -> Iterator[Callable[[list[dict[str, Any]]], Iterator
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    from moesim.sim.study.worker_life import start_worker, stop_pool, this_process
+
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["moesim.sim.study.sweep_run", "moesim.sim.run.runner"])
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    # workers die with this process, even on kill -9 (worker_life); an interrupt ends them at once
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=start_worker,
+                             initargs=(this_process(),)) as pool:
 
         def run(tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             futures = {pool.submit(run_point, t): t for t in tasks}
@@ -210,7 +220,11 @@ def _local_pool(jobs: int) -> Iterator[Callable[[list[dict[str, Any]]], Iterator
                 for fut in futures:
                     fut.cancel()
 
-        yield run
+        try:
+            yield run
+        except BaseException:   # Ctrl-C, SIGTERM or an error of the driver: no point is waited for
+            stop_pool(pool)
+            raise
 
 
 @contextmanager
@@ -351,7 +365,9 @@ def _run_points(sweep: Sweep, out_dir: Path, *, jobs: int | None, dask: str | No
     queued = {t["config_hash"] for t in tasks}
     pre_na = sum(1 for p in sweep.points if p.config_hash not in queued
                  and done.get(p.config_hash, {}).get("status") == NOT_APPLICABLE)
-    with show_progress(mode, sweep.spec.name, len(sweep.points), skipped + len(n_a), pre_na) as tick:
+    # SIGTERM unwinds as Ctrl-C does: the workers are ended, the finished points stay (a rerun resumes)
+    with terminate_cleanly(), show_progress(mode, sweep.spec.name, len(sweep.points), skipped + len(n_a),
+                                            pre_na) as tick:
         if tasks:
             with executor as run:
                 for rec in run(tasks):

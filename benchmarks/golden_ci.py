@@ -88,7 +88,7 @@ def run_one(key: str, root: Path = ROOT) -> tuple[str, dict[str, Any] | None]:
         return "ERR:" + str(exc).replace(str(root), "ROOT")[:200], None
     except Exception as exc:  # a bug: recorded, so that the comparison shows it
         return f"EXC:{type(exc).__name__}: {exc}"[:200], None
-    return run_digest(res.metrics, res.steps), {"metrics": res.metrics, "config": res.config}
+    return run_digest(res.metrics, res.steps, root), {"metrics": res.metrics, "config": res.config}
 
 
 def coverage(scen: str, info: dict[str, Any]) -> set[str]:

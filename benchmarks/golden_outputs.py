@@ -34,11 +34,14 @@ HOW = ("engine_path", "engine_path_reason")
 """Metrics that say which path computed a run (not hashed)."""
 
 
-def run_digest(metrics: dict[str, Any], steps: dict[str, np.ndarray]) -> str:
+def run_digest(metrics: dict[str, Any], steps: dict[str, np.ndarray], root: Path) -> str:
     """The sha256 of a run's metrics (less :data:`HOW`) and step records (every column's name,
-    dtype and bytes, columns in name order): equal digests, equal outputs."""
-    h = hashlib.sha256(json.dumps({k: v for k, v in metrics.items() if k not in HOW},
-                                  sort_keys=True, default=str).encode())
+    dtype and bytes, columns in name order): equal digests, equal outputs. Plugin files are
+    named relative to ``root`` (the tree whose scenarios ran), so that two trees compare."""
+    metrics = {k: v for k, v in metrics.items() if k not in HOW}
+    if "plugins" in metrics:
+        metrics["plugins"] = [{**p, "file": os.path.relpath(p["file"], root)} for p in metrics["plugins"]]
+    h = hashlib.sha256(json.dumps(metrics, sort_keys=True, default=str).encode())
     for col in sorted(steps):
         a = np.ascontiguousarray(steps[col])
         h.update(col.encode())
@@ -74,10 +77,7 @@ def golden(root: Path, only: str | None = None, policies: list[str] | None = Non
             except Exception as exc:  # a bug: recorded, so that the comparison shows it
                 out[key] = f"EXC:{type(exc).__name__}: {exc}"[:200]
                 continue
-            metrics = dict(res.metrics)
-            if "plugins" in metrics:   # each file relative to the tree, so that two trees compare
-                metrics["plugins"] = [{**p, "file": os.path.relpath(p["file"], root)} for p in metrics["plugins"]]
-            out[key] = run_digest(metrics, res.steps)
+            out[key] = run_digest(res.metrics, res.steps, root)
             print(key, out[key][:12], flush=True)
     return out
 

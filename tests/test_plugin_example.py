@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from moesim.policies.contract.registry import load_plugin, policy_class
+from moesim.policies.contract.plugins import load_plugin
+from moesim.policies.contract.registry import policy_class
 from moesim.policies.parts.caches import LFUCache
 from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import make_predictor

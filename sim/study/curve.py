@@ -1,10 +1,11 @@
 """``simctl curve``: the hit rate of any policy against every cache size of a trace (or a list of
 sizes), per layer and for all layers together; written as Parquet or CSV with a figure.
 
-LRU and Belady come from one pass each (stack distances, :mod:`moesim.traces.analysis.curve`);
-any other policy is simulated once per size on the fast path where it has one
-(:mod:`moesim.sim.study.policy_curve`). Sizes are experts per layer, with the share of a layer
-and the GiB of expert weights beside them."""
+Every policy is simulated once per size, on the same requests, with the simulator's hit rate
+(:mod:`moesim.sim.study.policy_curve`): a point of a curve is the ``hit_rate`` of ``simctl run``
+on that cache. ``--one-pass`` gives LRU's and Belady's reference-by-reference curves instead
+(stack distances, another definition, labelled so). Sizes are experts per layer, with the share
+of a layer and the GiB of expert weights beside them."""
 
 from __future__ import annotations
 
@@ -23,31 +24,23 @@ class CurveError(MoesimError, ValueError):
     """Bad input to ``simctl curve`` (an unknown phase or format)."""
 
 
-def trace_curves(path: Path, phases: list[str]) -> tuple[Any, Any]:
-    """The curves of the trace at ``path`` over its requests' tokens of ``phases`` (batch 1,
-    trace order); returns ``(Curves, TraceMeta)``. Reads only the routing."""
-
-    from moesim.sim.engine.workload import build_workload
-    from moesim.traces.analysis.curve import curves
-    from moesim.traces.format.trace_file import read_trace
-
-    trace = read_trace(path, [])
-    wl = build_workload(trace, batch_size=1, phases=phases, requests="all")
-    rows0 = wl.token_rows()
-    m = trace.model
-    streams = (trace.experts[rows0 + layer].reshape(-1) for layer in range(m.num_layers))
-    return curves((s[s >= 0] for s in streams), m.num_experts), trace.meta
-
-
 def curve_table(trace: Path, policies: list[str], sizes: list[int] | None, phases: list[str],
-                hardware: str, simulate: bool = False) -> tuple[dict[str, np.ndarray], Any, list[str]]:
-    """The curve table of ``policies`` (``lru``/``belady`` from stack distances unless
-    ``simulate``, the others simulated) at ``sizes`` (default: every size from 1 to a layer's
-    experts); returns the columns (``method`` says which way each row was measured), the
-    trace's metadata and the setup defaults applied to simulated policies."""
+                hardware: str, one_pass: bool = False) -> tuple[dict[str, np.ndarray], Any, list[str]]:
+    """The curve table of ``policies`` at ``sizes`` (default: every size from 1 to a layer's
+    experts), each simulated on the same requests (:mod:`moesim.sim.study.policy_curve`);
+    with ``one_pass``, ``lru``/``belady`` come from stack distances instead (labelled
+    ``one-pass`` in ``method``). Returns the columns, the trace's metadata and the setup
+    defaults applied to every policy."""
     import numpy as np
 
-    from moesim.sim.study.policy_curve import STACK, simulated_curve, size_columns
+    from moesim.sim.study.policy_curve import (
+        STACK,
+        CurveRows,
+        curve_study,
+        one_pass_curves,
+        simulated_curves,
+        size_columns,
+    )
     from moesim.traces.format.trace_file import read_meta
 
     meta = read_meta(trace)
@@ -56,30 +49,21 @@ def curve_table(trace: Path, policies: list[str], sizes: list[int] | None, phase
     if bad:
         raise CurveError(f"--sizes: {bad[0]} is not between 1 and the {E} experts of a layer")
     wanted = sorted(set(sizes)) if sizes else list(range(1, E + 1))
-    parts: list[dict[str, np.ndarray]] = []
-    notes: list[str] = []
-    stack = [p for p in policies if p in STACK and not simulate]
+    stack = [p for p in policies if p in STACK and one_pass]
+    simulated = [p for p in policies if p not in stack]
+    sim = (simulated_curves(curve_study(trace, simulated, wanted, phases, hardware), meta.model.num_layers)
+           if simulated else CurveRows())
+    parts = [sim.cols]
     if stack:
-        cur, meta = trace_curves(trace, phases)
-        cols = cur.columns()
-        keep = np.isin(cols["policy"], stack) & np.isin(cols["size"], wanted)
-        part = {k: v[keep] for k, v in cols.items() if k != "hit_rate"}
-        parts.append({**part, "method": np.full(int(keep.sum()), "stack")})
-    for p in policies:
-        if p not in stack:
-            sim_cols, applied = simulated_curve(trace, p, wanted, phases, hardware)
-            notes += [f"{p}: {a}" for a in applied]
-            sim = {k: np.asarray(v) for k, v in sim_cols.items()}
-            parts.append({**sim, "method": np.full(sim["size"].size, "simulated")})
-    table = {k: np.concatenate([part[k] for part in parts])
-             for k in ("policy", "layer", "size", "hits", "references", "method")}
+        parts.append(one_pass_curves(trace, stack, wanted, phases, sim.requests or None).cols)
+    table = {k: np.asarray([v for part in parts for v in part[k]]) for k in sim.cols}
     rank = np.asarray([policies.index(str(x)) for x in table["policy"]])
     order = np.lexsort((table["size"], table["layer"], rank))
     table = {k: v[order] for k, v in table.items()}
     h, r = table["hits"].astype(np.float64), table["references"].astype(np.float64)
     table["hit_rate"] = np.divide(h, r, out=np.full(h.size, np.nan), where=r > 0)
     table.update(size_columns(table["size"], trace))
-    return table, meta, notes
+    return table, meta, sim.applied
 
 
 def write_curves(cols: dict[str, np.ndarray], out: Path, fmt: str, title: str) -> list[Path]:
@@ -165,19 +149,22 @@ def curve_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="folder for curve.parquet/.csv and curve.png (default runs/curve-<trace>)")] = None,
     phases: Annotated[str, typer.Option(help="phases replayed, comma-separated: decode, prefill")] = "decode",
     fmt: Annotated[str, typer.Option("--format", "-f", help="table format: parquet or csv")] = "parquet",
-    policy: Annotated[str, typer.Option("--policy", "-p", help="comma-separated policies: lru and belady in one pass, "
-                                        "any other simulated once per size")] = "lru,belady",
+    policy: Annotated[str, typer.Option("--policy", "-p", help="comma-separated policies, each simulated once per "
+                                        "size on the same requests")] = "lru,belady",
     sizes: Annotated[str | None, typer.Option("--sizes", help="comma-separated cache sizes in experts per layer "
                                               "(default: every size)")] = None,
     hardware: Annotated[str, typer.Option(help="hardware of the simulated curves (hit rates of prefetching "
                                           "policies depend on timing)")] = "rtx-4090",
-    simulate: Annotated[bool, typer.Option("--simulate", help="simulate lru and belady too (the simulator's replay, "
-                                           "where a token's experts are resident together) instead of one pass")] = False,
+    one_pass: Annotated[bool, typer.Option("--one-pass", help="lru and belady from one pass of stack distances "
+                                           "(each expert looked up alone: another hit-rate definition, lower than "
+                                           "the simulator's; labelled one-pass) instead of simulated")] = False,
 ) -> None:
-    """Hit rate against cache size for any policy, per layer and all layers: LRU (stack
-    distances) and Belady (OPT stack) in one pass each, the others simulated per size."""
+    """Hit rate against cache size for any policy, per layer and all layers: every policy
+    simulated once per size on the same requests, so that each point is the hit_rate of
+    simctl run on that cache (a policy that cannot run on the trace is an n/a row)."""
     import numpy as np
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from moesim.policies.contract.registry import policy_names
@@ -199,30 +186,59 @@ def curve_cmd(
                          + (f"; did you mean {close[0]!r}?" if close else "; see simctl policies"))
     if not trace.is_file():
         raise CurveError(f"{trace}: no such trace file")
-    cols, meta, applied = curve_table(trace, pols, _ints(sizes, "--sizes"), wanted, hardware, simulate)
+    cols, meta, applied = curve_table(trace, pols, _ints(sizes, "--sizes"), wanted, hardware, one_pass)
     dest = out if out is not None else Path("runs") / f"curve-{trace.stem}"
     written = write_curves(cols, dest, fmt, f"{meta.model.name}: {trace.name}")
     E = meta.model.num_experts
-    refs = int(cols["references"][(cols["layer"] == -1)].max(initial=0))
-    t = Table("experts/layer", "% of layer", "GiB", *(f"{p} hit rate" for p in pols),
-              title=f"{trace.name}: {refs} references, {meta.model.num_layers} layers x {E} experts")
     all_layers = cols["layer"] == -1
+    ran = all_layers & (cols["method"] != "n/a")
+    refs = sorted({int(r) for r in cols["references"][ran]})
+    title = (f"{trace.name}: {refs[-1] if refs else 0} references, " if len(refs) <= 1 else f"{trace.name}: ")
+    t = Table("experts/layer", "% of layer", "GiB", *(f"{p} hit rate" for p in pols),
+              title=escape(title + f"{meta.model.num_layers} layers x {E} experts"))
     shown = sorted({int(s) for s in cols["size"][all_layers]})
     if len(shown) > 8 and not sizes:
         shown = sorted({s for s in (1, meta.model.top_k, E // 8, E // 4, E // 2, 3 * E // 4, E) if s >= 1})
     for s in shown:
         row = all_layers & (cols["size"] == s)
-        rates = {str(p): r for p, r in zip(cols["policy"][row], cols["hit_rate"][row], strict=True)}
+        rates = {str(p): (r, str(m)) for p, r, m in zip(cols["policy"][row], cols["hit_rate"][row],
+                                                        cols["method"][row], strict=True)}
         first = int(np.argmax(row))
         t.add_row(str(s), f"{cols['cache_pct'][first]:.1f}", f"{cols['cache_gib'][first]:.3g}",
-                  *(f"{rates.get(p, float('nan')):.4f}" for p in pols))
+                  *(_cell(*rates.get(p, (float("nan"), "n/a"))) for p in pols))
     console = Console()
     console.print(t)
-    for note in applied:
-        console.print(f"applied: {note}", highlight=False, markup=False)
-    methods = set(cols["method"].tolist())
-    if len(methods) > 1:
-        console.print("lru and belady are one-pass sequential curves; the others replay on the simulator, where "
-                      "a token's experts must be resident together (give --simulate to run all of them there)",
-                      highlight=False)
-    console.print("wrote " + ", ".join(str(p) for p in written))
+    for note in _notes(cols, pols, applied):
+        console.print(note, highlight=False, markup=False)
+    console.print("wrote " + ", ".join(str(p) for p in written), highlight=False, markup=False)
+
+
+def _cell(rate: float, method: str) -> str:
+    if method == "n/a":
+        return "n/a"
+    return f"{rate:.4f}" + (" (one-pass)" if method == "one-pass" else "")
+
+
+def _notes(cols: dict[str, np.ndarray], pols: list[str], applied: list[str]) -> list[str]:
+    """The lines under the table: what was applied to every policy, each n/a policy's reason
+    (once), policies that looked up fewer references (experts run on the CPU) and what
+    one-pass means."""
+    import numpy as np
+
+    notes = [f"applied to every policy: {a}" for a in applied]
+    all_layers = cols["layer"] == -1
+    most = int(cols["references"][all_layers].max(initial=0))
+    for p in pols:
+        mine = all_layers & (cols["policy"] == p)
+        reasons = list(dict.fromkeys(str(n) for n in cols["note"][mine & (cols["method"] == "n/a")]))
+        notes += [f"n/a: {p}: {r}" for r in reasons]
+        ran = mine & (cols["method"] != "n/a")
+        fewer = sorted({int(r) for r in cols["references"][ran] if r < most})
+        if fewer:
+            notes.append(f"{p}: {fewer[0]}" + (f" to {fewer[-1]}" if len(fewer) > 1 else "")
+                         + f" of the {most} references looked up in the GPU cache (its other experts run on the CPU)")
+    if np.any(cols["method"] == "one-pass"):
+        notes.append("one-pass: lru and belady from stack distances, each expert looked up alone (a token's later "
+                     "experts may push out its earlier ones): lower than the simulator's hit rate, which the other "
+                     "curves and simctl run use")
+    return notes

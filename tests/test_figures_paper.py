@@ -86,7 +86,7 @@ def test_title_ticks_facets_and_the_note_for_policies_without_a_result(table: Pa
     for ax in fig.axes:
         assert list(ax.get_xticks()) == [0.125, 0.375]
         assert [t.get_text() for t in ax.get_xticklabels()] == ["0.125", "0.375"]
-    notes = [t.get_text() for t in fig.texts]
+    notes = [ln for t in fig.texts for ln in t.get_text().splitlines()]
     assert "no result: moepic (n/a)" in notes
     picked = sweep_figure(df, params, "tpot", policies=["lru", "belady"])
     labels = picked.axes[0].get_legend_handles_labels()[1]

@@ -133,6 +133,8 @@ def compare_cmd(
     jobs: Annotated[int | None, _JOBS] = None,
     dask: Annotated[str | None, _DASK] = None,
     figure: Annotated[bool, typer.Option(help="write compare.png and compare.pdf")] = True,
+    seeds: Annotated[int, typer.Option("--seeds", help="replicate every point with seeds 0..N-1: tables and figures "
+                                       "give the mean with a 95% interval, and ranks within it are ties")] = 1,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, "
                                                    "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
@@ -148,7 +150,7 @@ def compare_cmd(
     if metric not in METRICS:
         raise typer.BadParameter(f"choose from {', '.join(METRICS)}", param_hint="--metric")
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    sweep = comparison_sweep(scenario, policies=names, rates=_floats(rates, "--rates"), sets=set_ or [])
+    sweep = comparison_sweep(scenario, policies=names, rates=_floats(rates, "--rates"), sets=set_ or [], seeds=seeds)
     if baseline is not None:
         from moesim.policies.contract.registry import policy_names
 

@@ -129,18 +129,28 @@ def group_tables(comp: Comparison) -> tuple[list[tuple[str, list[str], list[list
 
     tables = []
     speedup = f"speed-up vs {comp.baseline}"
+    metric_col = _metric_column(comp.metric)
+    seeds = int(comp.frame["seeds"].max()) if "seeds" in comp.frame.columns and len(comp.frame) else 1
+    ci_head = f"± 95% ({seeds} seeds)"
     for kind in GROUPS:
         rows_in = [r for r in records if r["status"] == "ok" and r["kind"] == kind]
         if not rows_in:
             continue
         cols = SPEED if kind != "lossy" else [c for c in SPEED if c[1] not in ("ttft_ms_mean", "late_rate")] + LOSS
-        head = [*rate, "rank", "policy", *(c[0] for c in cols), speedup, "notes"]
+        ci_at = next((i for i, c in enumerate(cols) if c[1] == metric_col), None) if seeds > 1 else None
+        heads = [c[0] for c in cols]
+        if ci_at is not None:
+            heads.insert(ci_at + 1, ci_head)
+        head = [*rate, "rank", "policy", *heads, speedup, "notes"]
         rows = []
         for r in rows_in:
-            rk = "bound" if kind == "oracle" else str(int(r["rank"]))
+            rk = "bound" if kind == "oracle" else str(int(r["rank"])) + ("=" if r.get("tied") is True else "")
             label = series_label(str(r["policy"]), kind == "oracle")
-            rows.append([*rate_cell(r), rk, label, *(_num(r.get(c[1]), c[2], c[3]) for c in cols),
-                         _num(r.get("speedup"), ".2f"), notes.row(r)])
+            cells = [_num(r.get(c[1]), c[2], c[3]) for c in cols]
+            if ci_at is not None:
+                c = cols[ci_at]
+                cells.insert(ci_at + 1, _num(r.get(f"{c[1]}_ci95"), c[2], c[3]))
+            rows.append([*rate_cell(r), rk, label, *cells, _num(r.get("speedup"), ".2f"), notes.row(r)])
         tables.append((TITLES[kind].format(metric=METRIC_NAMES.get(comp.metric, comp.metric)), head, rows))
     for status, title in ((NOT_APPLICABLE, "Not run (n/a): the policy cannot run as its paper meant it here"),
                           ("error", "Failed")):
@@ -150,6 +160,12 @@ def group_tables(comp: Comparison) -> tuple[list[tuple[str, list[str], list[list
         if rows:
             tables.append((title, [*rate, "policy", "kind", "reason" if status == NOT_APPLICABLE else "error"], rows))
     return tables, notes
+
+
+def _metric_column(metric: str) -> str:
+    from moesim.sim.study.compare import _column
+
+    return _column(metric)[0]
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -176,8 +192,13 @@ def to_markdown(comp: Comparison) -> str:
                      + "; `simctl quality` measures the effect on a real model.")
     scope = (" within each cache rate" if comp.by == ["cache.rate"]
              else f" within each {', '.join(comp.by)}" if comp.by else "")
+    seeds = int(comp.frame["seeds"].max()) if "seeds" in comp.frame.columns and len(comp.frame) else 1
+    spread = (f"means of {seeds} seeds with the half-width of their 95% interval; a rank marked = is tied "
+              "with its neighbour (intervals overlap, or within 1%)" if seeds > 1 else
+              "one seed: a rank marked = is tied with its neighbour (within 1%, below what one run tells apart; "
+              "give --seeds N for intervals)")
     lines.append(f"Ranked by {METRIC_NAMES.get(comp.metric, comp.metric)}{scope}, lossless and lossy apart; "
-                 f"speed-up is {comp.baseline}'s TPOT over each row's.")
+                 f"speed-up is {comp.baseline}'s TPOT over each row's; {spread}.")
     extra = notes.lines()
     if extra:
         lines += ["", *extra]
@@ -186,10 +207,11 @@ def to_markdown(comp: Comparison) -> str:
 
 def to_csv(comp: Comparison) -> str:
     """The comparison as CSV with raw numbers (rates as fractions, times in ms), one row per
-    point: its group (``kind``), rank, status, warnings and applied defaults (`` | ``-joined)."""
+    point: its group (``kind``), rank and whether it is tied, status, seeds, warnings and
+    applied defaults (`` | ``-joined); with several seeds, each metric's ``_ci95`` too."""
     frame = comp.frame
-    cols = [c for c in [*comp.by, "kind", "rank", "policy", "bound", "status", *RAW]
-            if c in frame.columns]
+    cols = [c for c in [*comp.by, "kind", "rank", "tied", "policy", "bound", "status", "seeds", *RAW,
+                        *(f"{m}_ci95" for m in RAW)] if c in frame.columns]
     out = frame[cols].copy()
     for name in ("warnings", "applied"):
         out[name] = [" | ".join(_list(v)) for v in frame[name]] if name in frame.columns else ""

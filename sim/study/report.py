@@ -71,9 +71,11 @@ def provenance(df: pd.DataFrame, study: dict[str, Any]) -> list[tuple[str, str]]
 def _png(fig: Any) -> bytes:
     import matplotlib.pyplot as plt
 
+    from moesim.sim.study.plot import png_dpi
+
     buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=max(FIGURE_DPI, png_dpi(fig)), bbox_inches="tight")
     finally:
         plt.close(fig)
     return buf.getvalue()

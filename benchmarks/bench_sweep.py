@@ -27,7 +27,7 @@ from moesim.sim.study.sweep import Sweep, SweepSpec, expand
 from moesim.sim.study.sweep_run import PointStore, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 
 

@@ -18,7 +18,7 @@ from moesim.sim.study.plot import PlotError, load_table, ranked_bars, series_sty
 from tests.util import ROOT
 
 matplotlib.use("Agg")
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 TITLE = "flame-moe-290m on rtx-4090, trace flame-moe-290m.parquet"
 
 

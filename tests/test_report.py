@@ -15,7 +15,7 @@ import pytest
 from moesim.sim.cli.main import main
 from tests.util import ROOT
 
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 TRACE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 CHROMIUM = "/usr/bin/chromium"
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

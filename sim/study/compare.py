@@ -130,6 +130,7 @@ def comparison_figure(comp: Comparison) -> Any:
         interval_note,
         missing_note,
         outlier_note,
+        plain_log_axis,
         print_style,
         ranked_bars,
         series_styles,
@@ -156,7 +157,7 @@ def comparison_figure(comp: Comparison) -> Any:
             ax.set_xlabel("expert cache (fraction of routed-expert bytes)")
             ax.set_ylabel(kind.label + (", log scale" if log else ""))
             if log:
-                ax.set_yscale("log")
+                plain_log_axis(ax)
             swept_ticks(ax, ok["cache.rate"].tolist())
             grey = greyed_note(names, shown, kind)
             lines += [log, f"{kind.label.split(' (')[0]}: {grey}" if grey else None]

@@ -243,6 +243,18 @@ def outlier_note(summary: pd.DataFrame, hue: str, kind: Kind, what: str) -> str 
             "policy's, which a linear axis would flatten")
 
 
+def plain_log_axis(ax: Axes, axis: str = "y") -> None:
+    """A logarithmic axis with its ticks written as plain numbers (0.5, 2, 6), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    scale = ax.set_yscale if axis == "y" else ax.set_xscale
+    scale("log")
+    which = ax.yaxis if axis == "y" else ax.xaxis
+    which.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    which.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    which.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
 def caption(fig: Figure, lines: Sequence[str | None], width_in: float) -> None:
     """Notes under the figure (below the axes and their labels, wrapped to its width)."""
     import textwrap
@@ -378,9 +390,9 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
     overall = summarise(ok, xcol, hue, None, kind.column)
     shown = highlight(overall, hue, kind)
     log_note = outlier_note(overall, hue, kind, ylabel.split(" (")[0]) if kind_name != "hit-rate" else None
-    width = 3.3 * len(facets)
+    width = 3.3 * len(facets) if len(facets) > 1 else 4.6
     with print_style():
-        fig, axes = plt.subplots(1, len(facets), figsize=(width, 2.4), sharey=True, squeeze=False)
+        fig, axes = plt.subplots(1, len(facets), figsize=(width, 2.6), sharey=True, squeeze=False)
         panels = []
         for ax, fv in zip(axes[0], facets, strict=True):
             part = ok if fv is None else ok[ok[facet] == fv]
@@ -392,7 +404,7 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
             if fv is not None:
                 ax.set_title(f"{axis_label(str(facet))} = {fv}")
             if log_note:
-                ax.set_yscale("log")
+                plain_log_axis(ax)
         axes[0][0].set_ylabel(ylabel + (", log scale" if log_note else ""))
         if kind_name == "speedup":
             for ax in axes[0]:
@@ -453,7 +465,7 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
         ax.invert_yaxis()
         ax.set_xlabel(kind.label + (", log scale" if log else ""))
         if log:
-            ax.set_xscale("log")
+            plain_log_axis(ax, "x")
         ax.grid(axis="y", visible=False)
         title = title if title is not None else figure_title(frame)
         if title:

@@ -3,7 +3,8 @@
 ``compare.md`` has one table per group (:data:`~moesim.sim.study.compare.GROUPS`): lossless
 policies ranked; lossy ones ranked apart, with what their speed cost in routing (mass kept,
 top-1 kept, substitutions and drops per token, effective top-k); oracles as bounds; then the
-points that did not run (``n/a``, with the reason) and the failed ones. Every row that warned
+points that did not run (``n/a``, with the reason) and the failed ones, one row per policy and
+reason with the swept values (cache rates...) it holds at. Every row that warned
 carries its warnings beside it (``notes`` refers to the list under the tables); a warning every
 run shares, and the setup defaults applied to every run, are said once.
 """
@@ -154,11 +155,19 @@ def group_tables(comp: Comparison) -> tuple[list[tuple[str, list[str], list[list
         tables.append((TITLES[kind].format(metric=METRIC_NAMES.get(comp.metric, comp.metric)), head, rows))
     for status, title in ((NOT_APPLICABLE, "Not run (n/a): the policy cannot run as its paper meant it here"),
                           ("error", "Failed")):
-        rows = [[*rate_cell(r), str(r["policy"]), r["kind"], " ".join(str(r.get("error")).split())]
-                for r in records if (r["status"] == status if status == NOT_APPLICABLE
-                                     else r["status"] not in ("ok", NOT_APPLICABLE))]
+        # one row per policy and reason, listing the swept values it holds at (not one per value)
+        held: dict[tuple[str, str, str], list[str]] = {}
+        for r in records:
+            if r["status"] == status if status == NOT_APPLICABLE else r["status"] not in ("ok", NOT_APPLICABLE):
+                key = (str(r["policy"]), str(r["kind"]), " ".join(str(r.get("error")).split()))
+                where = " / ".join(rate_cell(r))
+                held.setdefault(key, [])
+                if where not in held[key]:
+                    held[key].append(where)
+        rows = [[*([", ".join(at)] if rate else []), p, k, why] for (p, k, why), at in held.items()]
         if rows:
-            tables.append((title, [*rate, "policy", "kind", "reason" if status == NOT_APPLICABLE else "error"], rows))
+            head = [" / ".join(rate)] if rate else []
+            tables.append((title, [*head, "policy", "kind", "reason" if status == NOT_APPLICABLE else "error"], rows))
     return tables, notes
 
 

@@ -222,12 +222,22 @@ def draw_lines(ax: Axes, summary: pd.DataFrame, x: str, hue: str, kind: Kind, st
 
 
 def highlight(summary: pd.DataFrame, hue: str, kind: Kind, top: int = TOP_N) -> list[str] | None:
-    """The ``top`` best series of a :func:`summarise` frame (by their mean over the x axis, in
-    the kind's direction), or None when there are at most ``top + 2`` (all drawn in colour)."""
+    """The series drawn in colour when a :func:`summarise` frame has more than ``top + 2``
+    (None: all of them): the bounds (oracles, the reference), then the best by their mean over
+    the x axis in the kind's direction, lossless ones first (``top - 2`` of them) and the best
+    two lossy ones, so that no group crowds another out of the picture."""
     means = summary.groupby(hue, sort=False)["mean"].mean()
     if len(means) <= top + 2:
         return None
-    return [str(n) for n in means.sort_values(ascending=not kind.higher_is_better).index[:top]]
+    first = summary.groupby(hue, sort=False)[["bound", "kind"]].first()
+    group = {n: "oracle" if bool(b) else str(k) for n, b, k in zip(first.index, first["bound"], first["kind"],
+                                                                       strict=True)}
+    ranked = means.sort_values(ascending=not kind.higher_is_better).index
+    bounds = [str(n) for n in ranked if group[n] == "oracle"]
+    lossy = [str(n) for n in ranked if group[n] == "lossy"][:2]
+    lossless = [str(n) for n in ranked if group[n] not in ("oracle", "lossy")][:top - len(lossy)]
+    chosen = set(bounds + lossy + lossless)
+    return [str(n) for n in ranked if str(n) in chosen]
 
 
 def outlier_note(summary: pd.DataFrame, hue: str, kind: Kind, what: str) -> str | None:
@@ -240,7 +250,7 @@ def outlier_note(summary: pd.DataFrame, hue: str, kind: Kind, what: str) -> str 
     if med <= 0 or float(means.max()) < LOG_RATIO * med:
         return None
     return (f"{what} on a log scale: {means.idxmax()} averages {float(means.max()) / med:.0f}x the median "
-            "policy's, which a linear axis would flatten")
+            "policy's, which a linear axis would flatten the others under.")
 
 
 def plain_log_axis(ax: Axes, axis: str = "y") -> None:
@@ -270,7 +280,8 @@ def greyed_note(names: Sequence[str], shown: Sequence[str] | None, kind: Kind) -
         return None
     rest = [n for n in names if n not in shown]
     best = "highest" if kind.higher_is_better else "lowest"
-    return f"In colour: the {len(shown)} {best} on average; in grey: {', '.join(rest)}."
+    return (f"In colour: the bounds and the {best} on average (lossless, and the best two lossy); "
+            f"in grey: {', '.join(rest)}.")
 
 
 def interval_note(summary: pd.DataFrame) -> str | None:
@@ -412,7 +423,8 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
         if title:
             fig.suptitle(title)
         fig.tight_layout()
-        caption(fig, [log_note, greyed_note(names, shown, kind), interval_note(pd.concat(panels)), missing_note(df, hue, names)], width)
+        caption(fig, [log_note, greyed_note(names, shown, kind), interval_note(pd.concat(panels)),
+                      missing_note(df, hue, names)], width + 2.0)
         legend_outside(fig, axes[0][-1])
     return fig
 

@@ -202,10 +202,10 @@ def to_markdown(comp: Comparison) -> str:
     scope = (" within each cache rate" if comp.by == ["cache.rate"]
              else f" within each {', '.join(comp.by)}" if comp.by else "")
     seeds = int(comp.frame["seeds"].max()) if "seeds" in comp.frame.columns and len(comp.frame) else 1
-    spread = (f"means of {seeds} seeds with the half-width of their 95% interval; a rank marked = is tied "
-              "with its neighbour (intervals overlap, or within 1%)" if seeds > 1 else
-              "one seed: a rank marked = is tied with its neighbour (within 1%, below what one run tells apart; "
-              "give --seeds N for intervals)")
+    spread = (f"means of {seeds} seeds with the half-width of their 95% interval; a rank marked = is shared "
+              "by policies tied with the first of them (intervals overlap, or within 1%)" if seeds > 1 else
+              "one seed: a rank marked = is shared by policies within 1% of the first of them (below what one run "
+              "tells apart; give --seeds N for intervals)")
     lines.append(f"Ranked by {METRIC_NAMES.get(comp.metric, comp.metric)}{scope}, lossless and lossy apart; "
                  f"speed-up is {comp.baseline}'s TPOT over each row's; {spread}.")
     extra = notes.lines()

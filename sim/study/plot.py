@@ -435,7 +435,7 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
     labelled ``(lossy)``), then bounds (pale, hatched), each group labelled and set apart; the
     title names model, hardware and trace (:func:`figure_title`) unless ``title`` is given.
     Replicated seeds are folded into their mean, drawn with its 95% interval; a rank tied with
-    its neighbour (:func:`~moesim.sim.study.replicates.tie_ranks`) is marked ``=``; a metric
+    the first of its run (:func:`~moesim.sim.study.replicates.tie_ranks`) is marked ``=``; a metric
     that one policy holds hostage is drawn on a log axis, said under it."""
     import matplotlib.pyplot as plt
 
@@ -488,7 +488,8 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
             f"{kind.label.split(' (')[0]} on a log scale: the largest is {float(values.max()) / med:.0f}x the median"
             if log else None,
             (f"Error bars: 95% interval over {seeds} seeds; " if seeds > 1 else "One seed; ")
-            + "a rank marked = (2=) is tied with its neighbour (intervals overlap, or within 1%)."], 5.0)
+            + "a rank marked = (2=) is shared by policies tied with the first of them "
+            "(intervals overlap, or within 1%)."], 5.0)
     return fig
 
 

@@ -6,10 +6,11 @@ every metric's mean over the seeds, ``seeds`` (how many finished) and ``<metric>
 half-width of the 95% confidence interval of the mean (Student's t with ``seeds - 1`` degrees of
 freedom; 0 with one seed).
 
-:func:`tie_ranks` ranks values best first and marks ties: two neighbours are tied when their
-intervals overlap (``|a - b| <= ci_a + ci_b``) or when they differ by at most
+:func:`tie_ranks` ranks values best first and marks ties: a value is tied with the first of
+its run when their intervals overlap (``|a - b| <= ci_a + ci_b``) or when they differ by at most
 :data:`TIE_SHARE` of the larger (one seed gives no interval; a simulator is not exact to 1%),
-and a run of ties shares the rank of its first (``2=``, ``2=``, then ``4``).
+and a run of ties shares the rank of its first (``2=``, ``2=``, then ``4``); a run is measured
+from its first value, so that small steps do not chain into a tie of far-apart values.
 """
 
 from __future__ import annotations
@@ -67,11 +68,9 @@ def merge_seeds(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     std = g[numeric].std()
     count = g[numeric].count()
     merged = first.copy()
-    for c in numeric:
-        merged[c] = mean[c]
-        merged[f"{c}_ci95"] = ci95(std[c], count[c])
-    merged["seeds"] = g.size()
-    merged = merged.reset_index()
+    merged[numeric] = mean[numeric]
+    intervals = pd.DataFrame({f"{c}_ci95": ci95(std[c], count[c]) for c in numeric}, index=merged.index)
+    merged = pd.concat([merged, intervals, g.size().rename("seeds")], axis=1).reset_index()
     done = set(map(tuple, merged[group].astype(str).to_numpy().tolist()))
     rest = df[df["status"] != "ok"].drop_duplicates(group)
     rest = rest[[tuple(r) not in done for r in rest[group].astype(str).to_numpy().tolist()]].assign(seeds=0)
@@ -80,17 +79,18 @@ def merge_seeds(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
 
 def tie_ranks(values: Sequence[float], cis: Sequence[float] | None = None) -> list[tuple[int, bool]]:
     """(rank, tied) of each of ``values``, already ordered best first, with their interval
-    half-widths ``cis`` (none: one seed); see the module docstring."""
+    half-widths ``cis`` (none: one seed); see the module docstring. A run of ties is measured
+    from its first value, never chained (1% steps do not add up to a tie of 5%)."""
     vals = [float(v) for v in values]
     half = [float(c) for c in cis] if cis is not None else [0.0] * len(vals)
     out: list[tuple[int, bool]] = []
+    head = 0
     for i, v in enumerate(vals):
-        prev = vals[i - 1] if i else None
-        tied = prev is not None and (abs(v - prev) <= half[i] + half[i - 1]
-                                     or abs(v - prev) <= TIE_SHARE * max(abs(v), abs(prev)))
-        if tied:
-            out[i - 1] = (out[i - 1][0], True)
-            out.append((out[i - 1][0], True))
+        h = vals[head]
+        if i and (abs(v - h) <= half[i] + half[head] or abs(v - h) <= TIE_SHARE * max(abs(v), abs(h))):
+            out[head] = (head + 1, True)
+            out.append((head + 1, True))
         else:
+            head = i
             out.append((i + 1, False))
     return out

@@ -97,7 +97,7 @@ def test_curve_of_any_policy_is_the_simulator_at_each_size(tmp_path: Path, capsy
     full = t[(t["size"] == 64) & (t["layer"] == -1)]
     assert full["cache_gib"].iloc[0] == pytest.approx(m["expert_budget_gib"] * 8, rel=1e-9)
     assert full["hits"].nunique() == 1      # every expert fits: only first references miss, either way
-    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "curve.pdf").read_bytes()[:4] == b"%PDF"
 
 
 def test_one_pass_is_labelled_and_lower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,7 +67,7 @@ def curve_table(trace: Path, policies: list[str], sizes: list[int] | None, phase
 
 
 def write_curves(cols: dict[str, np.ndarray], out: Path, fmt: str, title: str) -> list[Path]:
-    """Write the table (``curve.parquet`` or ``curve.csv``) and ``curve.png`` into ``out``:
+    """Write the table (``curve.parquet`` or ``curve.csv``), ``curve.png`` and ``curve.pdf`` into ``out``:
     all layers per policy on the left (experts per layer below, share of a layer above), each
     layer's curve on the right (GiB of expert weights above), policies in their own colours."""
     import pyarrow as pa
@@ -86,10 +86,14 @@ def write_curves(cols: dict[str, np.ndarray], out: Path, fmt: str, title: str) -
         pcsv.write_csv(table, out / "curve.csv")
         written.append(out / "curve.csv")
     written.append(_figure(cols, out / "curve.png", title))
+    written.append(out / "curve.pdf")
     return written
 
 
 def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
+    """The curve figure as ``path`` (a PNG at least 1,280 px wide) with a PDF beside it: every
+    policy that ran (in its own colour and marker; ``one-pass`` curves labelled so and dashed,
+    bounds dotted), the policies that could not run named under it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,9 +101,11 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
     import numpy as np
 
     from moesim.policies.contract.registry import policy_class
-    from moesim.sim.study.plot import print_style, series_styles
+    from moesim.sim.study.plot import caption, png_dpi, print_style, series_styles
 
-    names = list(dict.fromkeys(str(p) for p in cols["policy"]))
+    ran = cols["method"] != "n/a"
+    names = list(dict.fromkeys(str(p) for p in cols["policy"][ran]))
+    missing = [p for p in dict.fromkeys(str(p) for p in cols["policy"]) if p not in names]
     styles = series_styles(names)
     size = cols["size"]
     pct_per = float(np.nanmax(cols["cache_pct"] / np.maximum(size, 1)))
@@ -108,13 +114,15 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
         fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 2.8), sharey=True)
         for name in names:
             color, marker = styles[name]
-            mine = cols["policy"] == name
+            mine = (cols["policy"] == name) & ran
             sel = mine & (cols["layer"] == -1)
             bound = policy_class(name).oracle
-            line = ":" if bound else "-"
+            one_pass = bool(np.any(cols["method"][sel] == "one-pass"))
+            line = ":" if bound else "--" if one_pass else "-"
+            label = f"{name} (bound)" if bound else name
             left.plot(size[sel], 100 * cols["hit_rate"][sel], color=color, marker=marker, linestyle=line,
                       markevery=max(1, int(sel.sum()) // 12), markerfacecolor="white" if bound else color,
-                      label=f"{name} (bound)" if bound else name)
+                      label=label + (", one-pass" if one_pass else ""))
             for lay in sorted(set(cols["layer"][mine].tolist()) - {-1}):
                 s = mine & (cols["layer"] == lay)
                 right.plot(size[s], 100 * cols["hit_rate"][s], color=color, linestyle=line, linewidth=0.6, alpha=0.55)
@@ -129,8 +137,16 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
             "GiB of expert weights (all layers)")
         fig.suptitle(title)
         fig.tight_layout()
-        left.legend(loc="lower right", frameon=False)
-        fig.savefig(path, dpi=160, bbox_inches="tight")
+        handles, labels = left.get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False)
+        one_pass_drawn = bool(np.any(cols["method"] == "one-pass"))
+        caption(fig, ["Hit rate as simctl run counts it (a token's experts of a layer looked up together)"
+                      + ("; one-pass curves (dashed) look each expert up alone." if one_pass_drawn else "."),
+                      f"n/a (cannot run on this trace, see the table): {', '.join(missing)}" if missing else None],
+                9.5)
+        fig.savefig(path, dpi=png_dpi(fig), bbox_inches="tight")
+        fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
         plt.close(fig)
     return path
 

@@ -515,7 +515,7 @@ def png_dpi(fig: Figure) -> float:
     """The resolution that makes ``fig``'s PNG (cropped to its drawing) at least
     :data:`PNG_MIN_PX` wide, and no less than 200 dpi (the crop is measured at the figure's
     own resolution; text drawn at another one moves it a little, hence 10% to spare)."""
-    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    box = fig.get_tightbbox()
     width_in = float(box.width) + 0.2 if box is not None else float(fig.get_figwidth())
     return max(200.0, 1.1 * PNG_MIN_PX / max(width_in, 1e-3))
 

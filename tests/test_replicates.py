@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -65,5 +66,11 @@ def test_compare_with_seeds_gives_intervals_and_tie_marks(tmp_path: Path, capsys
     ranks = list(csv.sort_values("rank")["tied"])
     expected = tie_ranks(list(csv.sort_values("rank")["hit_rate"]), list(csv.sort_values("rank")["hit_rate_ci95"]))
     assert ranks == [t for _, t in expected]
+    # the report folds the seeds too: the seed is never an axis or a panel, the provenance names them
+    assert main(["report", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "| seed | 0, 1, 2 (3 seeds: means with 95% intervals) |" in report
+    assert re.findall(r"!\[[^]]*\]\(([^)]+)\)", report) == ["report-figures/ranked.png"]
+    capsys.readouterr()
     assert main(["compare", str(FLAME), "--seeds", "0", "--out", str(tmp_path / "z")]) == 2
     assert "--seeds: 0" in capsys.readouterr().err

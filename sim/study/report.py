@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moesim.sim.study.plot import PlotError
+from moesim.sim.study.replicates import SEED
 from moesim.sim.study.report_model import FIGURE_DPI, Figure, Report
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,7 +122,8 @@ def figures(df: pd.DataFrame, params: list[str], comp: Comparison) -> list[Figur
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return []
-    others = [c for c in params if not _is_policy_key(c) and c in ok.columns and ok[c].nunique() > 1]
+    # replicated seeds are averaged (95% intervals), never an axis or a panel
+    others = [c for c in params if not _is_policy_key(c) and c != SEED and c in ok.columns and ok[c].nunique() > 1]
     numeric = [c for c in others if is_numeric(ok[c])]
     out = []
     if not numeric:   # ranked bars: one chart per value of a swept key (a policy appears once per chart)

@@ -176,3 +176,19 @@ def test_the_palette_has_thirty_colours_told_apart() -> None:
     assert len(COLORS) >= 30
     assert min(float(np.linalg.norm(lab(a) - lab(b))) for a, b in itertools.combinations(COLORS, 2)) >= 27
     assert len({policy_style(n)[0] for n in policy_names()}) == len(policy_names())
+
+
+def test_ranked_bars_mark_ties_and_turn_to_dots_on_a_log_axis() -> None:
+    """One rate of the table above: accelerate-like 40x outlier, so the axis is logarithmic and
+    drawn as dots (a bar on a log axis has no zero); policies 5% apart rank apart, and two
+    within 1% share a rank marked `=`."""
+    df, names = _many_policies()
+    one = df[df["cache.rate"] == 0.25].copy()
+    fig = ranked_bars(one, "tpot")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and not ax.patches
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == f"1. {names[1]}" and labels[1] == f"2. {names[2]}"
+    one.loc[one["policy"] == names[2], "tpot_ms_mean"] = float(one[one["policy"] == names[1]]["tpot_ms_mean"].iloc[0]) * 1.005
+    labels = [t.get_text() for t in ranked_bars(one, "tpot").axes[0].get_yticklabels()]
+    assert labels[:3] == [f"1=. {names[1]}", f"1=. {names[2]}", f"3. {names[3]}"]

@@ -462,9 +462,18 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
         for g, block in blocks:
             ys = list(range(y, y + len(block)))
             ci = block[ci_col] * kind.scale if ci_col in block.columns and (block["seeds"] > 1).any() else None
-            ax.barh(ys, block[kind.column] * kind.scale, color=[colours[str(n)][0] for n in block[label_col]],
-                    hatch=hatch_of[g], edgecolor="white" if g == "lossless" else "0.15", linewidth=0.4,
-                    alpha=0.55 if g == "oracle" else 0.9, xerr=ci, error_kw={"elinewidth": 0.7, "capsize": 1.5})
+            vals = block[kind.column] * kind.scale
+            if log:   # a log axis has no zero for a bar to start from: a dot per policy instead
+                for yy, v, nm in zip(ys, vals, block[label_col], strict=True):
+                    color, marker = colours[str(nm)]
+                    ax.plot([v], [yy], linestyle="none", marker=marker, markersize=5, color=color,
+                            markerfacecolor="white" if g == "oracle" else color)
+                if ci is not None:
+                    ax.errorbar(vals, ys, xerr=ci, fmt="none", ecolor="0.3", elinewidth=0.7, capsize=1.5)
+            else:
+                ax.barh(ys, vals, color=[colours[str(n)][0] for n in block[label_col]],
+                        hatch=hatch_of[g], edgecolor="white" if g == "lossless" else "0.15", linewidth=0.4,
+                        alpha=0.55 if g == "oracle" else 0.9, xerr=ci, error_kw={"elinewidth": 0.7, "capsize": 1.5})
             ax.text(1.0, y - 0.45, heading[g], transform=ax.get_yaxis_transform(), ha="right", va="bottom",
                     fontsize=6, color="0.3")
             ticks += ys
@@ -485,7 +494,8 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
         fig.tight_layout()
         seeds = int(ok["seeds"].max()) if "seeds" in ok.columns and len(ok) else 1
         caption(fig, [
-            f"{kind.label.split(' (')[0]} on a log scale: the largest is {float(values.max()) / med:.0f}x the median"
+            f"{kind.label.split(' (')[0]} on a log scale (dots, not bars: a log axis has no zero): the largest "
+            f"is {float(values.max()) / med:.0f}x the median, which a linear axis would flatten the others under."
             if log else None,
             (f"Error bars: 95% interval over {seeds} seeds; " if seeds > 1 else "One seed; ")
             + "a rank marked = (2=) is shared by policies tied with the first of them "

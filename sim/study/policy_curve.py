@@ -118,7 +118,7 @@ def _per_layer(result: Any) -> tuple[np.ndarray, np.ndarray]:
 def simulated_curves(sweep: Sweep, num_layers: int) -> CurveRows:
     """Hits and references per layer and all layers of every point of a curve study, one
     simulator run each; a point that cannot run is one ``n/a`` row (all layers) with why."""
-    from moesim.sim.config.scenario import ScenarioError, load_scenario_data
+    from moesim.sim.config.scenario import load_scenario_data
     from moesim.sim.run.profile import trace_requests
     from moesim.sim.run.runner import PolicyNotApplicable, load_trace, run_loaded, select_requests
 
@@ -138,7 +138,7 @@ def simulated_curves(sweep: Sweep, num_layers: int) -> CurveRows:
                     rows.requests = [int(r) for r in (trace_requests(traces[point.policy]) if chosen == "all"
                                                       else chosen)]
             result = run_loaded(loaded, trace=traces[point.policy])
-        except (PolicyNotApplicable, ScenarioError) as exc:
+        except (PolicyNotApplicable, MoesimError) as exc:   # one line saying why: the others still run
             rows.add(point.policy, -1, size, 0, 0, "n/a", str(exc))
             continue
         hits, refs = _per_layer(result)

@@ -188,7 +188,9 @@ def plot_cmd(
     baseline: Annotated[str | None, typer.Option("--baseline", help="speed-up baseline (default: no-cache if present, else the first)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: <sweep>/figures or the run folder)")] = None,
     fmt: Annotated[list[str] | None, typer.Option("--format", "-f", help="png, pdf, svg, eps (repeatable; default: png and pdf; "
-                                                                         "pdf, svg and eps are vector)")] = None,
+                                                                         "pdf, svg and eps are vector; a PNG and a vector file "
+                                                                         "are always written, and older files of the figure "
+                                                                         "in other formats drawn again)")] = None,
     start: Annotated[int, typer.Option(help="timeline: first iteration of the window")] = 0,
     iterations: Annotated[int, typer.Option(help="timeline: iterations in the window")] = 3,
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated policies to draw (default: all)")] = None,

@@ -209,7 +209,7 @@ def curve_cmd(
     all_layers = cols["layer"] == -1
     ran = all_layers & (cols["method"] != "n/a")
     refs = sorted({int(r) for r in cols["references"][ran]})
-    title = (f"{trace.name}: {refs[-1] if refs else 0} references, " if len(refs) <= 1 else f"{trace.name}: ")
+    title = f"{trace.name}: {refs[0]} references, " if len(refs) == 1 else f"{trace.name}: "
     t = Table("experts/layer", "% of layer", "GiB", *(f"{p} hit rate" for p in pols),
               title=escape(title + f"{meta.model.num_layers} layers x {E} experts"))
     shown = sorted({int(s) for s in cols["size"][all_layers]})

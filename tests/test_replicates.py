@@ -74,3 +74,20 @@ def test_compare_with_seeds_gives_intervals_and_tie_marks(tmp_path: Path, capsys
     capsys.readouterr()
     assert main(["compare", str(FLAME), "--seeds", "0", "--out", str(tmp_path / "z")]) == 2
     assert "--seeds: 0" in capsys.readouterr().err
+
+
+def test_a_comparison_figure_draws_the_seeds_interval() -> None:
+    """compare folds its seeds before drawing: the line figure still shows their interval."""
+    from moesim.sim.study.compare import comparison_figure, rank
+
+    rows = [{"policy": p, "cache.rate": r, "seed": s, "status": "ok", "bound": False, "kind": "lossless",
+             "tpot_ms_mean": 1.0 + r + (0.1 * s if p == "random" else 0.0), "hit_rate": 0.5 + r}
+            for p in ("lru", "random") for r in (0.25, 0.5) for s in (0, 1, 2)]
+    comp = rank(pd.DataFrame(rows), metric="tpot")
+    fig = comparison_figure(comp)
+    bars = {c.get_label(): c for c in fig.axes[0].containers}
+    def spans(name: str) -> list[float]:
+        return [float(s[1][1] - s[0][1]) for s in bars[name].lines[2][0].get_segments()]
+
+    assert spans("random") == pytest.approx([2 * ci95(np.array([0.1]), np.array([3]))[0]] * 2)
+    assert spans("lru") == [0.0, 0.0]      # deterministic: the same TPOT whatever the seed

@@ -180,13 +180,19 @@ def with_speedup(df: pd.DataFrame, hue: str, x: str, group: list[str], baseline:
 
 def summarise(df: pd.DataFrame, x: str, hue: str, facet: str | None, column: str) -> pd.DataFrame:
     """Mean, standard deviation, count and the 95% interval's half-width (``ci``) of ``column``
-    per (facet, hue, x), over every other swept key (seeds: :mod:`moesim.sim.study.replicates`)."""
+    per (facet, hue, x), over every other swept key (seeds: :mod:`moesim.sim.study.replicates`;
+    a frame whose seeds are folded already keeps its ``<column>_ci95`` and ``seeds``)."""
     from moesim.sim.study.replicates import ci95
 
     keys = [k for k in (facet, hue, x) if k]
     g = df.assign(kind=point_kinds(df)).groupby(keys, dropna=False, sort=False)
     out = g[column].agg(["mean", "std", "count"]).reset_index()
     out["ci"] = ci95(out["std"], out["count"])
+    folded = f"{column}_ci95"
+    if folded in df.columns and "seeds" in df.columns:   # a frame whose seeds are folded already
+        one = (out["count"] == 1).to_numpy()
+        out.loc[one, "ci"] = g[folded].first().to_numpy()[one]
+        out.loc[one, "count"] = g["seeds"].first().to_numpy()[one]
     out["bound"] = g["bound"].first().to_numpy()
     out["kind"] = g["kind"].first().to_numpy()
     return out

@@ -91,3 +91,19 @@ def test_a_comparison_figure_draws_the_seeds_interval() -> None:
 
     assert spans("random") == pytest.approx([2 * ci95(np.array([0.1]), np.array([3]))[0]] * 2)
     assert spans("lru") == [0.0, 0.0]      # deterministic: the same TPOT whatever the seed
+
+
+def test_sweep_seeds_adds_a_seed_axis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    spec = {"name": "sw", "base": str(FLAME), "set": {"workload.requests": 1},
+            "grid": {"policy": ["lru", "random"], "cache.rate": [0.125, 0.25]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--seeds", "3", "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "12 points, 0 done" in out and "seed=2" in out
+    spec["grid"]["seed"] = [0, 1]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--seeds", "3", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sweeps seed already" in err

@@ -84,12 +84,14 @@ def sweep_cmd(
                                                    "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh "
                                         "(without it, only a sweep folder is reused: resumed)")] = False,
+    seeds: Annotated[int, typer.Option("--seeds", help="replicate every point with seeds 0..N-1 (plot, compare "
+                                       "tables and report give means with 95% intervals and mark tied ranks)")] = 1,
 ) -> None:
     """Run a sweep: every point of the grid, resumable, into one tidy Parquet table."""
     from moesim.sim.study.sweep import load_sweep
     from moesim.sim.study.sweep_run import PointStore, run_sweep
 
-    sweep = load_sweep(sweep_file, set_ or [])
+    sweep = load_sweep(sweep_file, set_ or [], seeds=seeds)
     out_dir = _out_dir(out, sweep) if not dry_run else (out or Path("runs") / sweep.spec.name)
     if jobs is not None and jobs < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--jobs")

@@ -166,3 +166,26 @@ def test_curve_bad_policy_or_sizes_is_one_line(args: list[str], needle: str, tmp
     assert main(["curve", str(SAMPLE), "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_curve_figure_of_many_policies(tmp_path: Path) -> None:
+    """Twelve policies and one n/a: a PNG of at least 1,280 px with its PDF beside it (the
+    colour-and-grey rule is the sweep figures', tests/test_figures_paper.py)."""
+    import matplotlib.image as mpimg
+
+    from moesim.policies.contract.registry import policy_names
+    from moesim.sim.study.curve import _figure
+
+    names = [n for n in policy_names() if n != "moepic"][:12]
+    pol, lay, size, rate, method = [], [], [], [], []
+    for i, n in enumerate([*names, "moepic"]):
+        for s in (2, 4, 8):
+            pol.append(n)
+            lay.append(-1)
+            size.append(s)
+            rate.append(np.nan if n == "moepic" else 0.1 * s / 8 + 0.01 * i)
+            method.append("n/a" if n == "moepic" else "simulated")
+    cols = {"policy": np.array(pol), "layer": np.array(lay), "size": np.array(size), "hit_rate": np.array(rate),
+            "method": np.array(method), "cache_pct": np.array(size) * 100 / 16.0, "cache_gib": np.array(size) * 0.1}
+    png = _figure(cols, tmp_path / "curve.png", "t")
+    assert mpimg.imread(png).shape[1] >= 1280 and (tmp_path / "curve.pdf").read_bytes()[:4] == b"%PDF"

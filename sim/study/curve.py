@@ -93,7 +93,8 @@ def write_curves(cols: dict[str, np.ndarray], out: Path, fmt: str, title: str) -
 def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
     """The curve figure as ``path`` (a PNG at least 1,280 px wide) with a PDF beside it: every
     policy that ran (in its own colour and marker; ``one-pass`` curves labelled so and dashed,
-    bounds dotted), the policies that could not run named under it."""
+    bounds dotted; past ten policies the bounds and the best eight in colour, the others grey
+    and named under it, as in the sweep figures), the policies that could not run named too."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,12 +102,22 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
     import numpy as np
 
     from moesim.policies.contract.registry import policy_class
-    from moesim.sim.study.plot import caption, png_dpi, print_style, series_styles
+    from moesim.sim.study.plot import (
+        GREY,
+        KINDS,
+        caption,
+        greyed_note,
+        png_dpi,
+        print_style,
+        series_label,
+        series_styles,
+    )
 
     ran = cols["method"] != "n/a"
     names = list(dict.fromkeys(str(p) for p in cols["policy"][ran]))
     missing = [p for p in dict.fromkeys(str(p) for p in cols["policy"]) if p not in names]
     styles = series_styles(names)
+    shown = _shown(cols, names)
     size = cols["size"]
     pct_per = float(np.nanmax(cols["cache_pct"] / np.maximum(size, 1)))
     gib_per = float(np.nanmax(cols["cache_gib"] / np.maximum(size, 1)))
@@ -116,10 +127,13 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
             color, marker = styles[name]
             mine = (cols["policy"] == name) & ran
             sel = mine & (cols["layer"] == -1)
+            if shown is not None and name not in shown:   # behind the others, out of the legend
+                left.plot(size[sel], 100 * cols["hit_rate"][sel], color=GREY, linewidth=0.8, zorder=1)
+                continue
             bound = policy_class(name).oracle
             one_pass = bool(np.any(cols["method"][sel] == "one-pass"))
             line = ":" if bound else "--" if one_pass else "-"
-            label = f"{name} (bound)" if bound else name
+            label = series_label(name, bound, "lossy" if policy_class(name).lossy else None)
             left.plot(size[sel], 100 * cols["hit_rate"][sel], color=color, marker=marker, linestyle=line,
                       markevery=max(1, int(sel.sum()) // 12), markerfacecolor="white" if bound else color,
                       label=label + (", one-pass" if one_pass else ""))
@@ -143,12 +157,31 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
         one_pass_drawn = bool(np.any(cols["method"] == "one-pass"))
         caption(fig, ["Hit rate as simctl run counts it (a token's experts of a layer looked up together)"
                       + ("; one-pass curves (dashed) look each expert up alone." if one_pass_drawn else "."),
+                      greyed_note(names, shown, KINDS["hit-rate"]),
                       f"n/a (cannot run on this trace, see the table): {', '.join(missing)}" if missing else None],
                 9.5)
         fig.savefig(path, dpi=png_dpi(fig), bbox_inches="tight")
         fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
         plt.close(fig)
     return path
+
+
+def _shown(cols: dict[str, np.ndarray], names: list[str]) -> list[str] | None:
+    """The policies a curve figure draws in colour (:func:`moesim.sim.study.plot.highlight`:
+    the bounds and the best by mean hit rate over the sizes), None for all of them."""
+    import numpy as np
+    import pandas as pd
+
+    from moesim.policies.contract.registry import policy_class
+    from moesim.sim.study.plot import KINDS, highlight
+
+    rows = []
+    for name in names:
+        sel = (cols["policy"] == name) & (cols["layer"] == -1) & (cols["method"] != "n/a")
+        cls = policy_class(name)
+        rows.append({"policy": name, "mean": float(np.nanmean(cols["hit_rate"][sel])), "bound": bool(cls.oracle),
+                     "kind": "oracle" if cls.oracle else "lossy" if cls.lossy else "lossless"})
+    return highlight(pd.DataFrame(rows, columns=["policy", "mean", "bound", "kind"]), "policy", KINDS["hit-rate"])
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:

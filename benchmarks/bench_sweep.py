@@ -27,12 +27,12 @@ from moesim.sim.study.sweep import Sweep, SweepSpec, expand
 from moesim.sim.study.sweep_run import PointStore, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+FLAME_SCENARIO = ROOT / "scenarios" / "flame-lru.yaml"
 SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 
 
 def runnable_policies() -> list[str]:
-    """Every registered policy whose setup needs the FLAME sample and the quickstart scenario
+    """Every registered policy whose setup needs the FLAME sample and its scenario (flame-lru.yaml)
     meet (the others, those reading ``lookahead_logits`` for instance, are n/a on it: their
     points would not run)."""
     from moesim.traces.format.trace_file import read_trace
@@ -47,7 +47,7 @@ def make_sweep(points: int, requests: int) -> Sweep:
     policies = runnable_policies()
     n_rates = math.ceil(points / len(policies))
     rates = [round(0.05 + 0.7 * i / max(1, n_rates - 1), 4) for i in range(n_rates)]
-    spec = SweepSpec(name="bench", base=str(QUICKSTART), set={"workload.requests": requests},
+    spec = SweepSpec(name="bench", base=str(FLAME_SCENARIO), set={"workload.requests": requests},
                      grid={"policy": policies, "cache.rate": rates})
     sw = expand(spec, source="bench", base_dir=ROOT)
     # interleave policies so both workers get a mix of cheap and expensive points

@@ -24,7 +24,7 @@ from moesim.sim.cli.main import main
 from tests.util import ROOT
 
 SAMPLE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 DELETE = object()
 
 

@@ -13,7 +13,7 @@ from moesim.sim.cli.main import main
 from moesim.traces.format.trace_file import read_trace
 from tests.util import ROOT
 
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -13,7 +13,7 @@ import yaml
 from moesim.sim.cli.main import main
 from tests.util import ROOT
 
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -63,7 +63,7 @@ def test_compare_ranks_policies_and_labels_bounds(tmp_path: Path, capsys: pytest
     code, text, err = run_cli(["compare", str(QUICKSTART), "-p", "lru,belady,no-cache,lfu", "-r", "0.25,0.5",
                                "--set", "workload.requests=1", "--out", str(out), "-f", "csv", "-m", "hit-rate",
                                "--no-figure"], capsys)
-    assert code == 0 and text.startswith("cache.rate,kind,rank,policy,bound") and "8 points" not in text
+    assert code == 0 and text.startswith("cache.rate,kind,rank,tied,policy,bound,status,seeds") and "8 points" not in text
     again = pd.read_csv(io.StringIO(text))
     ranked = again[again["rank"].notna() & (again["cache.rate"] == 0.25)]
     assert list(ranked["hit_rate"]) == sorted(ranked["hit_rate"], reverse=True)
@@ -93,7 +93,28 @@ def test_plot_writes_every_sweep_figure_as_png_and_pdf(sweep_dir: Path, tmp_path
     code, out, err = run_cli(["plot", str(sweep_dir / "results.parquet"), "--kind", "speedup", "--baseline", "lru",
                               "--x", "cache.rate", "--facet", "seed", "-f", "pdf", "--out", str(tmp_path / "f")], capsys)
     assert code == 0, err
-    assert out.split() == [str(tmp_path / "f" / "speedup.pdf")] and _is_figure(tmp_path / "f" / "speedup.pdf")
+    f = tmp_path / "f"
+    # a PNG always comes with the vector format asked, so that the two are the same drawing
+    assert out.split() == [str(f / "speedup.png"), str(f / "speedup.pdf")] and _is_figure(f / "speedup.pdf")
+
+
+def test_plot_leaves_no_older_figure_beside_a_new_one(sweep_dir: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 35: `plot --policies ... -f pdf` after a plot of every policy left the older PNG
+    (every policy) beside the new PDF (two). Now every file of that figure is drawn again, the
+    SVG of an earlier `-f svg` included, and the PNG is at least 1,280 px wide."""
+    import matplotlib.image as mpimg
+
+    f = tmp_path / "f"
+    assert run_cli(["plot", str(sweep_dir), "--kind", "tpot", "-f", "svg", "--out", str(f)], capsys)[0] == 0
+    before = {p: p.read_bytes() for p in (f / "tpot.png", f / "tpot.svg")}
+    code, out, err = run_cli(["plot", str(sweep_dir), "--kind", "tpot", "--policies", "lru,belady", "-f", "pdf",
+                              "--out", str(f)], capsys)
+    assert code == 0, err
+    assert sorted(Path(p).name for p in out.split()) == ["tpot.pdf", "tpot.png", "tpot.svg"]
+    assert all(p.read_bytes() != old for p, old in before.items())
+    assert "no-cache" not in (f / "tpot.svg").read_text()     # the SVG is the new drawing: two policies
+    assert mpimg.imread(f / "tpot.png").shape[1] >= 1280
 
 
 def test_sweep_figure_labels_units_bounds_and_averages_seeds(sweep_dir: Path) -> None:

@@ -223,7 +223,7 @@ def test_a_run_result_is_plain_data_that_pickles(tmp_path) -> None:  # type: ign
     from moesim.sim.run.runner import run_loaded
     from tests.util import ROOT
 
-    res = run_loaded(load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.requests=1"]), timeline=True)
+    res = run_loaded(load_scenario(ROOT / "scenarios" / "flame-lru.yaml", ["workload.requests=1"]), timeline=True)
     back = pickle.loads(pickle.dumps(res))
     assert back.metrics == res.metrics and back.config == res.config
     np.testing.assert_array_equal(back.steps["t_end"], res.steps["t_end"])
@@ -266,7 +266,7 @@ def test_the_replay_reads_only_the_columns_the_policy_declares(monkeypatch) -> N
     for policy, want in [("lru", []), ("mixtral-offloading", ["lookahead_logits"]),
                          ("random-substitute", ["weights"])]:
         asked.clear()
-        runner.run_loaded(load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+        runner.run_loaded(load_scenario(ROOT / "scenarios" / "flame-lru.yaml",
                                         ["workload.requests=1", f"policy={policy}"]))
         assert asked == [want], policy
     assert make_policy("moepic").read_columns() >= {"lookahead_logits"}   # undeclared: reads all

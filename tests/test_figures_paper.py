@@ -18,7 +18,7 @@ from moesim.sim.study.plot import PlotError, load_table, ranked_bars, series_sty
 from tests.util import ROOT
 
 matplotlib.use("Agg")
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 TITLE = "flame-moe-290m on rtx-4090, trace flame-moe-290m.parquet"
 
 
@@ -38,7 +38,7 @@ def test_every_registered_policy_has_its_own_colour_and_marker() -> None:
     names = policy_names()
     styles = [policy_style(n) for n in names]
     assert len(set(styles)) == len(names)
-    # the first twenty slots share no colour; slots twenty apart share a colour, never a marker
+    # the first thirty slots share no colour; slots thirty apart share a colour, never a marker
     assert len({style_at(i)[0] for i in range(len(COLORS))}) == len(COLORS)
     assert all(style_at(i)[1] != style_at(i + len(COLORS))[1] for i in range(3 * len(COLORS)))
     # the same whatever is drawn beside it, and outside the registry stable by name
@@ -86,7 +86,7 @@ def test_title_ticks_facets_and_the_note_for_policies_without_a_result(table: Pa
     for ax in fig.axes:
         assert list(ax.get_xticks()) == [0.125, 0.375]
         assert [t.get_text() for t in ax.get_xticklabels()] == ["0.125", "0.375"]
-    notes = [t.get_text() for t in fig.texts]
+    notes = [ln for t in fig.texts for ln in t.get_text().splitlines()]
     assert "no result: moepic (n/a)" in notes
     picked = sweep_figure(df, params, "tpot", policies=["lru", "belady"])
     labels = picked.axes[0].get_legend_handles_labels()[1]
@@ -106,3 +106,89 @@ def test_plot_policies_and_vector_formats(table: Path, tmp_path: Path, capsys: p
     capsys.readouterr()
     assert main(["plot", str(table), "--policies", "lfu"]) == 2
     assert "--policies lfu: not in this table" in capsys.readouterr().err
+
+
+def _many_policies() -> tuple[object, list[str]]:
+    """A sweep table of 22 lossless policies, a bound and a lossy one at three cache rates, one
+    of them (the first) 40 times slower than the others, and one n/a."""
+    import pandas as pd
+
+    names = [n for n in policy_names() if n not in ("belady", "oracle-prefetch", "random-substitute",
+                                                     "buddymoe", "commitmoe", "activeevict", "moepic")][:22]
+    rows = []
+    for i, name in enumerate([*names, "belady", "random-substitute", "moepic"]):
+        for rate in (0.125, 0.25, 0.5):
+            slow = 40.0 if i == 0 else 1.0
+            rows.append({"policy": name, "cache.rate": rate, "status": "n/a" if name == "moepic" else "ok",
+                         "bound": name == "belady", "kind": "oracle" if name == "belady" else
+                         "lossy" if name == "random-substitute" else "lossless",
+                         "tpot_ms_mean": slow * (1.0 + 0.05 * i) / (1 + rate), "hit_rate": 0.3 + 0.01 * i + rate / 2})
+    return pd.DataFrame(rows), names
+
+
+def test_an_all_policy_figure_is_legible() -> None:
+    """Issue 35: a legend larger than the plot, the n/a list drawn over it, one policy holding
+    the TPOT axis hostage. Now: the bounds, the best lossless and the best two lossy in colour
+    (the others grey, named under the figure), a log axis said on the axis and in the caption,
+    the caption clear of the legend, and a PNG of at least 1,280 px."""
+    from matplotlib.transforms import Bbox
+
+    from moesim.sim.study.plot import GREY, TOP_N, png_dpi
+
+    df, names = _many_policies()
+    fig = sweep_figure(df, ["policy", "cache.rate"], "tpot")
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_ylabel().endswith("log scale")
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "belady (bound)" in legend and "random-substitute (lossy)" in legend and names[0] not in legend
+    assert len(legend) <= TOP_N + 1
+    grey = [ln for ln in ax.get_lines() if ln.get_label() == "_grey"]
+    assert len(grey) == len(names) + 2 - len(legend) and all(ln.get_color() == GREY for ln in grey)
+    text = " ".join(t.get_text() for t in fig.texts)
+    assert f"{names[0]} averages" in text and "log scale" in text and "moepic (n/a)" in text
+    assert all(n in text for n in names if n not in " ".join(legend))
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in fig.texts if t is not fig._suptitle]
+    legend_box = fig.legends[0].get_window_extent(renderer)
+    assert not any(Bbox.intersection(b, legend_box) for b in boxes)
+    box = fig.get_tightbbox(renderer)
+    assert box.width * png_dpi(fig) >= 1280
+    hit = sweep_figure(df, ["policy", "cache.rate"], "hit-rate")
+    assert hit.axes[0].get_yscale() == "linear"     # hit rates are bounded: never a log axis
+
+
+def test_the_palette_has_thirty_colours_told_apart() -> None:
+    """Thirty colours, any two at least 27 CIELAB units apart (lru, lfru and cpu-moe were all
+    blue); each registered policy has its own colour."""
+    import itertools
+
+    import numpy as np
+    from matplotlib.colors import to_rgb
+
+    def lab(c: str) -> np.ndarray:
+        r = np.array(to_rgb(c))
+        r = np.where(r > 0.04045, ((r + 0.055) / 1.055) ** 2.4, r / 12.92)
+        m = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
+        xyz = m @ r / np.array([0.9505, 1.0, 1.089])
+        f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+        return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+    assert len(COLORS) >= 30
+    assert min(float(np.linalg.norm(lab(a) - lab(b))) for a, b in itertools.combinations(COLORS, 2)) >= 27
+    assert len({policy_style(n)[0] for n in policy_names()}) == len(policy_names())
+
+
+def test_ranked_bars_mark_ties_and_turn_to_dots_on_a_log_axis() -> None:
+    """One rate of the table above: accelerate-like 40x outlier, so the axis is logarithmic and
+    drawn as dots (a bar on a log axis has no zero); policies 5% apart rank apart, and two
+    within 1% share a rank marked `=`."""
+    df, names = _many_policies()
+    one = df[df["cache.rate"] == 0.25].copy()
+    fig = ranked_bars(one, "tpot")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and not ax.patches
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == f"1. {names[1]}" and labels[1] == f"2. {names[2]}"
+    one.loc[one["policy"] == names[2], "tpot_ms_mean"] = float(one[one["policy"] == names[1]]["tpot_ms_mean"].iloc[0]) * 1.005
+    labels = [t.get_text() for t in ranked_bars(one, "tpot").axes[0].get_yticklabels()]
+    assert labels[:3] == [f"1=. {names[1]}", f"1=. {names[2]}", f"3. {names[3]}"]

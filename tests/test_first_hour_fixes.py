@@ -146,7 +146,7 @@ def test_a_trace_fit_yaml_is_a_synthetic_trace(tmp_path: Path, capsys: pytest.Ca
 
 def test_readme_faceted_plot_works_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    cwd = fresh_clone(tmp_path, monkeypatch, "scenarios/quickstart.yaml", "scenarios/sweeps",
+    cwd = fresh_clone(tmp_path, monkeypatch, "scenarios/quickstart.yaml", "scenarios/flame-lru.yaml", "scenarios/sweeps",
                       "traces/samples/flame-moe-290m.parquet")
     plot, = [c for c in readme_commands("simctl plot") if "--facet" in c]
     out_dir = re.search(r"simctl plot (\S+)", plot)[1]  # type: ignore[index]

@@ -33,3 +33,21 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert sorted(p.name for p in path.parent.iterdir()) == before  # nothing written next to the notebook
     assert not list(cwd.iterdir())                                   # nor into the working directory
     assert list((tmp_path / "outputs").rglob("*.png"))
+
+
+def test_the_readme_notebook_command_comes_with_the_dev_extra() -> None:
+    """Issue 35: the README runs notebooks with `jupyter nbconvert`, which the dev extra did not
+    install. The extra names it, and the command the README gives is installed here."""
+    import importlib.util
+    import re
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        tomllib = pytest.importorskip("tomli")
+    readme = (ROOT / "README.md").read_text()
+    assert "jupyter nbconvert --to notebook --execute notebooks/" in readme
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert any(re.match(r"nbconvert\b", d) for d in dev), dev
+    assert importlib.util.find_spec("nbconvert") is not None

@@ -15,7 +15,7 @@ import pytest
 from moesim.sim.cli.main import main
 from tests.util import ROOT
 
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 TRACE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 CHROMIUM = "/usr/bin/chromium"
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -56,12 +56,17 @@ def test_report_has_provenance_command_figures_and_ranked_tables(study: Path) ->
         assert "no overhead (idealised runtime)" in text   # where the runtime's numbers come from
         assert "simctl compare" in text and "--policies lru,no-cache,random-substitute,belady,moepic" in text
         assert "10: 8 ok, 0 failed, 2 n/a" in text
+        # the workload, the seed and the source revision (issue 35)
+        assert "batch 1, phases decode, requests the first 1 (1 replayed)" in text
+        cells = re.sub(r"</?t[hd]>|\|", " ", text)
+        assert re.search(r"\bseed\s+0\s", cells)
+        assert re.search(r"source revision\s+(git [0-9a-g.-]+|moesim )", cells)
     assert [r[2] for r in _rows(md, "Lossless")] == ["lru", "no-cache", "lru", "no-cache"]
     assert [r[2] for r in _rows(md, "Lossy")] == ["random-substitute"] * 2
     assert [r[2] for r in _rows(md, "Bounds")] == ["belady (bound)"] * 2
-    # the n/a points, with the reason
+    # the n/a points, with the reason: one row for the policy and reason, listing the cache rates
     na = _rows(md, "Not run")
-    assert [r[1] for r in na] == ["moepic", "moepic"] and "lookahead_logits" in na[0][3]
+    assert [r[:2] for r in na] == [["0.25, 0.5", "moepic"]] and "lookahead_logits" in na[0][3]
     figures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)
     assert figures == ["report-figures/tpot.png", "report-figures/hit_rate.png", "report-figures/speedup.png"]
     for f in figures:
@@ -86,6 +91,18 @@ def test_report_says_when_the_command_was_not_recorded(study: Path, tmp_path: Pa
     assert len(err.splitlines()) == 1 and "nowhere" in err and "no such folder" in err
 
 
+OVERFLOW_JS = """(() => {
+  const out = [];
+  if (document.documentElement.scrollWidth > window.innerWidth) out.push('page ' + document.documentElement.scrollWidth);
+  for (const d of document.querySelectorAll('.scroll')) if (d.scrollWidth > d.clientWidth + 1) out.push('table ' + d.scrollWidth);
+  for (const e of document.querySelectorAll('.badge, th, td, img'))
+    if (e.getBoundingClientRect().right > window.innerWidth) out.push(e.tagName + ' ' + e.textContent.slice(0, 30));
+  return out;
+})()"""
+"""What lies beyond the 1,280 px window: the page, a table wider than its box (scrolled), or a
+badge, cell or figure whose right edge is off screen (empty when everything fits)."""
+
+
 def _chromium_missing() -> str | None:
     if not Path(CHROMIUM).is_file():
         return f"no browser: {CHROMIUM} is missing (apt-get install chromium chromium-driver)"
@@ -105,8 +122,10 @@ def _open_with_playwright(page_url: str, shot: Path) -> tuple[list[int], list[in
             widths = page.evaluate("Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
             rows = page.evaluate("Array.from(document.querySelectorAll('table.ranking')).map(t => t.tBodies[0].rows.length)")
             page.screenshot(path=str(shot), full_page=True)
+            overflow = page.evaluate(OVERFLOW_JS)
         finally:
             ctx.close()
+    assert overflow == [], overflow
     return widths, rows
 
 
@@ -126,8 +145,10 @@ def _open_with_selenium(page_url: str, shot: Path) -> tuple[list[int], list[int]
             rows = driver.execute_script(
                 "return Array.from(document.querySelectorAll('table.ranking')).map(t => t.tBodies[0].rows.length)")
             driver.save_screenshot(str(shot))
+            overflow = driver.execute_script("return " + OVERFLOW_JS)
         finally:
             driver.quit()
+    assert overflow == [], overflow
     return widths, rows
 
 
@@ -150,7 +171,7 @@ def test_report_renders_in_a_real_browser(study: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     widths, rows = opener((study / "report.html").resolve().as_uri(), shot)
     assert len(widths) == 3 and all(w > 0 for w in widths)     # every figure decoded
-    assert rows == [4, 2, 2, 2]     # lossless, lossy, bounds, n/a: one row per point
+    assert rows == [4, 2, 2, 1]     # lossless, lossy, bounds: one row per point; n/a: one per policy and reason
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 

@@ -22,7 +22,7 @@ from moesim.sim.study.sweep import SweepSpec, expand
 from moesim.sim.study.sweep_run import run_sweep
 from tests.util import ROOT
 
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 # a small synthetic Mixtral (4 layers of 8 experts, top-2) whose trace has every column
 SYNTH: dict[str, Any] = {
     "name": "needs", "model": {"base": "mixtral-8x7b", "num_layers": 4}, "hardware": "a100-pcie-80gb",

@@ -21,7 +21,7 @@ from moesim.sim.study.sweep import load_sweep
 from moesim.sim.study.sweep_run import run_sweep
 from tests.util import ROOT
 
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 TRACE = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
 JOIN = ["model_name", "hardware_name", "runtime_name", "runtime_source", "cache_rate", "trace_name", "trace_sha256"]
 

@@ -22,7 +22,7 @@ from moesim.sim.study.sweep import Sweep, SweepError, load_sweep
 from moesim.sim.study.sweep_run import run_sweep
 from tests.util import ROOT
 
-QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "scenarios" / "flame-lru.yaml"
 SWEEPS = sorted((ROOT / "scenarios" / "sweeps").glob("*.yaml"))
 
 

@@ -214,7 +214,7 @@ def test_stats_lru_is_the_hit_rate_of_an_lru_run(capsys: pytest.CaptureFixture[s
     sample = ROOT / "traces" / "samples" / "flame-moe-290m.parquet"
     st_ = trace_stats(sample, cache_sizes=[6, 16])
     for c in (6, 16):
-        assert main(["run", str(ROOT / "scenarios" / "quickstart.yaml"), "--json",
+        assert main(["run", str(ROOT / "scenarios" / "flame-lru.yaml"), "--json",
                      "--set", f"cache.experts_per_layer={c}"]) == 0
         run = json.loads(capsys.readouterr().out)
         assert run["hit_rate"] == pytest.approx(st_.overall.lru[c], abs=1e-12), c

@@ -103,13 +103,15 @@ def sweep_cmd(
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh "
                                         "(without it, only a sweep folder is reused: resumed)")] = False,
     allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
+    seeds: Annotated[int, typer.Option("--seeds", help="replicate every point with seeds 0..N-1 (plot, compare "
+                                       "tables and report give means with 95% intervals and mark tied ranks)")] = 1,
 ) -> None:
     """Run a sweep: every point of the grid, resumable, into one tidy Parquet table."""
     from moesim.sim.study.sweep import load_sweep
     from moesim.sim.study.sweep_run import PointStore, run_sweep
 
     grant_plugins(allow_plugins)
-    sweep = load_sweep(sweep_file, set_ or [])
+    sweep = load_sweep(sweep_file, set_ or [], seeds=seeds)
     out_dir = _out_dir(out, sweep) if not dry_run else (out or Path("runs") / sweep.spec.name)
     if jobs is not None and jobs < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--jobs")
@@ -154,6 +156,8 @@ def compare_cmd(
     jobs: Annotated[int | None, _JOBS] = None,
     dask: Annotated[str | None, _DASK] = None,
     figure: Annotated[bool, typer.Option(help="write compare.png and compare.pdf")] = True,
+    seeds: Annotated[int, typer.Option("--seeds", help="replicate every point with seeds 0..N-1: tables and figures "
+                                       "give the mean with a 95% interval, and ranks within it are ties")] = 1,
     progress: Annotated[bool | None, typer.Option(help="progress bar (default: a bar on a terminal, "
                                                    "else a line per few points with the time left)")] = None,
     force: Annotated[bool, typer.Option("--force", help="clear a non-empty --out folder and start afresh")] = False,
@@ -172,7 +176,7 @@ def compare_cmd(
     if metric not in METRICS:
         raise typer.BadParameter(f"choose from {', '.join(METRICS)}", param_hint="--metric")
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    sweep = comparison_sweep(scenario, policies=names, rates=_floats(rates, "--rates"), sets=set_ or [])
+    sweep = comparison_sweep(scenario, policies=names, rates=_floats(rates, "--rates"), sets=set_ or [], seeds=seeds)
     if baseline is not None:
         from moesim.policies.contract.registry import policy_names
 
@@ -212,7 +216,9 @@ def plot_cmd(
     baseline: Annotated[str | None, typer.Option("--baseline", help="speed-up baseline (default: no-cache if present, else the first)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="output folder (default: <sweep>/figures or the run folder)")] = None,
     fmt: Annotated[list[str] | None, typer.Option("--format", "-f", help="png, pdf, svg, eps (repeatable; default: png and pdf; "
-                                                                         "pdf, svg and eps are vector)")] = None,
+                                                                         "pdf, svg and eps are vector; a PNG and a vector file "
+                                                                         "are always written, and older files of the figure "
+                                                                         "in other formats drawn again)")] = None,
     start: Annotated[int, typer.Option(help="timeline: first iteration of the window")] = 0,
     iterations: Annotated[int, typer.Option(help="timeline: iterations in the window")] = 3,
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated policies to draw (default: all)")] = None,

@@ -42,14 +42,19 @@ class Comparison:
 
 
 def comparison_sweep(scenario: str | Path, *, policies: Sequence[str] | None = None,
-                     rates: Sequence[float] | None = None, sets: Sequence[str] = ()) -> Sweep:
-    """The sweep behind a comparison: policy (all registered, or the list) x cache rate."""
+                     rates: Sequence[float] | None = None, sets: Sequence[str] = (), seeds: int = 1) -> Sweep:
+    """The sweep behind a comparison: policy (all registered, or the list) x cache rate, x
+    seeds ``0 .. seeds-1`` when ``seeds`` > 1 (replicates, folded by :func:`rank`)."""
     path = Path(scenario)
     if not path.is_file():
         raise SweepError(f"{path}: no such scenario file")
+    if seeds < 1:
+        raise SweepError(f"--seeds: {seeds} is not a count of seeds (give 1 or more)")
     grid: dict[str, Any] = {"policy": list(dict.fromkeys(policies)) if policies else ALL}
     if rates:
         grid["cache.rate"] = list(dict.fromkeys(rates))
+    if seeds > 1:
+        grid["seed"] = list(range(seeds))
     spec = SweepSpec(name=f"compare-{path.stem}", base=str(path.resolve()), grid=grid)
     return expand(spec, source=f"compare {path}", base_dir=path.resolve().parent, extra_sets=list(sets))
 
@@ -74,12 +79,17 @@ def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None,
     """Rank the policies of a comparison table within each cache rate (or each combination of
     the ``by`` columns) and group (see :data:`GROUPS`): lossless and lossy policies are ranked
     apart, oracles are bounds (no rank), then the points that did not run (n/a, with the reason)
-    and the failed ones."""
+    and the failed ones. Replicated seeds are first folded into their mean with a 95% interval
+    (:func:`~moesim.sim.study.replicates.merge_seeds`); ``tied`` marks the ranks shared within
+    the interval or 1% (:func:`~moesim.sim.study.replicates.tie_ranks`)."""
     import pandas as pd
 
+    from moesim.sim.study.replicates import SEED, merge_seeds, tie_ranks
+
     column, higher = _column(metric)
+    keys = [c for c in (by if by is not None else ["cache.rate"]) if c in df.columns and c != SEED]
+    df = merge_seeds(df, keys)
     df = df.assign(kind=point_kinds(df))
-    keys = [c for c in (by if by is not None else ["cache.rate"]) if c in df.columns]
     has_rates = "cache.rate" in keys
     group: list[str] | None = keys or None
     names = list(dict.fromkeys(df["policy"]))
@@ -93,7 +103,10 @@ def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None,
         ordered = []
         for kind in GROUPS:
             part = g[ok & (g["kind"] == kind)].sort_values(column, ascending=not higher)
-            ordered.append(part.assign(rank=range(1, len(part) + 1) if kind != "oracle" else None))
+            ci = part[f"{column}_ci95"] if f"{column}_ci95" in part.columns else None
+            ranks = tie_ranks(part[column].tolist(), None if ci is None else ci.tolist())
+            ordered.append(part.assign(rank=[r for r, _ in ranks] if kind != "oracle" else None,
+                                       tied=[t for _, t in ranks] if kind != "oracle" else False))
         ordered.append(g[g["status"] == NOT_APPLICABLE].assign(rank=None))
         ordered.append(g[~ok & (g["status"] != NOT_APPLICABLE)].assign(rank=None))
         out = pd.concat([x for x in ordered if not x.empty])
@@ -109,10 +122,15 @@ def comparison_figure(comp: Comparison) -> Any:
     """TPOT and hit rate against cache rate per policy, or ranked bars at a single rate; titled
     with the model, hardware and trace, naming the policies without a result."""
     from moesim.sim.study.plot import (
+        caption,
         draw_lines,
         figure_title,
-        legend_outside,
+        greyed_note,
+        highlight,
+        interval_note,
         missing_note,
+        outlier_note,
+        plain_log_axis,
         print_style,
         ranked_bars,
         series_styles,
@@ -125,21 +143,34 @@ def comparison_figure(comp: Comparison) -> Any:
         return ranked_bars(ok, comp.metric if comp.metric in KINDS else "tpot")
     import matplotlib.pyplot as plt
 
-    styles = series_styles(list(dict.fromkeys(ok["policy"])))
+    names = list(dict.fromkeys(str(p) for p in ok["policy"]))
+    styles = series_styles(names)
+    lines: list[str | None] = []
     with print_style():
         fig, axes = plt.subplots(1, 2, figsize=(6.6, 2.5))
         for ax, k in zip(axes, ("tpot", "hit-rate"), strict=True):
             kind = KINDS[k]
-            draw_lines(ax, summarise(ok, "cache.rate", "policy", None, kind.column), "cache.rate", "policy", kind, styles)
+            summary = summarise(ok, "cache.rate", "policy", None, kind.column)
+            shown = highlight(summary, "policy", kind)
+            log = outlier_note(summary, "policy", kind, "TPOT") if k == "tpot" else None
+            draw_lines(ax, summary, "cache.rate", "policy", kind, styles, shown)
             ax.set_xlabel("expert cache (fraction of routed-expert bytes)")
-            ax.set_ylabel(kind.label)
+            ax.set_ylabel(kind.label + (", log scale" if log else ""))
+            if log:
+                plain_log_axis(ax)
             swept_ticks(ax, ok["cache.rate"].tolist())
+            grey = greyed_note(names, shown, kind)
+            lines += [log, f"{kind.label.split(' (')[0]}: {grey}" if grey else None]
         title = figure_title(comp.frame)
         if title:
             fig.suptitle(title)
         fig.tight_layout()
-        note = missing_note(comp.frame, "policy", list(styles))
-        if note:
-            fig.text(0.0, -0.02, note, ha="left", va="top", fontsize=6.5, color="0.35", wrap=True)
-        legend_outside(fig, axes[-1])
+        caption(fig, [*lines, interval_note(summary), missing_note(comp.frame, "policy", names)], 6.6)
+        handles: dict[str, Any] = {}
+        for ax in axes:     # the legend of both panels: each shows its own best in colour
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(lab, h)
+        if handles:
+            fig.legend(list(handles.values()), list(handles), loc="upper left", bbox_to_anchor=(1.0, 0.95),
+                       frameon=False)
     return fig

@@ -3,7 +3,8 @@
 ``compare.md`` has one table per group (:data:`~moesim.sim.study.compare.GROUPS`): lossless
 policies ranked; lossy ones ranked apart, with what their speed cost in routing (mass kept,
 top-1 kept, substitutions and drops per token, effective top-k); oracles as bounds; then the
-points that did not run (``n/a``, with the reason) and the failed ones. Every row that warned
+points that did not run (``n/a``, with the reason) and the failed ones, one row per policy and
+reason with the swept values (cache rates...) it holds at. Every row that warned
 carries its warnings beside it (``notes`` refers to the list under the tables); a warning every
 run shares, and the setup defaults applied to every run, are said once.
 """
@@ -132,27 +133,51 @@ def group_tables(comp: Comparison) -> tuple[list[tuple[str, list[str], list[list
 
     tables = []
     speedup = f"speed-up vs {comp.baseline}"
+    metric_col = _metric_column(comp.metric)
+    seeds = int(comp.frame["seeds"].max()) if "seeds" in comp.frame.columns and len(comp.frame) else 1
+    ci_head = f"± 95% ({seeds} seeds)"
     for kind in GROUPS:
         rows_in = [r for r in records if r["status"] == "ok" and r["kind"] == kind]
         if not rows_in:
             continue
         cols = SPEED if kind != "lossy" else [c for c in SPEED if c[1] not in ("ttft_ms_mean", "late_rate")] + LOSS
-        head = [*rate, "rank", "policy", *(c[0] for c in cols), speedup, "notes"]
+        ci_at = next((i for i, c in enumerate(cols) if c[1] == metric_col), None) if seeds > 1 else None
+        heads = [c[0] for c in cols]
+        if ci_at is not None:
+            heads.insert(ci_at + 1, ci_head)
+        head = [*rate, "rank", "policy", *heads, speedup, "notes"]
         rows = []
         for r in rows_in:
-            rk = "bound" if kind == "oracle" else str(int(r["rank"]))
+            rk = "bound" if kind == "oracle" else str(int(r["rank"])) + ("=" if r.get("tied") is True else "")
             label = series_label(str(r["policy"]), kind == "oracle")
-            rows.append([*rate_cell(r), rk, label, *(_num(r.get(c[1]), c[2], c[3]) for c in cols),
-                         _num(r.get("speedup"), ".2f"), notes.row(r)])
+            cells = [_num(r.get(c[1]), c[2], c[3]) for c in cols]
+            if ci_at is not None:
+                c = cols[ci_at]
+                cells.insert(ci_at + 1, _num(r.get(f"{c[1]}_ci95"), c[2], c[3]))
+            rows.append([*rate_cell(r), rk, label, *cells, _num(r.get("speedup"), ".2f"), notes.row(r)])
         tables.append((TITLES[kind].format(metric=METRIC_NAMES.get(comp.metric, comp.metric)), head, rows))
     for status, title in ((NOT_APPLICABLE, "Not run (n/a): the policy cannot run as its paper meant it here"),
                           ("error", "Failed")):
-        rows = [[*rate_cell(r), str(r["policy"]), r["kind"], " ".join(str(r.get("error")).split())]
-                for r in records if (r["status"] == status if status == NOT_APPLICABLE
-                                     else r["status"] not in ("ok", NOT_APPLICABLE))]
+        # one row per policy and reason, listing the swept values it holds at (not one per value)
+        held: dict[tuple[str, str, str], list[str]] = {}
+        for r in records:
+            if r["status"] == status if status == NOT_APPLICABLE else r["status"] not in ("ok", NOT_APPLICABLE):
+                key = (str(r["policy"]), str(r["kind"]), " ".join(str(r.get("error")).split()))
+                where = " / ".join(rate_cell(r))
+                held.setdefault(key, [])
+                if where not in held[key]:
+                    held[key].append(where)
+        rows = [[*([", ".join(at)] if rate else []), p, k, why] for (p, k, why), at in held.items()]
         if rows:
-            tables.append((title, [*rate, "policy", "kind", "reason" if status == NOT_APPLICABLE else "error"], rows))
+            head = [" / ".join(rate)] if rate else []
+            tables.append((title, [*head, "policy", "kind", "reason" if status == NOT_APPLICABLE else "error"], rows))
     return tables, notes
+
+
+def _metric_column(metric: str) -> str:
+    from moesim.sim.study.compare import _column
+
+    return _column(metric)[0]
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -180,8 +205,13 @@ def to_markdown(comp: Comparison) -> str:
                      + "; `simctl quality` measures the effect on a real model.")
     scope = (" within each cache rate" if comp.by == ["cache.rate"]
              else f" within each {', '.join(comp.by)}" if comp.by else "")
+    seeds = int(comp.frame["seeds"].max()) if "seeds" in comp.frame.columns and len(comp.frame) else 1
+    spread = (f"means of {seeds} seeds with the half-width of their 95% interval; a rank marked = is shared "
+              "by policies tied with the first of them (intervals overlap, or within 1%)" if seeds > 1 else
+              "one seed: a rank marked = is shared by policies within 1% of the first of them (below what one run "
+              "tells apart; give --seeds N for intervals)")
     lines.append(f"Ranked by {METRIC_NAMES.get(comp.metric, comp.metric)}{scope}, lossless and lossy apart; "
-                 f"speed-up is {md_text(comp.baseline)}'s TPOT over each row's.")
+                 f"speed-up is {md_text(comp.baseline)}'s TPOT over each row's; {md_text(spread)}.")
     extra = notes.lines(md_text)
     if extra:
         lines += ["", *extra]
@@ -190,11 +220,12 @@ def to_markdown(comp: Comparison) -> str:
 
 def to_csv(comp: Comparison) -> str:
     """The comparison as CSV with raw numbers (rates as fractions, times in ms), one row per
-    point: its group (``kind``), rank, status, warnings and applied defaults (`` | ``-joined);
-    a text cell a spreadsheet would run as a formula is guarded (:func:`~moesim.sim.core.escape.csv_cell`)."""
+    point: its group (``kind``), rank and whether it is tied, status, seeds, warnings and
+    applied defaults (`` | ``-joined); with several seeds, each metric's ``_ci95`` too; a text
+    cell a spreadsheet would run as a formula is guarded (:func:`~moesim.sim.core.escape.csv_cell`)."""
     frame = comp.frame
-    cols = [c for c in [*comp.by, "kind", "rank", "policy", "bound", "status", *RAW]
-            if c in frame.columns]
+    cols = [c for c in [*comp.by, "kind", "rank", "tied", "policy", "bound", "status", "seeds", *RAW,
+                        *(f"{m}_ci95" for m in RAW)] if c in frame.columns]
     out = frame[cols].copy()
     for name in ("warnings", "applied"):
         out[name] = [" | ".join(_list(v)) for v in frame[name]] if name in frame.columns else ""

@@ -4,10 +4,10 @@
 with :func:`policy_style`: its place among the registered policies (:data:`FIRST`, then the
 others by name) picks one of
 :data:`COLORS` and one of :data:`MARKERS`, so ``lru`` is the same colour in a sweep's figure, a
-comparison's bars and a report, whatever else is drawn beside it. Twenty colours serve the first
-twenty policies; past them a colour comes back with another marker, so no two registered
-policies share both. A policy outside the registry (a plugin not loaded here) takes a slot from
-a hash of its name, stable across runs.
+comparison's bars and a report, whatever else is drawn beside it. Thirty colours, chosen to be
+told apart, serve the first thirty policies, each with a marker beside it; past them a colour
+comes back with another marker, so no two registered policies share both. A policy outside the
+registry (a plugin not loaded here) takes a slot from a hash of its name, stable across runs.
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from functools import cache
 
 COLORS = (
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
-    "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#6b6ecf", "#843c39",
+    "#0000ff", "#ff1eff", "#004b1e", "#5a00a5", "#ff0078", "#78004b", "#966900", "#96c387", "#0069ff", "#ff9678",
+    "#c300a5", "#00d200", "#c369ff", "#b4b4e1", "#4b3c5a", "#781e00", "#c3a578", "#4b3c00", "#003c96", "#009678",
 )
-"""Print-friendly, mutually distinct colours (matplotlib's tab10, then darker and lighter tones)."""
+"""Thirty colours told apart in print: matplotlib's tab10, then twenty picked one by one as the
+farthest (CIELAB distance) from those already chosen, among tones neither too dark nor too
+pale on white; any two are at least 27 CIELAB units apart (``tests/test_figures_paper.py``)."""
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
 """Markers that stay distinct at print size."""
 
@@ -49,7 +52,7 @@ def slot(name: str) -> int:
 
 
 def style_at(i: int) -> tuple[str, str]:
-    """The colour and marker of palette slot ``i``: slot and slot + 20 share a colour, never a
+    """The colour and marker of palette slot ``i``: slot and slot + 30 share a colour, never a
     marker."""
     return COLORS[i % len(COLORS)], MARKERS[(i + 3 * (i // len(COLORS))) % len(MARKERS)]
 

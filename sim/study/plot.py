@@ -179,28 +179,121 @@ def with_speedup(df: pd.DataFrame, hue: str, x: str, group: list[str], baseline:
 
 
 def summarise(df: pd.DataFrame, x: str, hue: str, facet: str | None, column: str) -> pd.DataFrame:
-    """Mean and standard deviation of ``column`` per (facet, hue, x), over every other swept key."""
+    """Mean, standard deviation, count and the 95% interval's half-width (``ci``) of ``column``
+    per (facet, hue, x), over every other swept key (seeds: :mod:`moesim.sim.study.replicates`;
+    a frame whose seeds are folded already keeps its ``<column>_ci95`` and ``seeds``)."""
+    from moesim.sim.study.replicates import ci95
+
     keys = [k for k in (facet, hue, x) if k]
     g = df.assign(kind=point_kinds(df)).groupby(keys, dropna=False, sort=False)
     out = g[column].agg(["mean", "std", "count"]).reset_index()
+    out["ci"] = ci95(out["std"], out["count"])
+    folded = f"{column}_ci95"
+    if folded in df.columns and "seeds" in df.columns:   # a frame whose seeds are folded already
+        one = (out["count"] == 1).to_numpy()
+        out.loc[one, "ci"] = g[folded].first().to_numpy()[one]
+        out.loc[one, "count"] = g["seeds"].first().to_numpy()[one]
     out["bound"] = g["bound"].first().to_numpy()
     out["kind"] = g["kind"].first().to_numpy()
     return out
 
 
 # --- drawing --------------------------------------------------------------------------------------
-def draw_lines(ax: Axes, summary: pd.DataFrame, x: str, hue: str, kind: Kind, styles: dict[str, tuple[Any, str]]) -> None:
+GREY = "#c4c4c4"
+"""The colour of the series drawn behind the highlighted ones (:func:`highlight`)."""
+TOP_N = 8
+"""Series drawn in colour when a figure has more than ``TOP_N + 2``; the others are grey."""
+LOG_RATIO = 10.0
+"""A y axis turns logarithmic when its largest series mean is this many times the median one."""
+
+
+def draw_lines(ax: Axes, summary: pd.DataFrame, x: str, hue: str, kind: Kind, styles: dict[str, tuple[Any, str]],
+               shown: Sequence[str] | None = None) -> None:
     """One line per ``hue`` value of a :func:`summarise` frame, styled by its group
-    (:data:`LINESTYLES`: lossy dashed, bounds dotted and hollow)."""
+    (:data:`LINESTYLES`: lossy dashed, bounds dotted and hollow), with its 95% interval where
+    several points were averaged; a series not in ``shown`` (None: all) is a thin grey line
+    behind, out of the legend."""
     for name, g in summary.groupby(hue, sort=False):
         g = g.sort_values(x)
+        if shown is not None and str(name) not in shown:
+            ax.plot(g[x], g["mean"] * kind.scale, color=GREY, linewidth=0.8, zorder=1, label="_grey")
+            continue
         color, marker = styles[str(name)]
         bound = bool(g["bound"].iloc[0])
         group = "oracle" if bound else str(g["kind"].iloc[0]) if "kind" in g else "lossless"
-        err = g["std"] * kind.scale if (g["count"] > 1).any() else None
+        err = g["ci"] * kind.scale if (g["count"] > 1).any() else None
         ax.errorbar(g[x], g["mean"] * kind.scale, yerr=err, color=color, marker=marker, capsize=2,
                     linestyle=LINESTYLES.get(group, "-"), label=series_label(str(name), bound, group),
-                    markerfacecolor="white" if bound else color)
+                    markerfacecolor="white" if bound else color, zorder=2)
+
+
+def highlight(summary: pd.DataFrame, hue: str, kind: Kind, top: int = TOP_N) -> list[str] | None:
+    """The series drawn in colour when a :func:`summarise` frame has more than ``top + 2``
+    (None: all of them): the bounds (oracles, the reference), then the best by their mean over
+    the x axis in the kind's direction, lossless ones first (``top - 2`` of them) and the best
+    two lossy ones, so that no group crowds another out of the picture."""
+    means = summary.groupby(hue, sort=False)["mean"].mean()
+    if len(means) <= top + 2:
+        return None
+    first = summary.groupby(hue, sort=False)[["bound", "kind"]].first()
+    group = {n: "oracle" if bool(b) else str(k) for n, b, k in zip(first.index, first["bound"], first["kind"],
+                                                                       strict=True)}
+    ranked = means.sort_values(ascending=not kind.higher_is_better).index
+    bounds = [str(n) for n in ranked if group[n] == "oracle"]
+    lossy = [str(n) for n in ranked if group[n] == "lossy"][:2]
+    lossless = [str(n) for n in ranked if group[n] not in ("oracle", "lossy")][:top - len(lossy)]
+    chosen = set(bounds + lossy + lossless)
+    return [str(n) for n in ranked if str(n) in chosen]
+
+
+def outlier_note(summary: pd.DataFrame, hue: str, kind: Kind, what: str) -> str | None:
+    """Why an axis is logarithmic, or None when no series holds it hostage: the largest
+    series mean is :data:`LOG_RATIO` times the median one or more (all values positive)."""
+    means = summary.groupby(hue, sort=False)["mean"].mean().dropna()
+    if len(means) < 3 or (summary["mean"] <= 0).any():
+        return None
+    med = float(means.median())
+    if med <= 0 or float(means.max()) < LOG_RATIO * med:
+        return None
+    return (f"{what} on a log scale: {means.idxmax()} averages {float(means.max()) / med:.0f}x the median "
+            "policy's, which a linear axis would flatten the others under.")
+
+
+def plain_log_axis(ax: Axes, axis: str = "y") -> None:
+    """A logarithmic axis with its ticks written as plain numbers (0.5, 2, 6), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    scale = ax.set_yscale if axis == "y" else ax.set_xscale
+    scale("log")
+    which = ax.yaxis if axis == "y" else ax.xaxis
+    which.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    which.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    which.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
+def caption(fig: Figure, lines: Sequence[str | None], width_in: float) -> None:
+    """Notes under the figure (below the axes and their labels, wrapped to its width)."""
+    import textwrap
+
+    text = "\n".join(textwrap.fill(ln, width=max(40, int(width_in * 17))) for ln in lines if ln)
+    if text:
+        fig.text(0.0, -0.02, text, ha="left", va="top", fontsize=6.5, color="0.3")
+
+
+def greyed_note(names: Sequence[str], shown: Sequence[str] | None, kind: Kind) -> str | None:
+    """The caption line naming the series drawn grey."""
+    if shown is None:
+        return None
+    rest = [n for n in names if n not in shown]
+    best = "highest" if kind.higher_is_better else "lowest"
+    return (f"In colour: the bounds and the {best} on average (lossless, and the best two lossy); "
+            f"in grey: {', '.join(rest)}.")
+
+
+def interval_note(summary: pd.DataFrame) -> str | None:
+    """The caption line saying what error bars mean, when any were drawn."""
+    n = int(summary["count"].max()) if len(summary) else 0
+    return f"Error bars: 95% interval of the mean over {n} points (seeds or other swept keys)." if n > 1 else None
 
 
 def series_styles(names: Sequence[str], *, policies: bool = True) -> dict[str, tuple[Any, str]]:
@@ -283,6 +376,7 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
     names the model, hardware and trace (:func:`figure_title`) unless ``title`` is given; ticks
     sit at the swept values; a series without a finished point is named under the axes."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
     if kind_name not in KINDS:
         raise PlotError(f"--kind {kind_name}: unknown; choose from {', '.join(KINDS)}")
@@ -310,26 +404,33 @@ def sweep_figure(df: pd.DataFrame, params: list[str], kind_name: str, *, x: str 
         raise PlotError(f"the table has no {kind.column} column")
     facets = list(dict.fromkeys(ok[facet])) if facet else [None]
     styles = series_styles(names, policies=hue == "policy")
-    note = missing_note(df, hue, names)
+    overall = summarise(ok, xcol, hue, None, kind.column)
+    shown = highlight(overall, hue, kind)
+    log_note = outlier_note(overall, hue, kind, ylabel.split(" (")[0]) if kind_name != "hit-rate" else None
+    width = 3.3 * len(facets) if len(facets) > 1 else 4.6
     with print_style():
-        fig, axes = plt.subplots(1, len(facets), figsize=(3.3 * len(facets), 2.4), sharey=True, squeeze=False)
+        fig, axes = plt.subplots(1, len(facets), figsize=(width, 2.6), sharey=True, squeeze=False)
+        panels = []
         for ax, fv in zip(axes[0], facets, strict=True):
             part = ok if fv is None else ok[ok[facet] == fv]
-            draw_lines(ax, summarise(part, xcol, hue, None, kind.column), xcol, hue, kind, styles)
+            panels.append(summarise(part, xcol, hue, None, kind.column))
+            draw_lines(ax, panels[-1], xcol, hue, kind, styles, shown)
             ax.set_xlabel(axis_label(xcol))
             if is_numeric(ok[xcol]):
                 swept_ticks(ax, part[xcol].tolist())
             if fv is not None:
                 ax.set_title(f"{axis_label(str(facet))} = {fv}")
-        axes[0][0].set_ylabel(ylabel)
+            if log_note:
+                plain_log_axis(ax)
+        axes[0][0].set_ylabel(ylabel + (", log scale" if log_note else ""))
         if kind_name == "speedup":
             for ax in axes[0]:
                 ax.axhline(1.0, color="0.4", linewidth=0.6)
         if title:
             fig.suptitle(title)
         fig.tight_layout()
-        if note:
-            fig.text(0.0, -0.02, note, ha="left", va="top", fontsize=6.5, color="0.35", wrap=True)
+        caption(fig, [log_note, greyed_note(names, shown, kind), interval_note(pd.concat(panels)),
+                      missing_note(df, hue, names)], width + 2.0)
         legend_outside(fig, axes[0][-1])
     return fig
 
@@ -338,61 +439,122 @@ def ranked_bars(frame: pd.DataFrame, kind_name: str, *, label_col: str = "policy
     """Horizontal bars of one metric per policy (``simctl compare``), each in its policy's colour
     (:mod:`moesim.sim.study.palette`), in groups: lossless best first, then lossy ones (hatched,
     labelled ``(lossy)``), then bounds (pale, hatched), each group labelled and set apart; the
-    title names model, hardware and trace (:func:`figure_title`) unless ``title`` is given."""
+    title names model, hardware and trace (:func:`figure_title`) unless ``title`` is given.
+    Replicated seeds are folded into their mean, drawn with its 95% interval; a rank tied with
+    the first of its run (:func:`~moesim.sim.study.replicates.tie_ranks`) is marked ``=``; a metric
+    that one policy holds hostage is drawn on a log axis, said under it."""
     import matplotlib.pyplot as plt
 
+    from moesim.sim.study.replicates import merge_seeds, tie_ranks
+
     kind = KINDS[kind_name]
-    ok = frame[frame["status"] == "ok"]
+    keys = [c for c in frame.columns if c == "cache.rate"]
+    ok = merge_seeds(frame[frame["status"] == "ok"], keys)
     ok = ok.assign(kind=point_kinds(ok))
+    ci_col = f"{kind.column}_ci95"
     blocks = [(g, ok[ok["kind"] == g].sort_values(kind.column, ascending=not kind.higher_is_better))
               for g in ("lossless", "lossy", "oracle")]
     blocks = [(g, b) for g, b in blocks if not b.empty]
     hatch_of = {"lossless": None, "lossy": "xxx", "oracle": "///"}
     colours = series_styles([str(n) for n in ok[label_col]], policies=label_col == "policy")
     heading = {"lossless": "lossless (ranked)", "lossy": "lossy (ranked apart)", "oracle": "bounds (oracles)"}
+    values = ok[kind.column].astype(float)
+    med = float(values.median()) if len(values) else 0.0
+    log = bool(len(values) >= 3 and (values > 0).all() and med > 0 and float(values.max()) >= LOG_RATIO * med)
     with print_style():
         n = sum(len(b) for _, b in blocks) + len(blocks) - 1
-        fig, ax = plt.subplots(figsize=(4.2, 0.22 * n + 0.9))
+        fig, ax = plt.subplots(figsize=(5.0, 0.2 * n + 1.0))
         ticks, labels, y = [], [], 0
         for g, block in blocks:
             ys = list(range(y, y + len(block)))
-            ax.barh(ys, block[kind.column] * kind.scale, color=[colours[str(n)][0] for n in block[label_col]],
-                    hatch=hatch_of[g], edgecolor="white" if g == "lossless" else "0.15", linewidth=0.4,
-                    alpha=0.55 if g == "oracle" else 0.9)
+            ci = block[ci_col] * kind.scale if ci_col in block.columns and (block["seeds"] > 1).any() else None
+            vals = block[kind.column] * kind.scale
+            if log:   # a log axis has no zero for a bar to start from: a dot per policy instead
+                for yy, v, nm in zip(ys, vals, block[label_col], strict=True):
+                    color, marker = colours[str(nm)]
+                    ax.plot([v], [yy], linestyle="none", marker=marker, markersize=5, color=color,
+                            markerfacecolor="white" if g == "oracle" else color)
+                if ci is not None:
+                    ax.errorbar(vals, ys, xerr=ci, fmt="none", ecolor="0.3", elinewidth=0.7, capsize=1.5)
+            else:
+                ax.barh(ys, vals, color=[colours[str(n)][0] for n in block[label_col]],
+                        hatch=hatch_of[g], edgecolor="white" if g == "lossless" else "0.15", linewidth=0.4,
+                        alpha=0.55 if g == "oracle" else 0.9, xerr=ci, error_kw={"elinewidth": 0.7, "capsize": 1.5})
             ax.text(1.0, y - 0.45, heading[g], transform=ax.get_yaxis_transform(), ha="right", va="bottom",
                     fontsize=6, color="0.3")
             ticks += ys
-            labels += [series_label(str(nm), bool(b), g) for nm, b in zip(block[label_col], block["bound"], strict=True)]
+            ranks = tie_ranks(block[kind.column].tolist(), None if ci is None else (ci / kind.scale).tolist())
+            for (nm, b), (rk, tied) in zip(zip(block[label_col], block["bound"], strict=True), ranks, strict=True):
+                label = series_label(str(nm), bool(b), g)
+                labels.append(label if g == "oracle" else f"{rk}{'=' if tied else ''}. {label}")
             y += len(block) + 1
         ax.set_yticks(ticks, labels)
         ax.invert_yaxis()
-        ax.set_xlabel(kind.label)
+        ax.set_xlabel(kind.label + (", log scale" if log else ""))
+        if log:
+            plain_log_axis(ax, "x")
         ax.grid(axis="y", visible=False)
         title = title if title is not None else figure_title(frame)
         if title:
             ax.set_title(title)
         fig.tight_layout()
+        seeds = int(ok["seeds"].max()) if "seeds" in ok.columns and len(ok) else 1
+        caption(fig, [
+            f"{kind.label.split(' (')[0]} on a log scale (dots, not bars: a log axis has no zero): the largest "
+            f"is {float(values.max()) / med:.0f}x the median, which a linear axis would flatten the others under."
+            if log else None,
+            (f"Error bars: 95% interval over {seeds} seeds; " if seeds > 1 else "One seed; ")
+            + "a rank marked = (2=) is shared by policies tied with the first of them "
+            "(intervals overlap, or within 1%)."], 5.0)
     return fig
 
 
+VECTOR_FORMATS = ("pdf", "svg", "eps")
+"""The vector formats a figure may be written in; one of them is always written beside the PNG."""
+PNG_MIN_PX = 1280
+"""The least width in pixels of a PNG figure (read at 1,280 px without scaling up)."""
+
+
+def figure_formats(asked: Sequence[str]) -> list[str]:
+    """The formats a figure is written in: those asked, always with a PNG and a vector format
+    (PDF unless another is asked), so that the two never come from different drawings."""
+    for fmt in asked:
+        if fmt != "png" and fmt not in VECTOR_FORMATS:
+            raise PlotError(f"--format {fmt}: choose png, pdf, svg or eps")
+    out = list(dict.fromkeys(["png", *asked]))
+    if not any(f in VECTOR_FORMATS for f in out):
+        out.append("pdf")
+    return out
+
+
+def png_dpi(fig: Figure) -> float:
+    """The resolution that makes ``fig``'s PNG (cropped to its drawing) at least
+    :data:`PNG_MIN_PX` wide, and no less than 200 dpi (the crop is measured at the figure's
+    own resolution; text drawn at another one moves it a little, hence 10% to spare)."""
+    box = fig.get_tightbbox()
+    width_in = float(box.width) + 0.2 if box is not None else float(fig.get_figwidth())
+    return max(200.0, 1.1 * PNG_MIN_PX / max(width_in, 1e-3))
+
+
 def save(fig: Figure, out_dir: str | Path, stem: str, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write ``fig`` as ``out_dir/stem.<format>`` for each format and close it. Each file is
+    """Write ``fig`` as ``out_dir/stem.<format>`` for each format of :func:`figure_formats`,
+    and again in any other figure format a file of that name already has there (an older
+    drawing of this figure is never left beside the new one), then close it. Each file is
     written whole or not at all (:func:`moesim.sim.core.atomic.atomic_file`); a figure of the same
     name is replaced (figures are derived data, drawn again from the same table)."""
     import matplotlib.pyplot as plt
 
     from moesim.sim.core.atomic import atomic_file
 
-    for fmt in formats:
-        if fmt not in FORMATS and fmt not in ("svg", "eps"):
-            raise PlotError(f"--format {fmt}: choose png, pdf, svg or eps")
     out = Path(out_dir)
+    wanted = figure_formats(formats)
+    wanted += [f for f in ("png", *VECTOR_FORMATS) if f not in wanted and (out / f"{stem}.{f}").is_file()]
     paths = []
     try:
-        for fmt in formats:
+        for fmt in wanted:
             p = out / f"{stem}.{fmt}"
             with atomic_file(p, option="--out", force=True) as tmp:
-                fig.savefig(tmp, bbox_inches="tight", format=fmt)
+                fig.savefig(tmp, bbox_inches="tight", format=fmt, dpi=png_dpi(fig) if fmt == "png" else "figure")
             paths.append(p)
     finally:
         plt.close(fig)

@@ -1,15 +1,27 @@
-"""Hit-rate curves of any policy: the simulator run once per cache size.
+"""Hit-rate curves of any policy: the simulator run once per cache size, every policy on the
+same references.
 
-LRU and Belady have exact one-pass curves (stack distances, :mod:`moesim.traces.analysis.curve`).
-Every other policy's cache is not a stack algorithm in general (FIFO's is not; LFU's depends on
-ties), so its curve is measured the plain way: the trace replayed once per size, batch 1, in
-trace order, starting from an empty cache, on the simulator itself (:func:`simulated_curve`).
-The demand-only policies with exact kernels (lru, fifo, lfu, random, static, belady...) take
-the fast path (milliseconds per size on the bundled sample); policies that prefetch run the
-event loop, where hit rates also depend on timing, so the hardware is a parameter (default an
-RTX 4090, its memory lifted so that every size fits). Per-layer hits come from the run's
-per-step records; "all layers" (layer ``-1``) sums them, as the stack curves do.
+The hit rate is the simulator's (docs/contract.md, "Hit rate"): a layer's routed experts of a
+token are looked up together, so a token never evicts one of its own experts. Every policy,
+LRU and Belady included, is measured the plain way: the trace replayed once per size, batch 1,
+in trace order, from an empty cache, on the simulator itself (:func:`simulated_curves`), so
+that a curve's point is the ``hit_rate`` of ``simctl run`` on that scenario. The demand-only
+policies with exact kernels (lru, fifo, lfu, random, static, belady...) take the fast path;
+policies that prefetch run the event loop, where hit rates also depend on timing, so the
+hardware is a parameter (default an RTX 4090, its memory lifted so that every size fits).
 
+The points are one study (:mod:`moesim.sim.study.sweep`): the policies at one size are a
+comparison group, so a profile split one of them needs (fMoE's expert maps, MoE-Infinity's
+activation matrix...) is split off the front of the trace for *every* policy, and all replay
+the same requests; a policy that cannot run on the trace is ``n/a`` with its reason
+(:mod:`moesim.sim.study.needs`), one row per size, never an abort.
+
+:func:`one_pass_curves` gives LRU's and Belady's reference-by-reference curves (stack
+distances, :mod:`moesim.traces.analysis.curve`) over the same requests: another definition (each
+expert looked up alone, so a token's later experts may push out its earlier ones), labelled
+``one-pass`` wherever it appears.
+
+Per-layer hits come from the run's per-step records; "all layers" (layer ``-1``) sums them.
 Every row also says the size as a share of a layer's experts (``cache_pct``) and in GiB of
 expert weights over all layers (``cache_gib``), from the model the trace records.
 """
@@ -17,6 +29,7 @@ expert weights over all layers (``cache_gib``), from the model the trace records
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,15 +39,34 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from moesim.sim.config.scenario import LoadedScenario
+    from moesim.sim.study.sweep import Sweep
 
 STACK = ("lru", "belady")
-"""The policies with exact one-pass curves."""
+"""The policies with exact one-pass (reference-by-reference) curves."""
 ROOMY_VRAM_GIB = 1e5
 """The device memory the simulated curve's hardware is given, so that any size fits."""
+COLUMNS = ("policy", "layer", "size", "hits", "references", "method", "note")
+"""The columns of a curve table before the size columns: ``method`` is ``simulated``,
+``one-pass`` or ``n/a``; ``note`` the reason of an ``n/a`` row (empty otherwise)."""
 
 
 class PolicyCurveError(MoesimError, ValueError):
-    """A policy whose curve cannot be measured here (unknown, or it cannot run on this trace)."""
+    """A curve that cannot be measured at all (its scenario or study does not validate)."""
+
+
+@dataclass
+class CurveRows:
+    """Rows of a curve table as column lists (:data:`COLUMNS`), the setup notes applied to
+    every policy, and the requests every policy replayed."""
+
+    cols: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in COLUMNS})
+    applied: list[str] = field(default_factory=list)
+    requests: list[int] = field(default_factory=list)
+
+    def add(self, policy: str, layer: int, size: int, hits: int, refs: int, method: str, note: str = "") -> None:
+        """Append one row."""
+        for k, v in zip(COLUMNS, (policy, layer, size, hits, refs, method, note), strict=True):
+            self.cols[k].append(v)
 
 
 def curve_scenario(trace: Path, policy: str, size: int, phases: Sequence[str], hardware: str) -> LoadedScenario:
@@ -42,65 +74,103 @@ def curve_scenario(trace: Path, policy: str, size: int, phases: Sequence[str], h
     the start, batch 1, every request of ``phases``."""
     from moesim.sim.config.scenario import ScenarioError, load_scenario_data
 
-    data: dict[str, Any] = {
-        "name": f"curve-{policy}-{size}", "trace": str(trace.resolve()),
-        "hardware": {"base": hardware, "vram_gib": ROOMY_VRAM_GIB},
-        "cache": {"experts_per_layer": size, "initial": "empty"}, "policy": policy,
-        "workload": {"batch_size": 1, "phases": list(phases), "requests": "all"}, "seed": 0}
     try:
-        return load_scenario_data(data, source=f"curve {policy} at {size} experts", base_dir=trace.resolve().parent)
+        return load_scenario_data(curve_data(trace, policy, size, phases, hardware),
+                                  source=f"curve {policy} at {size} experts", base_dir=trace.resolve().parent)
     except ScenarioError as exc:
         raise PolicyCurveError(str(exc)) from None
 
 
-def simulated_curve(trace: Path, policy: str, sizes: Sequence[int], phases: Sequence[str],
-                    hardware: str = "rtx-4090") -> tuple[dict[str, list[Any]], list[str]]:
-    """Hits and references of ``policy`` per layer and all layers at each of ``sizes``
-    (experts per layer), one simulator run per size (see the module docstring). The runs are
-    a sweep's points, so a policy runs with its paper's setup defaults where the trace allows
-    (returned: what was applied) and one that cannot run as its paper meant it here is one
-    line saying why (:mod:`moesim.sim.study.needs`)."""
-    import numpy as np
+def curve_data(trace: Path, policy: str, size: int, phases: Sequence[str], hardware: str) -> dict[str, Any]:
+    """The scenario mapping of :func:`curve_scenario`."""
+    return {"name": f"curve-{policy}-{size}", "trace": str(trace.resolve()),
+            "hardware": {"base": hardware, "vram_gib": ROOMY_VRAM_GIB},
+            "cache": {"experts_per_layer": size, "initial": "empty"}, "policy": policy,
+            "workload": {"batch_size": 1, "phases": list(phases), "requests": "all"}, "seed": 0}
 
-    from moesim.sim.config.scenario import ScenarioError, load_scenario_data
-    from moesim.sim.run.runner import PolicyNotApplicable, load_trace, run_loaded
+
+def curve_study(trace: Path, policies: Sequence[str], sizes: Sequence[int], phases: Sequence[str],
+                hardware: str = "rtx-4090") -> Sweep:
+    """The study of a curve: every policy at every size, each size a comparison group (so
+    that a profile split or a transfer buffer one policy needs is given to all of them)."""
     from moesim.sim.study.sweep import SweepError, SweepSpec, expand
 
-    base = curve_scenario(trace, policy, sizes[0], phases, hardware).scenario.model_dump(mode="json", exclude_none=True)
-    base["trace"] = str(trace.resolve())
-    spec = SweepSpec(name=f"curve-{policy}", base=base, grid={"cache.experts_per_layer": list(sizes)})
+    spec = SweepSpec(name="curve", base=curve_data(trace, policies[0], sizes[0], phases, hardware),
+                     grid={"policy": list(policies), "cache.experts_per_layer": list(sizes)})
     try:
-        sweep = expand(spec, source=f"curve {policy}", base_dir=trace.resolve().parent)
+        return expand(spec, source="curve", base_dir=trace.resolve().parent)
     except SweepError as exc:
-        raise PolicyCurveError(f"--policy {policy}: {exc}") from None
-    unmet = next((p.unmet for p in sweep.points if p.unmet), None)
-    if unmet:
-        raise PolicyCurveError(f"--policy {policy}: n/a on this trace: {unmet}")
-    cols: dict[str, list[Any]] = {"policy": [], "layer": [], "size": [], "hits": [], "references": []}
-    loaded_trace = None
-    for size, point in zip(sizes, sweep.points, strict=True):
+        raise PolicyCurveError(str(exc)) from None
+
+
+def _per_layer(result: Any) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
+    steps = result.steps
+    layer = np.asarray(steps["layer"])
+    hits = np.asarray(steps["hits"])
+    refs = hits + np.asarray(steps["late"]) + np.asarray(steps["partial"]) + np.asarray(steps["misses"])
+    n = result.model.num_layers
+    return (np.bincount(layer, weights=hits, minlength=n).astype(np.int64),
+            np.bincount(layer, weights=refs, minlength=n).astype(np.int64))
+
+
+def simulated_curves(sweep: Sweep, num_layers: int) -> CurveRows:
+    """Hits and references per layer and all layers of every point of a curve study, one
+    simulator run each; a point that cannot run is one ``n/a`` row (all layers) with why."""
+    from moesim.sim.config.scenario import load_scenario_data
+    from moesim.sim.run.profile import trace_requests
+    from moesim.sim.run.runner import PolicyNotApplicable, load_trace, run_loaded, select_requests
+
+    rows = CurveRows()
+    traces: dict[str, Any] = {}
+    for point in sweep.points:
+        size = int(point.params["cache.experts_per_layer"])
+        if point.unmet:
+            rows.add(point.policy, -1, size, 0, 0, "n/a", point.unmet)
+            continue
         try:
             loaded = load_scenario_data(point.data, source=point.source, base_dir=point.base_dir)
-            if loaded_trace is None:
-                loaded_trace = load_trace(loaded)
-            result = run_loaded(loaded, trace=loaded_trace)
-        except (PolicyNotApplicable, ScenarioError) as exc:
-            raise PolicyCurveError(f"--policy {policy}: {exc}") from None
-        steps = result.steps
-        layer = np.asarray(steps["layer"])
-        hits = np.asarray(steps["hits"])
-        refs = hits + np.asarray(steps["late"]) + np.asarray(steps["partial"]) + np.asarray(steps["misses"])
-        n_layers = result.model.num_layers
-        per_hits = np.bincount(layer, weights=hits, minlength=n_layers).astype(np.int64)
-        per_refs = np.bincount(layer, weights=refs, minlength=n_layers).astype(np.int64)
-        for lay in [*range(n_layers), -1]:
-            cols["policy"].append(policy)
-            cols["layer"].append(lay)
-            cols["size"].append(size)
-            cols["hits"].append(int(per_hits.sum() if lay < 0 else per_hits[lay]))
-            cols["references"].append(int(per_refs.sum() if lay < 0 else per_refs[lay]))
-    applied = list(dict.fromkeys(a for p in sweep.points for a in p.applied))
-    return cols, applied
+            if point.policy not in traces:
+                traces[point.policy] = load_trace(loaded)
+                if not rows.requests:
+                    chosen = select_requests(loaded, traces[point.policy])[1]
+                    rows.requests = [int(r) for r in (trace_requests(traces[point.policy]) if chosen == "all"
+                                                      else chosen)]
+            result = run_loaded(loaded, trace=traces[point.policy])
+        except (PolicyNotApplicable, MoesimError) as exc:   # one line saying why: the others still run
+            rows.add(point.policy, -1, size, 0, 0, "n/a", str(exc))
+            continue
+        hits, refs = _per_layer(result)
+        for lay in range(num_layers):
+            rows.add(point.policy, lay, size, int(hits[lay]), int(refs[lay]), "simulated")
+        rows.add(point.policy, -1, size, int(hits.sum()), int(refs.sum()), "simulated")
+    rows.applied = list(dict.fromkeys(a for p in sweep.points for a in p.applied))
+    return rows
+
+
+def one_pass_curves(trace: Path, policies: Sequence[str], sizes: Sequence[int], phases: Sequence[str],
+                    requests: Sequence[int] | None) -> CurveRows:
+    """LRU's and Belady's reference-by-reference curves (stack distances) over ``requests``
+    (None: every request) of ``phases``, batch 1, trace order, at ``sizes``."""
+    import numpy as np
+
+    from moesim.sim.engine.workload import build_workload
+    from moesim.traces.analysis.curve import curves
+    from moesim.traces.format.trace_file import read_trace
+
+    tr = read_trace(trace, [])
+    wl = build_workload(tr, batch_size=1, phases=phases, requests=list(requests) if requests else "all")
+    rows0 = wl.token_rows()
+    m = tr.model
+    streams = (tr.experts[rows0 + layer].reshape(-1) for layer in range(m.num_layers))
+    cols = curves((s[s >= 0] for s in streams), m.num_experts).columns()
+    keep = np.isin(cols["policy"], list(policies)) & np.isin(cols["size"], list(sizes))
+    rows = CurveRows()
+    for p, lay, s, h, r in zip(*(cols[k][keep].tolist() for k in ("policy", "layer", "size", "hits", "references")),
+                               strict=True):
+        rows.add(str(p), int(lay), int(s), int(h), int(r), "one-pass")
+    return rows
 
 
 def size_columns(sizes: np.ndarray, trace: Path) -> dict[str, np.ndarray]:

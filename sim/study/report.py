@@ -4,8 +4,9 @@ The report gathers what a reader needs to trust a ranking at a glance:
 
 - the provenance of every finished point: model, hardware, runtime and where its numbers come
   from (its calibration source), the trace's name and sha256 (the join keys every run records,
-  :data:`moesim.sim.run.runner.JOIN_KEYS`), moesim's version, and the points run, failed and
-  n/a;
+  :data:`moesim.sim.run.runner.JOIN_KEYS`), the workload (batch size, phases, requests asked
+  for and replayed, the profile split), the seeds, moesim's version and source revision (git
+  describe of the checkout that ran it), and the points run, failed and n/a;
 - the command lines that made the folder (``study.json``,
   :mod:`moesim.sim.study.study_record`);
 - the figures: TPOT, hit rate and speed-up against the swept axis (one panel per value of a
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from moesim.sim.core.escape import md_code, md_text
 from moesim.sim.study.plot import PlotError
+from moesim.sim.study.replicates import SEED
 from moesim.sim.study.report_model import FIGURE_DPI, Figure, Report
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,22 +64,55 @@ def provenance(df: pd.DataFrame, study: dict[str, Any]) -> list[tuple[str, str]]
     if "cache_rate" in ok.columns:
         rates = sorted({round(float(v), 6) for v in ok["cache_rate"].dropna()})
         rows.append(("expert cache", ", ".join(f"{r:.4g}" for r in rates) + " of the routed experts' bytes"))
+    rows.append(("workload", _workload(ok, study)))
+    seeds = study.get("seeds")
+    if isinstance(seeds, list) and seeds:
+        rows.append(("seed", ", ".join(str(x) for x in seeds) + (f" ({len(seeds)} seeds: means with 95% intervals)"
+                                                              if len(seeds) > 1 else "")))
+    else:
+        rows.append(("seed", "not recorded (the folder predates it)"))
     rows.append(("moesim", _values(df, "moesim_version")))
+    revisions = [str(c.get("revision")) for c in study.get("commands", []) if isinstance(c, dict) and c.get("revision")]
+    rows.append(("source revision", " / ".join(dict.fromkeys(revisions)) if revisions
+                 else "not recorded (the folder predates it)"))
     n_a = int((df["status"] == "n/a").sum())
     failed = int((~df["status"].isin(["ok", "n/a"])).sum())
     rows.append(("points", f"{len(df)}: {len(ok)} ok, {failed} failed, {n_a} n/a"))
     return rows
 
 
-def _png(fig: Any) -> bytes:
+def _workload(ok: pd.DataFrame, study: dict[str, Any]) -> str:
+    """``batch 1, phases prefill + decode, requests all (4 replayed), profile split 8``: each
+    workload the study recorded, with the requests the finished points replayed."""
+    replayed = sorted({int(v) for v in ok["requests"].dropna()}) if "requests" in ok.columns else []
+    done = f" ({' / '.join(str(r) for r in replayed)} replayed)" if replayed else ""
+    parts = []
+    for w in study.get("workloads") or []:
+        if not isinstance(w, dict):
+            continue
+        req = w.get("requests")
+        asked = "all" if req == "all" else f"the first {req}" if isinstance(req, int) else f"ids {req}"
+        prof = w.get("profile") or {}
+        split = (f", profile split: the first {prof['requests']} requests" if isinstance(prof, dict)
+                 and prof.get("requests") else "")
+        parts.append(f"batch {w.get('batch_size')}, phases {' + '.join(w.get('phases') or [])}, "
+                     f"requests {asked}{done}{split}")
+    return "; ".join(parts) if parts else "not recorded (the folder predates it)" + done
+
+
+def _figure(stem: str, caption: str, fig: Any) -> Figure:
+    """A report figure: ``fig`` as a PNG at least 1,280 px wide, then closed."""
     import matplotlib.pyplot as plt
 
+    from moesim.sim.study.plot import png_dpi
+
     buf = io.BytesIO()
+    dpi = max(FIGURE_DPI, png_dpi(fig))
     try:
-        fig.savefig(buf, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)
-    return buf.getvalue()
+    return Figure(stem, caption, buf.getvalue(), dpi)
 
 
 def figures(df: pd.DataFrame, params: list[str], comp: Comparison) -> list[Figure]:
@@ -88,17 +123,18 @@ def figures(df: pd.DataFrame, params: list[str], comp: Comparison) -> list[Figur
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return []
-    others = [c for c in params if not _is_policy_key(c) and c in ok.columns and ok[c].nunique() > 1]
+    # replicated seeds are averaged (95% intervals), never an axis or a panel
+    others = [c for c in params if not _is_policy_key(c) and c != SEED and c in ok.columns and ok[c].nunique() > 1]
     numeric = [c for c in others if is_numeric(ok[c])]
     out = []
     if not numeric:   # ranked bars: one chart per value of a swept key (a policy appears once per chart)
         kind = comp.metric if comp.metric in KINDS else "tpot"
         if not others:
-            out.append(Figure("ranked", f"{KINDS[kind].label}, ranked in groups", _png(ranked_bars(df, kind))))
+            out.append(_figure("ranked", f"{KINDS[kind].label}, ranked in groups", ranked_bars(df, kind)))
         for i, value in enumerate(list(dict.fromkeys(ok[others[0]]))[:MAX_BAR_CHARTS] if others else []):
             part = df[df[others[0]] == value]
             caption = f"{KINDS[kind].label}, ranked in groups, {others[0]} = {value}"
-            out.append(Figure(f"ranked_{i + 1}", caption, _png(ranked_bars(part, kind))))
+            out.append(_figure(f"ranked_{i + 1}", caption, ranked_bars(part, kind)))
         return out
     x = numeric[0]
     facet = next((c for c in others if c != x), None)
@@ -108,7 +144,7 @@ def figures(df: pd.DataFrame, params: list[str], comp: Comparison) -> list[Figur
             fig = sweep_figure(df, params, kind, x=x, facet=facet, baseline=comp.baseline)
         except PlotError:
             continue
-        out.append(Figure(kind.replace("-", "_"), caption, _png(fig)))
+        out.append(_figure(kind.replace("-", "_"), caption, fig))
     return out
 
 

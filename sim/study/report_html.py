@@ -12,7 +12,7 @@ import base64
 import re
 from html import escape
 
-from moesim.sim.study.report_model import FIGURE_DPI, Report
+from moesim.sim.study.report_model import Report
 
 STYLE = """
 :root { --ink: #1d2330; --muted: #5b6474; --line: #dde1e8; --band: #f5f7fa; --accent: #1f5fa8; }
@@ -27,13 +27,16 @@ h3 { font-size: 15px; margin: 24px 0 8px; color: var(--accent); }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { padding: 4px 9px; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: var(--band); font-weight: 600; text-align: left; white-space: nowrap; }
-table.ranking { width: 100%; font-size: 13px; }
+table.ranking { width: 100%; font-size: 12.5px; }
+table.ranking th { white-space: normal; vertical-align: bottom; min-width: 3.2em; }
+table.ranking th, table.ranking td { padding: 3px 6px; }
 table.ranking td.num, table.ranking th.num { text-align: right; }
 table.ranking tbody tr:nth-child(even) { background: #fafbfc; }
 table.ranking tbody tr:hover { background: #eef4fb; }
 table.ranking tr.group-start td { border-top: 2px solid #b9c1cd; }
 table.ranking td { white-space: nowrap; }
 table.ranking td.wrap { white-space: normal; min-width: 280px; }
+table.ranking td.notes { white-space: normal; }
 table.ranking td.name { font-weight: 500; }
 table.prov th { width: 190px; background: none; color: var(--muted); font-weight: 500; }
 table.prov td { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; word-break: break-all; }
@@ -55,8 +58,10 @@ LEFT = {"policy", "kind", "rank", "notes", "reason", "error"}
 """Columns set left; every other column holds numbers and is set right."""
 
 
-SCREEN_DPI = 88
-"""The CSS pixels per inch a figure is shown at: print-sized figures read at their size."""
+SCREEN_DPI = 140
+"""The CSS pixels per inch a figure is shown at: print-sized figures (8 pt labels, 6.5 pt
+captions) read at 12-15 px, about the page's own text, and a figure of 7 inches with its
+legend takes most of the page's width (wider ones shrink to it)."""
 
 
 def _png_width(png: bytes) -> int:
@@ -98,6 +103,8 @@ def _table(head: list[str], rows: list[list[str]], texts: dict[str, str]) -> str
                 c = ' class="name"'
             elif h in ("reason", "error"):
                 c = ' class="wrap"'
+            elif h == "notes":
+                c = ' class="notes"'
             cells.append(f"<td{c}>{_badges(v, texts) if h == 'notes' else escape(v)}</td>")
         out.append(('<tr class="group-start">' if start else "<tr>") + "".join(cells) + "</tr>")
     out.append("</tbody></table></div>")
@@ -152,7 +159,7 @@ def to_html(rep: Report) -> str:
         parts.append('<h2>Figures</h2><div class="figures">')
         for f in rep.figures:
             data = base64.b64encode(f.png).decode("ascii")
-            width = f' width="{round(_png_width(f.png) * SCREEN_DPI / FIGURE_DPI)}"' if _png_width(f.png) else ""
+            width = f' width="{round(_png_width(f.png) * SCREEN_DPI / f.dpi)}"' if _png_width(f.png) else ""
             parts.append(f'<figure><img alt="{escape(f.caption)}"{width} src="data:image/png;base64,{data}">'
                          f"<figcaption>{escape(f.caption)}</figcaption></figure>")
         parts.append("</div>")

@@ -8,16 +8,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FIGURE_DPI = 160
-"""The resolution figures are drawn at (:func:`moesim.sim.study.report.figures`)."""
+"""The least resolution figures are drawn at (:func:`moesim.sim.study.report.figures`; more
+where their PNG would be under 1,280 px wide)."""
 
 
 @dataclass
 class Figure:
-    """One figure of a report: its file stem, caption and PNG bytes."""
+    """One figure of a report: its file stem, caption, PNG bytes and the resolution they were
+    drawn at (so that the page shows the figure at its printed size)."""
 
     stem: str
     caption: str
     png: bytes
+    dpi: float = FIGURE_DPI
 
 
 @dataclass

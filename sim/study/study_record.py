@@ -1,10 +1,11 @@
 """``study.json``: what a sweep or comparison folder holds and the commands that made it.
 
 Every call of :func:`moesim.sim.study.sweep_run.run_sweep` records, in its output folder, the
-study's name and source, the config hashes of its points (what makes two studies the same) and
-the command line with its working folder, time and moesim version (appended: a resumed study
-lists each call). ``simctl report`` prints the commands; :func:`default_out` reads the marker
-(its study key) so that a default output folder is never overwritten by another study.
+study's name and source, the config hashes of its points (what makes two studies the same),
+the workloads and seeds its points replay, and the command line with its working folder, time,
+moesim version and source revision (appended: a resumed study lists each call). ``simctl
+report`` prints the commands; :func:`default_out` reads the marker (its study key) so that a
+default output folder is never overwritten by another study.
 """
 
 from __future__ import annotations
@@ -44,14 +45,48 @@ def moesim_version() -> str:
         return "unknown"
 
 
+def source_revision() -> str:
+    """The source moesim runs from: ``git describe --always --dirty`` of its checkout when it
+    runs from one (and git is there), else ``moesim <version>`` of the installed package."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():
+        try:
+            done = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--tags"],
+                                  capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            done = None
+        if done is not None and done.returncode == 0 and done.stdout.strip():
+            return f"git {done.stdout.strip()}"
+    return f"moesim {moesim_version()}"
+
+
+def workloads(sweep: Sweep) -> list[dict[str, Any]]:
+    """The distinct workloads the points replay (batch size, phases, requests, and the profile
+    split taken off the front of the trace), in point order."""
+    from moesim.sim.config.sections import WorkloadSpec
+
+    out: list[dict[str, Any]] = []
+    for p in sweep.points:
+        w = WorkloadSpec.model_validate(p.data.get("workload") or {}).model_dump(mode="json")
+        w["profile"] = p.data.get("profile")
+        if w not in out:
+            out.append(w)
+    return out
+
+
 def record_study(out: Path, sweep: Sweep, command: list[str] | None = None) -> None:
-    """Write ``out/study.json``: the study and, appended to those already there, this command."""
+    """Write ``out/study.json``: the study, its workloads and seeds and, appended to those
+    already there, this command."""
     previous = read_study(out)
     argv = list(command) if command is not None else ["simctl", *sys.argv[1:]]
     entry = {"argv": argv, "command": shlex.join(argv), "cwd": os.getcwd(),
-             "at": time.strftime("%Y-%m-%d %H:%M:%S %z"), "moesim_version": moesim_version()}
+             "at": time.strftime("%Y-%m-%d %H:%M:%S %z"), "moesim_version": moesim_version(),
+             "revision": source_revision()}
     commands = [c for c in previous.get("commands", []) if isinstance(c, dict)] + [entry]
     data = {"name": sweep.spec.name, "source": sweep.source, "points": [p.config_hash for p in sweep.points],
+            "workloads": workloads(sweep), "seeds": sorted({int(p.data.get("seed", 0)) for p in sweep.points}),
             "commands": commands}
     out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / STUDY, option="--out", force=True) as tmp:

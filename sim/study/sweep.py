@@ -317,10 +317,18 @@ def parse_spec(data: Any, source: str) -> SweepSpec:
         raise SweepError(f"{source}: {path}: {msg}") from None
 
 
-def load_sweep(path: str | Path, extra_sets: list[str] | None = None) -> Sweep:
-    """Read, validate and expand a sweep file; ``extra_sets`` (``KEY=VALUE``) apply to the base."""
+def load_sweep(path: str | Path, extra_sets: list[str] | None = None, seeds: int = 1) -> Sweep:
+    """Read, validate and expand a sweep file; ``extra_sets`` (``KEY=VALUE``) apply to the base;
+    ``seeds`` > 1 adds the axis ``seed: [0 .. seeds-1]`` (replicates, ``simctl sweep --seeds``)."""
     p = Path(path)
     if not p.is_file():
         raise SweepError(f"{p}: no such sweep file")
     data = load_yaml_file(p)
-    return expand(parse_spec(data, str(p)), source=str(p), base_dir=p.resolve().parent, extra_sets=extra_sets)
+    spec = parse_spec(data, str(p))
+    if seeds < 1:
+        raise SweepError(f"--seeds: {seeds} is not a count of seeds (give 1 or more)")
+    if seeds > 1:
+        if "seed" in spec.grid or any("seed" in g for g in spec.zip_groups()):
+            raise SweepError(f"--seeds: {p} sweeps seed already; drop --seeds or the file's seed axis")
+        spec.grid["seed"] = list(range(seeds))
+    return expand(spec, source=str(p), base_dir=p.resolve().parent, extra_sets=extra_sets)

@@ -282,7 +282,7 @@ def test_curve_is_written_whole_or_not_at_all(home: Path, capsys: pytest.Capture
         one_line(code, err, "No space left on device")
     assert sorted(p.name for p in (home / "proj").iterdir()) == ["s.yaml"]
     assert cli(capsys, *CURVE, "c")[0] == 0
-    assert sorted(p.name for p in (home / "proj" / "c").iterdir()) == [MARKER, "curve.parquet", "curve.png"]
+    assert sorted(p.name for p in (home / "proj" / "c").iterdir()) == [MARKER, "curve.parquet", "curve.pdf", "curve.png"]
     one_line(*cli(capsys, *CURVE, "c")[::2], "add --force")
     assert cli(capsys, *CURVE, "c", "--force")[0] == 0
     (home / "proj" / "u").mkdir()
@@ -298,7 +298,7 @@ def test_plot_refuses_to_overwrite_without_force(home: Path, capsys: pytest.Capt
     assert cli(capsys, *plot)[0] == 0
     one_line(*cli(capsys, *plot)[::2], "add --force")
     assert cli(capsys, *plot, "--force")[0] == 0
-    assert sorted(p.name for p in (proj / "st" / "figures").iterdir()) == [MARKER, "tpot.png"]
+    assert sorted(p.name for p in (proj / "st" / "figures").iterdir()) == [MARKER, "tpot.pdf", "tpot.png"]
     (proj / "mine").mkdir()
     (proj / "mine" / "fig.png").write_text("mine")
     one_line(*cli(capsys, *plot, "--out", "mine", "--force")[::2], "moesim did not write")

@@ -85,7 +85,7 @@ def _value(metrics: dict[str, Any], name: str) -> float:
     return float(v["mean"] if isinstance(v, dict) else v)
 
 
-def _run(data: dict[str, Any], *, base_dir: Path, source: str, fixed: tuple[str, ...]) -> dict[str, Any]:
+def run_data(data: dict[str, Any], *, base_dir: Path, source: str, fixed: tuple[str, ...]) -> dict[str, Any]:
     """The metrics of one scenario (raw data, as ``simctl fit`` builds a row)."""
     from moesim.sim.config.scenario import load_scenario_data
     from moesim.sim.run.runner import load_trace, run_loaded
@@ -116,7 +116,7 @@ def _predict(ms: Any, spec: Any, data: dict[str, Any], values: list[tuple[str, f
         d = copy.deepcopy(d)
         for key, value in values:
             set_key(d, key.split("."), value, f"{ms.spec.name}: {key}")
-        return _value(_run(d, base_dir=ms.base_dir, source=f"{ms.spec.name} row {spec.index}{tag}", fixed=fixed + keys), name)
+        return _value(run_data(d, base_dir=ms.base_dir, source=f"{ms.spec.name} row {spec.index}{tag}", fixed=fixed + keys), name)
 
     own = one(data, tuple(spec.set), "")
     if not spec.relative_to or spec.reference is None:
@@ -188,7 +188,7 @@ def order_check() -> list[str]:
             else:
                 set_key(data, key.split("."), value, f"variant {label}")
         fixed = tuple(k for k in spec.set if k not in overrides) + tuple(k for k, v in overrides.items() if v is not None)
-        m = _run(data, base_dir=ms.base_dir, source=f"moe-infinity-readme variant: {label}", fixed=fixed)
+        m = run_data(data, base_dir=ms.base_dir, source=f"moe-infinity-readme variant: {label}", fixed=fixed)
         (_, measured), = spec.measured.items()
         tpot = _value(m, "tpot_ms")
         got.setdefault(index, []).append(tpot)

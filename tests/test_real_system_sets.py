@@ -56,16 +56,15 @@ def test_every_row_is_cited(stem: str) -> None:
 def test_moe_infinity_ahead_of_mixtral_offloading_at_the_catalog_defaults() -> None:
     """The README's order: MoE-Infinity (0.735 s per token) ahead of Mixtral Offloading (1.752 s),
     rows 0 and 3 of moe-infinity-readme.yaml run as the file writes them, nothing fitted."""
+    from benchmarks.real_systems import run_data
     from moesim.sim.study.fit_spec import load_measurements
-
-    from benchmarks.real_systems import _run
 
     ms = load_measurements(FOLDER / "moe-infinity-readme.yaml")
     tpot = {}
     for i in (0, 3):
         spec = ms.rows[i]
         assert spec.measured == {"tpot_ms": (735.0, 1752.0)[i // 3]}
-        tpot[i] = _run(spec.data, base_dir=ms.base_dir, source=f"row {i}", fixed=tuple(spec.set))["tpot_ms"]["mean"]
+        tpot[i] = run_data(spec.data, base_dir=ms.base_dir, source=f"row {i}", fixed=tuple(spec.set))["tpot_ms"]["mean"]
     assert tpot[0] < tpot[3], tpot
 
 

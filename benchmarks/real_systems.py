@@ -41,7 +41,7 @@ MEASUREMENTS = ROOT / "measurements"
 FITS = ROOT / "benchmarks" / "results" / "fits"
 
 SETS = ("fiddler-repo-baselines", "moe-infinity-readme", "imp-qwen3-30b-budget", "ktransformers-deepseek-v3",
-        "eliseev-mazur-2023-table2-naive")
+        "llmfit-rtx2080-llamacpp-moe", "eliseev-mazur-2023-table2-naive")
 """The real-system sets of issue 32 item 3, in report order."""
 
 ORDER_VARIANTS: tuple[tuple[str, int, dict[str, Any]], ...] = (

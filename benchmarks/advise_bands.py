@@ -37,6 +37,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -195,10 +196,9 @@ def main() -> None:
         same = OUT.is_file() and OUT.read_text() == text
         print(f"{OUT.relative_to(ROOT)}: {'up to date' if same else 'differs: run python benchmarks/advise_bands.py'}")
         sys.exit(0 if same else 1)
-    from moesim.sim.core.atomic import atomic_file
-
-    with atomic_file(OUT, option="table", force=True) as tmp:
-        tmp.write_text(text)
+    tmp = OUT.with_name(f".{OUT.name}.{os.getpid()}.tmp")   # the repository's own file: written whole
+    tmp.write_text(text)
+    os.replace(tmp, OUT)
     n = text.count("\n") - 1
     print(f"wrote {OUT.relative_to(ROOT)}: {n} rows, "
           f"{len(re.findall(r',yes$', text, flags=re.M))} counted")

@@ -238,6 +238,21 @@ def own_policy_fitted(stem: str, rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.role == "fit" and own and r.policy_name == own]
 
 
+def cache_start(stem: str) -> str:
+    """How the rows of ``stem`` start their cache: ``cold (empty)`` or ``warm (popular, random)``,
+    from each row's ``cache.initial`` (default empty)."""
+    from moesim.sim.config.fitted import lookup
+    from moesim.sim.study.fit_spec import load_measurements
+
+    path = MEASUREMENTS / f"{stem}.yaml"
+    if not path.is_file():
+        return "?"
+    starts = sorted({str(lookup(r.data, "cache.initial") or "empty") for r in load_measurements(path).rows})
+    cold = [x for x in starts if x == "empty"]
+    warm = [x for x in starts if x != "empty"]
+    return ", ".join((["cold (empty)"] if cold else []) + ([f"warm ({', '.join(warm)})"] if warm else []))
+
+
 def fitted_values(stem: str, row: Row) -> list[tuple[str, float]]:
     """The fitted values that applied to ``row`` in its fit."""
     doc = yaml.safe_load((FITS / stem / "fitted.yaml").read_text())
@@ -359,8 +374,8 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
     lines += ["", "### Held-out error by set", "",
               *[f"- `{v}` fits the rows of {' and '.join(f'`{s}`' for s in k)} again with other free values: "
                 "listed, not counted above." for v, k in VARIANTS.items()], "",
-              "| set | held-out rows | median abs error | max ratio | beyond 1.5x | pairs right | held-out-only pairs right |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              "| set | held-out rows | median abs error | max ratio | beyond 1.5x | pairs right | held-out-only pairs right | cache start |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in stems:
         t = [r for r in all_rows[s] if r.role == "test"]
         if not t:
@@ -371,7 +386,7 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
         hp = ranking_pairs(all_rows[s], held_out_only=True)
         lines.append(f"| {s} | {len(t)} | {100 * statistics.median(e):.1f}% | {mx:.2f}x | "
                      f"{sum(r.off > 1.5 for r in t)} | {sum(ok for _, _, ok in ps)} of {len(ps)} | "
-                     f"{sum(ok for _, _, ok in hp)} of {len(hp)} |")
+                     f"{sum(ok for _, _, ok in hp)} of {len(hp)} | {cache_start(s)} |")
     wrong = [h for h in heads if h not in sign]
     if wrong:
         lines += ["", "Headlines with the wrong sign:", ""]

@@ -7,10 +7,10 @@ source:
 * a copy rate (``hardware.pcie_gbps``, ``pageable_gbps``, ``d2h_gbps``) is at most the host
   link's theoretical rate (:mod:`moesim.sim.config.catalog.physics`; the hardware's
   ``pcie_gen``), the smallest over the rows the value applies to;
-* a per-layer cost (``runtime.layer_us``, ``hardware.costs.layer_us``, ``runtime.cpu_switch_us``)
-  is below the measured step over the model's layers, and a per-copy or per-miss cost
-  (``hardware.pcie_latency_us``, ``pageable_copy_us``, ``runtime.demand_load_us``,
-  ``prefetch_issue_us``, ``miss_host_us``) below the measured step, the smallest over the **fit**
+* a per-layer cost (``runtime.layer_us``, ``hardware.costs.layer_us``) is below the measured
+  step over the model's layers, and a per-copy or per-miss cost (``hardware.pcie_latency_us``,
+  ``runtime.demand_load_us``, ``runtime.prefetch_issue_us``) below the measured step, the
+  smallest over the **fit**
   rows that measure a step (``tpot_ms``, ``ttft_ms``, ``tokens_per_s``; never a held-out row).
 
 A fitted value at a bound is not a measurement: the data wants more than physics (or the
@@ -25,20 +25,19 @@ from typing import Any
 
 LINK_KEYS = ("hardware.pcie_gbps", "hardware.pageable_gbps", "hardware.d2h_gbps")
 """Copy rates: bounded by the link's theoretical rate."""
-PER_LAYER_KEYS = ("runtime.layer_us", "hardware.costs.layer_us", "runtime.cpu_switch_us")
+PER_LAYER_KEYS = ("runtime.layer_us", "hardware.costs.layer_us")
 """Costs paid once per layer of a step: bounded by the measured step over the layers."""
-PER_COPY_KEYS = ("hardware.pcie_latency_us", "hardware.pageable_copy_us", "runtime.demand_load_us",
-                 "runtime.prefetch_issue_us", "runtime.miss_host_us")
+PER_COPY_KEYS = ("hardware.pcie_latency_us", "runtime.demand_load_us", "runtime.prefetch_issue_us")
 """Costs paid per copy or per miss: bounded by the measured step."""
 
 _MISSING: dict[tuple[str, str], str] = {
     ("link", "max"): "copies faster than the link carries: the model moves bytes the system does not (smaller or "
                      "packed experts, more hits than the routing gives) or charges a per-layer time too large beside "
                      "them; look for a fixed cost per step that the link rate is absorbing",
-    ("link", "min"): "a cost per copy beyond the bytes (pageable staging, a synchronisation per copy: "
-                     "hardware.pageable_copy_us, runtime.miss_host_us) that the link rate is absorbing",
-    ("layer", "max"): "a cost per step that is not per layer (per miss: runtime.miss_host_us; per CPU/GPU "
-                      "switch: runtime.cpu_switch_us; per copy: hardware.pcie_latency_us) absorbed into the layer",
+    ("link", "min"): "a cost per copy or per miss beyond the bytes (hardware.pcie_latency_us; the host's lookup, "
+                     "allocation and event per miss: runtime.demand_load_us) that the link rate is absorbing",
+    ("layer", "max"): "a cost per step that is not per layer (per miss: runtime.demand_load_us; per copy: "
+                      "hardware.pcie_latency_us; per pass: runtime.iteration_us) absorbed into the layer",
     ("layer", "min"): "the step is shorter than the rest of the model allows: copies or expert compute charged "
                       "too high (a link slower than the system's, experts bigger than its own)",
     ("copy", "max"): "a per-step or per-layer cost (runtime.layer_us) absorbed into the per-copy cost",

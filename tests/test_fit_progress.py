@@ -17,6 +17,7 @@ from benchmarks.seed_scoreboard import Row as ScoreRow
 from benchmarks.seed_scoreboard import ranking_pairs
 from moesim.sim.cli.main import main
 from moesim.sim.study.fit import fit_measurements, summarise
+from moesim.sim.study.fit_output import write_fit
 from moesim.sim.study.fit_progress import FitProgress
 from moesim.sim.study.fit_spec import FitError, load_measurements
 
@@ -105,6 +106,9 @@ def test_undefined_held_out_ratio_is_a_miss(tmp_path: Path) -> None:
     assert res.held_out is not None and res.held_out.rows == 2
     assert res.held_out.max_ratio == math.inf and res.held_out.within_1_5x <= 1
     assert math.isinf(res.predicted[-1])
+    paths = write_fit(res, tmp_path / "out", command=["simctl", "fit"])   # the figure marks it, the csv says inf
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert (tmp_path / "out" / "rows.csv").read_text().splitlines()[-1].split(",")[5:7] == ["inf", "inf"]
     as_fit = {**undefined, "role": "fit"}
     ms = load_measurements(_write(tmp_path, _doc([*ROWS, as_fit])))
     with pytest.raises(FitError, match=r"rows\[4\].*hit_rate of the relative_to reference is 0"):

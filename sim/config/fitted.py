@@ -275,6 +275,13 @@ def print_fit_file(path: str | Path, console: Any) -> bool:
         held = p.held_out.line() if p.held_out is not None else "-"
         t.add_row(p.key, grp, f"{p.value:.6g}", bound, std, held)
     console.print(t)
+    for p in ff.parameters:
+        if p.at_bound:
+            grp = "" if p.per is None else f"[{p.per}={p.group}]"
+            console.print(f"{p.key}{grp} is AT its {p.at_bound} bound (not a measurement); missing cost: "
+                          f"{p.missing_cost or 'not named'}", markup=False, highlight=False)
+        if p.bound_source:
+            console.print(f"{p.key} max {p.max:g}: {p.bound_source}", markup=False, highlight=False)
     fit = ff.fit
     console.print(f"measurements: {fit.measurements}")
     console.print(f"fit error: {fit.fit_error.line()}")

@@ -136,3 +136,17 @@ def test_scoreboard_pairs_and_undefined() -> None:
     verdict = {(a.index, b.index): ok for a, b, ok in held}
     assert verdict[(1, 2)] and not verdict[(1, 3)] and not verdict[(2, 3)]   # no prediction: wrong
     assert rows[3].off == math.inf and rows[3].abs_error == math.inf
+
+
+def test_scoreboard_lists_sets_fitting_own_policy_and_cache_start() -> None:
+    from benchmarks.seed_scoreboard import cache_start, own_policy_fitted
+
+    own = _row(0, "fit", "mixtral-offloading", 3.0, 3.0)
+    own.stem = "eliseev-mazur-2023-table2"
+    base = _row(1, "fit", "lru", 2.9, 2.9)
+    assert own_policy_fitted("eliseev-mazur-2023-table2", [own, base]) == [own]
+    assert own_policy_fitted("eliseev-mazur-2023-table2-one-runtime", [own, base]) == [own]   # a variant of it
+    assert own_policy_fitted("eliseev-mazur-2023-table2", [base]) == []
+    assert cache_start("eliseev-mazur-2023-table2") == "cold (empty)"
+    assert cache_start("moepic-mixtral").startswith("warm")
+    assert cache_start("no-such-set") == "?"

@@ -295,7 +295,7 @@ def reason(h: Headline) -> list[str]:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.2f}x"
+    return f"{x:.2f}x" if defined(x) else "undefined"
 
 
 def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
@@ -317,7 +317,7 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
             heads.append(h)
             flag = " **>1.5x**" if h.off > 1.5 else ""
             lines.append(f"| {OWN[stem][0]} | {stem} | {h.own.index}: {h.own.policy} | {h.baseline} | {h.metric} "
-                         f"| {_fmt(h.published)} | {_fmt(h.predicted)} | {h.off:.2f}x{flag} |")
+                         f"| {_fmt(h.published)} | {_fmt(h.predicted)} | {_fmt(h.off)}{flag} |")
     far = [h for h in heads if h.off > 1.5]
     if far and reasons:
         lines += ["", "## Measured reasons (speed-ups off by more than 1.5x)", "",
@@ -384,7 +384,7 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
         mx = max(r.off for r in t)
         ps = ranking_pairs(all_rows[s])
         hp = ranking_pairs(all_rows[s], held_out_only=True)
-        lines.append(f"| {s} | {len(t)} | {100 * statistics.median(e):.1f}% | {mx:.2f}x | "
+        lines.append(f"| {s} | {len(t)} | {100 * statistics.median(e):.1f}% | {_fmt(mx)} | "
                      f"{sum(r.off > 1.5 for r in t)} | {sum(ok for _, _, ok in ps)} of {len(ps)} | "
                      f"{sum(ok for _, _, ok in hp)} of {len(hp)} | {cache_start(s)} |")
     wrong = [h for h in heads if h not in sign]

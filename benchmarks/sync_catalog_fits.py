@@ -109,6 +109,10 @@ def source(f: Fitted) -> str:
         bound = f"; AT ITS {p['at_bound'].upper()} BOUND {p[p['at_bound']]:g} (not a measurement; missing cost: {p['missing_cost']})"
     elif p.get("bound_source"):
         bound = f"; bounded by {p['bound_source']}"
+    label = f.key if f.group is None else f"{f.key}[{p['per']}={f.group}]"
+    others = [b for b in fit.get("at_bound") or [] if not b.startswith(f"{label} ")]
+    if others:
+        bound += f"; other values of this fit at a bound (a cost is missing there): {', '.join(others)}"
     return (f"fit: `{fit['command']}` ({fit['source']}), {f.key} on fit rows {_rows(fit_rows)} "
             f"(baselines only){bound}; {held_text}")
 

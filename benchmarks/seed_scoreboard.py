@@ -20,10 +20,16 @@ Definitions:
   ActiveEvict's two datasets share a scenario). Speed-up = baseline time / own time, or own
   tokens/s / baseline tokens/s. A ratio row (``relative_to``) is itself the published speed-up
   (time ratios inverted; ActiveEvict's I/O ratios as reductions, hit rates as improvements).
-- **Held-out error**: |predicted / measured - 1| over every test row of every fit folder.
+- **Held-out error**: |predicted / measured - 1| over every test row of every fit folder. A row
+  whose prediction is undefined (a ratio over a reference that the simulator puts at zero, empty
+  or infinite in ``rows.csv``) is a miss: beyond 1.5x, and its error counts as infinite.
 - **Ranking pairs**: two rows of one set, at least one held out, same metric, same setup apart
   from the policy (and a ratio row's reference policy), different policies, measured values more
-  than 1% apart; right when predicted and measured order agree.
+  than 1% apart; right when predicted and measured order agree (never with an undefined
+  prediction). **Held-out-only pairs** are those of two held-out rows: a fit row's prediction
+  was fitted, so a pair with one is partly fitted.
+- **Own policy fitted**: a set whose fit rows include the paper's own policy is listed as such;
+  its headlines are not a prediction from baselines alone.
 """
 
 from __future__ import annotations
@@ -75,6 +81,16 @@ PAIR_KEYS_IGNORED = {"policy", "pcie.sync_prefetch"}
 synchronous prefetch)."""
 
 
+def _number(text: str) -> float:
+    """A predicted value of rows.csv: empty (no prediction) is NaN, ``inf`` stays infinite."""
+    return float(text) if text.strip() else math.nan
+
+
+def defined(x: float) -> bool:
+    """A usable prediction: finite and positive."""
+    return math.isfinite(x) and x > 0
+
+
 @dataclass
 class Row:
     """One line of a fit's rows.csv."""
@@ -88,6 +104,19 @@ class Row:
     set: dict[str, Any]
     relative_to: dict[str, Any] | None
     groups: dict[str, str]
+
+    @property
+    def off(self) -> float:
+        """max(predicted / measured, measured / predicted); infinite when the prediction is
+        undefined (a miss, never dropped)."""
+        if not defined(self.predicted):
+            return math.inf
+        return max(self.predicted / self.measured, self.measured / self.predicted)
+
+    @property
+    def abs_error(self) -> float:
+        """|predicted / measured - 1|; infinite when the prediction is undefined."""
+        return abs(self.predicted / self.measured - 1) if defined(self.predicted) else math.inf
 
     @property
     def policy(self) -> str:
@@ -121,7 +150,7 @@ def load_rows(stem: str) -> list[Row]:
     with open(FITS / stem / "rows.csv", newline="") as f:
         for r in csv.DictReader(f):
             out.append(Row(stem=stem, index=int(r["row"]), role=r["role"], metric=r["metric"],
-                           measured=float(r["measured"]), predicted=float(r["predicted"]),
+                           measured=float(r["measured"]), predicted=_number(r["predicted"]),
                            set=json.loads(r["set"]), relative_to=json.loads(r["relative_to"]) if r["relative_to"] else None,
                            groups=json.loads(r["groups"]) if r["groups"] else {}))
     return out
@@ -147,7 +176,10 @@ class Headline:
 
     @property
     def off(self) -> float:
-        """How far the predicted speed-up is from the published one (>= 1)."""
+        """How far the predicted speed-up is from the published one (>= 1; infinite when the
+        prediction is undefined)."""
+        if not defined(self.predicted):
+            return math.inf
         r = self.predicted / self.published
         return max(r, 1 / r)
 
@@ -161,7 +193,8 @@ def headlines(stem: str, rows: list[Row]) -> list[Headline]:
             continue
         if r.relative_to is not None:
             base = _policy_label(r.relative_to.get("policy", "?"))
-            pub, pred = (1 / r.measured, 1 / r.predicted) if r.metric in TIME else (r.measured, r.predicted)
+            inv = 1 / r.predicted if defined(r.predicted) else math.nan
+            pub, pred = (1 / r.measured, inv) if r.metric in TIME else (r.measured, r.predicted)
             out.append(Headline(stem, r, base, r.metric, pub, pred))
             continue
         nearest: dict[str, Row] = {}
@@ -171,24 +204,53 @@ def headlines(stem: str, rows: list[Row]) -> list[Headline]:
                 if cur is None or abs(b.index - r.index) < abs(cur.index - r.index):
                     nearest[b.policy] = b
         for label, b in nearest.items():
+            pred = (speedup(r.metric, r.predicted, b.predicted) if defined(r.predicted) and defined(b.predicted)
+                    else math.nan)
             out.append(Headline(stem, r, label, r.metric, speedup(r.metric, r.measured, b.measured),
-                                speedup(r.metric, r.predicted, b.predicted), base_row=b))
+                                pred, base_row=b))
     return out
 
 
-def ranking_pairs(rows: list[Row]) -> list[tuple[Row, Row, bool]]:
-    """Every ranking pair of one set (see the module docstring) and whether it is right."""
+def ranking_pairs(rows: list[Row], held_out_only: bool = False) -> list[tuple[Row, Row, bool]]:
+    """Every ranking pair of one set (see the module docstring) and whether it is right; with
+    ``held_out_only``, the pairs of two held-out rows only."""
     out = []
     for i, a in enumerate(rows):
         for b in rows[i + 1:]:
             if "test" not in (a.role, b.role) or a.setup != b.setup:
                 continue
+            if held_out_only and (a.role, b.role) != ("test", "test"):
+                continue
             if a.policy == b.policy and json.dumps(a.relative_to, sort_keys=True) == json.dumps(b.relative_to, sort_keys=True):
                 continue
             if abs(a.measured / b.measured - 1) <= 0.01:
                 continue
-            out.append((a, b, (a.measured > b.measured) == (a.predicted > b.predicted)))
+            ok = defined(a.predicted) and defined(b.predicted) and (a.measured > b.measured) == (a.predicted > b.predicted)
+            out.append((a, b, ok))
     return out
+
+
+def own_policy_fitted(stem: str, rows: list[Row]) -> list[Row]:
+    """The fit rows of ``stem`` that run the paper's own policy (none for a baselines-only fit)."""
+    own = OWN.get(stem, ("", ""))[1]
+    base = next((k for s, ks in VARIANTS.items() if s == stem for k in ks), None)
+    own = own or OWN.get(base or "", ("", ""))[1]
+    return [r for r in rows if r.role == "fit" and own and r.policy_name == own]
+
+
+def cache_start(stem: str) -> str:
+    """How the rows of ``stem`` start their cache: ``cold (empty)`` or ``warm (popular, random)``,
+    from each row's ``cache.initial`` (default empty)."""
+    from moesim.sim.config.fitted import lookup
+    from moesim.sim.study.fit_spec import load_measurements
+
+    path = MEASUREMENTS / f"{stem}.yaml"
+    if not path.is_file():
+        return "?"
+    starts = sorted({str(lookup(r.data, "cache.initial") or "empty") for r in load_measurements(path).rows})
+    cold = [x for x in starts if x == "empty"]
+    warm = [x for x in starts if x != "empty"]
+    return ", ".join((["cold (empty)"] if cold else []) + ([f"warm ({', '.join(warm)})"] if warm else []))
 
 
 def fitted_values(stem: str, row: Row) -> list[tuple[str, float]]:
@@ -233,7 +295,7 @@ def reason(h: Headline) -> list[str]:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.2f}x"
+    return f"{x:.2f}x" if defined(x) else "undefined"
 
 
 def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
@@ -255,7 +317,7 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
             heads.append(h)
             flag = " **>1.5x**" if h.off > 1.5 else ""
             lines.append(f"| {OWN[stem][0]} | {stem} | {h.own.index}: {h.own.policy} | {h.baseline} | {h.metric} "
-                         f"| {_fmt(h.published)} | {_fmt(h.predicted)} | {h.off:.2f}x{flag} |")
+                         f"| {_fmt(h.published)} | {_fmt(h.predicted)} | {_fmt(h.off)}{flag} |")
     far = [h for h in heads if h.off > 1.5]
     if far and reasons:
         lines += ["", "## Measured reasons (speed-ups off by more than 1.5x)", "",
@@ -267,43 +329,64 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
                 text = [f"re-run failed: {' '.join(str(exc).split())}"]
             lines.append(f"- {h.stem} row {h.own.index} ({h.own.policy}) vs {h.baseline}, {h.metric}: "
                          f"published {_fmt(h.published)}, predicted {_fmt(h.predicted)}; " + "; ".join(text))
-    sign = [h for h in heads if (h.published > 1) == (h.predicted > 1) or abs(h.published - 1) < 0.01]
+    sign = [h for h in heads if abs(h.published - 1) < 0.01
+            or (defined(h.predicted) and (h.published > 1) == (h.predicted > 1))]
     within = [h for h in heads if h.off <= 1.5]
 
     counted = [s for s in stems if s not in VARIANTS]
     test = [r for s in counted for r in all_rows[s] if r.role == "test"]
-    errs = [abs(r.predicted / r.measured - 1) for r in test]
-    beyond = [r for r in test if max(r.predicted / r.measured, r.measured / r.predicted) > 1.5]
+    errs = [r.abs_error for r in test]
+    beyond = [r for r in test if r.off > 1.5]
+    undefined = [r for r in test if not defined(r.predicted)]
     pairs = [p for s in counted for p in ranking_pairs(all_rows[s])]
     right = sum(ok for _, _, ok in pairs)
+    held_pairs = [p for s in counted for p in ranking_pairs(all_rows[s], held_out_only=True)]
+    held_right = sum(ok for _, _, ok in held_pairs)
+    own_fitted = {s: own_policy_fitted(s, all_rows[s]) for s in stems}
     goals = {
         "sets": len(counted), "held_out_rows": len(test),
         "median_abs_error_pct": 100 * statistics.median(errs) if errs else math.nan,
-        "beyond_1_5x": len(beyond), "pairs": len(pairs), "pairs_right": right,
+        "beyond_1_5x": len(beyond), "undefined": len(undefined), "pairs": len(pairs), "pairs_right": right,
+        "held_out_pairs": len(held_pairs), "held_out_pairs_right": held_right,
         "headlines": len(heads), "sign_right": len(sign), "within_1_5x": len(within),
+        "own_policy_fitted": sorted(s for s, rs in own_fitted.items() if rs),
     }
-    lines += ["", "## Goals (issue 21)", "",
+    lines += ["", "## Goals (issues 21 and 32)", "",
               "| goal | target | measured |", "| --- | --- | --- |",
               f"| held-out median abs error, {len(test)} rows of {len(counted)} sets | <= 10% | {goals['median_abs_error_pct']:.1f}% |",
-              f"| held-out rows beyond 1.5x | none | {len(beyond)} |",
+              f"| held-out rows beyond 1.5x (an undefined prediction counts as one) | none | {len(beyond)}"
+              f" ({len(undefined)} undefined) |",
               *_fitted_only(all_rows, counted),
-              f"| ranking pairs right | >= 90% | {right} of {len(pairs)} ({100 * right / max(len(pairs), 1):.0f}%) |",
+              f"| ranking pairs right (at least one row held out) | >= 90% | {right} of {len(pairs)} "
+              f"({100 * right / max(len(pairs), 1):.0f}%) |",
+              f"| ranking pairs of two held-out rows right | >= 90% | {held_right} of {len(held_pairs)} "
+              f"({100 * held_right / max(len(held_pairs), 1):.0f}%) |",
               f"| headlines right in sign | all | {len(sign)} of {len(heads)} |",
               f"| headlines within 1.5x of the published speed-up | all or explained | {len(within)} of {len(heads)} |",
-              "", "### Held-out error by set", "",
+              "", "### Sets that fit a paper's own policy", ""]
+    fitted_own = [s for s in stems if own_fitted[s]]
+    if fitted_own:
+        lines += [f"- `{s}`: {len(own_fitted[s])} fit rows run the paper's own policy "
+                  f"(`{own_fitted[s][0].policy_name}`; rows {', '.join(str(r.index) for r in own_fitted[s])}): "
+                  "its headlines are not predicted from baselines alone." for s in fitted_own]
+    else:
+        lines += ["- none: every set fits baseline rows only (or nothing)."]
+    lines += ["", "### Held-out error by set", "",
               *[f"- `{v}` fits the rows of {' and '.join(f'`{s}`' for s in k)} again with other free values: "
-                "listed, not counted above." for v, k in VARIANTS.items()], "", "| set | held-out rows | median abs error | max ratio | beyond 1.5x | pairs right |",
-              "| --- | --- | --- | --- | --- | --- |"]
+                "listed, not counted above." for v, k in VARIANTS.items()], "",
+              "| set | held-out rows | median abs error | max ratio | beyond 1.5x | pairs right | held-out-only pairs right | cache start |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in stems:
         t = [r for r in all_rows[s] if r.role == "test"]
         if not t:
             continue
-        e = [abs(r.predicted / r.measured - 1) for r in t]
-        mx = max(max(r.predicted / r.measured, r.measured / r.predicted) for r in t)
+        e = [r.abs_error for r in t]
+        mx = max(r.off for r in t)
         ps = ranking_pairs(all_rows[s])
-        lines.append(f"| {s} | {len(t)} | {100 * statistics.median(e):.1f}% | {mx:.2f}x | "
-                     f"{sum(max(r.predicted / r.measured, r.measured / r.predicted) > 1.5 for r in t)} | "
-                     f"{sum(ok for _, _, ok in ps)} of {len(ps)} |")
+        hp = ranking_pairs(all_rows[s], held_out_only=True)
+        lines.append(f"| {s} | {len(t)} | {100 * statistics.median(e):.1f}% | {_fmt(mx)} | "
+                     f"{sum(r.off > 1.5 for r in t)} | {sum(ok for _, _, ok in ps)} of {len(ps)} | "
+                     f"{sum(ok for _, _, ok in hp)} of {len(hp)} | {cache_start(s)} |")
     wrong = [h for h in heads if h not in sign]
     if wrong:
         lines += ["", "Headlines with the wrong sign:", ""]
@@ -312,7 +395,8 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
     if beyond:
         lines += ["", "Held-out rows beyond 1.5x:", ""]
         lines += [f"- {r.stem} row {r.index} ({r.policy}, {r.metric}): measured {r.measured:.4g}, "
-                  f"predicted {r.predicted:.4g} ({r.predicted / r.measured:.2f}x)" for r in beyond]
+                  + (f"predicted {r.predicted:.4g} ({r.predicted / r.measured:.2f}x)" if defined(r.predicted)
+                     else "no prediction (undefined: counted as a miss)") for r in beyond]
     return "\n".join(lines) + "\n", goals
 
 
@@ -323,8 +407,8 @@ def _fitted_only(all_rows: dict[str, list[Row]], counted: list[str]) -> list[str
     test = [r for s in stems for r in all_rows[s] if r.role == "test"]
     if not test:
         return []
-    errs = [abs(r.predicted / r.measured - 1) for r in test]
-    far = sum(max(r.predicted / r.measured, r.measured / r.predicted) > 1.5 for r in test)
+    errs = [r.abs_error for r in test]
+    far = sum(r.off > 1.5 for r in test)
     return [f"| the same, the {len(stems)} sets with fit rows only ({len(test)} rows) | <= 10%, none beyond 1.5x "
             f"| {100 * statistics.median(errs):.1f}%, {far} beyond 1.5x |"]
 

@@ -24,6 +24,7 @@ from benchmarks.moepic_tables import (
     PAPER_TABLE3,
 )
 from benchmarks.published_figures import E_M_ROWS, E_M_TABLE2
+from benchmarks.published_systems import E_M_NAIVE
 from moesim.policies.contract.registry import make_policy
 from moesim.sim.config.scenario import LoadedScenario, load_scenario, load_scenario_data
 from moesim.sim.run.runner import load_trace, prepare_run
@@ -177,9 +178,20 @@ def test_eliseev_mazur_agrees_with_published_figures() -> None:
                 match = [r for r in rows if r["set"]["hardware"] == hw and r["set"]["policy"] == E_M_ROWS[label]
                          and r["set"]["model"].endswith(f"e{bits}")]
                 assert len(match) == 1 and match[0]["tokens_per_s"] == v, (bits, label, hw)
-                assert match[0]["role"] == ("fit" if bits == 2 else "test")
+                # the 2-bit baselines fit; the paper's own full algorithm and all 3-bit rows are held out
+                own = E_M_ROWS[label] == "mixtral-offloading"
+                assert match[0]["role"] == ("fit" if bits == 2 and not own else "test")
                 seen += 1
-    assert seen == len(rows) == 24
+    naive = [r for r in rows if r["set"]["policy"] == "accelerate"]
+    for bits, values in E_M_NAIVE.items():
+        for hw, v in zip(gpus, values, strict=True):
+            match = [r for r in naive if r["set"]["hardware"] == hw and r["set"]["model"].endswith(f"e{bits}")]
+            if (bits, hw) == (3, "rtx-3060-12gb"):   # printed 1.791, above the column's full algorithm: left out
+                assert not match
+                continue
+            assert len(match) == 1 and match[0]["tokens_per_s"] == v and match[0]["role"] == "test", (bits, hw)
+            seen += 1
+    assert seen == len(rows) == 31
 
 
 def test_moepic_agrees_with_moepic_tables() -> None:

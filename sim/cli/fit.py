@@ -26,13 +26,16 @@ def fit_cmd(
     loo: Annotated[str, typer.Option("--loo", help="leave-one-out: refit (each fit row left out, the fit refined without it), one-step (one Gauss-Newton step: cheaper, approximate), none")] = "refit",
     force: Annotated[bool, typer.Option("--force", help="replace an existing non-empty --out folder")] = False,
     allow_plugins: Annotated[bool, ALLOW_PLUGINS] = False,
+    progress: Annotated[bool | None, typer.Option(help="progress on stderr, each phase with the time it has left (default: a bar on a terminal, else a line every few runs)")] = None,
 ) -> None:
     """Fit declared scenario values to measured results by running the simulator; judge the fit on held-out rows."""
     from rich.console import Console
 
+    from moesim.sim.cli.study import _show_progress
     from moesim.sim.core.atomic import check_target
     from moesim.sim.study.fit import fit_measurements
     from moesim.sim.study.fit_output import report, write_fit
+    from moesim.sim.study.fit_progress import FitProgress
     from moesim.sim.study.fit_spec import load_measurements
 
     grant_plugins(allow_plugins)
@@ -45,8 +48,9 @@ def fit_cmd(
         raise typer.BadParameter("must be between 0 and 1 (a fraction of each value)", param_hint="--diff-step")
     check_target(out, option="--out", folder=True, force=force)
     ms = load_measurements(measurements)
-    result = fit_measurements(ms, jobs=jobs, grid=grid, max_evals=max_evals,
-                              diff_step=diff_step, loo=cast("LooMethod", loo))
+    with FitProgress(ms.spec.name, _show_progress(progress)) as shown:
+        result = fit_measurements(ms, jobs=jobs, grid=grid, max_evals=max_evals,
+                                  diff_step=diff_step, loo=cast("LooMethod", loo), progress=shown)
     paths = write_fit(result, out, force=force)
     console = Console() if Console().is_terminal else Console(width=160)
     report(result, console)

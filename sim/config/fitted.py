@@ -64,6 +64,8 @@ class FitProvenance(BaseModel):
     leave_one_out_method: str = ""
     held_out: ErrorSummary | None = None
     optimizer: dict[str, Any] = Field(default_factory=dict)
+    at_bound: list[str] = Field(default_factory=list, description="fitted values pressed against a bound "
+                                "(``label at max``): not measurements; each parameter names the missing cost")
     command: str = ""
     date: str = ""
     moesim: str = ""
@@ -82,6 +84,10 @@ class FittedParameter(BaseModel):
     max: float
     start: float | None = None
     at_bound: Literal["min", "max"] | None = None
+    bound_source: str = Field("", description="where max comes from when physics set it (the link's "
+                              "theoretical rate, the measured step); empty: the measurement file's bound")
+    missing_cost: str | None = Field(None, description="for a value at a bound: the cost the measurements seem "
+                                     "to ask for (a value at a bound is not a measurement)")
     rel_std: float | None = Field(None, description="approximate relative standard error, from the Jacobian")
     source: str = Field("", description="the fit this value comes from (name, source, rows, held-out error)")
     fit_rows: list[str] = Field(default_factory=list, description="the fit rows this value depends on")
@@ -161,7 +167,8 @@ def summary_line(fit: FitProvenance) -> str:
     """The provenance in one line: name, source, rows, held-out error."""
     held = (f"held-out {fit.held_out.line()}" if fit.held_out is not None and fit.held_out.rows
             else "no held-out rows")
-    return f"fit {fit.name} ({fit.source}): {fit.fit_rows} fit rows; {held}"
+    bound = f"; AT A BOUND (a cost is missing): {', '.join(fit.at_bound)}" if fit.at_bound else ""
+    return f"fit {fit.name} ({fit.source}): {fit.fit_rows} fit rows; {held}{bound}"
 
 
 def _provenance(path: Path, ff: FittedFile, via: str, values: dict[str, float],
@@ -268,6 +275,13 @@ def print_fit_file(path: str | Path, console: Any) -> bool:
         held = p.held_out.line() if p.held_out is not None else "-"
         t.add_row(p.key, grp, f"{p.value:.6g}", bound, std, held)
     console.print(t)
+    for p in ff.parameters:
+        if p.at_bound:
+            grp = "" if p.per is None else f"[{p.per}={p.group}]"
+            console.print(f"{p.key}{grp} is AT its {p.at_bound} bound (not a measurement); missing cost: "
+                          f"{p.missing_cost or 'not named'}", markup=False, highlight=False)
+        if p.bound_source:
+            console.print(f"{p.key} max {p.max:g}: {p.bound_source}", markup=False, highlight=False)
     fit = ff.fit
     console.print(f"measurements: {fit.measurements}")
     console.print(f"fit error: {fit.fit_error.line()}")

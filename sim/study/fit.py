@@ -124,13 +124,18 @@ class FitResult:
 
 
 def summarise(ratios: list[float]) -> ErrorSummary:
-    """Median |error|, largest ratio either way, and how many within 1.5x."""
+    """Median |error|, largest ratio either way, and how many within 1.5x. An infinite ratio
+    (a held-out ratio row whose reference the simulator puts at zero: no prediction) is a
+    miss, never dropped: infinitely far, not within 1.5x."""
     if not ratios:
         return ErrorSummary(rows=0, median_abs_error_pct=None, max_ratio=None, within_1_5x=0)
     r = np.asarray(ratios, dtype=float)
-    return ErrorSummary(rows=len(r), median_abs_error_pct=round(float(np.median(np.abs(r - 1))) * 100, 3),
-                        max_ratio=round(float(np.max(np.maximum(r, 1 / r))), 4),
-                        within_1_5x=int(np.sum((r <= 1.5) & (r >= 1 / 1.5))))
+    with np.errstate(divide="ignore"):
+        off = np.where(np.isfinite(r), np.maximum(r, 1 / r), np.inf)
+    err = np.where(np.isfinite(r), np.abs(r - 1), np.inf)
+    return ErrorSummary(rows=len(r), median_abs_error_pct=round(float(np.median(err)) * 100, 3),
+                        max_ratio=round(float(np.max(off)), 4),
+                        within_1_5x=int(np.sum(np.isfinite(r) & (r <= 1.5) & (r >= 1 / 1.5))))
 
 
 def _sig(x: float) -> float:
@@ -182,14 +187,21 @@ class Problem:
             out.append(np.log(np.maximum(np.asarray(pred, dtype=float), 1e-6 * np.asarray(meas))) - np.log(meas))
         return out
 
+    def tasks(self, points: list[tuple[np.ndarray, list[int]]]) -> list[tuple[int, Values]]:
+        """The runs that :meth:`residuals_many` of ``points`` needs."""
+        out = []
+        for u, idx in points:
+            th = self.theta(u)
+            out += [(self.measures[i].row.index, self.row_values(self.measures[i].row, th)) for i in idx]
+        return out
+
     def residuals(self, u: np.ndarray, idx: list[int]) -> np.ndarray:
         """The log ratios of the measures ``idx`` at ``u``."""
         return self.residuals_many([(u, idx)])[0]
 
-    def jacobian(self, u: np.ndarray, idx: list[int], active: list[int] | None = None) -> np.ndarray:
-        """Forward differences of :meth:`residuals` with a step of ``diff_step`` of each value
-        (backwards at the upper bound), every column (of the values ``active``; all by default)
-        in one batch of runs."""
+    def jacobian_points(self, u: np.ndarray, idx: list[int], active: list[int] | None = None
+                        ) -> tuple[list[tuple[np.ndarray, list[int]]], list[tuple[int, float, list[int]]]]:
+        """The points :meth:`jacobian` runs (``u`` first) and, per column, (value, step, rows)."""
         points: list[tuple[np.ndarray, list[int]]] = [(u, idx)]
         cols: list[tuple[int, float, list[int]]] = []
         for j in range(len(self.free)) if active is None else active:
@@ -201,6 +213,13 @@ class Problem:
             v[j] += h
             points.append((v, [idx[k] for k in rows]))
             cols.append((j, h, rows))
+        return points, cols
+
+    def jacobian(self, u: np.ndarray, idx: list[int], active: list[int] | None = None) -> np.ndarray:
+        """Forward differences of :meth:`residuals` with a step of ``diff_step`` of each value
+        (backwards at the upper bound), every column (of the values ``active``; all by default)
+        in one batch of runs."""
+        points, cols = self.jacobian_points(u, idx, active)
         res = self.residuals_many(points)
         jac = np.zeros((len(idx), len(self.free)))
         for (j, h, rows), r in zip(cols, res[1:], strict=True):
@@ -269,6 +288,7 @@ def coarse_start(pb: Problem, fit_idx: list[int], points: int | None) -> tuple[n
         axes.append(coords)
     combos = list(itertools.product(*axes))
     us = [np.array([c[keys.index(f.key)] for f in pb.free]) for c in combos]
+    _phase(pb, "coarse grid", pb.tasks([(u, fit_idx) for u in us]))
     res = pb.residuals_many([(u, fit_idx) for u in us])
     rows = [pb.measures[i].row for i in fit_idx]
     # squared error of each fit row at each combination
@@ -336,12 +356,21 @@ def refine_many(pb: Problem, tasks: list[tuple[np.ndarray, list[int], list[int]]
                 max_evals: int) -> list[tuple[np.ndarray, Refined]]:
     """Independent refinements (start, measures, values): in this process, or one per task
     over the worker processes when there are several."""
+    prog = pb.runner.progress
     if pb.runner.jobs_n == 1 or len(tasks) < 2:
-        return [pb.solve(u0, idx, active, max_evals) for u0, idx, active in tasks]
+        done = []
+        for u0, idx, active in tasks:
+            done.append(pb.solve(u0, idx, active, max_evals))
+            if prog is not None:
+                prog.advance(1)
+        return done
     args = [(pb.diff_step, u0, idx, active, max_evals) for u0, idx, active in tasks]
     out = []
     for u, info, runs in pb.runner.executor().map(_refine_task, args):
         pb.runner.runs += runs
+        if prog is not None:
+            prog.runs(runs)
+            prog.advance(1)
         out.append((u, info))
     return out
 
@@ -365,6 +394,8 @@ def _loo(pb: Problem, u: np.ndarray, fit_idx: list[int], jac: np.ndarray, r: np.
         else:
             comp = next(c for c in comps if mine[0] in c)
             refits.append((row, (u, pb.measures_of(comp, [fit_idx[k] for k in keep]), comp)))
+    if pb.runner.progress is not None and refits:
+        pb.runner.progress.phase("leave-one-out", len(refits), "refits")
     for (row, _), (u_row, _) in zip(refits, refine_many(pb, [t for _, t in refits], max_evals), strict=True):
         out[row] = u_row
     return out
@@ -381,6 +412,8 @@ def _optimise(pb: Problem, fit_idx: list[int], grid: int | None, max_evals: int,
     u = u0.copy()
     comps = pb.components(fit_idx)
     sols = []
+    if pb.runner.progress is not None:
+        pb.runner.progress.phase("refinement", len(comps), "groups")
     for comp, (u_comp, refined) in zip(comps, refine_many(pb, [(u0, pb.measures_of(c, fit_idx), c) for c in comps],
                                                           max_evals), strict=True):
         u[comp] = u_comp[comp]
@@ -400,24 +433,39 @@ LOO_METHODS = {"one-step": "one Gauss-Newton step without the row, then the row 
                "refit": "refit without the row, then the row run at those values", "none": "not computed"}
 
 
+def _phase(pb: Problem, name: str, tasks: list[tuple[int, Values]]) -> None:
+    """Start a progress phase of the runs of ``tasks`` not yet known."""
+    if pb.runner.progress is not None:
+        pb.runner.progress.phase(name, pb.runner.pending(tasks))
+
+
 def fit_measurements(ms: Measurements, *, jobs: int = 1, grid: int | None = None, max_evals: int = 40,
-                     diff_step: float = 0.03, loo: LooMethod = "refit") -> FitResult:
-    """Fit the free values of ``ms`` to its fit rows and predict every row (see the module)."""
+                     diff_step: float = 0.03, loo: LooMethod = "refit", progress: Any = None) -> FitResult:
+    """Fit the free values of ``ms`` to its fit rows and predict every row (see the module).
+    ``progress``: a :class:`~moesim.sim.study.fit_progress.FitProgress` to tell of each phase
+    and run (it changes nothing in the result, nor does ``jobs``)."""
     t0 = time.perf_counter()
     runner = RowRunner(ms, jobs=jobs)
     try:
         pb = Problem(ms, runner, diff_step)
         fit_idx = [i for i, m in enumerate(pb.measures) if m.row.role == "fit"]
         all_idx = list(range(len(pb.measures)))
-        # every row runs once before the fit: a row that does not run, or lacks its metric, stops it here
+        # every row runs once before the fit: a row that does not run, or lacks its metric, stops it
+        # here, with its one-line error alone on stderr (progress is shown from the next phase on)
         pb.residuals(np.full(len(pb.free), 0.5), all_idx)
+        runner.progress = progress
+        if progress is not None:
+            progress.phase("first run of every row", runner.runs)
+            progress.runs(runner.runs)
         u0, u, optimizer = _optimise(pb, fit_idx, grid, max_evals, diff_step)
+        _phase(pb, "jacobian at the fit", pb.tasks(pb.jacobian_points(u, fit_idx)[0]))
         jac = pb.jacobian(u, fit_idx)
         r_fit = pb.residuals(u, fit_idx)
         theta, theta0 = pb.theta(u), pb.theta(u0)
         loo = loo if pb.free and fit_idx else "none"
         loo_u = {} if loo == "none" else _loo(pb, u, fit_idx, jac, r_fit, loo, max_evals)
         loo_idx = {row: [i for i in fit_idx if pb.measures[i].row.index == row] for row in loo_u}
+        _phase(pb, "final runs", pb.tasks([(u, all_idx)] + [(loo_u[row], loo_idx[row]) for row in loo_u]))
         pb.residuals_many([(u, all_idx)] + [(loo_u[row], loo_idx[row]) for row in loo_u])
         predicted = [pb.predicted(m, theta) for m in pb.measures]
         loo_pred: list[float | None] = [None] * len(pb.measures)

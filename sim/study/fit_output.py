@@ -23,6 +23,7 @@ import yaml
 
 from moesim.sim.config.fitted import ErrorSummary, FitProvenance, FittedFile, lookup, summary_line
 from moesim.sim.study.fit import FitResult
+from moesim.sim.study.fit_bounds import missing_cost
 
 
 def shown_path(path: Path) -> str:
@@ -47,6 +48,7 @@ def provenance(result: FitResult, command: list[str] | None = None) -> FitProven
         fit_error=result.fit_error, leave_one_out=result.loo_error, leave_one_out_method=result.loo_method,
         held_out=result.held_out, optimizer={**result.optimizer, "simulator_runs": result.runs,
                                              "engine_paths": result.engine_paths, "wall_s": round(result.wall_s, 2)},
+        at_bound=[f"{v.free.label} at {v.at_bound}" for v in result.values if v.at_bound],
         command=shlex.join(command if command is not None else ["simctl", *sys.argv[1:]]),
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), moesim=moesim_version())
 
@@ -104,6 +106,8 @@ def fitted_document(result: FitResult, command: list[str] | None = None) -> dict
     fit = provenance(result, command)
     params = [{"key": v.free.key, "value": v.value, "per": v.free.per, "group": v.free.group,
                "min": v.free.lo, "max": v.free.hi, "start": v.start, "at_bound": v.at_bound,
+               "bound_source": v.free.hi_source,
+               "missing_cost": None if v.at_bound is None else missing_cost(v.free.key, v.at_bound),
                "rel_std": v.rel_std, "source": summary_line(fit), "fit_rows": v.fit_rows,
                "held_out": None if v.held_out is None else v.held_out.model_dump()} for v in result.values]
     doc: dict[str, Any] = {"fit": fit.model_dump(mode="json"), "parameters": params, "rows": _row_records(result)}
@@ -163,6 +167,7 @@ def short(summary: ErrorSummary | None) -> str:
 
 def report(result: FitResult, console: Any) -> None:
     """The fitted values and the errors, on the terminal."""
+    from rich.markup import escape
     from rich.table import Table
 
     ms = result.ms
@@ -194,6 +199,10 @@ def report(result: FitResult, console: Any) -> None:
                   f"{opt['polish_evaluations']} evaluations, improved {opt['polish_improved_groups']} of "
                   f"{opt['independent_groups']} groups; engine: {paths}), {result.wall_s:.1f} s", markup=False)
     for v in result.values:
+        if v.free.hi_source:
+            console.print(f"{v.free.label}: upper bound {v.free.hi:g} from {v.free.hi_source}", markup=False,
+                          highlight=False)
         if v.at_bound:
-            console.print(f"[yellow]warning[/yellow]: {v.free.label} = {v.value:.5g} is at its {v.at_bound} bound: "
-                          "the measurements ask for a value beyond it; widen the bounds or doubt the model there")
+            console.print(f"[yellow]warning[/yellow]: {escape(v.free.label)} = {v.value:.5g} is AT its {v.at_bound} "
+                          f"bound: not a measurement; the fit stops there. Missing cost: "
+                          f"{escape(missing_cost(v.free.key, v.at_bound))}", highlight=False)

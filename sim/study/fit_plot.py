@@ -1,12 +1,14 @@
 """The predicted-against-measured figure of ``simctl fit`` (``fit.png``).
 
 One point per measurement on log axes, with y = x and the band within a factor 1.5 shaded;
-fit rows are filled circles, held-out (test) rows open squares, one colour per metric. The
-legend gives each role's median |error| and largest ratio, so the figure reads on its own.
+fit rows are filled circles, held-out (test) rows open squares, one colour per metric; a
+held-out row without a prediction (an undefined ratio: a miss) is a triangle on the top edge.
+The legend gives each role's median |error| and largest ratio, so the figure reads on its own.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +30,7 @@ def fit_figure(result: FitResult, path: Path) -> Path:
         fig = Figure(figsize=(4.2, 4.0))
         ax = fig.add_subplot()
         xs = [m.measured for m in result.measures]
-        ys = list(result.predicted)
+        ys = [y for y in result.predicted if math.isfinite(y) and y > 0]
         lo = min(xs + ys) / (BAND * 1.15)
         hi = max(xs + ys) * BAND * 1.15
         ax.set_xscale("log")
@@ -42,6 +44,11 @@ def fit_figure(result: FitResult, path: Path) -> Path:
             for k, metric in enumerate(metrics):
                 pts = [(m.measured, p) for m, p in zip(result.measures, result.predicted, strict=True)
                        if m.row.role == role and m.metric == metric]
+                undefined = [x for x, y in pts if not (math.isfinite(y) and y > 0)]
+                pts = [(x, y) for x, y in pts if math.isfinite(y) and y > 0]
+                if undefined:
+                    ax.scatter(undefined, [hi / 1.08] * len(undefined), marker="^", s=26, zorder=3, clip_on=False,
+                               color=colours[k % len(colours)], label=f"{role}, {metric}: no prediction (a miss)")
                 if not pts:
                     continue
                 colour = colours[k % len(colours)]

@@ -47,6 +47,9 @@ class Outcome:
     error: str | None = None
     missing: str | None = None
     scalars: tuple[str, ...] = ()
+    undefined: str | None = None
+    """Why a ratio has no value (its reference's metric is zero or null): the value is then
+    infinite, a miss on a held-out row and an error on a fit row."""
 
 
 def scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> list[str]:
@@ -130,19 +133,21 @@ def run_job(job: RowJob, values: Values) -> Outcome:
     except MoesimError as exc:
         return Outcome({}, error=" ".join(str(exc).split()))
     out: dict[str, float | None] = {}
+    undefined = None
     for name in job.metrics:
         try:
             value = metric_value(metrics, name)
             if ref is not None and value is not None:
                 denominator = metric_value(ref, name)
                 if not denominator:
-                    return Outcome({}, error=f"{job.source}: {name} of the relative_to reference is "
-                                             f"{denominator}: no ratio")
-                value /= denominator
+                    undefined = f"{job.source}: {name} of the relative_to reference is {denominator}: no ratio"
+                    value = math.inf
+                else:
+                    value /= denominator
             out[name] = value
         except KeyError:
             return Outcome({}, missing=name, scalars=tuple(scalar_metrics(metrics)))
-    return Outcome(out, engine_path=str(metrics.get("engine_path", "")))
+    return Outcome(out, engine_path=str(metrics.get("engine_path", "")), undefined=undefined)
 
 
 def row_jobs(ms: Measurements) -> list[RowJob]:
@@ -183,6 +188,12 @@ class RowRunner:
         self.cache: dict[tuple[int, Values], Outcome] = {}
         self.runs = 0
         self._pool: Any = None
+        self.progress: Any = None
+        """A :class:`~moesim.sim.study.fit_progress.FitProgress` told of every run, or None."""
+
+    def pending(self, tasks: list[tuple[int, Values]]) -> int:
+        """How many distinct runs of ``tasks`` are not yet known."""
+        return len({t for t in tasks if t not in self.cache})
 
     def executor(self) -> Any:
         """The worker processes (started on first use), each holding the measurement file."""
@@ -207,10 +218,15 @@ class RowRunner:
         if not todo:
             return
         if self.jobs_n == 1 or len(todo) < 4:
-            outcomes = [run_job(self.jobs[i], v) for i, v in todo]
+            results: Any = (run_job(self.jobs[i], v) for i, v in todo)
         else:
             chunk = max(1, math.ceil(len(todo) / (self.jobs_n * 4)))
-            outcomes = list(self.executor().map(_run_task, todo, chunksize=chunk))
+            results = self.executor().map(_run_task, todo, chunksize=chunk)
+        outcomes = []
+        for outcome in results:   # in the order of todo, whichever process ran it
+            outcomes.append(outcome)
+            if self.progress is not None:
+                self.progress.runs(1)
         self.runs += len(todo)
         for task, outcome in zip(todo, outcomes, strict=True):
             self._check(task, outcome)
@@ -224,6 +240,8 @@ class RowRunner:
             prefix = f"{self.ms.source}: {row.where}"
             msg = msg if msg.startswith(prefix) else f"{prefix}: {msg}"
             raise FitError(f"{msg} (the row does not run at {at})" if at else f"{msg} (the row does not run)")
+        if outcome.undefined is not None and row.role == "fit":
+            raise FitError(f"{outcome.undefined} (a fit row needs a value; at {at or 'the base'})")
         if outcome.missing is not None:
             known = ", ".join(s for s in outcome.scalars if "." not in s)
             raise FitError(f"{self.ms.source}: {row.where}: {outcome.missing}: not a scalar metric of "

@@ -153,6 +153,9 @@ class FreeValue:
     per: str | None = None
     group: str | None = None
     start: float | None = None
+    hi_source: str = ""
+    """Where the upper bound comes from: empty for the declared one, else the physical limit
+    that replaced it (:mod:`~moesim.sim.study.fit_bounds`)."""
 
     @property
     def label(self) -> str:
@@ -282,6 +285,7 @@ def _free_values(spec: MeasurementSpec, path: Path, rows: list[Row]) -> list[Fre
                 raise FitError(f"{path}: fit.{key}: {fs.per} {g} has no fit row, so its value cannot be "
                                f"fitted ({test.where} is a test row)")
             free.append(FreeValue(key, fs.min, fs.max, per=fs.per, group=g, start=fs.start))
+    free = [_physical(f, rows, path) for f in free]
     n_fit = sum(len(r.measured) for r in fit_rows)
     if len(free) > n_fit:
         names = ", ".join(f.label for f in free)
@@ -294,6 +298,25 @@ def _free_values(spec: MeasurementSpec, path: Path, rows: list[Row]) -> list[Fre
             raise FitError(f"{path}: {len(group)} free values ({names}) rest on {n} fit measurement"
                            f"{'s' if n != 1 else ''} only (no other row depends on them); add fit rows there")
     return free
+
+
+def _physical(f: FreeValue, rows: list[Row], path: Path) -> FreeValue:
+    """``f`` with its upper bound lowered to what physics allows over the rows it applies to
+    (:func:`~moesim.sim.study.fit_bounds.physical_bound`); a declared range wholly beyond
+    physics is an error."""
+    import dataclasses
+
+    from moesim.sim.study.fit_bounds import physical_bound
+
+    found = physical_bound(f.key, [r for r in rows if f.applies_to(r)])
+    if found is None or found[0] >= f.hi:
+        return f
+    hi, why = found
+    if hi <= f.lo:
+        raise FitError(f"{path}: fit.{f.key}: {f.label}'s range [{f.lo:g}, {f.hi:g}] lies beyond physics: at most "
+                       f"{hi:.6g} ({why}); lower min")
+    start = None if f.start is None else min(f.start, hi)
+    return dataclasses.replace(f, hi=float(f"{hi:.10g}"), start=start, hi_source=why)
 
 
 def value_groups(free: list[FreeValue], rows: list[Row]) -> list[list[int]]:

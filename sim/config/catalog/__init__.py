@@ -165,6 +165,10 @@ class HardwareSpec(BaseModel):
     pageable_gbps: PositiveFloat | None = Field(
         None, description="host-to-device bandwidth in GB/s from pageable (not pinned) host memory, as "
         "accelerate's offloading copies (default: min(0.5 x pcie_gbps, 7.5); pcie_gbps is the pinned rate)")
+    pcie_gen: Literal[3, 4, 5] | None = Field(
+        None, description="PCIe generation of the host link as the GPU runs it (3, 4 or 5): its theoretical "
+        "rate bounds every copy rate (pcie_gbps, pageable_gbps, d2h_gbps) and a fitted link")
+    pcie_lanes: PositiveInt = Field(16, description="PCIe lanes of the host link")
     peak_tflops: PositiveFloat = Field(description="dense bf16 tensor throughput in TFLOP/s")
     hbm_gbps: PositiveFloat = Field(description="GPU memory bandwidth in GB/s")
     kernel_us: float = Field(5.0, ge=0, description="fixed launch/synchronisation overhead of one expert or layer kernel group")
@@ -185,6 +189,14 @@ class HardwareSpec(BaseModel):
         if self.pageable_gbps is not None:
             return self.pageable_gbps
         return min(PAGEABLE_SHARE * self.pcie_gbps, PAGEABLE_CAP_GBPS)
+
+    @property
+    def link_gbps(self) -> float | None:
+        """The host link's theoretical GB/s per direction (``pcie_gen`` x ``pcie_lanes``, see
+        :mod:`~moesim.sim.config.catalog.physics`), or None when the generation is not given."""
+        from moesim.sim.config.catalog.physics import link_limit_gbps
+
+        return None if self.pcie_gen is None else link_limit_gbps(self.pcie_gen, self.pcie_lanes)
 
     def source_of(self, field_name: str, where: str = "the entry") -> str:
         """Where the value of ``field_name`` comes from: its own entry in ``sources``, the

@@ -102,7 +102,6 @@ def _train_cmd(
     """Train a small Mixtral-architecture MoE on CPU from offline text (needs the tracer extra)."""
     from moesim.sim.core.atomic import atomic_folder, check_target
 
-    check_target(out, option="--out", folder=True, force=force)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch  # noqa: F401
@@ -123,7 +122,7 @@ def _train_cmd(
     from moesim.traces.tiny.recipe import PRESETS
     from moesim.traces.tiny.recipe import preset as recipe
     from moesim.traces.tiny.tiny_corpus import load_corpus
-    from moesim.traces.tiny.train_tiny import save, train
+    from moesim.traces.tiny.train_tiny import check_device, save, train
 
     base = PRESETS.get(preset)
     warmup = None if base is None or steps is None else min(base.warmup, max(1, steps // 10))
@@ -132,6 +131,8 @@ def _train_cmd(
                  steps=steps, lr=lr, warmup=warmup, seed=seed, eval_windows=eval_windows,
                  threads=threads)
     text = load_corpus(corpus)
+    check_device(device)
+    check_target(out, option="--out", folder=True, force=force)   # once the inputs are known good
     err = Console(stderr=True)
     err.print(f"{preset}: corpus {text.describe()}")
     tty = err.is_terminal

@@ -183,6 +183,17 @@ class TrainResult:
         }
 
 
+def check_device(device: str) -> torch.device:
+    """The torch device ``--device`` names (``cpu``, ``cuda`` or ``cuda:N``), or one line saying
+    why it cannot be used here."""
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+        raise MoesimError(f"--device {device}: expected cpu, cuda or cuda:N")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise MoesimError(f"--device {device}: torch sees no CUDA device here")
+    return dev
+
+
 def hardware(device: str, threads: int) -> str:
     """One line naming where a model trains: the GPU's name, or the CPU and its thread count."""
     if device.startswith("cuda"):
@@ -210,11 +221,7 @@ def train(cfg: TinyConfig, corpus: Corpus, *, progress: Callable[[int, dict[str,
     and routing are measured on the CPU on the weights as :func:`save` stores them (rounded to
     float16), so they are the shipped model's figures.
     """
-    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
-        raise MoesimError(f"--device {device}: expected cpu, cuda or cuda:N")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise MoesimError(f"--device {device}: torch sees no CUDA device here")
+    dev = check_device(device)
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     train_stream = torch.from_numpy(corpus.train.astype(np.int64))

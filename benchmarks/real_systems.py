@@ -11,8 +11,7 @@ Nothing is fitted here. A row's scenario is its measurement file's ``base`` with
 
 - **catalog defaults**: without any ``calibration:`` of the base (the catalog entries the
   base names, as they stand);
-- **committed fit**: the base's own ``calibration:`` where it names one (Eliseev & Mazur's naive
-  row, predicted with the per-GPU fit of the table's other rows), else the fitted values of
+- **committed fit**: the base's own ``calibration:`` where it names one, else the fitted values of
   ``benchmarks/results/fits/<set>/fitted.yaml`` when that folder exists (a ``per`` value: the
   row's group). A set with neither has only the first column.
 
@@ -41,7 +40,7 @@ MEASUREMENTS = ROOT / "measurements"
 FITS = ROOT / "benchmarks" / "results" / "fits"
 
 SETS = ("fiddler-repo-baselines", "moe-infinity-readme", "imp-qwen3-30b-budget", "ktransformers-deepseek-v3",
-        "llmfit-rtx2080-llamacpp-moe", "eliseev-mazur-2023-table2-naive")
+        "llmfit-rtx2080-llamacpp-moe")
 """The real-system sets of issue 32 item 3, in report order."""
 
 ORDER_VARIANTS: tuple[tuple[str, int, dict[str, Any]], ...] = (
@@ -253,7 +252,8 @@ def main() -> None:
     if args.out:
         from moesim.sim.core.atomic import atomic_file
 
-        with atomic_file(args.out, option="--out", force=True) as tmp:
+        with atomic_file(args.out, option="--out", force=True,
+                         owned=lambda p: p.resolve().is_relative_to(Path(__file__).resolve().parent / "results")) as tmp:
             tmp.write_text(text)
 
 

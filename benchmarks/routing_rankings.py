@@ -173,7 +173,8 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
-        with atomic_file(args.out, option="--out", force=True) as tmp:
+        with atomic_file(args.out, option="--out", force=True,
+                         owned=lambda p: p.resolve().is_relative_to(Path(__file__).resolve().parent / "results")) as tmp:
             tmp.write_text(text + "\n")
 
 

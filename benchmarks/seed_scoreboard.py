@@ -424,7 +424,8 @@ def main() -> None:
     if args.out:
         from moesim.sim.core.atomic import atomic_file
 
-        with atomic_file(args.out, option="--out", force=True) as tmp:
+        with atomic_file(args.out, option="--out", force=True,
+                         owned=lambda p: p.resolve().is_relative_to(Path(__file__).resolve().parent / "results")) as tmp:
             tmp.write_text(text)
 
 

@@ -60,20 +60,20 @@ def test_committed_rows_have_the_columns() -> None:
 
 
 def test_fit_band_is_the_fits_own_held_out_error(tmp_path) -> None:
-    """A fit folder's held-out speed rows (BuddyMoE: 11 rows, 0.97-1.15x); the fit file alone: its
-    max ratio either way."""
+    """A fit folder's held-out speed rows (BuddyMoE: 11 rows, 0.93-1.13x since its refit on the
+    fitted routing); the fit file alone: its max ratio either way."""
     import shutil
 
     from benchmarks.advise_bands import FITS
 
     fitted = FITS / "buddymoe-tables2-4" / "fitted.yaml"
     b = fit_band(str(fitted))
-    assert b is not None and b.rows == 11 and (round(b.lo, 3), round(b.hi, 3)) == (0.971, 1.154)
+    assert b is not None and b.rows == 11 and (round(b.lo, 3), round(b.hi, 3)) == (0.926, 1.125)
     assert "held-out speed rows of fit" in b.words
     alone = tmp_path / "fitted.yaml"
     shutil.copy(fitted, alone)
     b2 = fit_band(str(alone))
-    assert b2 is not None and b2.hi == pytest.approx(1.1537) and b2.lo == pytest.approx(1 / 1.1537)
+    assert b2 is not None and b2.hi == pytest.approx(1.1254) and b2.lo == pytest.approx(1 / 1.1254)
     (tmp_path / "other.yaml").write_text("name: x\n")
     assert fit_band(str(tmp_path / "other.yaml")) is None
 

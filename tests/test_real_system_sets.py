@@ -7,7 +7,6 @@ tests/test_measurement_sets.py's, which covers every file of measurements/."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,14 +65,3 @@ def test_moe_infinity_ahead_of_mixtral_offloading_at_the_catalog_defaults() -> N
         assert spec.measured == {"tpot_ms": (735.0, 1752.0)[i // 3]}
         tpot[i] = run_data(spec.data, base_dir=ms.base_dir, source=f"row {i}", fixed=tuple(spec.set))["tpot_ms"]["mean"]
     assert tpot[0] < tpot[3], tpot
-
-
-def test_naive_row_is_held_out_and_not_a_row_of_the_table2_set() -> None:
-    _, naive = _doc("eliseev-mazur-2023-table2-naive")
-    _, table2 = _doc("eliseev-mazur-2023-table2")
-    assert {r["role"] for r in naive["rows"]} == {"test"} and naive["fit"] == {}
-    assert all(r["set"]["policy"] == "accelerate" for r in naive["rows"])
-    assert not any(r["set"].get("policy") == "accelerate" for r in table2["rows"])
-    printed = [r["tokens_per_s"] for r in naive["rows"]]
-    assert printed == [1.392, 1.059, 0.919, 0.661, 1.246, 0.914, 1.791, 0.580]
-    assert Path(FOLDER / naive["base"]["calibration"]).resolve().exists()

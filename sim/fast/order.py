@@ -53,20 +53,6 @@ KINDS = ("lru", "fifo", "lfu", "random", "belady")
 """The cache rules (their declared ``kernel``) replayed here, besides ``static``."""
 
 
-def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> float:
-    """After an iteration's last layer: charge the LM head and the per-iteration overhead, and
-    record when the iteration and its requests' tokens end (both fast replays; the same float
-    operations as the event loop). Returns the new time."""
-    head = cost.head_s(n_tok)
-    over = cost.overhead_iteration_s(n_tok)
-    if head + over > 0:
-        now = now + (head + over)
-        st.gpu_busy_s += head
-        st.overhead_s += over
-    st.end_iteration(it, now)
-    return now
-
-
 def ordered_kind(state: RunState[Transfers]) -> str | None:
     """``"lru"``, ``"fifo"``, ``"lfu"``, ``"random"``, ``"belady"`` or ``"static"`` when
     ``state``'s policy is one cache rule that declares that kernel (alone, or in a composition
@@ -276,7 +262,7 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                     gpu += layer_s
                     ovh += overhead_layer
                     missing = set(miss)
-                    need: list[tuple[float, Any]] = []
+                    need: list[tuple[int, float, Any]] = []
                     units: list[Any] = []
                     for i, e in enumerate(exps):
                         c = counts[i]
@@ -287,9 +273,9 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                             u = Unit((layer, e, 0), eb, layer, True)
                             u.state = INFLIGHT if len(units) < n_lanes else QUEUED
                             units.append(u)
-                            need.append((t_exp, u))
+                            need.append((i, t_exp, u))
                         else:
-                            need.append((t_exp, resident))
+                            need.append((i, t_exp, resident))
                     stall = 0.0
                     if units:
                         delay = delays[evictions[k]]
@@ -300,7 +286,7 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                         now, stall = compute_with_loads(st, need, units, n_lanes, now, stall, transfer_s, dur_of)
                         gpu = st.gpu_busy_s
                     else:
-                        dt = sum([x[0] for x in need])
+                        dt = sum([x[1] for x in need])
                         now = now + dt
                         gpu += dt
                     stall_sum += stall

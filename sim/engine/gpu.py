@@ -82,6 +82,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
         policy.on_iteration_start(view)
         if run.spent_s:
             yield from charge(run, env)
+        layer_s, over_s = step.non_moe_s(it)
         for layer in range(run.L):
             step.begin_layer(layer)
             if run.sync_prefetch:
@@ -91,7 +92,6 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                 policy.before_layer(view, layer)
                 if run.spent_s:
                     yield from charge(run, env)
-            layer_s, over_s = step.non_moe_s(it, layer)
             if not advance_alone(env, layer_s + over_s):
                 yield timeout(layer_s + over_s)
             step.count_non_moe(layer_s, over_s)
@@ -162,6 +162,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                 yield timeout(head + over)
             step.count_tail(head, over)
         step.end_iteration(it, env._now)
+        policy.on_iteration_end(view)
         if run.spent_s:
             yield from charge(run, env)
         step.close_iteration(it)

@@ -194,4 +194,5 @@ class RunState(Generic[A]):
         else:
             rows = rows0 + layer
         w = self.trace.weights
-        return _new_routing(layer, self.trace.experts[rows], None if w is None else w[rows])
+        routing: Routing = _new_routing(layer, self.trace.experts[rows], None if w is None else w[rows])
+        return routing

@@ -8,10 +8,11 @@ Per iteration ``it`` and layer ``l`` (``step = Stepper(run)`` once per run)::
 
     now = step.begin_iteration(it, now)        # position, request starts (arrivals would go here)
     policy.on_iteration_start(view)
+    layer_s, over_s = step.non_moe_s(it)       # each layer's attention etc. (context would go here)
     for l in layers:
         step.begin_layer(l)                    # position, the layer's counters
         policy.before_layer(view, l)
-        layer_s, over_s = step.non_moe_s(it, l)   # the GPU runs attention etc. for that long
+        ... the GPU runs layer_s + over_s ...
         step.count_non_moe(layer_s, over_s)
         ls = step.route(it, l, now)            # routing known: the plan, lossy counts, decision time
         step.take_units(ls)                    # hit / late / partial / miss, pins, demand units
@@ -24,7 +25,8 @@ Per iteration ``it`` and layer ``l`` (``step = Stepper(run)`` once per run)::
             step.computed(ready)
         step.end_layer(ls, now)                # pins, buffer, on_layer_end, invariant, step record
     head_s, over_s = step.tail_s(it)           # LM head and per-iteration overhead
-    step.end_iteration(it, now)                # token ends, on_iteration_end
+    step.end_iteration(it, now)                # token ends
+    policy.on_iteration_end(view)
     step.close_iteration(it)                   # part splits, progress
 
 The executor (:mod:`moesim.sim.real.executor.runner`) runs real copies and kernels and keeps its
@@ -149,12 +151,9 @@ class Stepper:
         st.overhead_s += over
 
     def end_iteration(self, it: Iteration, now: float) -> None:
-        """``it`` ends at ``now``: its tokens' times; the policy's ``on_iteration_end``."""
-        run = self.run
+        """``it`` ends at ``now`` (then the policy's ``on_iteration_end``): its tokens' times."""
         self.stats.end_iteration(it, now)
-        run.cur_layer = run.L
-        if self.has_iend:
-            self.policy.on_iteration_end(self.view)
+        self.run.cur_layer = self.run.L
 
     def close_iteration(self, it: Iteration) -> None:
         """After ``it`` (and its host time): the policy's next part split, progress."""
@@ -173,9 +172,10 @@ class Stepper:
         tx.layer_evictions = 0
         tx.layer_prefetch_bytes = 0
 
-    def non_moe_s(self, it: Iteration, layer: int) -> tuple[float, float]:
-        """GPU seconds of ``layer``'s non-MoE compute (attention, norms, router) for ``it``, and
-        the runtime's per-layer overhead: the GPU runs their sum before routing is known."""
+    def non_moe_s(self, it: Iteration) -> tuple[float, float]:
+        """GPU seconds of a layer's non-MoE compute (attention, norms, router) in ``it``, and the
+        runtime's per-layer overhead: before each layer's routing is known the GPU runs their
+        sum. The same for every layer of ``it`` (the kernels ask once per iteration)."""
         return self.cost.layer_s(it.n_tokens), self.overhead_layer
 
     def count_non_moe(self, layer_s: float, over_s: float) -> None:

@@ -130,6 +130,7 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:
         if step.has_start:
             policy.on_iteration_start(view)
             no_cpu("on_iteration_start")
+        layer_s, over_s = step.non_moe_s(it)
         for layer in range(state.L):
             step.begin_layer(layer)
             t0 = now
@@ -137,7 +138,6 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:
                 state.fast_now = now
                 policy.before_layer(view, layer)
                 no_cpu("before_layer")
-            layer_s, over_s = step.non_moe_s(it, layer)
             now = now + (layer_s + over_s)
             step.count_non_moe(layer_s, over_s)
             state.fast_now = now
@@ -182,7 +182,9 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:
             step.count_tail(head, over)
         state.fast_now = now
         step.end_iteration(it, now)
-        no_cpu("on_iteration_end")
+        if step.has_iend:
+            policy.on_iteration_end(view)
+            no_cpu("on_iteration_end")
         if vram.capacity != caps0:
             raise PolicyError(f"policy {policy.name!r} declares itself demand-only but changed the layer budgets")
         step.close_iteration(it)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.sim.engine.plans import access_order, next_in_fixed_order
 from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.engine.step import Stepper
 from moesim.sim.fast.capability import next_layer_parts
 from moesim.sim.fast.prefetch_guess import GuessMaker
 
@@ -70,12 +71,11 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
     guess = GuessMaker(source, state.trace, iters, L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
-    overhead_layer = cost.overhead_layer_s()
+    step = Stepper(state)   # the iterations' start, non-MoE and tail costs, as every replay has them
     d = cost.transfer_s(eb)
     e1 = cost.expert_s(1)
     sums = [sum([e1] * c) for c in range(E + 1)]   # c one-token experts, summed as the event loop sums them
     exp_cost: dict[int, float] = {}
-    batch_start: dict[int, float] = {}
 
     cap = list(vram.capacity)
     used = list(vram.used)
@@ -255,14 +255,12 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
         return delay
 
     for pos, it in enumerate(iters):
-        state.cur_iter = it
         it_index = it.index
         cur_layer = -1
-        st.start_iteration(it, now, batch_start)
-        n_tok = it.n_tokens
-        layer_s = cost.layer_s(n_tok)
-        step_s = layer_s + overhead_layer
-        single = n_tok == 1
+        now = step.begin_iteration(it, now)
+        layer_s, over_s = step.non_moe_s(it)
+        step_s = layer_s + over_s
+        single = it.n_tokens == 1
         if single:
             row0 = int(it.rows0[0])
             ex_rows = experts[row0:row0 + L].tolist()
@@ -278,7 +276,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
                 advance(T)
             now = T
             gpu += layer_s
-            ovh += overhead_layer
+            ovh += over_s
             t_route = now
             if single:
                 exps = ex_rows[layer]
@@ -473,15 +471,14 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
                     assert steps is not None
                     steps.pack()
                     step_rows = steps.rows
-        head = cost.head_s(n_tok)
-        over = cost.overhead_iteration_s(n_tok)
+        head, over = step.tail_s(it)
         if head + over > 0:
             T = now + (head + over)
             advance(T)
             now = T
             gpu += head
             ovh += over
-        st.end_iteration(it, now)
+        step.end_iteration(it, now)
         cur_layer = L
         state.prev_iter = it
         if progress is not None:

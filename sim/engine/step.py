@@ -66,6 +66,8 @@ new_routing = slot_maker(Routing)   # Routing(layer, experts, weights), once per
 Need = tuple[int, float, Unit]
 """A part to compute: (index of its expert in the layer's access order, GPU seconds, unit)."""
 
+_NONE: list[int] = []   # no experts (shared, never changed)
+
 
 class LayerStep:
     """One layer of one iteration in progress: its plan, the experts it runs (access order) with
@@ -80,19 +82,17 @@ class LayerStep:
         self.it = it
         self.routing: Routing | None = None
         self.plan: Plan | None = None
-        self.plan_m: np.ndarray | None = None    # the plan's experts (None: as routed)
-        self.exps: list[int] = []                 # GPU experts, access order
-        self.counts: list[int] = []               # tokens of each
-        self.cpu_exps: list[int] = []
-        self.cpu_counts: list[int] = []
-        self.status: list[int] = []               # HIT, LATE, PARTIAL or MISS per GPU expert
-        self.need: list[Need] = []                # every part to compute, access order
-        self.miss_units: list[Unit] = []          # demand units made for absent parts
+        self.plan_m: np.ndarray | None = None     # the plan's experts (None: as routed)
+        # GPU experts in access order and their tokens; CPU ones likewise (route sets them; the
+        # shared empty list is never changed)
+        self.exps = self.counts = self.cpu_exps = self.cpu_counts = _NONE
+        self.status: list[int] = []                # HIT, LATE, PARTIAL or MISS per GPU expert
+        self.need: list[Need] = []                 # every part to compute, access order
+        self.miss_units: list[Unit] = []           # demand units made for absent parts
         self.hits = self.late = self.part = self.miss = self.miss_bytes = 0
-        self.t0 = t0                              # the layer's start
-        self.t_route = t0                         # when its routing was known
-        self.stall = 0.0                          # seconds the GPU waited for copies or room
-        self.early: set[int] | None = None        # ids of the parts present when routed (fixed order)
+        self.t0 = self.t_route = t0                # the layer's start; when its routing was known
+        self.stall = 0.0                           # seconds the GPU waited for copies or room
+        self.early: set[int] | None = None         # ids of the parts present when routed (fixed order)
 
 
 class Stepper:
@@ -251,58 +251,89 @@ class Stepper:
         need = ls.need
         miss_units = ls.miss_units
         hits = late = part = miss = miss_bytes = 0
-        if nparts == 1:
-            for e in exps:
-                pinned.add((layer, e, 0))
-        else:
-            for e in exps:
-                for p in range(nparts):
-                    pinned.add((layer, e, p))
-        for i, e in enumerate(exps):
-            c = counts[i]
-            t_exp = exp_cost.get(c)
-            if t_exp is None:
-                t_exp = exp_cost[c] = self.cost.expert_s(c)
-            n_res = n_abs = 0
-            fetched = covered = False
-            for p in range(nparts):
-                key = (layer, e, p)
+        if nparts == 1:   # whole experts (most runs): the loop below without its inner loop
+            keys = [(layer, e, 0) for e in exps]
+            pinned.update(keys)
+            nbytes = run.part_bytes(layer, 0)
+            f0 = fr[0]
+            for i, key in enumerate(keys):
+                c = counts[i]
+                t_exp = exp_cost.get(c)
+                if t_exp is None:
+                    t_exp = exp_cost[c] = self.cost.expert_s(c)
                 u = units.get(key)
                 if u is not None and u.state == WAITING and not u.demand:
                     self.tx.demand_instead(u)
                     u = None
                 if u is None:
-                    n_abs += 1
-                    u = Unit(key, run.part_bytes(layer, p), pool, True)
+                    u = Unit(key, nbytes, pool, True)
                     vram.add(u)
                     miss_units.append(u)
-                    miss_bytes += u.nbytes
+                    miss_bytes += nbytes
+                    status.append(MISS)
+                    miss += 1
                 elif u.state == RESIDENT:
-                    n_res += 1
-                if not u.used:
-                    # brought in since its previous use: by a prefetch, or on demand
-                    fetched = True
+                    status.append(HIT)
+                    hits += 1
+                else:
+                    status.append(LATE)
+                    late += 1
+                if not u.used:   # brought in since its previous use: by a prefetch, or on demand
+                    st.fetch_needed += 1
                     if not u.demand:
-                        covered = True
+                        st.fetch_covered += 1
                         st.prefetch_used += 1
                     u.used = True
-                need.append((i, t_exp * fr[p], u))
-            if n_res == nparts:
-                status.append(HIT)
-                hits += 1
-            elif n_abs == 0:
-                status.append(LATE)
-                late += 1
-            elif n_res:
-                status.append(PARTIAL)
-                part += 1
-            else:
-                status.append(MISS)
-                miss += 1
-            if fetched:
-                st.fetch_needed += 1
-                if covered:
-                    st.fetch_covered += 1
+                need.append((i, t_exp * f0, u))
+        else:
+            for e in exps:
+                for p in range(nparts):
+                    pinned.add((layer, e, p))
+            for i, e in enumerate(exps):
+                c = counts[i]
+                t_exp = exp_cost.get(c)
+                if t_exp is None:
+                    t_exp = exp_cost[c] = self.cost.expert_s(c)
+                n_res = n_abs = 0
+                fetched = covered = False
+                for p in range(nparts):
+                    key = (layer, e, p)
+                    u = units.get(key)
+                    if u is not None and u.state == WAITING and not u.demand:
+                        self.tx.demand_instead(u)
+                        u = None
+                    if u is None:
+                        n_abs += 1
+                        u = Unit(key, run.part_bytes(layer, p), pool, True)
+                        vram.add(u)
+                        miss_units.append(u)
+                        miss_bytes += u.nbytes
+                    elif u.state == RESIDENT:
+                        n_res += 1
+                    if not u.used:
+                        # brought in since its previous use: by a prefetch, or on demand
+                        fetched = True
+                        if not u.demand:
+                            covered = True
+                            st.prefetch_used += 1
+                        u.used = True
+                    need.append((i, t_exp * fr[p], u))
+                if n_res == nparts:
+                    status.append(HIT)
+                    hits += 1
+                elif n_abs == 0:
+                    status.append(LATE)
+                    late += 1
+                elif n_res:
+                    status.append(PARTIAL)
+                    part += 1
+                else:
+                    status.append(MISS)
+                    miss += 1
+                if fetched:
+                    st.fetch_needed += 1
+                    if covered:
+                        st.fetch_covered += 1
         st.hits += hits
         st.late += late
         st.partial += part

@@ -26,9 +26,9 @@ import heapq
 from typing import TYPE_CHECKING, Any
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
-from moesim.sim.engine.plans import access_order, next_in_fixed_order
+from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
-from moesim.sim.engine.step import Stepper
+from moesim.sim.engine.step import Stepper, early_parts, ready_parts
 from moesim.sim.fast.capability import next_layer_parts
 from moesim.sim.fast.prefetch_guess import GuessMaker
 
@@ -402,25 +402,9 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
                 remaining = need
                 early: set[int] | None = None
                 while remaining:
-                    ready_x: list[tuple[int, float, _U]] = []
-                    rest_x: list[tuple[int, float, _U]] = []
-                    if waiting:
-                        # room is short: one expert at a time, in the fixed order (sim/engine/plans.py)
-                        if early is None:
-                            fresh = {id(u) for u in miss_units}
-                            early = {id(x) for x in need if id(x[2]) not in fresh}
-                        head = next_in_fixed_order(remaining, early)
-                        watch = [head]
-                        if head[2].state == RESIDENT:
-                            ready_x = [head]
-                            rest_x = [x for x in remaining if x is not head]
-                    else:
-                        watch = remaining
-                        for x in remaining:
-                            if x[2].state == RESIDENT:
-                                ready_x.append(x)
-                            else:
-                                rest_x.append(x)
+                    if waiting and early is None:   # room is short: the fixed order (sim/engine/step.py)
+                        early = early_parts(need, miss_units)
+                    ready_x, rest_x, watch = ready_parts(remaining, early if waiting else None)
                     if ready_x:
                         dt = ready_x[0][1] if len(ready_x) == 1 else sum([x[1] for x in ready_x])
                         T = now + dt

@@ -14,7 +14,7 @@ import simpy
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.sim.engine.clock import advance_alone
-from moesim.sim.engine.step import Stepper
+from moesim.sim.engine.step import Stepper, ready_parts
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.engine.state import RunState
@@ -76,7 +76,9 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
     view = run.view
     tx = run.transfers
     units = run.vram.units
+    pinned = run.vram.pinned
     timeout = env.timeout
+    grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
     for it in run.workload.iterations:
         step.begin_iteration(it, env._now)
         policy.on_iteration_start(view)
@@ -94,29 +96,33 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                     yield from charge(run, env)
             if not advance_alone(env, layer_s + over_s):
                 yield timeout(layer_s + over_s)
-            step.count_non_moe(layer_s, over_s)
             if step.timeline is not None:
                 step.timeline_event("GPU", f"L{layer} attn", env._now - layer_s - over_s, layer_s + over_s,
                                     {"iteration": it.index})
-            ls = step.route(it, layer, t0)
+            ls = step.route(it, layer, t0, layer_s, over_s)
             if run.spent_s:
                 yield from charge(run, env)
             ls.t_route = env._now
             step.take_units(ls)
-            waits = step.waits_of(ls)
-            cpu_done = step.cpu_experts(ls, env._now)
+            waits = step.waits_of(ls) if ls.plan is not None else None
+            cpu_done = step.cpu_experts(ls, env._now) if ls.cpu_exps else 0.0
             # demand loads for absent parts, ahead of queued prefetches
             if ls.miss_units:
                 tx.waiting.extend(ls.miss_units)
-            if tx.waiting:
-                ls.stall += yield from grant_demand(tx, timeout)
-            step.notify(ls)
+            if tx.waiting:   # grant_demand, inlined (a generator per layer otherwise)
+                granted, delay = grant_waiting()
+                if delay > 0:
+                    yield timeout(delay)
+                queue_demand(granted)
+                ls.stall += delay
+            if step.has_access or step.has_after:
+                step.notify(ls)
             if run.spent_s:
                 yield from charge(run, env)
             # GPU experts compute as their parts become resident, ready ones first
             remaining = ls.need
             while remaining:
-                ready, remaining, watch = step.pick_ready(ls, remaining, bool(tx.waiting))
+                ready, remaining, watch = ready_parts(remaining, step.early_of(ls) if tx.waiting else None)
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])   # 0 + a is a
                     tc = env._now
@@ -126,13 +132,24 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                     if step.timeline is not None:
                         step.timeline_event("GPU", f"L{layer} experts", tc, dt,
                                             {"experts": [ls.exps[x[0]] for x in ready]})
-                    step.computed(ready)
-                    if tx.waiting:
-                        ls.stall += yield from grant_demand(tx, timeout)
+                    for x in ready:   # computed: unpinned; one in the transfer buffer settles at once
+                        bu = x[2]
+                        pinned.discard(bu.key)
+                        if bu.in_buffer:
+                            tx.settle(bu)
+                    if tx.waiting:   # grant_demand, inlined
+                        granted, delay = grant_waiting()
+                        if delay > 0:
+                            yield timeout(delay)
+                        queue_demand(granted)
+                        ls.stall += delay
                     continue
                 # nothing ready: wait for a transfer, or for room
                 ts = env._now
-                evs = [tx.landing(x[2]) for x in watch if x[2].state in (QUEUED, INFLIGHT)]
+                evs = []   # a plain loop: a comprehension is a call of its own, and the list is short
+                for x in watch:
+                    if x[2].state in (QUEUED, INFLIGHT):
+                        evs.append(tx.landing(x[2]))
                 if evs:
                     yield evs[0] if len(evs) == 1 else any_of(env, evs)
                 elif tx.waiting:

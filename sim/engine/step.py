@@ -13,18 +13,17 @@ Per iteration ``it`` and layer ``l`` (``step = Stepper(run)`` once per run)::
         step.begin_layer(l)                    # position, the layer's counters
         policy.before_layer(view, l)
         ... the GPU runs layer_s + over_s ...
-        step.count_non_moe(layer_s, over_s)
-        ls = step.route(it, l, now)            # routing known: the plan, lossy counts, decision time
+        ls = step.route(it, l, t0, layer_s, over_s)   # routing known: the plan, lossy counts, decision time
         step.take_units(ls)                    # hit / late / partial / miss, pins, demand units
         cpu_done = step.cpu_experts(ls, now)   # CPU slots queue on the host
         ... demand loads get room (Transfers.grant_waiting) ...
         step.notify(ls)                        # on_access, after_layer
         while ls has parts to compute:         # experts compute while loads land
-            ready, rest, watch = step.pick_ready(ls, remaining, waiting)
-            ... compute ready (their time: sum of their seconds), else wait for ``watch`` ...
-            step.computed(ready)
+            ready, rest, watch = ready_parts(remaining, step.early_of(ls) if waiting else None)
+            ... compute ready (their time: sum of their seconds), unpin them, else wait for ``watch`` ...
         step.end_layer(ls, now)                # pins, buffer, on_layer_end, invariant, step record
-    head_s, over_s = step.tail_s(it)           # LM head and per-iteration overhead
+    head_s, over_s = step.tail_s(it)           # LM head and per-iteration overhead: the GPU runs them,
+    step.count_tail(head_s, over_s)            # then they are counted
     step.end_iteration(it, now)                # token ends
     policy.on_iteration_end(view)
     step.close_iteration(it)                   # part splits, progress
@@ -212,17 +211,15 @@ class Stepper:
         sum. The same for every layer of ``it`` (the kernels ask once per iteration)."""
         return self.cost.layer_s(it.n_tokens), self.overhead_layer
 
-    def count_non_moe(self, layer_s: float, over_s: float) -> None:
-        """Account the non-MoE compute once the GPU ran it."""
+    def route(self, it: Iteration, layer: int, t0: float, layer_s: float, over_s: float) -> LayerStep:
+        """Routing of ``layer`` (started at ``t0``) becomes known once the GPU ran its non-MoE
+        compute (``layer_s`` and the overhead ``over_s``, counted here): the policy's plan
+        (``on_routed``, checked), the lossy accounting, the decision time (left in ``spent_s``),
+        and the experts that run on the GPU and on the CPU in access order with their tokens."""
+        run = self.run
         st = self.stats
         st.gpu_busy_s += layer_s
         st.overhead_s += over_s
-
-    def route(self, it: Iteration, layer: int, t0: float) -> LayerStep:
-        """Routing of ``layer`` becomes known: the policy's plan (``on_routed``, checked), the
-        lossy accounting, the decision time (left in ``spent_s``), and the experts that run on
-        the GPU and on the CPU in access order with their token counts."""
-        run = self.run
         run.routed_upto = layer
         ls = LayerStep(layer, it, t0)
         rows0 = it.rows0
@@ -419,23 +416,12 @@ class Stepper:
             if self.has_after:
                 self.policy.after_layer(self.view, ls.layer, outcome)
 
-    def pick_ready(self, ls: LayerStep, remaining: list[Need], waiting: bool
-                   ) -> tuple[list[Need], list[Need], list[Need]]:
-        """:func:`ready_parts` of ``remaining`` for ``ls`` (``waiting``: demand loads wait for room)."""
-        if not waiting:
-            return ready_parts(remaining, None)
+    @staticmethod
+    def early_of(ls: LayerStep) -> set[int]:
+        """:func:`early_parts` of ``ls`` (once per layer: the fixed order while demand loads wait)."""
         if ls.early is None:
             ls.early = early_parts(ls.need, ls.miss_units)
-        return ready_parts(remaining, ls.early)
-
-    def computed(self, ready: list[Need]) -> None:
-        """Parts done computing: unpinned; one in the transfer buffer settles at once."""
-        pinned = self.vram.pinned
-        for x in ready:
-            u = x[2]
-            pinned.discard(u.key)
-            if u.in_buffer:   # free the staging room at once
-                self.tx.settle(u)
+        return ls.early
 
     def end_layer(self, ls: LayerStep, now: float) -> None:
         """The layer ends at ``now``: pins released, its stall counted, its units left in the

@@ -139,9 +139,8 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:
                 policy.before_layer(view, layer)
                 no_cpu("before_layer")
             now = now + (layer_s + over_s)
-            step.count_non_moe(layer_s, over_s)
             state.fast_now = now
-            ls = step.route(it, layer, t0)
+            ls = step.route(it, layer, t0, layer_s, over_s)
             no_cpu("on_routed")
             plan = ls.plan
             if plan is not None and (plan.wait_for or (plan.on_cpu is not None
@@ -163,9 +162,10 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:
                 for j, u in enumerate(granted):
                     u.state = INFLIGHT if j < n_lanes else QUEUED
                     tx.count_start(u, DEMAND_CLASS, j % n_lanes)
-            state.fast_now = now
-            step.notify(ls)
-            no_cpu("on_access/after_layer")
+            if step.has_access or step.has_after:
+                state.fast_now = now
+                step.notify(ls)
+                no_cpu("on_access/after_layer")
             if not miss_units:
                 dt = sum([x[1] for x in ls.need])
                 now = now + dt

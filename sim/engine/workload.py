@@ -238,4 +238,5 @@ class Future:
         """The recorded ``[n_tokens, top_k]`` routing of a (future) iteration and layer."""
         if not 0 <= iteration < len(self._iters):
             return np.zeros((0, self._experts.shape[1]), dtype=self._experts.dtype)
-        return self._experts[self._iters[iteration].rows0 + layer]
+        rows: np.ndarray = self._experts[self._iters[iteration].rows0 + layer]
+        return rows

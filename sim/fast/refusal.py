@@ -57,7 +57,8 @@ ENGINE_OPTIONS: dict[str, Check] = {
 
 SPEC_FIELDS: dict[str, frozenset[str]] = {
     # sizes and costs: read only through the cost model's functions, which every replay calls
-    "model": frozenset({"dtype_bytes", "expert_intermediate_size", "hidden_size", "name", "non_expert_bytes",
+    # dense_blocks: where llama.cpp's flag counts from (advise's placement), never read by the engine
+    "model": frozenset({"dense_blocks", "dtype_bytes", "expert_intermediate_size", "hidden_size", "name", "non_expert_bytes",
                         "num_experts", "num_layers", "num_shared_experts", "shared_expert_intermediate_size",
                         "top_k"}),
     "hardware": frozenset({"copy_engines", "costs", "cpu", "d2h_gbps", "device", "evict_us", "hbm_gbps",

@@ -8,7 +8,7 @@ Per iteration ``it`` and layer ``l`` (``step = Stepper(run)`` once per run)::
 
     now = step.begin_iteration(it, now)        # position, request starts (arrivals would go here)
     policy.on_iteration_start(view)
-    layer_s, over_s = step.non_moe_s(it)       # each layer's attention etc. (context would go here)
+    layer_s, over_s = step.non_moe_s(it)       # each layer's attention etc., with its KV reads
     for l in layers:
         step.begin_layer(l)                    # position, the layer's counters
         policy.before_layer(view, l)
@@ -208,7 +208,11 @@ class Stepper:
     def non_moe_s(self, it: Iteration) -> tuple[float, float]:
         """GPU seconds of a layer's non-MoE compute (attention, norms, router) in ``it``, and the
         runtime's per-layer overhead: before each layer's routing is known the GPU runs their
-        sum. The same for every layer of ``it`` (the kernels ask once per iteration)."""
+        sum. The same for every layer of ``it`` (the kernels ask once per iteration). With a
+        modelled context (``it.kv_tokens`` > 0) attention's reads of the KV cache add
+        :meth:`~moesim.sim.engine.cost.CostModel.context_s`."""
+        if it.kv_tokens:
+            return self.cost.layer_s(it.n_tokens) + self.cost.context_s(it.kv_tokens, it.attn_pairs), self.overhead_layer
         return self.cost.layer_s(it.n_tokens), self.overhead_layer
 
     def route(self, it: Iteration, layer: int, t0: float, layer_s: float, over_s: float) -> LayerStep:

@@ -58,13 +58,17 @@ ENGINE_OPTIONS: dict[str, Check] = {
 SPEC_FIELDS: dict[str, frozenset[str]] = {
     # sizes and costs: read only through the cost model's functions, which every replay calls
     # dense_blocks: where llama.cpp's flag counts from (advise's placement), never read by the engine
-    "model": frozenset({"dense_blocks", "dtype_bytes", "expert_intermediate_size", "hidden_size", "name", "non_expert_bytes",
+    # the attention fields and layer_us_per_context_token: read only by CostModel.context_s,
+    # through Stepper.non_moe_s, which every replay calls
+    "model": frozenset({"attention_heads", "attention_source", "head_dim", "kv_dtype_bytes", "kv_heads",
+                        "kv_lora_rank", "qk_rope_head_dim", "dense_blocks", "dtype_bytes", "expert_intermediate_size", "hidden_size", "name", "non_expert_bytes",
                         "num_experts", "num_layers", "num_shared_experts", "shared_expert_intermediate_size",
                         "top_k"}),
     "hardware": frozenset({"copy_engines", "costs", "cpu", "d2h_gbps", "device", "evict_us", "hbm_gbps",
                            "kernel_us", "name", "pageable_gbps", "pcie_gbps", "pcie_latency_us", "peak_tflops",
                            "source", "sources", "vram_gib"}),
-    "hardware.costs": frozenset({"expert_us", "expert_us_per_token", "head_us", "layer_us", "layer_us_per_token"}),
+    "hardware.costs": frozenset({"expert_us", "expert_us_per_token", "head_us", "layer_us", "layer_us_per_token",
+                                 "layer_us_per_context_token"}),
     "hardware.cpu": frozenset({"busy_fraction", "call_us", "cores", "expert_us", "expert_us_per_token", "mem_gbps",
                                "name", "source", "sources", "tflops", "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
@@ -73,8 +77,10 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
 }
 """The fields of the cost model's specs the fast replays declare."""
 
-WORKLOAD_FIELDS = frozenset({"trace", "iterations", "batches", "requests", "decode_tokens", "_future", "_token_rows"})
-"""The workload's fields the fast replays declare."""
+WORKLOAD_FIELDS = frozenset({"trace", "iterations", "batches", "requests", "decode_tokens", "context_tokens",
+                             "peak_kv_tokens", "_future", "_token_rows"})
+"""The workload's fields the fast replays declare (the context's KV reads are in each
+iteration's ``kv_tokens`` and ``attn_pairs``, which only Stepper.non_moe_s reads)."""
 
 
 def undeclared(state: RunState[Transfers]) -> str | None:

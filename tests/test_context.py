@@ -156,3 +156,20 @@ def test_a_run_with_a_context_reports_its_kv_cache_and_zero_keeps_the_keys_out()
     assert m["experts_held"] == 128
     plain = run_loaded(load_scenario(scen, ["workload.context_tokens=0", "workload.requests=1"])).metrics
     assert "kv_gib" not in plain and plain["tpot_ms"]["mean"] < m["tpot_ms"]["mean"]
+
+
+def test_advise_keeps_the_batchs_kv_cache_back_from_the_experts() -> None:
+    from moesim.sim.study.advise import AdviseRequest, build
+
+    def room(context: int, batch: int) -> tuple[float, list[str]]:
+        req = AdviseRequest(model="mixtral-8x7b", gpu="rtx-4090", vram_gib=24, host_gib=64, bits=[4.5],
+                            systems=["lru"], decode_tokens=8, context_tokens=context, batch=batch)
+        _, options, _, _ = build(req)
+        return options[0].memory.expert_room / GIB, [o.setting for o in options]
+
+    plain, _ = room(0, 1)
+    long, settings_long = room(8192, 8)
+    # 8 x (8192 + 8) tokens x 4 KiB x 32 layers = 8.01 GiB of KV cache, on top of the 1.5 GiB reserve
+    assert plain - long == pytest.approx(8 * 8200 * 4096 * 32 / GIB)
+    assert plain == pytest.approx(24 - 1.5)
+    assert len(settings_long) < len(room(0, 1)[1])

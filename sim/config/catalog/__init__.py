@@ -175,8 +175,8 @@ class CostsSpec(BaseModel):
     head_us: float = Field(0.0, ge=0, description="LM head and sampling once per iteration")
     layer_us_per_context_token: float | None = Field(
         None, ge=0, description="extra non-MoE time of one layer per token of KV cache the iteration's "
-        "attention reads (workload.context_tokens; default: the roofline's KV bytes over hbm_gbps, "
-        "not yet measured by `simctl calibrate`)")
+        "attention reads (workload.context_tokens; measured by `simctl calibrate`; default: the roofline's "
+        "KV bytes over hbm_gbps)")
 
 
 class RuntimeSpec(BaseModel):

@@ -173,3 +173,11 @@ def test_advise_keeps_the_batchs_kv_cache_back_from_the_experts() -> None:
     assert plain - long == pytest.approx(8 * 8200 * 4096 * 32 / GIB)
     assert plain == pytest.approx(24 - 1.5)
     assert len(settings_long) < len(room(0, 1)[1])
+
+
+def test_a_context_on_a_model_without_an_attention_shape_is_one_line() -> None:
+    scen = ROOT / "scenarios" / "mixtral-4090-lru.yaml"
+    bare = "{name: bare, num_layers: 32, num_experts: 8, top_k: 2, hidden_size: 4096, expert_intermediate_size: 14336, dtype_bytes: 0.5}"
+    with pytest.raises(ScenarioError, match="gives no attention shape") as exc:
+        run_loaded(load_scenario(scen, [f"model={bare}", "workload.context_tokens=100", "workload.requests=1"]))
+    assert "\n" not in str(exc.value)

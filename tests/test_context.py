@@ -181,3 +181,23 @@ def test_a_context_on_a_model_without_an_attention_shape_is_one_line() -> None:
     with pytest.raises(ScenarioError, match="gives no attention shape") as exc:
         run_loaded(load_scenario(scen, [f"model={bare}", "workload.context_tokens=100", "workload.requests=1"]))
     assert "\n" not in str(exc.value)
+
+
+def test_the_kv_cache_cuts_the_expert_budget_exact_timeline() -> None:
+    # one layer, experts 0, 1, 0; the cache asks for both. 8 MiB of VRAM: with a context of 1000
+    # the KV cache at its peak (1003 tokens x 4 KiB = 3.92 MiB) leaves room for one 3 MB expert,
+    # so the third token misses again: three 1000 us copies, and layers of 100 + 2 us x 1001..1003
+    tr = make_trace([[[0]], [[1]], [[0]]], num_experts=2)
+    model, hw = attn_model(), slope_hw(vram_gib=8 / 1024)
+    asked = 2 * model.expert_bytes
+    wl = build_workload(tr, context_tokens=1000)
+    budget = kv_budget("s", "experts_per_layer", model, hw, wl, asked, 0)
+    assert budget == model.expert_bytes
+    eng = _engine(wl, model, hw, 1, False)
+    eng.run()
+    assert step_us(eng) == [2102 + 1000 + 50, 2104 + 1000 + 50, 2106 + 1000 + 50]
+    plain = build_workload(tr)
+    assert kv_budget("s", "experts_per_layer", model, hw, plain, asked, 0) == asked   # no context: as asked
+    base = _engine(plain, model, hw, 2, False)
+    base.run()
+    assert step_us(base) == [1150, 1150, 150]

@@ -40,6 +40,9 @@ def test_profile_has_provenance_measurements_and_fits(profile: Path) -> None:
     c = hw["costs"]
     assert hw["pcie_gbps"] > 0 and c["expert_us"] + c["expert_us_per_token"] > 0
     assert c["layer_us"] + c["layer_us_per_token"] > 0
+    # the context slope is the one kept raw in measurements, clamped at 0
+    assert c["layer_us_per_context_token"] == pytest.approx(
+        max(0.0, data["measurements"]["layer_context_slope_us_per_token"]), abs=1e-6)
     assert hw["sources"]["pcie_gbps"].startswith("calibration")
     m = data["measurements"]
     sizes = [r["bytes"] for r in m["copies"]]

@@ -203,3 +203,32 @@ def test_static_started_warm_takes_the_fast_path(layers: int, experts: int, top_
         cf = fast.state.steps.columns()
         for name in cf:
             np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+
+
+def test_every_engine_option_is_declared() -> None:
+    """The fast replays declare each of the engine's options (a new one is refused until it is
+    declared), and each field of the specs and the workload a plain run has."""
+    import inspect
+
+    from moesim.sim.fast.refusal import ENGINE_OPTIONS, undeclared
+    params = set(inspect.signature(Engine.__init__).parameters) - {"self", "workload", "policy", "cost",
+                                                                    "budget_bytes", "fast_replay"}
+    assert params == set(ENGINE_OPTIONS)
+    eng = _tiny_run(make_policy("lru"), budget=2)
+    assert set(eng.state.options) == params and undeclared(eng.state) is None
+
+
+def test_an_undeclared_option_or_field_goes_to_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: a run with an option or a spec field the fast replays do not declare runs on
+    the event loop, the option named in the reason."""
+    from moesim.sim.fast import refusal
+    trace = make_trace([[[0, 1]], [[2, 3]], [[0, 2]], [[1, 3]]], num_experts=4, requests=[0, 0, 1, 1])
+    model = tiny_model(1, 4, 2)
+    eng = Engine(build_workload(trace, batch_size=1, phases=["decode"]), make_policy("lru"),
+                 CostModel(model, tiny_hw()), budget_bytes=2 * model.expert_bytes, fast_replay=FAST_PATH)
+    eng.state.options["kv_cache_bytes"] = 0
+    eng.run()
+    assert eng.state.path == "event" and "'kv_cache_bytes' is not declared" in eng.state.path_reason
+    monkeypatch.setitem(refusal.SPEC_FIELDS, "runtime", refusal.SPEC_FIELDS["runtime"] - {"token_us"})
+    eng = _tiny_run(make_policy("lru"), budget=2)
+    assert eng.state.path == "event" and "runtime field 'token_us' is not declared" in eng.state.path_reason

@@ -31,8 +31,12 @@ def advise_cmd(
     calibration: Annotated[str | None, typer.Option("--calibration", help="a `simctl fit` file applied to every option")] = None,
     systems: Annotated[str | None, typer.Option("--systems", help="comma-separated: lru, mixtral-offloading, cpu-moe, "
                                                 "fiddler, accelerate (default: all)")] = None,
-    reserve: Annotated[float, typer.Option("--reserve", help="VRAM kept back for CUDA context, KV cache, activations, GiB")] = 1.5,
+    reserve: Annotated[float, typer.Option("--reserve", help="VRAM kept back for CUDA context, KV cache, activations, GiB (with --context: for all but the KV cache)")] = 1.5,
     host_reserve: Annotated[float, typer.Option("--host-reserve", help="host memory kept back for the OS and framework, GiB")] = 4.0,
+    context: Annotated[int, typer.Option("--context", help="tokens already in each request's context (a long chat, a "
+                                         "RAG prompt): its KV cache takes VRAM (then --reserve is what is not KV) and "
+                                         "attention reads it; 0: --reserve stands for the KV cache")] = 0,
+    batch: Annotated[int, typer.Option("--batch", help="requests decoded together")] = 1,
     tokens: Annotated[int, typer.Option("--tokens", help="generated tokens per request of the synthetic workload")] = 64,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="folder for advise.png/svg/csv/md and the points "
                                              "(given again: finished points are reused)")] = None,
@@ -53,11 +57,15 @@ def advise_cmd(
         raise typer.BadParameter("must be at least 1", param_hint="--jobs")
     if tokens < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--tokens")
+    if batch < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--batch")
+    if context < 0:
+        raise typer.BadParameter("must be at least 0", param_hint="--context")
     chosen = [s.strip() for s in systems.split(",") if s.strip()] if systems else None
     req = AdviseRequest(model=model, gpu=gpu, vram_gib=vram, host_gib=host_mem, trace=trace,
                         bits=_floats(bits, "--bits"), cpu=cpu, runtime=runtime, calibration=calibration,
                         reserve_gib=reserve, host_reserve_gib=host_reserve, systems=chosen, decode_tokens=tokens,
-                        merged_only=merged_only)
+                        merged_only=merged_only, context_tokens=context, batch=batch)
     if reserve < 0 or host_reserve < 0:
         raise AdviseError("--reserve and --host-reserve must be >= 0")
     if out is not None:

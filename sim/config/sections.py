@@ -132,6 +132,12 @@ class WorkloadSpec(BaseModel):
         default_factory=_decode_only, min_length=1, description="which phases of the trace to replay")
     requests: Literal["all"] | PositiveInt | list[int] = Field(
         "all", description="all requests, the first N, or a list of request ids (each once)")
+    context_tokens: int = Field(
+        0, ge=0, exclude_if=lambda v: v == 0,
+        description="tokens already in each request's context when the replay starts (a long chat, a RAG "
+        "prompt); it grows by every token replayed. Attention then reads the KV cache (a cost per layer, "
+        "docs/contract.md) and the batch's KV cache at its peak takes VRAM before the experts. 0: the context "
+        "is not modelled (no KV cost, no KV in VRAM: the behaviour of runs without the key)")
 
     @field_validator("phases")
     @classmethod

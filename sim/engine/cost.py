@@ -70,6 +70,29 @@ class CostModel:
         flops = 2.0 * (per_layer_bytes / m.dtype_bytes) * n_tokens
         return self._roofline(per_layer_bytes, flops)
 
+    def context_s(self, kv_tokens: int, attn_pairs: int) -> float:
+        """Extra non-MoE time of one MoE layer for attention over a context: the iteration reads
+        ``kv_tokens`` tokens of KV cache (summed over its requests) and scores ``attn_pairs``
+        (query, context) pairs. ``max(read, compute)`` where read is
+        ``kv_tokens x layer_us_per_context_token`` on calibrated costs that measure it, else
+        ``kv_tokens x kv_bytes_per_token / hbm_gbps``, and compute is ``attn_pairs x
+        attention_flops_per_pair / peak_tflops``; both scaled by ``attention_blocks / num_layers``
+        (dense blocks' attention spread over the MoE layers, as the roofline spreads their
+        weights). No fixed kernel cost: the layer's own ``layer_s`` has it. 0 without a context."""
+        if kv_tokens <= 0:
+            return 0.0
+        m = self.model
+        hw = self.hardware
+        kvb = m.kv_bytes_per_token
+        flops = m.attention_flops_per_pair
+        if kvb is None or flops is None:
+            raise ValueError(f"model {m.name!r} gives no attention shape (attention_heads, kv_heads and head_dim, "
+                             "or kv_lora_rank): its KV cache cannot be modelled")
+        slope = hw.costs.layer_us_per_context_token if hw.costs is not None else None
+        read = kv_tokens * slope * US if slope is not None else kv_tokens * kvb / (hw.hbm_gbps * 1e9)
+        compute = attn_pairs * flops / (hw.peak_tflops * 1e12)
+        return max(read, compute) * m.attention_blocks / m.num_layers
+
     def expert_s(self, n_tokens: int) -> float:
         """One routed expert applied to ``n_tokens`` tokens."""
         if n_tokens <= 0:

@@ -65,6 +65,10 @@ class Engine:
         progress: Callable[[int, int], None] | None = None,
         fast_replay: FastReplay | None = None,
     ) -> None:
+        # every option by name (all keyword parameters but the replay itself): a fast replay
+        # takes a run only if it declares each one (moesim.sim.fast.refusal)
+        options = {k: v for k, v in locals().items() if k not in ("self", "workload", "policy", "cost", "budget_bytes",
+                                                                  "fast_replay")}
         if policy.host_memory != cost.host_memory:   # a runtime that does not pin its host copies
             cost = dataclasses.replace(cost, host_memory=policy.host_memory)
         if policy.scope not in ("layer", "global"):
@@ -76,7 +80,7 @@ class Engine:
             initial=initial, seed=seed, profile=profile, stats=RunStats(),
             clock=lambda: float(env.now), swap_out=swap_out, record_steps=record_steps,
             record_timeline=record_timeline, check_invariants=check_invariants,
-            sync_prefetch=sync_prefetch, progress=progress)
+            sync_prefetch=sync_prefetch, progress=progress, options=options)
         run.view = EngineView(run)
         run.transfers = Transfers(run, env, swap_out=swap_out, pcie_order=pcie_order, serial_swap=serial_swap)
         self.state = run

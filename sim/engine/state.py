@@ -103,6 +103,7 @@ class RunState(Generic[A]):
     check_invariants: bool = False
     sync_prefetch: bool = False
     progress: Callable[[int, int], None] | None = None
+    options: dict[str, Any] = field(default_factory=dict)   # the owner's options, by name (the fast replays declare each)
     # -- position: the iteration and layer being replayed
     cur_layer: int = -1            # -1 before layer 0 of an iteration, L after the last
     routed_upto: int = -1          # the last layer of the current iteration whose routing is known
@@ -193,4 +194,5 @@ class RunState(Generic[A]):
         else:
             rows = rows0 + layer
         w = self.trace.weights
-        return _new_routing(layer, self.trace.experts[rows], None if w is None else w[rows])
+        routing: Routing = _new_routing(layer, self.trace.experts[rows], None if w is None else w[rows])
+        return routing

@@ -130,7 +130,8 @@ class Transfers(Withdrawals):
         """The event that fires when ``u``'s transfer lands (made on first demand)."""
         if u.event is None:
             u.event = self.env.event()
-        return u.event
+        ev: simpy.Event = u.event
+        return ev
 
     def wake(self) -> None:
         if self.space_event._value is PENDING:   # not triggered (without the property call)

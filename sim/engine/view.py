@@ -99,8 +99,10 @@ class EngineView:
         rows0 = self._e.cur_iter.rows0
         if rows0.shape[0] == 1:   # e.rows_of(e.cur_iter, layer), inlined: once per layer
             r = int(rows0[0]) + layer
-            return la[r:r + 1]
-        return la[rows0 + layer]
+            row: np.ndarray = la[r:r + 1]
+            return row
+        rows: np.ndarray = la[rows0 + layer]
+        return rows
 
     def lookahead_probs(self, layer: int) -> np.ndarray | None:
         """``softmax_rows(lookahead_logits(layer))`` (:func:`~moesim.policies.parts.predictors.softmax_rows`),
@@ -248,20 +250,24 @@ class EngineView:
         ``priority`` first). It takes room now: from its pool (victims from ``choose_victim``),
         or the transfer buffer when ``into_buffer`` or the pool has none. False, doing nothing,
         when the unit is already present or gets no room."""
-        return self._e.transfers.issue_prefetch((layer, expert, part), priority, into_buffer)
+        ok: bool = self._e.transfers.issue_prefetch((layer, expert, part), priority, into_buffer)
+        return ok
 
     def reprioritize(self, layer: int, expert: int, part: int = 0, priority: float = 0.0) -> bool:
         """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""
-        return self._e.transfers.reprioritize((layer, expert, part), priority)
+        ok: bool = self._e.transfers.reprioritize((layer, expert, part), priority)
+        return ok
 
     def evict(self, layer: int, expert: int, part: int = 0) -> bool:
         """Drop a resident, unpinned unit. False if it is not such a unit."""
-        return self._e.transfers.evict_key((layer, expert, part))
+        ok: bool = self._e.transfers.evict_key((layer, expert, part))
+        return ok
 
     def cancel_prefetches(self, layer: int | None = None) -> int:
         """Withdraw queued (not yet started) prefetches, of ``layer`` or all; how many (always
         0 under ``pcie.order: fifo``, where issued copies cannot be withdrawn)."""
-        return self._e.transfers.cancel_queued(layer)
+        n: int = self._e.transfers.cancel_queued(layer)
+        return n
 
     def abort_prefetch(self, layer: int, expert: int, part: int = 0) -> bool:
         """Stop a prefetch of the unit that has not landed: withdrawn if it waits or is queued;
@@ -270,7 +276,8 @@ class EngineView:
         at once; ``on_cancel`` follows. False, doing nothing, if the unit is absent, resident,
         a demand load, pinned, awaited by the GPU stream (``pcie.sync_prefetch``), or issued
         under ``pcie.order: fifo``."""
-        return self._e.transfers.abort_prefetch((layer, expert, part))
+        ok: bool = self._e.transfers.abort_prefetch((layer, expert, part))
+        return ok
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the expert budget among layers (bytes per layer; the sum may not exceed the

@@ -47,7 +47,8 @@ class Withdrawals:
                 return False
             self.waiting_prefetch = [(w, priority if w is u else p) for w, p in self.waiting_prefetch]
             return True
-        return self.lanes.reprioritize(u, priority)
+        ok: bool = self.lanes.reprioritize(u, priority)
+        return ok
 
     def _drop_queued(self, keep: Callable[[Unit], bool]) -> int:
         """Withdraw queued prefetches for which ``keep`` is False; never a demand load, never a

@@ -31,6 +31,8 @@ class Iteration:
     batch: int
     first_of_request: np.ndarray   # per token: is this the request's first iteration
     emb_row: int = -1              # row of the embedding (layer-0 row of the first token), -1 if none
+    kv_tokens: int = 0             # tokens of KV cache its attention reads, over its requests (0: context not modelled)
+    attn_pairs: int = 0            # (query token, context token) pairs its attention scores (prefill: quadratic)
 
     @property
     def n_tokens(self) -> int:
@@ -49,6 +51,11 @@ class Workload:
     batches: int
     requests: list[int]
     decode_tokens: int = 0
+    context_tokens: int = 0
+    """Tokens in each request's context before the replay (0: the context is not modelled)."""
+    peak_kv_tokens: int = 0
+    """Tokens of KV cache the largest batch holds at its end: per request, ``context_tokens`` plus
+    every token of it replayed, summed over the batch (0 when the context is not modelled)."""
     _future: Future | None = field(default=None, repr=False)
     _token_rows: np.ndarray | None = field(default=None, repr=False)
 
@@ -73,8 +80,12 @@ def build_workload(
     batch_size: int = 1,
     phases: Sequence[str] = ("decode",),
     requests: str | int | Sequence[int] = "all",
+    context_tokens: int = 0,
 ) -> Workload:
-    """Select requests and phases of ``trace`` and group them into iterations."""
+    """Select requests and phases of ``trace`` and group them into iterations; with
+    ``context_tokens`` > 0, each iteration's attention reads (:func:`add_context`)."""
+    if context_tokens < 0:
+        raise MoesimError(f"workload.context_tokens must be >= 0, got {context_tokens}")
     if batch_size < 1:
         raise MoesimError(f"workload.batch_size must be >= 1, got {batch_size}")
     want = set()
@@ -150,8 +161,43 @@ def build_workload(
             iters.append(Iteration(len(iters), DECODE, np.array(rows, dtype=np.int64),
                                    np.array(rids, dtype=np.int64), b, first, emb(rows[0])))
             n_decode += len(rows)
-    return Workload(trace=trace, iterations=iters, batches=(len(order) + batch_size - 1) // batch_size,
-                    requests=order, decode_tokens=n_decode)
+    wl = Workload(trace=trace, iterations=iters, batches=(len(order) + batch_size - 1) // batch_size,
+                  requests=order, decode_tokens=n_decode)
+    if context_tokens:
+        add_context(wl, context_tokens)
+    return wl
+
+
+def add_context(wl: Workload, context_tokens: int) -> None:
+    """Give each iteration of ``wl`` what its attention reads when every request starts with
+    ``context_tokens`` tokens in its context, which then grows by every token of the request
+    replayed (its prefill's prompt tokens, its decoded tokens). A request that has ``n`` tokens
+    in its context before an iteration that runs ``p`` of its tokens (1 when decoding) reads
+    ``n + p`` tokens of KV cache and scores ``p x n + p (p + 1) / 2`` (query, context) pairs
+    (each token attends to the context and to itself and the tokens before it). Sums over the
+    iteration's requests go into ``kv_tokens`` and ``attn_pairs``; the largest batch's context at
+    its end into ``wl.peak_kv_tokens``."""
+    ctx: dict[int, int] = {}
+    for it in wl.iterations:
+        rids = it.request_ids.tolist()
+        if it.phase == PREFILL:   # one request's prompt
+            r, p = rids[0], len(rids)
+            n = ctx.get(r, context_tokens)
+            it.kv_tokens = n + p
+            it.attn_pairs = p * n + p * (p + 1) // 2
+            ctx[r] = n + p
+        else:
+            kv = 0
+            for r in rids:
+                n = ctx.get(r, context_tokens) + 1
+                ctx[r] = n
+                kv += n
+            it.kv_tokens = it.attn_pairs = kv
+    by_batch: dict[int, set[int]] = {}
+    for it in wl.iterations:
+        by_batch.setdefault(it.batch, set()).update(it.request_ids.tolist())
+    wl.context_tokens = context_tokens
+    wl.peak_kv_tokens = max((sum(ctx[r] for r in rs) for rs in by_batch.values()), default=0)
 
 
 def _decode_alone(iters: list[Iteration], r: int, rows: np.ndarray, batch: int, first: bool,
@@ -238,4 +284,5 @@ class Future:
         """The recorded ``[n_tokens, top_k]`` routing of a (future) iteration and layer."""
         if not 0 <= iteration < len(self._iters):
             return np.zeros((0, self._experts.shape[1]), dtype=self._experts.dtype)
-        return self._experts[self._iters[iteration].rows0 + layer]
+        rows: np.ndarray = self._experts[self._iters[iteration].rows0 + layer]
+        return rows

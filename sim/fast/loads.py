@@ -15,7 +15,7 @@ from typing import Any
 from moesim.policies.contract.base import INFLIGHT, RESIDENT
 
 
-def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any], n_lanes: int,
+def compute_with_loads(st: Any, need: list[tuple[int, float, Any]], loads: list[Any], n_lanes: int,
                         now: float, stall: float, transfer_s: Any, dur_of: dict[int, float]
                         ) -> tuple[float, float]:
     """One layer's experts computing while its demand loads land, as the event loop orders it.
@@ -34,7 +34,7 @@ def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any],
         landed = now + d
         st.pcie_busy_s += d
         u.state = RESIDENT
-        first = [x[0] for x in need if x[1] is not u]
+        first = [x[1] for x in need if x[2] is not u]
         if first:
             dt = sum(first)
             now = now + dt
@@ -42,7 +42,7 @@ def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any],
         if landed > now:
             stall += landed - now
             now = landed
-        dt = sum([x[0] for x in need if x[1] is u])
+        dt = sum([x[1] for x in need if x[2] is u])
         st.gpu_busy_s += dt
         return now + dt, stall
     seq = 0
@@ -73,9 +73,9 @@ def compute_with_loads(st: Any, need: list[tuple[float, Any]], loads: list[Any],
 
     remaining = need
     while remaining:
-        ready = [x for x in remaining if x[1].state == RESIDENT]
+        ready = [x for x in remaining if x[2].state == RESIDENT]
         if ready:
-            dt = sum([x[0] for x in ready])
+            dt = sum([x[1] for x in ready])
             t_end = now + dt
             g = seq   # the GPU's timeout, created now
             seq += 1

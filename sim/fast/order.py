@@ -29,6 +29,7 @@ from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
 from moesim.policies.parts.caches import RandomCache
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.engine.step import Stepper
 from moesim.sim.engine.vram import Unit
 from moesim.sim.fast.capability import rule_kernel, sole_rule
 from moesim.sim.fast.loads import compute_with_loads, one_lane_loads, uniform_loads
@@ -51,20 +52,6 @@ if TYPE_CHECKING:
 
 KINDS = ("lru", "fifo", "lfu", "random", "belady")
 """The cache rules (their declared ``kernel``) replayed here, besides ``static``."""
-
-
-def finish_iteration(st: Any, cost: Any, it: Any, n_tok: int, now: float) -> float:
-    """After an iteration's last layer: charge the LM head and the per-iteration overhead, and
-    record when the iteration and its requests' tokens end (both fast replays; the same float
-    operations as the event loop). Returns the new time."""
-    head = cost.head_s(n_tok)
-    over = cost.overhead_iteration_s(n_tok)
-    if head + over > 0:
-        now = now + (head + over)
-        st.gpu_busy_s += head
-        st.overhead_s += over
-    st.end_iteration(it, now)
-    return now
 
 
 def ordered_kind(state: RunState[Transfers]) -> str | None:
@@ -179,7 +166,7 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
     clean = not bool((experts < 0).any())
     planner = _planner(state, kind, clean)
     evict_s = cost.hardware.evict_us * 1e-6
-    overhead_layer = cost.overhead_layer_s()
+    step = Stepper(state)   # the iterations' start, non-MoE and tail costs, as every replay has them
     transfer_s = cost.transfer_s
     d = transfer_s(eb)
     e1 = cost.expert_s(1)
@@ -189,13 +176,8 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
     delays = [0.0]   # delays[n]: n evictions' cost, added one at a time
     for _ in range(width):
         delays.append(delays[-1] + evict_s)
-    layer1 = cost.layer_s(1)
-    step1 = layer1 + overhead_layer
-    head1 = cost.head_s(1)
-    over1 = cost.overhead_iteration_s(1)
     resident = _Resident()
     one_lane = n_lanes == 1
-    batch_start: dict[int, float] = {}
     exp_cost: dict[int, float] = {}
     dur_of: dict[int, float] = {}
     now = 0.0
@@ -219,16 +201,18 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
         a_end, a_stall = t_end.append, stalls.append
         k = 0
         for s, it in enumerate(block):
-            st.start_iteration(it, now, batch_start)
+            now = step.begin_iteration(it, now)
             starts.append(now)
-            n_tok = it.n_tokens
-            if n_tok == 1:
-                step_of.append(step1)
+            layer_s, over_s = step.non_moe_s(it)
+            step_s = layer_s + over_s
+            step_of.append(step_s)
+            head, over = step.tail_s(it)
+            if it.n_tokens == 1:
                 for _layer in range(L):
                     miss = misses[k]
-                    now = now + step1
-                    gpu += layer1
-                    ovh += overhead_layer
+                    now = now + step_s
+                    gpu += layer_s
+                    ovh += over_s
                     if miss:
                         m = len(miss)
                         stall = delays[evictions[k]]
@@ -260,23 +244,16 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                         a_stall(0.0)
                     a_end(now)
                     k += 1
-                if head1 + over1 > 0:
-                    now = now + (head1 + over1)
-                    gpu += head1
-                    ovh += over1
             else:
-                layer_s = cost.layer_s(n_tok)
-                step_s = layer_s + overhead_layer
-                step_of.append(step_s)
                 for layer in range(L):
                     exps = b.seqs[layer][s]
                     counts = b.counts[(s, layer)]
                     miss = misses[k]
                     now = now + step_s
                     gpu += layer_s
-                    ovh += overhead_layer
+                    ovh += over_s
                     missing = set(miss)
-                    need: list[tuple[float, Any]] = []
+                    need: list[tuple[int, float, Any]] = []
                     units: list[Any] = []
                     for i, e in enumerate(exps):
                         c = counts[i]
@@ -287,9 +264,9 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                             u = Unit((layer, e, 0), eb, layer, True)
                             u.state = INFLIGHT if len(units) < n_lanes else QUEUED
                             units.append(u)
-                            need.append((t_exp, u))
+                            need.append((i, t_exp, u))
                         else:
-                            need.append((t_exp, resident))
+                            need.append((i, t_exp, resident))
                     stall = 0.0
                     if units:
                         delay = delays[evictions[k]]
@@ -300,20 +277,18 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                         now, stall = compute_with_loads(st, need, units, n_lanes, now, stall, transfer_s, dur_of)
                         gpu = st.gpu_busy_s
                     else:
-                        dt = sum([x[0] for x in need])
+                        dt = sum([x[1] for x in need])
                         now = now + dt
                         gpu += dt
                     stall_sum += stall
                     a_stall(stall)
                     a_end(now)
                     k += 1
-                head = cost.head_s(n_tok)
-                over = cost.overhead_iteration_s(n_tok)
-                if head + over > 0:
-                    now = now + (head + over)
-                    gpu += head
-                    ovh += over
-            st.end_iteration(it, now)
+            if head + over > 0:
+                now = now + (head + over)
+                gpu += head
+                ovh += over
+            step.end_iteration(it, now)
             if progress is not None:
                 progress(it.index + 1, n_iters)
         # the block's counters and step records

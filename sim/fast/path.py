@@ -28,19 +28,16 @@ demand-only; their runs go to their own kernel (:mod:`moesim.sim.fast.prefetch`,
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moesim.policies.contract.base import HIT, INFLIGHT, MISS, QUEUED, Outcome
+from moesim.policies.contract.base import INFLIGHT, QUEUED
 from moesim.sim.engine.lanes import DEMAND_CLASS
-from moesim.sim.engine.plans import access_order, check_plan, count_lossy
-from moesim.sim.engine.records import STEP_CHUNK
-from moesim.sim.engine.splits import apply_fractions
+from moesim.sim.engine.step import Stepper
 from moesim.sim.engine.transfers import PolicyError
-from moesim.sim.engine.vram import Unit
 from moesim.sim.fast.loads import compute_with_loads
-from moesim.sim.fast.order import finish_iteration, ordered_kind, replay_ordered
+from moesim.sim.fast.order import ordered_kind, replay_ordered
 from moesim.sim.fast.prefetch import replay_prefetch
 from moesim.sim.fast.prefetch_check import is_prefetch_policy, prefetch_refusal, prefetch_source
 from moesim.sim.fast.refusal import replay_refusal
@@ -108,138 +105,51 @@ def run_fast(state: RunState[Transfers]) -> None:
             gc.enable()
 
 
-def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
-    cost = state.cost
-    L = state.L
+def _replay(state: RunState[Transfers], n_lanes: int) -> None:
+    """The generic demand-only replay: the step functions of :mod:`moesim.sim.engine.step`, time
+    advanced by arithmetic (a layer's demand loads all issue at one instant and land within it:
+    :func:`~moesim.sim.fast.loads.compute_with_loads`)."""
+    step = Stepper(state)
     st = state.stats
     policy = state.policy
     view = state.view
     vram = state.vram
     tx = state.transfers
-    units = vram.units
-    pinned = vram.pinned
     caps0 = list(vram.capacity)
-    steps = state.steps
-    step_rows = steps.rows if state.record_steps else None   # appended inline (see StepRecords)
-    iters = state.workload.iterations
-    n_iters = len(iters)
-    trace_experts = state.trace.experts
-    batch_start: dict[int, float] = {}
-    exp_cost: dict[int, float] = {}
+    transfer_s = state.cost.transfer_s
     dur_of: dict[int, float] = {}
-    has_start = policy.uses_hook("on_iteration_start")
-    has_before = policy.uses_hook("before_layer")
-    has_access = policy.uses_hook("on_access")
-    has_after = policy.uses_hook("after_layer")
-    has_end = policy.uses_hook("on_layer_end")
-    has_iend = policy.uses_hook("on_iteration_end")
-    has_routed = policy.uses_hook("on_routed")   # a demand-only policy's plans only substitute or drop
-    lossy = policy.lossy
-    global_pool = state.global_pool
-    overhead_layer = cost.overhead_layer_s()
-    transfer_s = cost.transfer_s
-    expert_bytes = state.expert_bytes
-    check = state.check_invariants
-    splits = policy.uses_hook("part_fractions")
-    progress = state.progress
     now = 0.0
 
     def no_cpu(where: str) -> None:
         if state.spent_s:
             raise PolicyError(f"policy {policy.name!r} declares itself demand-only but spent CPU time in {where}")
 
-    for it in iters:
-        state.cur_iter = it
-        tx.iteration = it.index
-        state.cur_layer = -1
-        state.routed_upto = -1
-        st.start_iteration(it, now, batch_start)
+    for it in state.workload.iterations:
+        now = step.begin_iteration(it, now)
         state.fast_now = now
-        if has_start:
+        if step.has_start:
             policy.on_iteration_start(view)
             no_cpu("on_iteration_start")
-        n_tok = it.n_tokens
-        layer_s = cost.layer_s(n_tok)
-        step_s = layer_s + overhead_layer
-        single = n_tok == 1
-        row0 = int(it.rows0[0]) if single else 0
-        for layer in range(L):
-            state.cur_layer = layer
-            tx.layer_evictions = 0
+        layer_s, over_s = step.non_moe_s(it)
+        for layer in range(state.L):
+            step.begin_layer(layer)
             t0 = now
-            if has_before:
+            if step.has_before:
                 state.fast_now = now
                 policy.before_layer(view, layer)
-                if state.spent_s:
-                    no_cpu("before_layer")
-            now = now + step_s
-            st.gpu_busy_s += layer_s
-            st.overhead_s += overhead_layer
-            state.routed_upto = layer
-            routing = None
-            plan_m = None
-            if has_routed:
-                state.fast_now = now
-                routing = state.routing_of(it, layer)
-                plan = policy.on_routed(view, layer, routing)
-                if state.spent_s:
-                    no_cpu("on_routed")
-                if plan is not None:
-                    if plan.wait_for or (plan.on_cpu is not None and np.asarray(plan.on_cpu, dtype=bool).any()):
-                        raise PolicyError(f"policy {policy.name!r} declares itself demand-only but planned "
-                                          "CPU slots or waits for copies")
-                    plan_m = check_plan(plan, routing, policy_name=policy.name, lossy=lossy,
-                                        num_experts=state.E, iteration=it.index, layer=layer)
-                if lossy:
-                    count_lossy(st, routing, plan_m)
-            elif lossy:
-                routing = state.routing_of(it, layer)
-                count_lossy(st, routing, None)
-            if plan_m is not None:
-                if single:
-                    exps = [x for x in plan_m.tolist()[0] if x >= 0]
-                    counts = [1] * len(exps)
-                else:
-                    flat = plan_m.reshape(-1)
-                    exps, counts = access_order(flat[flat >= 0])
-            elif single:
-                exps = [x for x in trace_experts[row0 + layer].tolist() if x >= 0]
-                counts = [1] * len(exps)
-            else:
-                flat = trace_experts[it.rows0 + layer].reshape(-1)
-                exps, counts = access_order(flat[flat >= 0])
-            status: list[int] = []
-            need: list[tuple[float, Any]] = []
-            miss_units: list[Any] = []
-            hits = miss = miss_bytes = 0
-            keys = [(layer, e, 0) for e in exps]
-            pinned.update(keys)
-            for i, key in enumerate(keys):
-                c = counts[i]
-                t_exp = exp_cost.get(c)
-                if t_exp is None:
-                    t_exp = exp_cost[c] = cost.expert_s(c)
-                u = units.get(key)
-                if u is None:
-                    u = Unit(key, expert_bytes, 0 if global_pool else layer, True)
-                    vram.add(u)
-                    miss_units.append(u)
-                    miss_bytes += expert_bytes
-                    status.append(MISS)
-                    miss += 1
-                else:
-                    status.append(HIT)
-                    hits += 1
-                if not u.used:
-                    st.fetch_needed += 1
-                    if not u.demand:   # a warm-start unit is marked used; nothing else prefetches
-                        st.fetch_covered += 1
-                        st.prefetch_used += 1
-                    u.used = True
-                need.append((t_exp, u))
-            st.hits += hits
-            st.misses += miss
-            stall = 0.0
+                no_cpu("before_layer")
+            now = now + (layer_s + over_s)
+            state.fast_now = now
+            ls = step.route(it, layer, t0, layer_s, over_s)
+            no_cpu("on_routed")
+            plan = ls.plan
+            if plan is not None and (plan.wait_for or (plan.on_cpu is not None
+                                                       and np.asarray(plan.on_cpu, dtype=bool).any())):
+                raise PolicyError(f"policy {policy.name!r} declares itself demand-only but planned "
+                                  "CPU slots or waits for copies")
+            ls.t_route = now
+            step.take_units(ls)
+            miss_units = ls.miss_units
             if miss_units:
                 tx.waiting.extend(miss_units)
                 granted, delay = tx.grant_waiting()
@@ -248,58 +158,38 @@ def _replay(state: RunState[Transfers], n_lanes: int) -> None:  # noqa: C901 - o
                                       f"every victim for a demand load at iteration {it.index}, layer {layer}")
                 if delay > 0:
                     now = now + delay
-                stall += delay
+                ls.stall += delay
                 for j, u in enumerate(granted):
                     u.state = INFLIGHT if j < n_lanes else QUEUED
                     tx.count_start(u, DEMAND_CLASS, j % n_lanes)
-            if has_access or has_after:
+            if step.has_access or step.has_after:
                 state.fast_now = now
-                if routing is None:
-                    routing = state.routing_of(it, layer)
-                outcome = Outcome(layer, routing, routing.experts if plan_m is None else plan_m, exps, status, [])
-                if has_access:
-                    policy.on_access(view, layer, outcome)
-                if has_after:
-                    policy.after_layer(view, layer, outcome)
-                if state.spent_s:
-                    no_cpu("on_access/after_layer")
+                step.notify(ls)
+                no_cpu("on_access/after_layer")
             if not miss_units:
-                dt = sum([x[0] for x in need])
+                dt = sum([x[1] for x in ls.need])
                 now = now + dt
                 st.gpu_busy_s += dt
             else:
-                now, stall = compute_with_loads(st, need, miss_units, n_lanes, now, stall,
-                                                 transfer_s, dur_of)
-            pinned.difference_update(keys)
-            st.stall_s += stall
-            if has_end:
-                state.fast_now = now
-                policy.on_layer_end(view, layer)
-                if state.spent_s:
-                    no_cpu("on_layer_end")
-            if check:
-                vram.check()
-            if step_rows is not None:   # StepRecords.append, inlined
-                step_rows.append((it.index, layer, t0, t0 + step_s, now, len(exps), hits, 0, 0, miss, 0,
-                                  stall, miss_bytes, 0, tx.layer_evictions))
-                if len(step_rows) >= STEP_CHUNK:
-                    steps.pack()
-                    step_rows = steps.rows
-        now = finish_iteration(st, cost, it, n_tok, now)
-        state.cur_layer = L
+                now, ls.stall = compute_with_loads(st, ls.need, miss_units, n_lanes, now, ls.stall,
+                                                   transfer_s, dur_of)
+            state.fast_now = now
+            step.end_layer(ls, now)
+            no_cpu("on_layer_end")
+        head, over = step.tail_s(it)
+        if head + over > 0:
+            now = now + (head + over)
+            step.count_tail(head, over)
         state.fast_now = now
-        if has_iend:
+        step.end_iteration(it, now)
+        if step.has_iend:
             policy.on_iteration_end(view)
             no_cpu("on_iteration_end")
         if vram.capacity != caps0:
             raise PolicyError(f"policy {policy.name!r} declares itself demand-only but changed the layer budgets")
-        if splits:
-            apply_fractions(state)
+        step.close_iteration(it)
         if any(len(fr) != 1 for fr in state.fractions):
             raise PolicyError(f"policy {policy.name!r} declares itself demand-only but split experts into parts")
-        state.prev_iter = it
-        if progress is not None:
-            progress(it.index + 1, n_iters)
     state.fast_now = now
 
 

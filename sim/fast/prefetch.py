@@ -26,8 +26,9 @@ import heapq
 from typing import TYPE_CHECKING, Any
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
-from moesim.sim.engine.plans import access_order, next_in_fixed_order
+from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.engine.step import Stepper, early_parts, ready_parts
 from moesim.sim.fast.capability import next_layer_parts
 from moesim.sim.fast.prefetch_guess import GuessMaker
 
@@ -70,12 +71,11 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
     guess = GuessMaker(source, state.trace, iters, L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
-    overhead_layer = cost.overhead_layer_s()
+    step = Stepper(state)   # the iterations' start, non-MoE and tail costs, as every replay has them
     d = cost.transfer_s(eb)
     e1 = cost.expert_s(1)
     sums = [sum([e1] * c) for c in range(E + 1)]   # c one-token experts, summed as the event loop sums them
     exp_cost: dict[int, float] = {}
-    batch_start: dict[int, float] = {}
 
     cap = list(vram.capacity)
     used = list(vram.used)
@@ -255,14 +255,12 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
         return delay
 
     for pos, it in enumerate(iters):
-        state.cur_iter = it
         it_index = it.index
         cur_layer = -1
-        st.start_iteration(it, now, batch_start)
-        n_tok = it.n_tokens
-        layer_s = cost.layer_s(n_tok)
-        step_s = layer_s + overhead_layer
-        single = n_tok == 1
+        now = step.begin_iteration(it, now)
+        layer_s, over_s = step.non_moe_s(it)
+        step_s = layer_s + over_s
+        single = it.n_tokens == 1
         if single:
             row0 = int(it.rows0[0])
             ex_rows = experts[row0:row0 + L].tolist()
@@ -278,7 +276,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
                 advance(T)
             now = T
             gpu += layer_s
-            ovh += overhead_layer
+            ovh += over_s
             t_route = now
             if single:
                 exps = ex_rows[layer]
@@ -404,25 +402,9 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
                 remaining = need
                 early: set[int] | None = None
                 while remaining:
-                    ready_x: list[tuple[int, float, _U]] = []
-                    rest_x: list[tuple[int, float, _U]] = []
-                    if waiting:
-                        # room is short: one expert at a time, in the fixed order (sim/engine/plans.py)
-                        if early is None:
-                            fresh = {id(u) for u in miss_units}
-                            early = {id(x) for x in need if id(x[2]) not in fresh}
-                        head = next_in_fixed_order(remaining, early)
-                        watch = [head]
-                        if head[2].state == RESIDENT:
-                            ready_x = [head]
-                            rest_x = [x for x in remaining if x is not head]
-                    else:
-                        watch = remaining
-                        for x in remaining:
-                            if x[2].state == RESIDENT:
-                                ready_x.append(x)
-                            else:
-                                rest_x.append(x)
+                    if waiting and early is None:   # room is short: the fixed order (sim/engine/step.py)
+                        early = early_parts(need, miss_units)
+                    ready_x, rest_x, watch = ready_parts(remaining, early if waiting else None)
                     if ready_x:
                         dt = ready_x[0][1] if len(ready_x) == 1 else sum([x[1] for x in ready_x])
                         T = now + dt
@@ -473,15 +455,14 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C
                     assert steps is not None
                     steps.pack()
                     step_rows = steps.rows
-        head = cost.head_s(n_tok)
-        over = cost.overhead_iteration_s(n_tok)
+        head, over = step.tail_s(it)
         if head + over > 0:
             T = now + (head + over)
             advance(T)
             now = T
             gpu += head
             ovh += over
-        st.end_iteration(it, now)
+        step.end_iteration(it, now)
         cur_layer = L
         state.prev_iter = it
         if progress is not None:

@@ -1,34 +1,125 @@
-"""What the fast replays do not reproduce: the features of a run that send it to the event loop
-whatever its policy (:func:`replay_refusal`, shared by every fast replay), and the two more that
-only the generic demand-only replay handles (:func:`kernel_refusal`: the kernels of
-:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.static` and :mod:`moesim.sim.fast.prefetch`
-model per-layer pools and lossless runs)."""
+"""What the fast replays reproduce, declared, so that they fail closed: every option of the
+engine (:class:`~moesim.sim.engine.event_loop.Engine`'s keyword parameters, recorded in the run's
+``options``), every field of the cost model's specs (model, hardware, its calibrated costs and
+host CPU, runtime) and of the workload is named here with the values the fast replays take. A run
+with an option or a field that is not named here (a new engine mechanism, a new cost term) goes
+to the event loop until someone declares it, after checking that the fast replays reproduce it.
+
+:func:`replay_refusal` is the check every fast replay makes; :func:`kernel_refusal` adds the two
+things only the generic demand-only replay handles (the kernels of :mod:`moesim.sim.fast.order`,
+:mod:`moesim.sim.fast.static` and :mod:`moesim.sim.fast.prefetch` model per-layer pools and
+lossless runs).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
     from moesim.sim.engine.transfers import Transfers
 
+Check = Callable[[Any], str | None]
+"""A declared option's check: why the fast replays refuse its value, or None."""
+
+
+def _any(_value: Any) -> None:
+    """Any value: the replays reproduce it (it sets what is replayed or recorded, not how)."""
+    return None
+
+
+def _off(why: str) -> Check:
+    """Only the option's off value (false, zero, None)."""
+    def check(value: Any) -> str | None:
+        return why if value else None
+    return check
+
+
+ENGINE_OPTIONS: dict[str, Check] = {
+    "record_timeline": _off("the timeline is recorded"),
+    "swap_out": _off("cache.swap_out is on"),
+    "buffer_bytes": lambda v: "a transfer buffer is set" if int(v) else None,
+    "sync_prefetch": _off("pcie.sync_prefetch is on"),
+    "serial_swap": _any,          # acts only with swap_out, refused above
+    "pcie_order": _any,           # the demand-only replays issue no prefetch; the prefetch kernel models both
+    "initial": _any,
+    "seed": _any,
+    "profile": _any,
+    "record_steps": _any,
+    "check_invariants": _any,     # the kernels that keep their own books refuse it themselves
+    "progress": _any,
+}
+"""The engine's options (``Engine.__init__``'s keyword parameters) the fast replays declare."""
+
+SPEC_FIELDS: dict[str, frozenset[str]] = {
+    # sizes and costs: read only through the cost model's functions, which every replay calls
+    # dense_blocks: where llama.cpp's flag counts from (advise's placement), never read by the engine
+    # the attention fields and layer_us_per_context_token: read only by CostModel.context_s,
+    # through Stepper.non_moe_s, which every replay calls
+    "model": frozenset({"attention_heads", "attention_source", "head_dim", "kv_dtype_bytes", "kv_heads",
+                        "kv_lora_rank", "qk_rope_head_dim", "dense_blocks", "dtype_bytes", "expert_intermediate_size", "hidden_size", "name", "non_expert_bytes",
+                        "num_experts", "num_layers", "num_shared_experts", "shared_expert_intermediate_size",
+                        "top_k"}),
+    "hardware": frozenset({"copy_engines", "costs", "cpu", "d2h_gbps", "device", "evict_us", "hbm_gbps",
+                           "kernel_us", "name", "pageable_gbps", "pcie_gbps", "pcie_latency_us", "peak_tflops",
+                           "source", "sources", "vram_gib"}),
+    "hardware.costs": frozenset({"expert_us", "expert_us_per_token", "head_us", "layer_us", "layer_us_per_token",
+                                 "layer_us_per_context_token"}),
+    "hardware.cpu": frozenset({"busy_fraction", "call_us", "cores", "expert_us", "expert_us_per_token", "mem_gbps",
+                               "name", "source", "sources", "tflops", "thread_gbps", "threads"}),
+    # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
+    "runtime": frozenset({"demand_load_us", "iteration_us", "layer_us", "name", "prefetch_issue_us", "source",
+                          "token_us"}),
+}
+"""The fields of the cost model's specs the fast replays declare."""
+
+WORKLOAD_FIELDS = frozenset({"trace", "iterations", "batches", "requests", "decode_tokens", "context_tokens",
+                             "peak_kv_tokens", "_future", "_token_rows"})
+"""The workload's fields the fast replays declare (the context's KV reads are in each
+iteration's ``kv_tokens`` and ``attn_pairs``, which only Stepper.non_moe_s reads)."""
+
+
+def undeclared(state: RunState[Transfers]) -> str | None:
+    """The first option or field of ``state``'s run that the fast replays do not declare (or
+    whose value they refuse), as a reason, or None."""
+    options = state.options
+    for name in options:
+        if name not in ENGINE_OPTIONS:
+            return f"engine option {name!r} is not declared by the fast replays"
+    for name, check in ENGINE_OPTIONS.items():
+        why = check(options[name]) if name in options else None
+        if why is not None:
+            return why
+    cost = state.cost
+    hw = cost.hardware
+    specs: dict[str, BaseModel | None] = {"model": cost.model, "hardware": hw, "hardware.costs": hw.costs,
+                                          "hardware.cpu": hw.cpu, "runtime": cost.runtime}
+    for where, spec in specs.items():
+        if spec is None:
+            continue
+        extra = sorted(set(type(spec).model_fields) - SPEC_FIELDS[where])
+        if extra:
+            return f"{where} field {extra[0]!r} is not declared by the fast replays"
+    extra = sorted({f.name for f in dataclasses.fields(state.workload)} - WORKLOAD_FIELDS)
+    if extra:
+        return f"workload field {extra[0]!r} is not declared by the fast replays"
+    return None
+
 
 def replay_refusal(state: RunState[Transfers]) -> str | None:
-    """Why ``state``'s run cannot take any fast replay, whatever its policy, or None: decision
-    time, the timeline, swap-out, a transfer buffer, synchronous prefetch, experts split into
-    parts. (Aborted copies need no check here: the demand-only replays issue no prefetch, and
-    the prefetch kernel takes only policies that never abort, see
-    :mod:`moesim.sim.fast.prefetch_check`.)"""
+    """Why ``state``'s run cannot take any fast replay, whatever its policy, or None: an option
+    or field not declared (:func:`undeclared`), decision time, experts split into parts.
+    (Aborted copies need no check here: the demand-only replays issue no prefetch, and the
+    prefetch kernel takes only policies that never abort, see :mod:`moesim.sim.fast.prefetch_check`.)"""
     if state.policy.decision_us:
         return "the policy spends decision time"
-    if state.record_timeline:
-        return "the timeline is recorded"
-    if state.transfers.d2h is not None:
-        return "cache.swap_out is on"
-    if state.vram.buffer_capacity:
-        return "a transfer buffer is set"
-    if state.sync_prefetch:
-        return "pcie.sync_prefetch is on"
+    why = undeclared(state)
+    if why is not None:
+        return why
     if any(len(fr) != 1 for fr in state.fractions):
         return "experts are split into parts"
     return None

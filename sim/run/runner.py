@@ -30,6 +30,7 @@ from moesim.sim.engine.records import TimelineEvent
 from moesim.sim.engine.transfers import BudgetError
 from moesim.sim.engine.workload import Workload, build_workload
 from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.kv_budget import context_metrics, kv_budget
 from moesim.sim.run.metrics import compute_metrics
 from moesim.sim.run.profile import profile_from_trace, trace_requests
 from moesim.sim.run.run_warnings import run_warnings
@@ -175,6 +176,10 @@ class PreparedRun:
             "trace": describe_trace(self.loaded, self.engine.state.trace),
             "config_hash": config_hash,
         }
+        wl = self.engine.state.workload
+        if wl.context_tokens:   # the context is modelled: its KV cache and what it left to experts
+            metrics.update(context_metrics(model, wl, self.budget))
+            metrics["vram_peak_gib"] += metrics["kv_gib"]
         metrics["scenario"] = self.loaded.scenario.name
         metrics.update(join_keys(self.loaded, model, self.hardware, self.runtime, self.budget, self.engine.state.trace))
         metrics["config_hash"] = config_hash
@@ -241,21 +246,28 @@ def prepare_run(
                             f"experts of a layer of {model.name}")
     budget = scen.cache.budget_bytes(model)
     buffer = int(round(scen.cache.buffer_experts * model.expert_bytes))
+    context = scen.workload.context_tokens
+    if context and model.kv_bytes_per_token is None:
+        raise ScenarioError(f"{source}: workload.context_tokens: model {model.name} gives no attention shape "
+                            "(attention_heads with kv_heads and head_dim, or kv_lora_rank): its KV cache cannot be modelled")
     total = model.non_expert_bytes + budget + buffer
-    if total > hw.vram_gib * GIB:
+    if total > hw.vram_gib * GIB and not context:
         raise ScenarioError(
             f"{source}: cache.{scen.cache.given}: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
     profile, requests = select_requests(loaded, tr)
-    if workload is not None and workload.trace is tr:
+    if workload is not None and workload.trace is tr and workload.context_tokens == context:
         wl = workload
     else:
         try:
             wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
-                                requests=requests)
+                                requests=requests, context_tokens=context)
         except MoesimError as exc:
             raise ScenarioError(f"{source}: {exc}") from None
+    asked = budget
+    if context:
+        budget = kv_budget(source, scen.cache.given, model, hw, wl, budget, buffer)
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,
                     serial_swap=bool(scen.cache.serial_swap),
@@ -264,6 +276,10 @@ def prepare_run(
                     check_invariants=check_invariants, progress=progress, fast_replay=FAST_PATH)
     if steps:   # one record per (iteration, layer): held at their final size from the start
         engine.state.steps.reserve(len(wl.iterations) * tr.model.num_layers)
+    if budget < asked:
+        engine.state.warnings.append(
+            f"cache.{scen.cache.given}: cut from {asked // model.expert_bytes} to {budget // model.expert_bytes} experts: "
+            "the KV cache at its peak takes the rest of VRAM")
     note = loaded.model_note(tr.model.name, shape)
     if note:
         engine.state.warnings.append(note)

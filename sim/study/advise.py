@@ -74,6 +74,12 @@ class AdviseRequest:
     systems: list[str] | None = None
     decode_tokens: int = DECODE
     merged_only: bool = False
+    context_tokens: int = 0
+    """Tokens in each request's context before it decodes (``--context``): the KV cache of
+    ``batch`` such requests takes VRAM and attention reads it; 0: the reserve stands for the KV
+    cache (the behaviour before ``--context``)."""
+    batch: int = 1
+    """Requests decoded together (``--batch``)."""
 
 
 @dataclass
@@ -138,10 +144,32 @@ def _trace(req: AdviseRequest, ref: dict[str, Any], name: str) -> tuple[str | di
             raise AdviseError(f"--trace {req.trace}: no such file")
         return str(path.resolve()), (f"{path.name}: its first request is the offline profile, the next two are "
                                      f"decoded at batch 1 (decode only)")
+    if req.batch > 1 or req.context_tokens:
+        count = 1 + max(REQUESTS - 1, req.batch)
+        trace, what = synthetic_trace(ref, name, count, PROMPT, n)
+        return trace, (f"{what}: {count} requests of {PROMPT} prompt and {n} generated tokens; the first is the "
+                       f"offline profile, the other {count - 1} are decoded {req.batch} at a time (decode only) from "
+                       f"a context of {req.context_tokens} tokens each")
     trace, what = synthetic_trace(ref, name, REQUESTS, PROMPT, n)
     return trace, (f"{what}: {REQUESTS} requests of {PROMPT} prompt and {n} generated tokens; the "
                    f"first is the offline profile (Fiddler's popularity), the other {REQUESTS - 1} "
                    f"are decoded one at a time (batch 1, decode only, {(REQUESTS - 1) * n} tokens)")
+
+
+def kv_gib(req: AdviseRequest, ref: dict[str, Any]) -> float:
+    """GiB of KV cache the advised workload holds at its peak: ``batch`` requests of
+    ``context_tokens`` plus the generated tokens each, over every attention layer (0 without
+    ``--context``)."""
+    if not req.context_tokens:
+        return 0.0
+    from moesim.sim.config.catalog import get_model
+
+    m = get_model(ref)
+    if m.kv_bytes_per_token is None:
+        raise AdviseError(f"--context: model {m.name} gives no attention shape (attention_heads with kv_heads and "
+                          "head_dim, or kv_lora_rank): its KV cache cannot be sized")
+    tokens = req.batch * (req.context_tokens + req.decode_tokens)
+    return tokens * m.kv_bytes_per_token * m.attention_blocks / 2**30
 
 
 def widths(native: float, given: list[float] | None) -> list[float | None]:
@@ -183,7 +211,10 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
     hw = hardware_ref(req.gpu, req.cpu, req.vram_gib)
     ref, name = model_ref(req.model)
     trace, workload = _trace(req, ref, name)
-    mem = Memory(req.vram_gib, req.host_gib, req.reserve_gib, req.host_reserve_gib)
+    if req.context_tokens < 0 or req.batch < 1:
+        raise AdviseError("--context must be >= 0 and --batch >= 1")
+    kv = kv_gib(req, ref)
+    mem = Memory(req.vram_gib, req.host_gib, req.reserve_gib, req.host_reserve_gib, kv)
     notes: list[str] = []
     options: list[Option] = []
     shortfall = []
@@ -216,7 +247,9 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
         "name": f"advise-{name}", "trace": trace, "hardware": hw,
         "model": req.model if ref == {"base": req.model} else {k: v for k, v in ref.items() if k != "dense_blocks"},
         "cache": {"experts_per_layer": 1}, "policy": "lru", "runtime": "none",
-        "profile": {"requests": 1}, "workload": {"batch_size": 1, "phases": ["decode"]}, "seed": 0}
+        "profile": {"requests": 1}, "workload": {"batch_size": req.batch, "phases": ["decode"]}, "seed": 0}
+    if req.context_tokens:
+        base["workload"]["context_tokens"] = req.context_tokens
     if req.calibration is not None:
         base["calibration"] = str(Path(req.calibration).resolve())
     return base, options, workload, notes
@@ -401,9 +434,15 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
         rows.append(Row(option, float(tps) if tps is not None else None, rec.get("status", "missing"), rec.get("error"),
                         band=band))
     mark(rows)
-    notes = notes + [f"VRAM used = non-expert weights + experts on the GPU + {req.reserve_gib:g} GiB reserve (CUDA "
-             f"context, KV cache, activations); host = what the system keeps there + {req.host_reserve_gib:g} GiB "
-             "reserve"]
+    if req.context_tokens:
+        kv = kv_gib(req, model_ref(req.model)[0])
+        vram_line = (f"VRAM used = non-expert weights + experts on the GPU + the KV cache ({kv:.2f} GiB: {req.batch} x "
+                     f"({req.context_tokens} + {req.decode_tokens}) tokens) + {req.reserve_gib:g} GiB reserve (CUDA "
+                     "context, activations, compute buffers: not KV)")
+    else:
+        vram_line = (f"VRAM used = non-expert weights + experts on the GPU + {req.reserve_gib:g} GiB reserve (CUDA "
+                     "context, KV cache, activations)")
+    notes = notes + [f"{vram_line}; host = what the system keeps there + {req.host_reserve_gib:g} GiB reserve"]
     found = caveats(req, rows, hw.cpu.name, cpu_words(hw.cpu)) + [band_line]
     return Advice(rows, calib, workload, notes, points_run=outcome.ran, points_reused=outcome.skipped, caveats=found,
                   model_name=model_ref(req.model)[1])

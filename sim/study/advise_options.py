@@ -76,11 +76,15 @@ class Memory:
     host_gib: float
     reserve_gib: float = 1.5
     host_reserve_gib: float = 4.0
+    kv_gib: float = 0.0
+    """The KV cache of the advised workload (``simctl advise --context N --batch B``); 0 without
+    ``--context``, when ``reserve_gib`` stands for the KV cache too."""
 
     @property
     def expert_room(self) -> float:
-        """Bytes of VRAM left for experts once the reserve is kept back (before non-expert weights)."""
-        return (self.vram_gib - self.reserve_gib) * GIB
+        """Bytes of VRAM left for experts once the reserve and the KV cache are kept back (before
+        non-expert weights)."""
+        return (self.vram_gib - self.reserve_gib - self.kv_gib) * GIB
 
     @property
     def host_room(self) -> float:
@@ -108,8 +112,9 @@ class Option:
 
     @property
     def vram_gib(self) -> float:
-        """GPU memory the option takes, reserve included."""
-        return (self.shape.non_expert_bytes + self.gpu_experts * self.shape.expert_bytes) / GIB + self.memory.reserve_gib
+        """GPU memory the option takes, reserve and KV cache included."""
+        mem = self.memory
+        return (self.shape.non_expert_bytes + self.gpu_experts * self.shape.expert_bytes) / GIB + mem.reserve_gib + mem.kv_gib
 
     @property
     def host_gib(self) -> float:
@@ -234,11 +239,12 @@ def all_options(shape: Shape, mem: Memory, systems: list[str] | None = None, mer
 
 def least_needed(shape: Shape, mem: Memory) -> str:
     """Why nothing fits, in a few words: the smallest VRAM and host memory any system needs."""
-    vram = (shape.non_expert_bytes + 2 * shape.expert_bytes) / GIB + mem.reserve_gib
+    vram = (shape.non_expert_bytes + 2 * shape.expert_bytes) / GIB + mem.reserve_gib + mem.kv_gib
     # the least host memory: everything but what the GPU can hold
     gpu = max(0, min(shape.routed_bytes, _max_gpu_experts(shape, mem) * shape.expert_bytes))
     host = (shape.routed_bytes - gpu) / GIB + mem.host_reserve_gib
     return (f"{shape.name} at {shape.bits:g} bits needs at least {vram:.1f} GiB of VRAM (non-expert weights "
-            f"{shape.non_expert_bytes / GIB:.1f} GiB + 2 experts + {mem.reserve_gib:g} GiB reserve) and "
+            f"{shape.non_expert_bytes / GIB:.1f} GiB + 2 experts + {mem.reserve_gib:g} GiB reserve"
+            + (f" + {mem.kv_gib:.2f} GiB KV cache" if mem.kv_gib else "") + ") and "
             f"{host:.1f} GiB of host memory ({shape.routed_bytes / GIB:.1f} GiB of experts, less the "
             f"{gpu / GIB:.1f} GiB the GPU can hold, + {mem.host_reserve_gib:g} GiB reserve)")

@@ -91,12 +91,56 @@ class ModelSpec(BaseModel):
         "leading transformer blocks with a dense FFN before the first MoE layer (DeepSeek's "
         "first_k_dense_replace): not simulated, but counted by llama.cpp's --n-cpu-moe, which numbers "
         "blocks; `simctl advise` adds them to the count it prints. Left out of dumps (it times nothing)"))
+    # attention and its KV cache (read only when workload.context_tokens > 0; left out of dumps,
+    # so that the outputs of runs that do not model the context keep their bytes)
+    attention_heads: PositiveInt | None = Field(None, exclude=True, description="query heads of one attention layer")
+    kv_heads: PositiveInt | None = Field(None, exclude=True, description=(
+        "key/value heads of one attention layer (grouped-query attention: fewer than attention_heads)"))
+    head_dim: PositiveInt | None = Field(None, exclude=True, description="size of one key/value head")
+    kv_lora_rank: PositiveInt | None = Field(None, exclude=True, description=(
+        "multi-head latent attention (DeepSeek): size of the compressed KV latent cached per token and "
+        "layer, in place of kv_heads x head_dim keys and values"))
+    qk_rope_head_dim: PositiveInt | None = Field(None, exclude=True, description=(
+        "multi-head latent attention: size of the rotary key part cached beside the latent"))
+    kv_dtype_bytes: PositiveFloat = Field(2, exclude=True, description="bytes per cached key/value element (2 for bf16/fp16)")
+    attention_source: str = Field("", exclude=True, description="where the attention fields come from")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         return self
+
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """Bytes of KV cache one token of context holds in one attention layer, or None when the
+        spec gives no attention shape. Multi-head latent attention caches one latent and the
+        rotary key, ``(kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes``; other attention a key
+        and a value per KV head, ``2 x kv_heads x head_dim x kv_dtype_bytes`` (Mixtral:
+        2 x 8 x 128 x 2 = 4 KiB)."""
+        if self.kv_lora_rank is not None:
+            return (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) * self.kv_dtype_bytes
+        if self.kv_heads is None or self.head_dim is None:
+            return None
+        return 2.0 * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    @property
+    def attention_blocks(self) -> int:
+        """Transformer blocks that keep a KV cache: the MoE layers and the dense blocks before them."""
+        return self.num_layers + self.dense_blocks
+
+    @property
+    def attention_flops_per_pair(self) -> float | None:
+        """FLOPs of one attention layer for one (query token, context token) pair: the score and
+        the weighted value, ``2 x 2 x attention_heads x head_dim``; with a latent (MLA, absorbed
+        form) ``2 x attention_heads x (2 x kv_lora_rank + qk_rope_head_dim)``. None without heads."""
+        if self.attention_heads is None:
+            return None
+        if self.kv_lora_rank is not None:
+            return 2.0 * self.attention_heads * (2 * self.kv_lora_rank + (self.qk_rope_head_dim or 0))
+        if self.head_dim is None:
+            return None
+        return 4.0 * self.attention_heads * self.head_dim
 
     @property
     def expert_bytes(self) -> int:
@@ -129,6 +173,10 @@ class CostsSpec(BaseModel):
     layer_us_per_token: float = Field(0.0, ge=0, description="extra non-MoE time per additional token in the iteration")
     expert_us_per_token: float = Field(0.0, ge=0, description="extra expert time per additional token routed to it")
     head_us: float = Field(0.0, ge=0, description="LM head and sampling once per iteration")
+    layer_us_per_context_token: float | None = Field(
+        None, ge=0, description="extra non-MoE time of one layer per token of KV cache the iteration's "
+        "attention reads (workload.context_tokens; measured by `simctl calibrate`; default: the roofline's "
+        "KV bytes over hbm_gbps)")
 
 
 class RuntimeSpec(BaseModel):

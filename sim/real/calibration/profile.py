@@ -16,8 +16,12 @@ and ``measurements:`` (every raw timing, so a reader can redo the fits). Fits:
   slope fitted over 2-128 tokens (prefill);
 * non-MoE layer: ``t = layer_us + layer_us_per_token * (n - 1)`` at the calibration context
   (``--context``: the context the scenario decodes at; ``simctl validate`` passes its
-  workload's), exact at one token. The context slope is measured and kept in
-  ``measurements``; the cost model has no context term;
+  workload's), exact at one token; at one token against context (``--context`` and 2-4 times
+  it) -> ``layer_us_per_context_token`` (the least-squares slope, 0 if negative), which the cost
+  model charges per token of KV cache read when a scenario models the context
+  (``workload.context_tokens``). ``layer_us`` itself is measured at ``--context`` and so holds
+  that context's attention: a run that models the context counts those ``--context`` tokens
+  once more (``--context`` x the slope: a few microseconds at the default 32);
 * framework overhead (:mod:`moesim.sim.real.calibration.executor_runs`): the executor's own decode
   step with every expert resident, minus the summed parts (layers, experts, head) ->
   ``runtime.layer_us`` (the MoE block's dispatch and the policy's hooks, per layer); the
@@ -201,7 +205,8 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         "hbm_gbps": f"{where}; device-to-device copy of {roof['mem_bytes'] // 2**20} MiB, read + write",
         "kernel_us": "calibrated costs replace the roofline; no separate launch term",
         "evict_us": "not measured: the executor's eviction is bookkeeping inside the policy hooks",
-        "costs": f"{where}; expert and non-MoE layer fits at context {context}",
+        "costs": f"{where}; expert and non-MoE layer fits at context {context}; the context slope at one "
+                 f"token over contexts {contexts}",
     }
     hw = {
         "name": f"calibrated-{device.type}",
@@ -217,7 +222,8 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
         "evict_us": 0.0,
         "costs": {"layer_us": round(l0 * us, 3), "layer_us_per_token": round(l1 * us, 3),
                   "expert_us": round(e0 * us, 3), "expert_us_per_token": round(e1 * us, 3),
-                  "head_us": round(head * us, 3)},
+                  "head_us": round(head * us, 3),
+                  "layer_us_per_context_token": round(max(0.0, ctx_slope) * us, 6)},
         "cpu": _host_cpu(m, h0, h1, threads, where),
         "source": where,
         "sources": sources,

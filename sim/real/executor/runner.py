@@ -17,6 +17,14 @@ the state's ``transfers``); unit states change only on the main thread, when the
 :class:`~moesim.sim.engine.state.RunState`, its view the simulator's
 :class:`~moesim.sim.engine.view.EngineView` with the wall clock.
 
+What it shares with the simulator's step (:mod:`moesim.sim.engine.step`): the run's state, the
+view, the plan order (:func:`~moesim.sim.engine.plans.next_in_fixed_order`) and the hook order.
+It does not call the step's functions: its time is the wall clock and its copies are real, so
+a layer's state changes only when it looks (``res.refresh()`` before classifying and in the
+compute loop), its waiting demand loads live in the residency (not the simulator's transfers),
+its counters are :class:`~.stats.ExecStats`, and it replays whole experts at batch 1 without
+CPU slots' timing, ``wait_for`` or lossy accounting, which the step's functions all include.
+
 Set-up follows the simulator's order (required columns, frequencies, ``setup``,
 ``cache.initial``, ``warm``), then untimed warm-up and per-request context, then every
 iteration of the workload timed on the wall clock between ``on_iteration_start`` and the end of

@@ -79,6 +79,10 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
     pinned = run.vram.pinned
     timeout = env.timeout
     grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
+    # the step's functions and flags bound once (the loop runs per layer)
+    begin_layer, route, take_units, end_layer = step.begin_layer, step.route, step.take_units, step.end_layer
+    has_before, has_outcome = step.has_before, step.has_access or step.has_after
+    timeline = step.timeline
     for it in run.workload.iterations:
         step.begin_iteration(it, env._now)
         policy.on_iteration_start(view)
@@ -86,24 +90,24 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
             yield from charge(run, env)
         layer_s, over_s = step.non_moe_s(it)
         for layer in range(run.L):
-            step.begin_layer(layer)
+            begin_layer(layer)
             if run.sync_prefetch:
                 yield from wait_prefetches(run, env)
             t0 = env._now
-            if step.has_before:
+            if has_before:
                 policy.before_layer(view, layer)
                 if run.spent_s:
                     yield from charge(run, env)
             if not advance_alone(env, layer_s + over_s):
                 yield timeout(layer_s + over_s)
-            if step.timeline is not None:
+            if timeline is not None:
                 step.timeline_event("GPU", f"L{layer} attn", env._now - layer_s - over_s, layer_s + over_s,
                                     {"iteration": it.index})
-            ls = step.route(it, layer, t0, layer_s, over_s)
+            ls = route(it, layer, t0, layer_s, over_s)
             if run.spent_s:
                 yield from charge(run, env)
             ls.t_route = env._now
-            step.take_units(ls)
+            take_units(ls)
             waits = step.waits_of(ls) if ls.plan is not None else None
             cpu_done = step.cpu_experts(ls, env._now) if ls.cpu_exps else 0.0
             # demand loads for absent parts, ahead of queued prefetches
@@ -115,21 +119,24 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                     yield timeout(delay)
                 queue_demand(granted)
                 ls.stall += delay
-            if step.has_access or step.has_after:
+            if has_outcome:
                 step.notify(ls)
             if run.spent_s:
                 yield from charge(run, env)
             # GPU experts compute as their parts become resident, ready ones first
             remaining = ls.need
+            early = None
             while remaining:
-                ready, remaining, watch = ready_parts(remaining, step.early_of(ls) if tx.waiting else None)
+                if tx.waiting and early is None:
+                    early = step.early_of(ls)
+                ready, remaining, watch = ready_parts(remaining, early if tx.waiting else None)
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])   # 0 + a is a
                     tc = env._now
                     if not advance_alone(env, dt):
                         yield timeout(dt)
                     st.gpu_busy_s += dt
-                    if step.timeline is not None:
+                    if timeline is not None:
                         step.timeline_event("GPU", f"L{layer} experts", tc, dt,
                                             {"experts": [ls.exps[x[0]] for x in ready]})
                     for x in ready:   # computed: unpinned; one in the transfer buffer settles at once
@@ -172,7 +179,7 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
                 wait = cpu_done - env._now
                 yield timeout(wait)
                 st.cpu_wait_s += wait
-            step.end_layer(ls, env._now)
+            end_layer(ls, env._now)
         head, over = step.tail_s(it)
         if head + over > 0:
             if not advance_alone(env, head + over):

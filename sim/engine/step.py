@@ -144,6 +144,8 @@ class Stepper:
         self.batch_start: dict[int, float] = {}
         self.exp_cost: dict[int, float] = {}
         self.cpu_cost: dict[int, float] = {}
+        self._non_moe: dict[int, tuple[float, float]] = {}   # token count -> (layer_s, overhead)
+        self._tail: dict[int, tuple[float, float]] = {}      # token count -> (head_s, overhead)
         # skip calls of hooks a policy does not override (the hot path runs per layer)
         self.has_start = policy.uses_hook("on_iteration_start")
         self.has_before = policy.uses_hook("before_layer")
@@ -173,9 +175,12 @@ class Stepper:
 
     def tail_s(self, it: Iteration) -> tuple[float, float]:
         """After ``it``'s last layer: the LM head's GPU seconds and the runtime's per-iteration
-        overhead."""
+        overhead (the cost model's, kept per token count: they depend on nothing else)."""
         n_tok = it.n_tokens
-        return self.cost.head_s(n_tok), self.cost.overhead_iteration_s(n_tok)
+        got = self._tail.get(n_tok)
+        if got is None:
+            got = self._tail[n_tok] = (self.cost.head_s(n_tok), self.cost.overhead_iteration_s(n_tok))
+        return got
 
     def count_tail(self, head: float, over: float) -> None:
         """Account the head and the overhead once the GPU ran them."""
@@ -208,12 +213,17 @@ class Stepper:
     def non_moe_s(self, it: Iteration) -> tuple[float, float]:
         """GPU seconds of a layer's non-MoE compute (attention, norms, router) in ``it``, and the
         runtime's per-layer overhead: before each layer's routing is known the GPU runs their
-        sum. The same for every layer of ``it`` (the kernels ask once per iteration). With a
+        sum. The same for every layer of ``it`` (the kernels ask once per iteration); without a
+        context, the cost model's, kept per token count (it depends on nothing else). With a
         modelled context (``it.kv_tokens`` > 0) attention's reads of the KV cache add
         :meth:`~moesim.sim.engine.cost.CostModel.context_s`."""
+        n_tok = it.n_tokens
         if it.kv_tokens:
-            return self.cost.layer_s(it.n_tokens) + self.cost.context_s(it.kv_tokens, it.attn_pairs), self.overhead_layer
-        return self.cost.layer_s(it.n_tokens), self.overhead_layer
+            return self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs), self.overhead_layer
+        got = self._non_moe.get(n_tok)
+        if got is None:
+            got = self._non_moe[n_tok] = (self.cost.layer_s(n_tok), self.overhead_layer)
+        return got
 
     def route(self, it: Iteration, layer: int, t0: float, layer_s: float, over_s: float) -> LayerStep:
         """Routing of ``layer`` (started at ``t0``) becomes known once the GPU ran its non-MoE

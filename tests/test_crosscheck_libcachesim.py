@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("libcachesim")
 
-from benchmarks.crosscheck_libcachesim import (  # noqa: E402
+from benchmarks.crosscheck_libcachesim import (
     POLICIES,
     TOP1_SIZES,
     TOPK_SIZES,

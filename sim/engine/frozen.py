@@ -27,7 +27,7 @@ def slot_maker(cls: type) -> Callable[..., Any]:
     env.update({f"_set_{n}": getattr(cls, n).__set__ for n in names})
     body = "\n".join(f"    _set_{n}(obj, {n})" for n in names)
     src = f"def make({', '.join(names)}):\n    obj = _new(_cls)\n{body}\n    return obj\n"
-    exec(src, env)   # noqa: S102 - a fixed template over the class's own field names
+    exec(src, env)
     make: Callable[..., Any] = env["make"]
     make.__doc__ = f"``{cls.__name__}({', '.join(names)})``, written through its slots."
     return make

@@ -152,7 +152,7 @@ def _planner(state: RunState[Transfers], kind: str, clean: bool) -> Planner:
     return BeladyPlanner(L, slots, warm, last, flat)
 
 
-def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:  # noqa: C901 - one loop, kept flat for speed
+def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
     """Replay ``state``'s workload with the ``kind`` kernel (see the module docstring)."""
     cost = state.cost
     L, K = state.L, state.K

@@ -51,7 +51,7 @@ class _U:
         self.used = used
 
 
-def replay_prefetch(state: RunState[Transfers], source: str) -> None:  # noqa: C901 - one loop, kept flat for speed
+def replay_prefetch(state: RunState[Transfers], source: str) -> None:
     """Replay ``state``'s workload with the kernel (see the module docstring), the prefetcher
     guessing from ``source`` (:class:`~moesim.sim.fast.prefetch_guess.GuessMaker`); leaves the
     counters, step records and clock as the event loop would."""

@@ -133,7 +133,8 @@ def test_an_all_policy_figure_is_legible() -> None:
     the caption clear of the legend, and a PNG of at least 1,280 px."""
     from matplotlib.transforms import Bbox
 
-    from moesim.sim.study.plot import GREY, TOP_N, png_dpi
+    from moesim.sim.study.figure_files import png_dpi
+    from moesim.sim.study.plot import GREY, TOP_N
 
     df, names = _many_policies()
     fig = sweep_figure(df, ["policy", "cache.rate"], "tpot")

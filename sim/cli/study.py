@@ -167,7 +167,8 @@ def compare_cmd(
     from moesim.sim.core.atomic import atomic_file
     from moesim.sim.study.compare import METRICS, comparison_figure, comparison_sweep, rank
     from moesim.sim.study.compare_table import to_csv, to_markdown
-    from moesim.sim.study.plot import load_table, save
+    from moesim.sim.study.figure_files import save
+    from moesim.sim.study.plot import load_table
     from moesim.sim.study.sweep_run import run_sweep
 
     grant_plugins(allow_plugins)
@@ -227,7 +228,8 @@ def plot_cmd(
 ) -> None:
     """Paper-style figures from a sweep table, or the timeline view of one run."""
     from moesim.sim.core.atomic import OutputError, atomic_folder, own_folder
-    from moesim.sim.study.plot import FORMATS, KINDS, save, sweep_figures
+    from moesim.sim.study.figure_files import FORMATS, save
+    from moesim.sim.study.plot import KINDS, sweep_figures
     from moesim.sim.study.timeline_plot import timeline_figure
 
     formats = fmt or list(FORMATS)

@@ -102,12 +102,12 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
     import numpy as np
 
     from moesim.policies.contract.registry import policy_class
+    from moesim.sim.study.figure_files import png_dpi
     from moesim.sim.study.plot import (
         GREY,
         KINDS,
         caption,
         greyed_note,
-        png_dpi,
         print_style,
         series_label,
         series_styles,

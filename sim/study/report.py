@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moesim.sim.core.escape import md_code, md_text
-from moesim.sim.study.plot import PlotError
+from moesim.sim.study.figure_files import PlotError
 from moesim.sim.study.replicates import SEED
 from moesim.sim.study.report_model import FIGURE_DPI, Figure, Report
 
@@ -104,7 +104,7 @@ def _figure(stem: str, caption: str, fig: Any) -> Figure:
     """A report figure: ``fig`` as a PNG at least 1,280 px wide, then closed."""
     import matplotlib.pyplot as plt
 
-    from moesim.sim.study.plot import png_dpi
+    from moesim.sim.study.figure_files import png_dpi
 
     buf = io.BytesIO()
     dpi = max(FIGURE_DPI, png_dpi(fig))

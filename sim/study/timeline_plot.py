@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moesim.sim.run.outputs import COMPUTE_TRACKS
-from moesim.sim.study.plot import FORMATS, PlotError, print_style, save
+from moesim.sim.study.figure_files import FORMATS, PlotError, save
+from moesim.sim.study.plot import print_style
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure

@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-from moesim.sim.core.atomic import atomic_file
 from moesim.traces.analysis.recall import trace_recall
 from moesim.traces.format.trace_file import read_meta
 from moesim.traces.synthetic.fit import measure
@@ -211,9 +210,9 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
-        with atomic_file(args.out, option="--out", force=True,
-                         owned=lambda p: p.resolve().is_relative_to(Path(__file__).resolve().parent / "results")) as tmp:
-            tmp.write_text(text + "\n")
+        from results_file import write_result  # this folder is on sys.path when run as a script
+
+        write_result(args.out, text + "\n")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 
 from moesim.sim.config.scenario import load_scenario_data
-from moesim.sim.core.atomic import atomic_file
 from moesim.sim.run.runner import run_loaded
 from moesim.traces.format.trace_file import Trace, read_trace, trace_from_columns
 from moesim.traces.synthetic.generator import generate, parse_params
@@ -173,9 +172,9 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
-        with atomic_file(args.out, option="--out", force=True,
-                         owned=lambda p: p.resolve().is_relative_to(Path(__file__).resolve().parent / "results")) as tmp:
-            tmp.write_text(text + "\n")
+        from results_file import write_result  # this folder is on sys.path when run as a script
+
+        write_result(args.out, text + "\n")
 
 
 if __name__ == "__main__":

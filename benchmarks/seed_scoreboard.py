@@ -422,11 +422,9 @@ def main() -> None:
     text, _ = scoreboard(reasons=not args.no_reasons)
     sys.stdout.write(text)
     if args.out:
-        from moesim.sim.core.atomic import atomic_file
+        from results_file import write_result  # this folder is on sys.path when run as a script
 
-        with atomic_file(args.out, option="--out", force=True,
-                         owned=lambda p: p.resolve().is_relative_to(Path(__file__).resolve().parent / "results")) as tmp:
-            tmp.write_text(text)
+        write_result(args.out, text)
 
 
 if __name__ == "__main__":

@@ -201,3 +201,24 @@ def test_the_kv_cache_cuts_the_expert_budget_exact_timeline() -> None:
     base = _engine(plain, model, hw, 2, False)
     base.run()
     assert step_us(base) == [1150, 1150, 150]
+
+
+def test_kv_read_gbps_is_the_rate_of_the_kv_reads() -> None:
+    m = attn_model()
+    hw = get_hardware({"name": "tiny-gpu", "vram_gib": 1.0, "pcie_gbps": 3.0, "peak_tflops": 100, "hbm_gbps": 1000,
+                       "kv_read_gbps": 250})
+    # 1000 tokens x 4096 B at the 250 GB/s the reads reach (not the memory's 1000)
+    assert CostModel(m, hw).context_s(1000, 1000) == 1000 * 4096 / 250e9
+    # a measured slope still replaces the read; the quadratic compute still wins a long prefill
+    calibrated = hw.model_copy(update={"costs": slope_hw(2.0).costs})
+    assert CostModel(m, calibrated).context_s(1000, 1000) == pytest.approx(1000 * 2.0e-6)
+    assert CostModel(m, hw).context_s(1000, 10**8) == pytest.approx(10**8 * 4 * 32 * 128 / 100e12)
+    assert hw.model_dump(exclude_none=True)["kv_read_gbps"] == 250
+    assert "kv_read_gbps" not in get_hardware("rtx-4090").model_dump(exclude_none=True)
+
+
+def test_kv_reads_faster_than_the_memory_are_one_line() -> None:
+    scen = ROOT / "scenarios" / "mixtral-4090-lru.yaml"
+    with pytest.raises(ScenarioError, match="kv_read_gbps") as exc:
+        load_scenario(scen, ["hardware={base: rtx-4090, kv_read_gbps: 5000}"]).hardware_spec()
+    assert "\n" not in str(exc.value) and "hbm_gbps" in str(exc.value)

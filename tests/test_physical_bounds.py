@@ -103,3 +103,16 @@ def test_value_at_bound_names_missing_cost(tmp_path: Path) -> None:
     assert "PCIe 3.0 x16" in p["bound_source"]
     assert doc_out["fit"]["at_bound"] == ["hardware.pcie_gbps at max"]
     assert "AT A BOUND" in p["source"]
+
+
+def test_kv_read_rate_is_bounded_by_the_memory() -> None:
+    class _Row:
+        role = "fit"
+        reference = None
+        where = "rows[0]"
+        measured = {"tokens_per_s": 50.0}
+        data = {"hardware": "dgx-spark-gb10"}
+
+    bound = physical_bound("hardware.kv_read_gbps", [_Row()])
+    assert bound is not None and bound[0] == 273 and "dgx-spark-gb10" in bound[1]
+    assert "quantized KV cache" in missing_cost("hardware.kv_read_gbps", "max")

@@ -75,7 +75,8 @@ class CostModel:
         ``kv_tokens`` tokens of KV cache (summed over its requests) and scores ``attn_pairs``
         (query, context) pairs. ``max(read, compute)`` where read is
         ``kv_tokens x layer_us_per_context_token`` on calibrated costs that measure it, else
-        ``kv_tokens x kv_bytes_per_token / hbm_gbps``, and compute is ``attn_pairs x
+        ``kv_tokens x kv_bytes_per_token / kv_gbps`` (the hardware's ``kv_read_gbps``, by default
+        ``hbm_gbps``), and compute is ``attn_pairs x
         attention_flops_per_pair / peak_tflops``; both scaled by ``attention_blocks / num_layers``
         (dense blocks' attention spread over the MoE layers, as the roofline spreads their
         weights). No fixed kernel cost: the layer's own ``layer_s`` has it. 0 without a context."""
@@ -89,7 +90,7 @@ class CostModel:
             raise ValueError(f"model {m.name!r} gives no attention shape (attention_heads, kv_heads and head_dim, "
                              "or kv_lora_rank): its KV cache cannot be modelled")
         slope = hw.costs.layer_us_per_context_token if hw.costs is not None else None
-        read = kv_tokens * slope * US if slope is not None else kv_tokens * kvb / (hw.hbm_gbps * 1e9)
+        read = kv_tokens * slope * US if slope is not None else kv_tokens * kvb / (hw.kv_gbps * 1e9)
         compute = attn_pairs * flops / (hw.peak_tflops * 1e12)
         return max(read, compute) * m.attention_blocks / m.num_layers
 

@@ -219,6 +219,10 @@ class HardwareSpec(BaseModel):
     pcie_lanes: PositiveInt = Field(16, description="PCIe lanes of the host link")
     peak_tflops: PositiveFloat = Field(description="dense bf16 tensor throughput in TFLOP/s")
     hbm_gbps: PositiveFloat = Field(description="GPU memory bandwidth in GB/s")
+    kv_read_gbps: PositiveFloat | None = Field(
+        None, description="GB/s that attention's reads of the KV cache reach (workload.context_tokens): a decode "
+        "kernel at a small batch reaches only part of hbm_gbps (few KV heads to spread over the GPU); at most "
+        "hbm_gbps (default: hbm_gbps, the roofline)")
     kernel_us: float = Field(5.0, ge=0, description="fixed launch/synchronisation overhead of one expert or layer kernel group")
     evict_us: float = Field(0.0, ge=0, description="cost of an eviction on the critical path (paid inside a demand miss)")
     costs: CostsSpec | None = Field(None, description="calibrated costs overriding the roofline")
@@ -228,6 +232,18 @@ class HardwareSpec(BaseModel):
     source: str = Field("", description="where the entry's numbers come from (spec sheet, derivation, calibration file)")
     sources: dict[str, str] = Field(default_factory=dict, description="per-field provenance: field name -> source, "
                                     "overriding ``source`` for that field")
+
+    @model_validator(mode="after")
+    def _check_kv_read(self) -> HardwareSpec:
+        if self.kv_read_gbps is not None and self.kv_read_gbps > self.hbm_gbps:
+            raise ValueError(f"kv_read_gbps ({self.kv_read_gbps:g}) exceeds hbm_gbps ({self.hbm_gbps:g}): a read of "
+                             "the KV cache is no faster than the memory it reads")
+        return self
+
+    @property
+    def kv_gbps(self) -> float:
+        """GB/s of attention's KV-cache reads: ``kv_read_gbps``, or ``hbm_gbps`` without one."""
+        return self.hbm_gbps if self.kv_read_gbps is None else self.kv_read_gbps
 
     @property
     def pageable_rate_gbps(self) -> float:

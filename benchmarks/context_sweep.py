@@ -4,7 +4,10 @@ Run: ``python benchmarks/context_sweep.py [MEASUREMENTS.yaml ...]`` (about 10 s 
 every context sweep in ``measurements/``: ``llamacpp-dgx-spark-qwen3-coder-context.yaml``
 (Qwen3-Coder-30B-A3B Q8_0 under llama.cpp on a DGX Spark, generation speed at depths 0 to
 32768; the two shortest depths fit the runtime's per-layer overhead and the rate of the KV
-reads, ``hardware.kv_read_gbps``, the three deeper ones are held out) and
+reads, ``hardware.kv_read_gbps``, the three deeper ones are held out),
+``llamacpp-dgx-spark-qwen3-coder-prefill-context.yaml`` (the same table's 2048-token prompt
+processing after those contexts, the quadratic term: the two shortest depths fit the runtime's
+per-token cost and the rate of attention's products, ``hardware.attention_tflops``) and
 ``tenstorrent-qwen3-30b-a3b-a100-context.yaml`` (Qwen3-30B-A3B under vLLM on one A100, time per
 output token at input lengths 128 to 8192; the shortest fits the per-layer overhead). For each
 set it runs ``simctl fit``, then prints per depth the measured value, moesim's prediction with
@@ -27,6 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = (ROOT / "measurements" / "llamacpp-dgx-spark-qwen3-coder-context.yaml",
+            ROOT / "measurements" / "llamacpp-dgx-spark-qwen3-coder-prefill-context.yaml",
             ROOT / "measurements" / "tenstorrent-qwen3-30b-a3b-a100-context.yaml")
 GOAL = 1.25
 

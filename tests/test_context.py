@@ -213,12 +213,17 @@ def test_kv_read_gbps_is_the_rate_of_the_kv_reads() -> None:
     calibrated = hw.model_copy(update={"costs": slope_hw(2.0).costs})
     assert CostModel(m, calibrated).context_s(1000, 1000) == pytest.approx(1000 * 2.0e-6)
     assert CostModel(m, hw).context_s(1000, 10**8) == pytest.approx(10**8 * 4 * 32 * 128 / 100e12)
+    # attention_tflops: the rate of the products, in place of the peak
+    slow = hw.model_copy(update={"attention_tflops": 25.0})
+    assert CostModel(m, slow).context_s(1000, 10**8) == pytest.approx(10**8 * 4 * 32 * 128 / 25e12)
     assert hw.model_dump(exclude_none=True)["kv_read_gbps"] == 250
     assert "kv_read_gbps" not in get_hardware("rtx-4090").model_dump(exclude_none=True)
 
 
-def test_kv_reads_faster_than_the_memory_are_one_line() -> None:
+@pytest.mark.parametrize(("field", "value", "limit"), [("kv_read_gbps", 5000, "hbm_gbps"),
+                                                      ("attention_tflops", 1000, "peak_tflops")])
+def test_attention_faster_than_the_hardware_is_one_line(field: str, value: float, limit: str) -> None:
     scen = ROOT / "scenarios" / "mixtral-4090-lru.yaml"
-    with pytest.raises(ScenarioError, match="kv_read_gbps") as exc:
-        load_scenario(scen, ["hardware={base: rtx-4090, kv_read_gbps: 5000}"]).hardware_spec()
-    assert "\n" not in str(exc.value) and "hbm_gbps" in str(exc.value)
+    with pytest.raises(ScenarioError, match=field) as exc:
+        load_scenario(scen, [f"hardware={{base: rtx-4090, {field}: {value}}}"]).hardware_spec()
+    assert "\n" not in str(exc.value) and limit in str(exc.value)

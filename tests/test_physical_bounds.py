@@ -105,7 +105,7 @@ def test_value_at_bound_names_missing_cost(tmp_path: Path) -> None:
     assert "AT A BOUND" in p["source"]
 
 
-def test_kv_read_rate_is_bounded_by_the_memory() -> None:
+def test_attention_rates_are_bounded_by_the_hardware() -> None:
     class _Row:
         role = "fit"
         reference = None
@@ -114,5 +114,7 @@ def test_kv_read_rate_is_bounded_by_the_memory() -> None:
         data = {"hardware": "dgx-spark-gb10"}
 
     bound = physical_bound("hardware.kv_read_gbps", [_Row()])
-    assert bound is not None and bound[0] == 273 and "dgx-spark-gb10" in bound[1]
+    assert bound is not None and bound[0] == 273 and "dgx-spark-gb10" in bound[1] and "hbm_gbps" in bound[1]
+    compute = physical_bound("hardware.attention_tflops", [_Row()])
+    assert compute is not None and compute[0] == 125 and "peak_tflops" in compute[1]
     assert "quantized KV cache" in missing_cost("hardware.kv_read_gbps", "max")

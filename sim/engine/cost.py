@@ -76,10 +76,10 @@ class CostModel:
         (query, context) pairs. ``max(read, compute)`` where read is
         ``kv_tokens x layer_us_per_context_token`` on calibrated costs that measure it, else
         ``kv_tokens x kv_bytes_per_token / kv_gbps`` (the hardware's ``kv_read_gbps``, by default
-        ``hbm_gbps``), and compute is ``attn_pairs x
-        attention_flops_per_pair / peak_tflops``; both scaled by ``attention_blocks / num_layers``
-        (dense blocks' attention spread over the MoE layers, as the roofline spreads their
-        weights). No fixed kernel cost: the layer's own ``layer_s`` has it. 0 without a context."""
+        ``hbm_gbps``), and compute is ``attn_pairs x attention_flops_per_pair / attn_tflops``
+        (``attention_tflops``, by default ``peak_tflops``); both scaled by ``attention_blocks /
+        num_layers`` (dense blocks' attention spread over the MoE layers, as the roofline spreads
+        their weights). No fixed kernel cost: the layer's own ``layer_s`` has it. 0 without a context."""
         if kv_tokens <= 0:
             return 0.0
         m = self.model
@@ -91,7 +91,7 @@ class CostModel:
                              "or kv_lora_rank): its KV cache cannot be modelled")
         slope = hw.costs.layer_us_per_context_token if hw.costs is not None else None
         read = kv_tokens * slope * US if slope is not None else kv_tokens * kvb / (hw.kv_gbps * 1e9)
-        compute = attn_pairs * flops / (hw.peak_tflops * 1e12)
+        compute = attn_pairs * flops / (hw.attn_tflops * 1e12)
         return max(read, compute) * m.attention_blocks / m.num_layers
 
     def expert_s(self, n_tokens: int) -> float:

@@ -59,14 +59,15 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     # sizes and costs: read only through the cost model's functions, which every replay calls
     # pcie_gen and pcie_lanes: the bound a fit keeps pcie_gbps under (never read by the engine)
     # dense_blocks: where llama.cpp's flag counts from (advise's placement), never read by the engine
-    # the attention fields, kv_read_gbps and layer_us_per_context_token: read only by CostModel.context_s,
-    # through Stepper.non_moe_s, which every replay calls
+    # the attention fields, kv_read_gbps, attention_tflops and layer_us_per_context_token: read only by
+    # CostModel.context_s, through Stepper.non_moe_s, which every replay calls
     "model": frozenset({"attention_heads", "attention_source", "head_dim", "kv_dtype_bytes", "kv_heads",
                         "kv_lora_rank", "qk_rope_head_dim", "dense_blocks", "dtype_bytes",
                         "expert_intermediate_size", "hidden_size", "name", "non_expert_bytes",
                         "num_experts", "num_layers", "num_shared_experts", "shared_expert_intermediate_size",
                         "top_k"}),
-    "hardware": frozenset({"copy_engines", "costs", "cpu", "d2h_gbps", "device", "evict_us", "hbm_gbps",
+    "hardware": frozenset({"attention_tflops", "copy_engines", "costs", "cpu", "d2h_gbps", "device", "evict_us",
+                           "hbm_gbps",
                            "kernel_us", "kv_read_gbps", "name", "pageable_gbps", "pcie_gbps", "pcie_gen", "pcie_lanes", "pcie_latency_us",
                            "peak_tflops",
                            "source", "sources", "vram_gib"}),

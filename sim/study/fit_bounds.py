@@ -7,9 +7,10 @@ source:
 * a copy rate (``hardware.pcie_gbps``, ``pageable_gbps``, ``d2h_gbps``) is at most the host
   link's theoretical rate (:mod:`moesim.sim.config.catalog.physics`; the hardware's
   ``pcie_gen``), the smallest over the rows the value applies to;
-* a rate of reads from GPU memory (``hardware.kv_read_gbps``, what attention's KV-cache reads
-  reach) is at most the memory's bandwidth (the hardware's ``hbm_gbps``), the smallest over the
-  rows the value applies to;
+* a rate attention reaches is at most the hardware's: its KV-cache reads
+  (``hardware.kv_read_gbps``) the memory's bandwidth (``hbm_gbps``), its products
+  (``hardware.attention_tflops``) the peak (``peak_tflops``), the smallest over the rows the
+  value applies to;
 * a per-layer cost (``runtime.layer_us``, ``hardware.costs.layer_us``) is below the measured
   step over the model's layers, and a per-copy or per-miss cost (``hardware.pcie_latency_us``,
   ``runtime.demand_load_us``, ``runtime.prefetch_issue_us``) below the measured step, the
@@ -28,8 +29,8 @@ from typing import Any
 
 LINK_KEYS = ("hardware.pcie_gbps", "hardware.pageable_gbps", "hardware.d2h_gbps")
 """Copy rates: bounded by the link's theoretical rate."""
-MEMORY_KEYS = ("hardware.kv_read_gbps",)
-"""Rates of reads from GPU memory: bounded by the memory's bandwidth (``hbm_gbps``)."""
+RATE_KEYS = {"hardware.kv_read_gbps": ("hbm_gbps", "GB/s"), "hardware.attention_tflops": ("peak_tflops", "TFLOP/s")}
+"""Rates attention reaches, each bounded by the hardware's own figure (the field named)."""
 PER_LAYER_KEYS = ("runtime.layer_us", "hardware.costs.layer_us")
 """Costs paid once per layer of a step: bounded by the measured step over the layers."""
 PER_COPY_KEYS = ("hardware.pcie_latency_us", "runtime.demand_load_us", "runtime.prefetch_issue_us")
@@ -41,11 +42,11 @@ _MISSING: dict[tuple[str, str], str] = {
                      "them; look for a fixed cost per step that the link rate is absorbing",
     ("link", "min"): "a cost per copy or per miss beyond the bytes (hardware.pcie_latency_us; the host's lookup, "
                      "allocation and event per miss: runtime.demand_load_us) that the link rate is absorbing",
-    ("memory", "max"): "reads faster than the memory: the model charges the KV cache more bytes than the system "
-                       "reads (a quantized KV cache: model.kv_dtype_bytes) or charges another per-token-of-context "
-                       "cost too small",
-    ("memory", "min"): "a cost that grows with the context beyond the KV bytes (attention compute: peak_tflops; "
-                       "a kernel that re-reads the cache) absorbed into the read rate",
+    ("rate", "max"): "attention faster than the hardware: the model charges more KV bytes or products than the "
+                     "system does (a quantized KV cache: model.kv_dtype_bytes), or another cost that grows with the "
+                     "context too small",
+    ("rate", "min"): "a cost that grows with the context beyond the KV bytes and the products (a kernel that "
+                     "re-reads the cache, a fixed cost per layer once there is a context) absorbed into the rate",
     ("layer", "max"): "a cost per step that is not per layer (per miss: runtime.demand_load_us; per copy: "
                       "hardware.pcie_latency_us; per pass: runtime.iteration_us) absorbed into the layer",
     ("layer", "min"): "the step is shorter than the rest of the model allows: copies or expert compute charged "
@@ -59,8 +60,8 @@ _MISSING: dict[tuple[str, str], str] = {
 def _kind(key: str) -> str | None:
     if key in LINK_KEYS:
         return "link"
-    if key in MEMORY_KEYS:
-        return "memory"
+    if key in RATE_KEYS:
+        return "rate"
     if key in PER_LAYER_KEYS:
         return "layer"
     if key in PER_COPY_KEYS:
@@ -126,13 +127,15 @@ def physical_bound(key: str, rows: list[Any]) -> tuple[float, str] | None:
                 best = (link, f"physics: PCIe {hw.pcie_gen}.0 x{hw.pcie_lanes} of {hw.name} carries at most "
                               f"{link:g} GB/s per direction (PCI-SIG base specification)")
         return best
-    if kind == "memory":
+    if kind == "rate":
+        field, unit = RATE_KEYS[key]
         best = None
         for row in rows:
             hw = _hardware(row.data)
-            if hw is not None and (best is None or hw.hbm_gbps < best[0]):
-                best = (hw.hbm_gbps, f"physics: the memory of {hw.name} reads at most {hw.hbm_gbps:g} GB/s "
-                                     f"(hbm_gbps: {hw.source_of('hbm_gbps')})")
+            limit = None if hw is None else float(getattr(hw, field))
+            if hw is not None and limit is not None and (best is None or limit < best[0]):
+                best = (limit, f"physics: {hw.name} reaches at most {limit:g} {unit} "
+                               f"({field}: {hw.source_of(field)})")
         return best
     if kind in ("layer", "copy"):
         best = None

@@ -223,6 +223,9 @@ class HardwareSpec(BaseModel):
         None, description="GB/s that attention's reads of the KV cache reach (workload.context_tokens): a decode "
         "kernel at a small batch reaches only part of hbm_gbps (few KV heads to spread over the GPU); at most "
         "hbm_gbps (default: hbm_gbps, the roofline)")
+    attention_tflops: PositiveFloat | None = Field(
+        None, description="TFLOP/s that attention's score and value products reach (the term that grows with the "
+        "square of a prefill over a context: workload.context_tokens); at most peak_tflops (default: peak_tflops)")
     kernel_us: float = Field(5.0, ge=0, description="fixed launch/synchronisation overhead of one expert or layer kernel group")
     evict_us: float = Field(0.0, ge=0, description="cost of an eviction on the critical path (paid inside a demand miss)")
     costs: CostsSpec | None = Field(None, description="calibrated costs overriding the roofline")
@@ -234,11 +237,19 @@ class HardwareSpec(BaseModel):
                                     "overriding ``source`` for that field")
 
     @model_validator(mode="after")
-    def _check_kv_read(self) -> HardwareSpec:
+    def _check_attention_rates(self) -> HardwareSpec:
         if self.kv_read_gbps is not None and self.kv_read_gbps > self.hbm_gbps:
             raise ValueError(f"kv_read_gbps ({self.kv_read_gbps:g}) exceeds hbm_gbps ({self.hbm_gbps:g}): a read of "
                              "the KV cache is no faster than the memory it reads")
+        if self.attention_tflops is not None and self.attention_tflops > self.peak_tflops:
+            raise ValueError(f"attention_tflops ({self.attention_tflops:g}) exceeds peak_tflops "
+                             f"({self.peak_tflops:g}): attention computes no faster than the GPU's peak")
         return self
+
+    @property
+    def attn_tflops(self) -> float:
+        """TFLOP/s of attention's products: ``attention_tflops``, or ``peak_tflops`` without one."""
+        return self.peak_tflops if self.attention_tflops is None else self.attention_tflops
 
     @property
     def kv_gbps(self) -> float:

@@ -40,6 +40,7 @@ class Fitted:
     key: str                # the fitted key
     group: str | None = None
     keep: str = ""          # runtime source: the text after this marker is kept (unfitted fields)
+    rows_are: str = "baselines only"   # what the fit rows are, as the source says
 
 
 FITTED: list[Fitted] = [
@@ -55,11 +56,15 @@ FITTED: list[Fitted] = [
     Fitted("hardware", "a6000-moepic-testbed-qwen", "pcie_gbps", "moepic-qwen", "hardware.pcie_gbps"),
     Fitted("hardware", "a100-buddymoe-testbed", "pcie_gbps", "buddymoe-tables2-4", "hardware.pcie_gbps"),
     Fitted("hardware", "a100-buddymoe-testbed", "costs.layer_us", "buddymoe-tables2-4", "hardware.costs.layer_us"),
+    Fitted("hardware", "dgx-spark-gb10-llamacpp", "kv_read_gbps", "llamacpp-dgx-spark-qwen3-coder-context",
+           "hardware.kv_read_gbps", rows_are="the two shortest depths"),
+    Fitted("hardware", "dgx-spark-gb10-llamacpp", "attention_tflops", "llamacpp-dgx-spark-qwen3-coder-prefill-context",
+           "hardware.attention_tflops", rows_are="the two shortest depths"),
 ]
 """Every fitted catalog field and where it comes from."""
 
-DIGITS = {"layer_us": 0, "costs.layer_us": 0, "pcie_gbps": 2}
-"""Decimals each field is written with (microseconds whole; GB/s to 10 MB/s)."""
+DIGITS = {"layer_us": 0, "costs.layer_us": 0, "pcie_gbps": 2, "kv_read_gbps": 1, "attention_tflops": 1}
+"""Decimals each field is written with (microseconds whole; copy GB/s to 10 MB/s; attention's rates to 0.1)."""
 
 
 def _fit(folder: str) -> dict[str, Any]:
@@ -114,7 +119,7 @@ def source(f: Fitted) -> str:
     if others:
         bound += f"; other values of this fit at a bound (a cost is missing there): {', '.join(others)}"
     return (f"fit: `{fit['command']}` ({fit['source']}), {f.key} on fit rows {_rows(fit_rows)} "
-            f"(baselines only){bound}; {held_text}")
+            f"({f.rows_are}){bound}; {held_text}")
 
 
 def _block(lines: list[str], entry: str) -> tuple[int, int]:

@@ -185,6 +185,7 @@ class RuntimeSpec(BaseModel):
     token_us: float = Field(0.0, ge=0, description="overhead per token of a forward pass")
     demand_load_us: float = Field(0.0, ge=0, description="host-side cost of each demand load on the critical path, beyond the copy (issuing it, blocking on it, resuming the layer); paid before the load is queued")
     prefetch_issue_us: float = Field(0.0, ge=0, description="host-side cost of issuing each prefetch on the critical path, beyond the copy (the bookkeeping, handing the copy to its stream or thread, the interference of its landing); paid on the GPU stream at the next hook boundary while the copy starts at once")
+    pageable_copy_us: float = Field(0.0, ge=0, description="host-side cost of each synchronous copy from pageable memory, beyond its bytes (the framework's per-tensor `.to(device)` calls, the driver's staging set-up, the blocking wait), for policies whose copies come from pageable memory (accelerate); it holds the copy lane, which the GPU waits for: see moesim.sim.engine.cost")
     source: str = Field("", description="where the numbers come from")
 
 

@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
-HOW = ("engine_path", "engine_path_reason")
-"""Metrics that say which path computed a run (not hashed)."""
+HOW = ("engine_path", "engine_path_reason", "cache_start")
+"""Metrics not hashed: which path computed a run, and ``cache_start`` (``cold``/``warm``, a
+restatement of the scenario's ``cache.initial``, whose effect the hashed outputs carry; added
+after the baselines were made, so that they stay comparable)."""
 
 
 def run_digest(metrics: dict[str, Any], steps: dict[str, np.ndarray], root: Path) -> str:

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTIONS: dict[str, list[str]] = {
     "eliseev-mazur-2023-table2": ["--loo", "none"],
     "eliseev-mazur-2023-table2-one-runtime": ["--loo", "none"],
+    "eliseev-mazur-2023-table2-miss-cost": ["--loo", "none"],
     "buddymoe-tables2-4": ["--loo", "none"],
     "moepic-table1-hitrates": ["--loo", "none"],
     "commitmoe-fig5": ["--loo", "none"],

@@ -6,7 +6,8 @@ see the calibration harness) the measured per-layer and per-expert times are use
 with optional per-token slopes. An expert on the host CPU is the same roofline over the host's
 memory and the threads that compute it (:mod:`moesim.sim.config.catalog.host`). Copies come
 from pinned host memory at ``pcie_gbps``, or, for a runtime that does not pin
-(``host_memory="pageable"``), at the hardware's pageable rate.
+(``host_memory="pageable"``), at the hardware's pageable rate plus the runtime's
+``pageable_copy_us`` per copy.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from moesim.sim.config.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 
 US = 1e-6
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
-                         prefetch_issue_us=0.0, source="no overhead")
+                         prefetch_issue_us=0.0, pageable_copy_us=0.0, source="no overhead")
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,14 @@ class CostModel:
 
     def transfer_s(self, nbytes: float) -> float:
         """Host-to-device copy of ``nbytes``: fixed latency plus bytes over bandwidth (pinned
-        or pageable, as ``host_memory`` says)."""
-        return self.hardware.pcie_latency_us * US + nbytes / (self.h2d_gbps * 1e9)
+        or pageable, as ``host_memory`` says); a copy from pageable memory adds the runtime's
+        ``pageable_copy_us`` (a synchronous copy's host work: the lane stays held while the host
+        prepares and waits on it; the only policies that copy from pageable memory wait for
+        their copies anyway, so lane time and host time are the same here)."""
+        fixed = self.hardware.pcie_latency_us
+        if self.host_memory == "pageable":
+            fixed += self.runtime.pageable_copy_us
+        return fixed * US + nbytes / (self.h2d_gbps * 1e9)
 
     def d2h_transfer_s(self, nbytes: float) -> float:
         """Device-to-host copy of ``nbytes`` (a swap-out): the same fixed latency, bytes over

@@ -76,8 +76,9 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     "hardware.cpu": frozenset({"busy_fraction", "call_us", "cores", "expert_us", "expert_us_per_token", "mem_gbps",
                                "name", "source", "sources", "tflops", "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
-    "runtime": frozenset({"demand_load_us", "iteration_us", "layer_us", "name", "prefetch_issue_us", "source",
-                          "token_us"}),
+    # pageable_copy_us: read only by CostModel.transfer_s, which every replay calls for its copies
+    "runtime": frozenset({"demand_load_us", "iteration_us", "layer_us", "name", "pageable_copy_us",
+                          "prefetch_issue_us", "source", "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""
 

@@ -47,6 +47,16 @@ def _dist(values: list[float], scale: float) -> dict[str, float | None]:
     return {"mean": float(a.mean()), "p50": percentile(ordered, 50), "p99": percentile(ordered, 99)}
 
 
+def cache_start(initial: str) -> str:
+    """``cold`` or ``warm``: how the run's expert cache starts (``cache.initial``). ``cold``
+    (``empty``): only what the policy's system loads with the model (its resident layers, its
+    pinned experts) is on the GPU before the first token, as a freshly started server; ``warm``
+    (``popular``, ``random``): the cache is full before the first token, as a server that has run
+    before. Published tables differ in it (a benchmark that discards warm-up tokens measures a
+    warm cache), so every result states it."""
+    return "cold" if initial == "empty" else "warm"
+
+
 def compute_metrics(run: RunState[Any]) -> dict[str, Any]:
     """All reported metrics of a finished run (its :class:`~moesim.sim.engine.state.RunState`:
     the event loop's or a fast replay's), as plain data."""
@@ -120,6 +130,7 @@ def compute_metrics(run: RunState[Any]) -> dict[str, Any]:
         "vram_peak_gib": (st.vram_peak_bytes + model.non_expert_bytes) / GIB,
         "expert_budget_gib": sum(run.ctx.pool_capacity) / GIB,
         "gpu_busy_fraction": st.gpu_busy_s / sim_time if sim_time > 0 else 0.0,
+        "cache_start": cache_start(run.initial),
         "warnings": list(run.warnings),
         "engine_path": run.path,
         "engine_path_reason": run.path_reason,   # why no fast replay ran ("" when one did)

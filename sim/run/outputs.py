@@ -17,6 +17,7 @@ from rich.table import Table
 from moesim.sim.core.atomic import atomic_folder
 from moesim.sim.core.escape import terminal as escape  # control characters shown, markup escaped
 from moesim.sim.engine.records import STEP_FIELDS
+from moesim.sim.run.metrics import cache_start
 from moesim.sim.run.runner import RunResult
 from moesim.traces.format.arrow_numpy import from_numpy
 
@@ -154,13 +155,14 @@ def cache_line(result: RunResult) -> str:
     if r["buffer_bytes"]:
         text += f"; transfer buffer {r['buffer_bytes'] / r['expert_bytes']:.0f} experts"
     cache = result.config.get("cache", {})
-    text += f"; starts {cache.get('initial', 'empty')}"
+    initial = cache.get("initial", "empty")
+    text += f"; starts {cache_start(initial)} ({initial})"
     if cache.get("swap_out"):
         text += "; swap-out" + (" (serial: one miss at a time)" if cache.get("serial_swap") else "")
     return text
 
 
-RUNTIME_TIMES = ("layer_us", "iteration_us", "token_us", "demand_load_us", "prefetch_issue_us")
+RUNTIME_TIMES = ("layer_us", "iteration_us", "token_us", "demand_load_us", "prefetch_issue_us", "pageable_copy_us")
 """The runtime profile's framework times; all zero means no framework overhead is modelled."""
 
 

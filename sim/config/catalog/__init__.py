@@ -23,18 +23,11 @@ from pydantic import (
 
 from moesim.sim.config.catalog.files import CatalogError, raw_entries, unknown
 from moesim.sim.config.catalog.host import CpuSpec, cpu_fields, host_names
+from moesim.sim.config.catalog.pageable import PAGEABLE_CAP_GBPS, PAGEABLE_SHARE, pageable_rule_gbps
 from moesim.sim.config.keys import fields_at
 
 GIB = 1024**3
 
-# Pageable host-to-device copies (accelerate's offloading) go through a pinned bounce buffer
-# that one host thread fills with memcpy, so they reach far less than the link: about half of
-# a PCIe 3.0 x16 link's pinned rate (pytorch/pytorch#16901: 5.1 vs ~11 GB/s), and 7.1-7.5 GB/s
-# against 53-55 GB/s pinned on a PCIe 5.0 H100 (measured for issue 25), ~8 GB/s on an RTX 5090
-# (tritonllm PR #41). Without a figure of its own a spec takes min(PAGEABLE_SHARE x pcie_gbps,
-# PAGEABLE_CAP_GBPS).
-PAGEABLE_SHARE = 0.5
-PAGEABLE_CAP_GBPS = 7.5
 
 __all__ = ["GIB", "PAGEABLE_CAP_GBPS", "PAGEABLE_SHARE", "CatalogError", "CatalogFieldError", "CostsSpec",
            "CpuSpec", "HardwareSpec", "ModelSpec", "RuntimeSpec", "get_cpu", "get_hardware", "get_model",
@@ -192,6 +185,7 @@ class RuntimeSpec(BaseModel):
     token_us: float = Field(0.0, ge=0, description="overhead per token of a forward pass")
     demand_load_us: float = Field(0.0, ge=0, description="host-side cost of each demand load on the critical path, beyond the copy (issuing it, blocking on it, resuming the layer); paid before the load is queued")
     prefetch_issue_us: float = Field(0.0, ge=0, description="host-side cost of issuing each prefetch on the critical path, beyond the copy (the bookkeeping, handing the copy to its stream or thread, the interference of its landing); paid on the GPU stream at the next hook boundary while the copy starts at once")
+    pageable_copy_us: float = Field(0.0, ge=0, description="host-side cost of each synchronous copy from pageable memory, beyond its bytes (the framework's per-tensor `.to(device)` calls, the driver's staging set-up, the blocking wait), for policies whose copies come from pageable memory (accelerate); it holds the copy lane, which the GPU waits for: see moesim.sim.engine.cost")
     source: str = Field("", description="where the numbers come from")
 
 
@@ -259,11 +253,11 @@ class HardwareSpec(BaseModel):
     @property
     def pageable_rate_gbps(self) -> float:
         """Host-to-device GB/s from pageable memory: ``pageable_gbps``, or without one
-        ``min(PAGEABLE_SHARE x pcie_gbps, PAGEABLE_CAP_GBPS)`` (the constants' sources are
-        beside them)."""
+        ``min(PAGEABLE_SHARE x pcie_gbps, PAGEABLE_CAP_GBPS)``, the rule of
+        :mod:`~moesim.sim.config.catalog.pageable` (its published measurements and held-out error)."""
         if self.pageable_gbps is not None:
             return self.pageable_gbps
-        return min(PAGEABLE_SHARE * self.pcie_gbps, PAGEABLE_CAP_GBPS)
+        return pageable_rule_gbps(self.pcie_gbps)
 
     @property
     def link_gbps(self) -> float | None:

@@ -75,8 +75,12 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     "hardware.cpu": frozenset({"busy_fraction", "call_us", "cores", "expert_us", "expert_us_per_token", "mem_gbps",
                                "name", "source", "sources", "tflops", "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
-    "runtime": frozenset({"demand_load_us", "iteration_us", "layer_us", "name", "prefetch_issue_us", "source",
-                          "token_us"}),
+    # launch_us, layer_kernels, cuda_graphs: read only by CostModel.overhead_layer_s, through
+    # Stepper.non_moe_s, which every replay calls
+    # cpu_switch_us: paid only by Stepper.cpu_experts, for a layer with CPU experts; no fast replay
+    # runs CPU experts (path.py and the kernels refuse such plans), so none has it to reproduce
+    "runtime": frozenset({"cpu_switch_us", "cuda_graphs", "demand_load_us", "iteration_us", "launch_us",
+                          "layer_kernels", "layer_us", "name", "prefetch_issue_us", "source", "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""
 

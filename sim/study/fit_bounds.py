@@ -7,7 +7,7 @@ source:
 * a copy rate (``hardware.pcie_gbps``, ``pageable_gbps``, ``d2h_gbps``) is at most the host
   link's theoretical rate (:mod:`moesim.sim.config.catalog.physics`; the hardware's
   ``pcie_gen``), the smallest over the rows the value applies to;
-* a per-layer cost (``runtime.layer_us``, ``hardware.costs.layer_us``) is below the measured
+* a per-layer cost (``runtime.layer_us``, ``runtime.cpu_switch_us``, ``hardware.costs.layer_us``) is below the measured
   step over the model's layers, and a per-copy or per-miss cost (``hardware.pcie_latency_us``,
   ``runtime.demand_load_us``, ``runtime.prefetch_issue_us``) below the measured step, the
   smallest over the **fit**
@@ -25,7 +25,7 @@ from typing import Any
 
 LINK_KEYS = ("hardware.pcie_gbps", "hardware.pageable_gbps", "hardware.d2h_gbps")
 """Copy rates: bounded by the link's theoretical rate."""
-PER_LAYER_KEYS = ("runtime.layer_us", "hardware.costs.layer_us")
+PER_LAYER_KEYS = ("runtime.layer_us", "runtime.cpu_switch_us", "hardware.costs.layer_us")
 """Costs paid once per layer of a step: bounded by the measured step over the layers."""
 PER_COPY_KEYS = ("hardware.pcie_latency_us", "runtime.demand_load_us", "runtime.prefetch_issue_us")
 """Costs paid per copy or per miss: bounded by the measured step."""

@@ -177,7 +177,11 @@ def report() -> str:
              "kernel efficiency of the CPU expert path, not a sync, which the single-socket fit rows cannot",
              "separate from the hand-off. The prefill rows point the other way: two sockets are predicted at",
              "0.79x and 0.71x of the measured TTFT (the catalog doubles the compute, the runs gain 1.53x): a",
-             "cross-socket cost in prefill that no sourced field gives; none added.",
+             "cross-socket cost in prefill that no sourced field gives; none added. `hardware.cpu.call_us` at",
+             "its declared minimum is the prefill fit row asking for a faster CPU than the catalog's assumed",
+             "2.25 TFLOP/s a socket (half the AVX-512 peak): the 500-token prompt's routed experts are 20.4",
+             "TFLOP, and the part of the step that halves with a second socket is 6.4 s (3.2 TFLOP/s). Both",
+             "host figures are assumptions with no measured source for this CPU; neither is tuned here.",
              "llama.cpp (`llmfit-rtx2080-llamacpp-moe`): the derived 52 us hand-off takes Qwen3-30B-A3B",
              "from 1.09x to 1.02x and DeepSeek-Coder-V2-Lite from 1.46x to 1.39x (`cost_ablations.md`).", ""]
     return "\n".join(text)

@@ -47,9 +47,12 @@ def test_launch_cost_is_kernels_times_latency_and_off_under_graphs() -> None:
     assert CostModel(model, hw, eager).overhead_layer_s() == pytest.approx((7 + 270) * US)
     graphs = eager.model_copy(update={"cuda_graphs": True})
     assert CostModel(model, hw, graphs).overhead_layer_s() == 7 * US
-    # the eager catalog runtimes restated as kernels x latency keep their per-layer figure bit for bit
+    # llama-cpp-like restated as kernels x latency keeps its per-layer figure bit for bit (hf-eager
+    # keeps one layer_us: fits on it replace that number)
     assert CostModel(model, hw, get_runtime("hf-eager")).overhead_layer_s() == 350 * US
     assert CostModel(model, hw, get_runtime("llama-cpp-like")).overhead_layer_s() == 125 * US
+    assert CostModel(model, hw, get_runtime("llama-cpp-like").model_copy(update={"cuda_graphs": True})
+                     ).overhead_layer_s() == 0.0
 
 
 def test_launch_cost_reaches_every_layer_of_a_run() -> None:

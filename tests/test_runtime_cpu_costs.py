@@ -6,6 +6,8 @@ runtimes giving the per-layer overhead they gave as one number."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moesim.policies.contract.registry import make_policy
 from moesim.sim.config.catalog import RuntimeSpec, get_hardware, get_model, get_runtime
@@ -63,3 +65,22 @@ def test_launch_cost_reaches_every_layer_of_a_run() -> None:
     # per layer: 30 us of launches, 100 us non-MoE, a 50 us hit
     assert [round(s.t_end / US) for s in steps(eng)] == [180, 360, 540]
     assert m["runtime_overhead_ms"] == pytest.approx(0.090)
+
+
+@settings()   # examples, seed and deadline from the profile (tests/conftest.py)
+@given(rows=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=3), min_size=1, max_size=4),
+       n_cpu=st.integers(0, 3), switch_us=st.integers(1, 500))
+def test_the_hand_off_adds_exactly_its_time_per_cpu_layer(rows: list[list[int]], n_cpu: int, switch_us: int) -> None:
+    """llama.cpp's placement runs layer by layer (the GPU waits for each CPU layer), so the
+    hand-off adds ``switch_us`` per (token, CPU layer) to the run's time, and nothing with no CPU
+    layer."""
+    tr = make_trace([[[e] for e in row] for row in rows], num_experts=4)
+
+    def total(rt: RuntimeSpec) -> float:
+        eng, _ = run_engine(tr, make_policy("cpu-moe", {"n_cpu_moe": n_cpu}), tiny_model(3, 4, 1), _hw(),
+                            budget_experts=12, runtime=rt)
+        return float(steps(eng)[-1].t_end)
+
+    base = total(RuntimeSpec(name="none"))
+    with_switch = total(RuntimeSpec(name="switch", cpu_switch_us=switch_us))
+    assert with_switch - base == pytest.approx(len(rows) * n_cpu * switch_us * US, abs=1e-12)

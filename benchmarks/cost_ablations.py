@@ -25,6 +25,15 @@ Ablations (each a named, sourced field of the hardware, runtime or scenario):
 A last table is a diagnostic, not a fit (it reads held-out rows, so nothing in it may be
 adopted): the naive accelerate rows with more decoder layers resident than the sets assume (the
 paper gives no ``device_map``), the budget raised to hold them and one streamed layer.
+
+On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransformers, llama.cpp
+``--n-cpu-moe``), the CPU-side costs of the runtime catalog:
+
+- ``no hand-off``: ``runtime.cpu_switch_us`` 0 (the per-layer CPU/GPU hand-off removed);
+- ``hand-off 52 us``: ``runtime.cpu_switch_us`` at llama-cpp-like's derived figure (two
+  device<->host round trips of 26 us) in place of the set's own (fitted or catalog) value;
+- ``graphs``: ``runtime.cuda_graphs`` on (an eager runtime's per-layer launches,
+  ``layer_kernels x launch_us``, removed).
 """
 
 from __future__ import annotations
@@ -43,6 +52,17 @@ SETS = ("eliseev-mazur-2023-table2", "eliseev-mazur-2023-table2-one-runtime", "m
         "imp-qwen3-30b-budget")
 """The sets ablated: those with rows of a system that copies from pageable memory, and the
 expert-cache sets whose misses a per-miss cost and a warm start would move."""
+
+CPU_SETS = ("ktransformers-deepseek-v3", "llmfit-rtx2080-llamacpp-moe")
+"""The sets ablated for the CPU-side costs: systems that compute experts on the CPU."""
+
+CPU_ABLATIONS: dict[str, dict[str, float | bool]] = {
+    "as fitted": {},
+    "no hand-off": {"runtime.cpu_switch_us": 0.0},
+    "hand-off 52 us": {"runtime.cpu_switch_us": 52.0},
+    "graphs": {"runtime.cuda_graphs": True},
+}
+"""The CPU-side ablations, each the keys changed on top of the fitted values."""
 
 
 def _fitted(stem: str) -> dict[str, Any]:
@@ -127,6 +147,26 @@ def resident_diagnostic() -> list[str]:
             cells.append("-" if pred is None else f"{pred / measured:.2f}x")
         lines.append(f"| {row.index} | {row.set.get('hardware')} | {row.set.get('model')} | {measured:g} | "
                      + " | ".join(cells) + " |")
+
+
+def cpu_table(stem: str) -> list[str]:
+    """The Markdown rows of one CPU-expert set: every row (fit and held out, the role shown),
+    ratio predicted / measured under each of :data:`CPU_ABLATIONS`."""
+    from moesim.sim.study.fit_runs import row_jobs, run_job
+    from moesim.sim.study.fit_spec import load_measurements
+
+    ms = load_measurements(ROOT / "measurements" / f"{stem}.yaml")
+    params = _fitted(stem)["parameters"]
+    values = {p["key"]: float(p["value"]) for p in params if p["per"] is None}
+    lines = ["| set | row | role | metric | measured | " + " | ".join(CPU_ABLATIONS) + " |",
+             "| --- " * (5 + len(CPU_ABLATIONS)) + "|"]
+    for row, job in zip(ms.rows, row_jobs(ms), strict=True):
+        metric, measured = next(iter(row.measured.items()))
+        cells = []
+        for change in CPU_ABLATIONS.values():
+            pred = run_job(job, tuple({**values, **change}.items())).values.get(metric)
+            cells.append("-" if pred is None else f"{pred / measured:.2f}x")
+        lines.append(f"| {stem} | {row.index} | {row.role} | {metric} | {measured:g} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -147,6 +187,11 @@ def main() -> None:
                  "Predicted / measured with more decoder layers on the GPU than the sets assume (15 of 32); `-`:",
                  "refused, the layers and one streamed layer exceed the GPU's memory.", "",
                  *resident_diagnostic(), ""]
+    text += ["## CPU-side costs (experts on the CPU)", "",
+             "Every row of each set (the fit rows too: the fitted hand-off is what the fit rows ask for), at",
+             "its fit's values, then with one CPU-side cost changed (see the script's docstring).", ""]
+    for stem in CPU_SETS:
+        text += [f"### {stem}", "", *cpu_table(stem), ""]
     out = "\n".join(text)
     sys.stdout.write(out)
     if args.out:

@@ -30,6 +30,8 @@ OPTIONS: dict[str, list[str]] = {
     "activeevict-table3-llama": ["--loo", "none", "--grid", "3", "--max-evals", "12"],
     "fmoe-end-to-end": ["--loo", "none"],
     "moepic-a6000-joint": ["--grid", "3", "--max-evals", "20", "--loo", "none"],
+    "ktransformers-deepseek-v3": ["--loo", "none", "--grid", "3", "--max-evals", "15"],
+    "llmfit-rtx2080-llamacpp-moe": ["--loo", "none"],
 }
 """Each committed set and the ``simctl fit`` options of its committed fit."""
 

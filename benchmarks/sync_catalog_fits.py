@@ -52,6 +52,8 @@ FITTED: list[Fitted] = [
            keep="; with cache"),
     Fitted("runtime", "activeevict-testbed-llama", "layer_us", "activeevict-table3-llama", "runtime.layer_us",
            keep="; with cache"),
+    Fitted("runtime", "ktransformers-v0.2", "cpu_switch_us", "ktransformers-deepseek-v3", "runtime.cpu_switch_us",
+           keep="; layer_us: "),
     Fitted("hardware", "a6000-moepic-testbed", "pcie_gbps", "moepic-mixtral", "hardware.pcie_gbps"),
     Fitted("hardware", "a6000-moepic-testbed-qwen", "pcie_gbps", "moepic-qwen", "hardware.pcie_gbps"),
     Fitted("hardware", "a100-buddymoe-testbed", "pcie_gbps", "buddymoe-tables2-4", "hardware.pcie_gbps"),
@@ -63,7 +65,7 @@ FITTED: list[Fitted] = [
 ]
 """Every fitted catalog field and where it comes from."""
 
-DIGITS = {"layer_us": 0, "costs.layer_us": 0, "pcie_gbps": 2, "kv_read_gbps": 1, "attention_tflops": 1}
+DIGITS = {"layer_us": 0, "cpu_switch_us": 0, "costs.layer_us": 0, "pcie_gbps": 2, "kv_read_gbps": 1, "attention_tflops": 1}
 """Decimals each field is written with (microseconds whole; copy GB/s to 10 MB/s; attention's rates to 0.1)."""
 
 

@@ -80,6 +80,8 @@ def test_fit_bounds_lowered_to_physics(tmp_path: Path) -> None:
     doc = _doc({"a": 40, "b": 30, "c": 20, "d": 12}, fit)
     doc["rows"].append({"set": {"hardware": "t4"}, "tpot_ms": 1.0, "role": "test"})
     assert physical_bound("runtime.layer_us", load_measurements(_write(tmp_path, doc)).rows)[0] == 3000.0
+    # the hand-off to CPU experts is paid once per layer too: the same bound
+    assert physical_bound("runtime.cpu_switch_us", load_measurements(_write(tmp_path, doc)).rows)[0] == 3000.0
 
 
 def test_declared_range_beyond_physics_is_refused(tmp_path: Path) -> None:

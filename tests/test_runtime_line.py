@@ -13,7 +13,12 @@ def test_no_runtime_says_no_framework_overhead() -> None:
 
 def test_a_runtime_shows_its_times() -> None:
     line = runtime_line(get_runtime("hf-eager").model_dump(mode="json"))
-    assert line == "hf-eager: 350 us/layer, 1000 us/iteration, 0 us/token"
+    assert line == "hf-eager: 350 us/layer, 1000 us/iteration, 0 us/token, 52 us per CPU-expert layer"
+    llama = get_runtime("llama-cpp-like").model_dump(mode="json")
+    assert runtime_line(llama) == ("llama-cpp-like: 125 us/layer (25 launches x 5 us), 300 us/iteration, 0 us/token, "
+                                   "52 us per CPU-expert layer")
+    assert runtime_line({**llama, "cuda_graphs": True, "cpu_switch_us": 0}) == \
+        "llama-cpp-like: 0 us/layer, 300 us/iteration, 0 us/token"
 
 
 def test_any_nonzero_time_counts_as_overhead() -> None:

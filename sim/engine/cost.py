@@ -18,7 +18,9 @@ from moesim.sim.config.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 
 US = 1e-6
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
-                         prefetch_issue_us=0.0, pageable_copy_us=0.0, source="no overhead")
+                         prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
+                         pageable_copy_us=0.0,
+                         source="no overhead")
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,22 @@ class CostModel:
                    2.0 * m.expert_params * n_tokens / (cpu.compute_tflops * 1e12)) + cpu.call_us * US
 
     def overhead_layer_s(self) -> float:
-        """The runtime's framework overhead per MoE layer of a forward pass."""
-        return self.runtime.layer_us * US
+        """The runtime's framework overhead per MoE layer of a forward pass: its fixed
+        ``layer_us`` and, for an eager runtime (``cuda_graphs`` off), the launches of the
+        layer's kernels (``layer_kernels x launch_us``)."""
+        rt = self.runtime
+        return (rt.layer_us + self.launch_layer_us()) * US
+
+    def launch_layer_us(self) -> float:
+        """Microseconds one eager MoE layer spends launching its kernels outside the experts:
+        ``layer_kernels x launch_us``, 0 when the runtime replays captured graphs."""
+        rt = self.runtime
+        return 0.0 if rt.cuda_graphs else rt.layer_kernels * rt.launch_us
+
+    def cpu_switch_s(self) -> float:
+        """The runtime's hand-off between the GPU and the CPU experts, once per MoE layer that
+        computes experts on the CPU (see :attr:`RuntimeSpec.cpu_switch_us`)."""
+        return self.runtime.cpu_switch_us * US
 
     def demand_load_s(self) -> float:
         """The runtime's host-side cost of one demand load on the critical path (beyond the

@@ -158,6 +158,7 @@ class Stepper:
         self.lossy = policy.lossy
         self.decision_s = float(policy.decision_us) * 1e-6
         self.overhead_layer = run.cost.overhead_layer_s()
+        self.cpu_switch = run.cost.cpu_switch_s()
         self.step_rows = run.steps.rows if run.record_steps else None   # appended inline (see StepRecords)
         self.timeline = run.timeline if run.record_timeline else None
 
@@ -396,7 +397,8 @@ class Stepper:
 
     def cpu_experts(self, ls: LayerStep, now: float) -> float:
         """The layer's CPU experts queue on the host from ``now`` (after what it still runs), one
-        after another; returns when the last ends (0.0: none)."""
+        after another, behind the runtime's hand-off to the CPU (``cpu_switch_s``, once per
+        layer, counted as CPU busy time); returns when the last ends (0.0: none)."""
         if not ls.cpu_exps:
             return 0.0
         run = self.run
@@ -404,6 +406,11 @@ class Stepper:
         start = max(now, run.cpu_free_at)
         tc = start
         timeline = self.timeline
+        switch = self.cpu_switch
+        if switch:
+            if timeline is not None:
+                timeline.append(("CPU experts", f"L{ls.layer} hand-off", tc, switch, {}))
+            tc += switch
         for e, c in zip(ls.cpu_exps, ls.cpu_counts, strict=True):
             dt = cost_of.get(c)
             if dt is None:

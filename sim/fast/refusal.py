@@ -77,8 +77,13 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
                                "name", "source", "sources", "tflops", "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
     # pageable_copy_us: read only by CostModel.transfer_s, which every replay calls for its copies
-    "runtime": frozenset({"demand_load_us", "iteration_us", "layer_us", "name", "pageable_copy_us",
-                          "prefetch_issue_us", "source", "token_us"}),
+    # launch_us, layer_kernels, cuda_graphs: read only by CostModel.overhead_layer_s, through
+    # Stepper.non_moe_s, which every replay calls
+    # cpu_switch_us: paid only by Stepper.cpu_experts, for a layer with CPU experts; no fast replay
+    # runs CPU experts (path.py and the kernels refuse such plans), so none has it to reproduce
+    "runtime": frozenset({"cpu_switch_us", "cuda_graphs", "demand_load_us", "iteration_us", "launch_us",
+                          "layer_kernels", "layer_us", "name", "pageable_copy_us", "prefetch_issue_us", "source",
+                          "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""
 

@@ -162,18 +162,29 @@ def cache_line(result: RunResult) -> str:
     return text
 
 
-RUNTIME_TIMES = ("layer_us", "iteration_us", "token_us", "demand_load_us", "prefetch_issue_us", "pageable_copy_us")
-"""The runtime profile's framework times; all zero means no framework overhead is modelled."""
+RUNTIME_TIMES = ("layer_us", "iteration_us", "token_us", "demand_load_us", "prefetch_issue_us", "cpu_switch_us",
+                 "pageable_copy_us")
+"""The runtime profile's framework times; all zero (and no eager launches) means no framework
+overhead is modelled."""
 
 
 def runtime_line(runtime: dict[str, Any]) -> str:
-    """``hf-eager: 350 us/layer, 1000 us/iteration, 0 us/token``, or, for a runtime with no
-    time at all, that the run models no framework overhead (kernels back to back)."""
+    """``hf-eager: 350 us/layer (35 launches x 10 us), 1000 us/iteration, 0 us/token, 52 us per
+    CPU-expert layer``, or, for a runtime with no time at all, that the run models no framework
+    overhead (kernels back to back). The per-layer figure includes an eager layer's launches
+    (not under ``cuda_graphs``); the hand-off to CPU experts is shown when there is one."""
     name = runtime.get("name", "?")
-    if not any(runtime.get(k) for k in RUNTIME_TIMES):
+    launches = 0 if runtime.get("cuda_graphs") else int(runtime.get("layer_kernels") or 0)
+    launch_us = launches * float(runtime.get("launch_us") or 0)
+    if not any(runtime.get(k) for k in RUNTIME_TIMES) and not launch_us:
         return f"{name}: no framework overhead modelled (kernels back to back); name a runtime: to add one"
-    return (f"{name}: {runtime.get('layer_us', 0):g} us/layer, {runtime.get('iteration_us', 0):g} us/iteration, "
-            f"{runtime.get('token_us', 0):g} us/token")
+    layer = f"{float(runtime.get('layer_us') or 0) + launch_us:g} us/layer"
+    if launch_us:
+        layer += f" ({launches} launches x {float(runtime.get('launch_us') or 0):g} us)"
+    text = f"{name}: {layer}, {runtime.get('iteration_us', 0):g} us/iteration, {runtime.get('token_us', 0):g} us/token"
+    if runtime.get("cpu_switch_us"):
+        text += f", {runtime['cpu_switch_us']:g} us per CPU-expert layer"
+    return text
 
 
 def speedup_line(speedups: list[Any]) -> str:

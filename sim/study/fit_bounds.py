@@ -11,7 +11,8 @@ source:
   (``hardware.kv_read_gbps``) the memory's bandwidth (``hbm_gbps``), its products
   (``hardware.attention_tflops``) the peak (``peak_tflops``), the smallest over the rows the
   value applies to;
-* a per-layer cost (``runtime.layer_us``, ``hardware.costs.layer_us``) is below the measured
+* a per-layer cost (``runtime.layer_us``, ``runtime.cpu_switch_us``, ``hardware.costs.layer_us``) is below
+  the measured
   step over the model's layers, and a per-copy or per-miss cost (``hardware.pcie_latency_us``,
   ``runtime.demand_load_us``, ``runtime.prefetch_issue_us``) below the measured step, the
   smallest over the **fit**
@@ -31,7 +32,7 @@ LINK_KEYS = ("hardware.pcie_gbps", "hardware.pageable_gbps", "hardware.d2h_gbps"
 """Copy rates: bounded by the link's theoretical rate."""
 RATE_KEYS = {"hardware.kv_read_gbps": ("hbm_gbps", "GB/s"), "hardware.attention_tflops": ("peak_tflops", "TFLOP/s")}
 """Rates attention reaches, each bounded by the hardware's own figure (the field named)."""
-PER_LAYER_KEYS = ("runtime.layer_us", "hardware.costs.layer_us")
+PER_LAYER_KEYS = ("runtime.layer_us", "runtime.cpu_switch_us", "hardware.costs.layer_us")
 """Costs paid once per layer of a step: bounded by the measured step over the layers."""
 PER_COPY_KEYS = ("hardware.pcie_latency_us", "runtime.demand_load_us", "runtime.prefetch_issue_us")
 """Costs paid per copy or per miss: bounded by the measured step."""

@@ -1,0 +1,204 @@
+"""Why each held-out row beyond 1.5x misses (issue 32 item 2): every such row of the committed
+fits, the cost it asks for, the evidence, and whether a cost field of the catalogs (the
+CPU-side ones of this issue included: ``runtime.cpu_switch_us``, ``launch_us x layer_kernels``
+unless ``cuda_graphs``) closes it.
+
+    python benchmarks/miss_diagnosis.py --out benchmarks/results/miss_diagnosis.md   # ~30 s
+
+The rows are read from ``benchmarks/results/fits/<set>/fitted.yaml`` (held-out rows, |log ratio|
+beyond log 1.5 or no prediction), the sets that re-fit another set's rows left out as the
+scoreboard leaves them out. Each diagnosis (:data:`DIAGNOSES`) is keyed by set and by the
+policy the row runs; it states the cost asked for and the evidence from the committed outputs
+(the scoreboard's measured reasons, ``cost_ablations.md``); a row without one is printed as
+undiagnosed, so that a new miss cannot pass unnoticed. One check is run here, not read: the
+launch-bound eager runtime against a graph-captured one on CommitMoE's rows (CommitMoE runs on
+PyTorch and MoE-Infinity, vLLM v0.7.0 captures CUDA graphs), :func:`commitmoe_runtimes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+FITS = ROOT / "benchmarks" / "results" / "fits"
+
+DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
+    ("activeevict-table3-llama", "activeevict"): (
+        "none of the runtime's costs: the policy's traffic on this routing",
+        "ActiveEvict's own I/O is predicted 1.6-1.9x above the paper's; in the rerun its hit rate is 0.394 "
+        "against LRU's 0.518 (the paper has it moving less than LRU): pre-eviction and the budget-aware "
+        "dynamic top-k lose hits on the synthetic LLaMA-MoE routing at the fitted 5.03 experts per layer. A "
+        "per-layer or per-copy time changes no byte count (h2d_gb_per_token, io_busy: copies only)",
+        "no"),
+    ("commitmoe-fig5", "commitmoe"): (
+        "the baseline's copies (vLLM v0.7.0 --cpu-offload-gb), not a framework time",
+        "in the scoreboard's rerun of row 0 vllm-offload copies 25.2 GB a token (whole offloaded layers every "
+        "pass) against CommitMoE's 7.3: the speed-up is mostly the ratio of copy volumes. The eager/graph launch cost, run here "
+        "(table below), lowers the ratios by at most 15% (row 2: 7.25x to 6.22x off): the miss is in how much vLLM's offload "
+        "copies (its offloaded share, cpu_offload_gb, is not stated) or in CommitMoE's hits",
+        "no (checked: launch cost below)"),
+    ("eliseev-mazur-2023-table2", "accelerate"): (
+        "the pageable copy path (rate and per-copy host cost of accelerate's blocking .to(device))",
+        "cost_ablations.md: with pageable_gbps at the pinned rate the A100/3080/T4 rows come to 1.03-1.12x "
+        "(from 0.43-0.74x); the 3060 stays at 0.54x. Issue 32's pageable-copy item (helper costs-offload), "
+        "not a CPU-expert cost",
+        "no (costs-offload's fields)"),
+    ("fiddler-repo-baselines", "lru"): (
+        "the run's setup first (how many experts Mixtral-Offloading kept on the GPU), then a copy-path cost",
+        "the set's own notes: the RTX 6000 Ada run's offload_per_layer is 7 or 5 in the repository's history "
+        "(1 or 3 experts a layer on the GPU); the row takes 7 and predicts 0.61 against 0.98 tok/s, while 3 "
+        "experts a layer predict 0.917 at the catalog defaults (0.94x). The L4 and A6000 rows of the same "
+        "system are within 1.2x. No CPU expert runs in this set",
+        "no"),
+    ("fmoe-end-to-end", "fmoe"): (
+        "none of the runtime's costs: fMoE's expert-map hits on synthetic routing",
+        "fMoE's hit rate in the rerun is 0.41 against Mixtral-Offloading's 0.84 and ProMoE's 0.48 (the paper "
+        "has fMoE ahead of all): the policy's predictions on this set's synthetic routing, not a time. Row 8 has no prediction (LRU's hit rate is 0 at 12 GiB: the ratio is "
+        "undefined, counted as a miss). Runtime none in this set: no per-layer cost is charged to any system",
+        "no"),
+    ("imp-qwen3-30b-budget", "lru"): (
+        "a per-miss host cost of the imp engine's expert cache (lookup, allocation, event)",
+        "the LRU row at a budget the fit never saw is 1.67x optimistic; the fit rows (all resident, staging "
+        "buffer only) hold no misses, so nothing there prices a miss beyond its copy (costs-offload's per-miss "
+        "field)",
+        "no (costs-offload's fields)"),
+    ("moepic-mixtral", "moepic"): (
+        "unresolved: the segment pipeline, not a CPU-side cost",
+        "MoEpic's TPOT is 1.57x slow (row 4) while its ablation TTFT row is 0.65x fast (row 11): opposite "
+        "directions, so no one per-layer or per-copy time moves both toward the paper; MoEpic's rows are the "
+        "only ones that copy expert segments (15% partial hits in the scoreboard's rerun), which is where the "
+        "model departs from whole-expert systems",
+        "no"),
+}
+"""(set, policy) -> (the cost asked for, the evidence, whether a field of this branch closes it)."""
+
+RUNTIME_PAIRS = {"none / none (as committed)": (None, None), "hf-eager / vllm-like": ("hf-eager", "vllm-like"),
+                 "hf-eager / hf-eager": ("hf-eager", "hf-eager")}
+"""CommitMoE's runtime / vLLM's runtime for :func:`commitmoe_runtimes`."""
+
+
+def _policy(row_set: dict[str, Any]) -> str:
+    pol = row_set.get("policy", "")
+    return str(pol.get("name", "")) if isinstance(pol, dict) else str(pol)
+
+
+def misses() -> list[dict[str, Any]]:
+    """The held-out rows beyond 1.5x (or without a prediction) of every counted set."""
+    from seed_scoreboard import VARIANTS  # this folder is on sys.path when run as a script
+
+    out = []
+    for folder in sorted(FITS.iterdir()):
+        if folder.name in VARIANTS or not (folder / "fitted.yaml").exists():
+            continue
+        doc = yaml.safe_load((folder / "fitted.yaml").read_text())
+        for row in doc["rows"]:
+            ratio = row.get("ratio")
+            if row["role"] != "test":
+                continue
+            if ratio is None or not math.isfinite(ratio) or abs(math.log(ratio)) > math.log(1.5):
+                out.append({**row, "row_set": row.get("set") or {}, "set": folder.name})
+    return out
+
+
+def commitmoe_runtimes() -> list[str]:
+    """The Markdown table: CommitMoE's speed-ups over vLLM predicted / published with the runtime
+    pairs of :data:`RUNTIME_PAIRS` (own runtime on the row, baseline's on its reference)."""
+    from moesim.sim.study.fit_runs import row_jobs, run_job
+    from moesim.sim.study.fit_spec import load_measurements
+
+    ms = load_measurements(ROOT / "measurements" / "commitmoe-fig5.yaml")
+    lines = ["| row | published | " + " | ".join(RUNTIME_PAIRS) + " |", "| --- " * (2 + len(RUNTIME_PAIRS)) + "|"]
+    for row, job in zip(ms.rows, row_jobs(ms), strict=True):
+        metric, measured = next(iter(row.measured.items()))
+        cells = []
+        for own, base in RUNTIME_PAIRS.values():
+            j = job
+            if own is not None and job.reference is not None:
+                j = dataclasses.replace(job, data={**job.data, "runtime": own},
+                                        reference={**job.reference, "runtime": base})
+            pred = run_job(j, ()).values.get(metric)
+            cells.append("-" if pred is None else f"{pred / measured:.2f}x")
+        lines.append(f"| {row.index} | {measured:g}x | " + " | ".join(cells) + " |")
+    return lines
+
+
+def report() -> str:
+    """The whole Markdown report."""
+    rows = misses()
+    text = ["# Held-out rows beyond 1.5x: the cost each asks for", "",
+            "Written by `python benchmarks/miss_diagnosis.py` (see its docstring) from the committed fits.",
+            f"{len(rows)} held-out rows beyond 1.5x (or without a prediction).", "",
+            "| set | row | policy | metric | measured | predicted | off | cost asked for | closed by a field here |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    undiagnosed = []
+    seen: dict[tuple[str, str], list[int]] = {}
+    for r in rows:
+        pol = _policy(r["row_set"])
+        key = (r["set"], pol)
+        diag = DIAGNOSES.get(key)
+        pred = r.get("predicted")
+        ratio = r.get("ratio")
+        off = "undefined" if ratio is None or not math.isfinite(ratio) else f"{max(ratio, 1 / ratio):.2f}x"
+        pred_txt = "-" if pred is None or not math.isfinite(pred) else f"{pred:.4g}"
+        if diag is None:
+            undiagnosed.append(f"{r['set']} row {r['row']}")
+        else:
+            seen.setdefault(key, []).append(r["row"])
+        text.append(f"| {r['set']} | {r['row']} | {pol} | {r['metric']} | {r['measured']:g} | {pred_txt} | {off} | "
+                    f"{diag[0] if diag else 'UNDIAGNOSED'} | {diag[2] if diag else '-'} |")
+    text += ["", "## Evidence", ""]
+    for key, idx in seen.items():
+        text.append(f"- **{key[0]}**, {key[1]} (rows {', '.join(map(str, idx))}): {DIAGNOSES[key][1]}.")
+    if undiagnosed:
+        text += ["", "Undiagnosed: " + ", ".join(undiagnosed) + "."]
+    text += ["", "## CommitMoE: launch-bound eager runtime against a graph-captured baseline (run here)", "",
+             "Predicted / published speed-up of CommitMoE over vLLM, with CommitMoE's runtime / vLLM's runtime:",
+             "", *commitmoe_runtimes(), "",
+             "## The CPU-expert sets (none beyond 1.5x)", "",
+             "kTransformers (`ktransformers-deepseek-v3`) fits the hand-off `runtime.cpu_switch_us` at 940 us a",
+             "layer on its single-socket rows (`hardware.cpu.call_us` at its declared minimum beside it), 18x",
+             "llama.cpp's derived 52 us: half the measured step. The published rows themselves decompose each",
+             "decode step into a part that halves with a second socket and one that does not: one socket",
+             "114.5 ms, two 81.9 ms give C = 65.2 ms (the sockets' expert reads) and F = 49.3 ms (the rest),",
+             "and F + 0.75 C = 98.2 ms (10.18 tok/s) and F + 0.375 C = 73.8 ms (13.55 tok/s) land on the",
+             "6-expert rows (10.30 and 13.69 measured). So two sockets ask for no NUMA penalty (no such field",
+             "added): 65.2 ms for the 12.4 GB of Q4_K_M experts a token reads is 190 GB/s a socket where the host catalog",
+             "assumes 261 (85% of 307.2 theoretical), and the fitted hand-off absorbs the difference: a",
+             "kernel efficiency of the CPU expert path, not a sync, which the single-socket fit rows cannot",
+             "separate from the hand-off. The prefill rows point the other way: two sockets are predicted at",
+             "0.79x and 0.71x of the measured TTFT (the catalog doubles the compute, the runs gain 1.53x): a",
+             "cross-socket cost in prefill that no sourced field gives; none added. `hardware.cpu.call_us` at",
+             "its declared minimum is the prefill fit row asking for a faster CPU than the catalog's assumed",
+             "2.25 TFLOP/s a socket (half the AVX-512 peak): the 500-token prompt's routed experts are 20.4",
+             "TFLOP, and the part of the step that halves with a second socket is 6.4 s (3.2 TFLOP/s). Both",
+             "host figures are assumptions with no measured source for this CPU; neither is tuned here.",
+             "llama.cpp (`llmfit-rtx2080-llamacpp-moe`): the derived 52 us hand-off takes Qwen3-30B-A3B",
+             "from 1.09x to 1.02x and DeepSeek-Coder-V2-Lite from 1.46x to 1.39x (`cost_ablations.md`).", ""]
+    return "\n".join(text)
+
+
+def main() -> None:
+    """Print (and with --out write) the report."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="also write the Markdown here")
+    args = ap.parse_args()
+    out = report()
+    sys.stdout.write(out)
+    if args.out:
+        from results_file import write_result  # this folder is on sys.path when run as a script
+
+        write_result(args.out, out)
+
+
+if __name__ == "__main__":
+    main()

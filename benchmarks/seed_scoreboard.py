@@ -24,7 +24,8 @@ Definitions:
   whose prediction is undefined (a ratio over a reference that the simulator puts at zero, empty
   or infinite in ``rows.csv``) is a miss: beyond 1.5x, and its error counts as infinite.
 - **Ranking pairs**: two rows of one set, at least one held out, same metric, same setup apart
-  from the policy (and a ratio row's reference policy), different policies, measured values more
+  from the policy (and a ratio row's reference policy; a self-placing policy's cache budget is its
+  own, see :data:`SELF_PLACING`), different policies, measured values more
   than 1% apart; right when predicted and measured order agree (never with an undefined
   prediction). **Held-out-only pairs** are those of two held-out rows: a fit row's prediction
   was fitted, so a pair with one is partly fitted.
@@ -77,9 +78,15 @@ VARIANTS = {"eliseev-mazur-2023-table2-one-runtime": ("eliseev-mazur-2023-table2
 """Fits of the same rows under other free values (the sets whose rows they reuse): shown by set,
 counted once in the goals."""
 
-PAIR_KEYS_IGNORED = {"policy", "pcie.sync_prefetch"}
-"""Keys that belong to the compared system, not to the setup (fMoE's baselines run with
-synchronous prefetch)."""
+PAIR_KEYS_IGNORED = {"policy", "policy.params", "pcie.sync_prefetch"}
+"""Keys that belong to the compared system, not to the setup: its policy and the policy's
+parameters (accelerate's resident layers, which its placement rule derives from the GPU's memory)
+and fMoE's baselines' synchronous prefetch."""
+SELF_PLACING = {"accelerate"}
+"""Policies whose GPU memory is set by their own placement rule rather than an expert-cache budget
+(accelerate keeps whole decoder layers, as many as its rule fits: ``benchmarks/accelerate_placement.py``),
+so a row of theirs is compared with the other systems' rows on the same GPU, model and workload
+whatever its ``cache.*`` keys."""
 
 
 def _number(text: str) -> float:
@@ -133,9 +140,27 @@ class Row:
     @property
     def setup(self) -> str:
         """Everything but the policy: rows with the same setup compare policies."""
-        s = {k: v for k, v in self.set.items() if k not in PAIR_KEYS_IGNORED}
-        r = {k: v for k, v in (self.relative_to or {}).items() if k not in PAIR_KEYS_IGNORED}
+        return self._setup(PAIR_KEYS_IGNORED)
+
+    @property
+    def machine_setup(self) -> str:
+        """The setup without the cache budget: what a row of a :data:`SELF_PLACING` policy shares
+        with the rows it is compared to (its budget is its own placement's, not the setup's)."""
+        return self._setup(PAIR_KEYS_IGNORED | {k for k in self.set if k.startswith("cache.")})
+
+    def _setup(self, ignored: set[str]) -> str:
+        s = {k: v for k, v in self.set.items() if k not in ignored}
+        r = {k: v for k, v in (self.relative_to or {}).items() if k not in ignored}
         return json.dumps([self.metric, s, r], sort_keys=True)
+
+
+def same_setup(a: Row, b: Row) -> bool:
+    """Whether rows ``a`` and ``b`` compare policies on one setup: the same setup, or, when one
+    of them runs a :data:`SELF_PLACING` policy, the same machine, model and workload."""
+    if a.setup == b.setup:
+        return True
+    placing = SELF_PLACING & {a.policy_name, b.policy_name}
+    return bool(placing) and a.machine_setup == b.machine_setup
 
 
 def _policy_label(p: Any) -> str:
@@ -218,7 +243,7 @@ def ranking_pairs(rows: list[Row], held_out_only: bool = False) -> list[tuple[Ro
     out = []
     for i, a in enumerate(rows):
         for b in rows[i + 1:]:
-            if "test" not in (a.role, b.role) or a.setup != b.setup:
+            if "test" not in (a.role, b.role) or not same_setup(a, b):
                 continue
             if held_out_only and (a.role, b.role) != ("test", "test"):
                 continue

@@ -243,8 +243,8 @@ def hardware(
     t = Table("host (cpu:)", "cores", "memory GB/s", "per thread GB/s", "TFLOP/s", "source")
     for name_ in host_names():
         c = get_cpu(name_)
-        t.add_row(name_, str(c.cores), f"{c.mem_gbps:g}", f"{c.thread_gbps:g}" if c.thread_gbps else "-",
-                  f"{c.tflops:g}", c.source)
+        t.add_row(name_, str(c.cores), f"{c.sockets * c.mem_gbps:g}", f"{c.thread_gbps:g}" if c.thread_gbps else "-",
+                  f"{c.sockets * c.tflops:g}", c.source)
     _console().print(t)
     _console().print("simctl hardware NAME (a GPU, a host, or a profile .yaml) shows the source of every number; "
                      "pick a host with hardware: {base: GPU, cpu: HOST}")

@@ -147,6 +147,7 @@ def resident_diagnostic() -> list[str]:
             cells.append("-" if pred is None else f"{pred / measured:.2f}x")
         lines.append(f"| {row.index} | {row.set.get('hardware')} | {row.set.get('model')} | {measured:g} | "
                      + " | ".join(cells) + " |")
+    return lines
 
 
 def cpu_table(stem: str) -> list[str]:
@@ -188,7 +189,7 @@ def main() -> None:
                  "refused, the layers and one streamed layer exceed the GPU's memory.", "",
                  *resident_diagnostic(), ""]
     text += ["## CPU-side costs (experts on the CPU)", "",
-             "Every row of each set (the fit rows too: the fitted hand-off is what the fit rows ask for), at",
+             "Every row of each set (the fit rows too: how far a changed cost moves what the fit matched), at",
              "its fit's values, then with one CPU-side cost changed (see the script's docstring).", ""]
     for stem in CPU_SETS:
         text += [f"### {stem}", "", *cpu_table(stem), ""]

@@ -165,26 +165,64 @@ def report() -> str:
              "Predicted / published speed-up of CommitMoE over vLLM, with CommitMoE's runtime / vLLM's runtime:",
              "", *commitmoe_runtimes(), "",
              "## The CPU-expert sets (none beyond 1.5x)", "",
-             "kTransformers (`ktransformers-deepseek-v3`) fits the hand-off `runtime.cpu_switch_us` at 940 us a",
-             "layer on its single-socket rows (`hardware.cpu.call_us` at its declared minimum beside it), 18x",
-             "llama.cpp's derived 52 us: half the measured step. The published rows themselves decompose each",
-             "decode step into a part that halves with a second socket and one that does not: one socket",
-             "114.5 ms, two 81.9 ms give C = 65.2 ms (the sockets' expert reads) and F = 49.3 ms (the rest),",
-             "and F + 0.75 C = 98.2 ms (10.18 tok/s) and F + 0.375 C = 73.8 ms (13.55 tok/s) land on the",
-             "6-expert rows (10.30 and 13.69 measured). So two sockets ask for no NUMA penalty (no such field",
-             "added): 65.2 ms for the 12.4 GB of Q4_K_M experts a token reads is 190 GB/s a socket where the host catalog",
-             "assumes 261 (85% of 307.2 theoretical), and the fitted hand-off absorbs the difference: a",
-             "kernel efficiency of the CPU expert path, not a sync, which the single-socket fit rows cannot",
-             "separate from the hand-off. The prefill rows point the other way: two sockets are predicted at",
-             "0.79x and 0.71x of the measured TTFT (the catalog doubles the compute, the runs gain 1.53x): a",
-             "cross-socket cost in prefill that no sourced field gives; none added. `hardware.cpu.call_us` at",
-             "its declared minimum is the prefill fit row asking for a faster CPU than the catalog's assumed",
-             "2.25 TFLOP/s a socket (half the AVX-512 peak): the 500-token prompt's routed experts are 20.4",
-             "TFLOP, and the part of the step that halves with a second socket is 6.4 s (3.2 TFLOP/s). Both",
-             "host figures are assumptions with no measured source for this CPU; neither is tuned here.",
+             *ktransformers_split(),
              "llama.cpp (`llmfit-rtx2080-llamacpp-moe`): the derived 52 us hand-off takes Qwen3-30B-A3B",
              "from 1.09x to 1.02x and DeepSeek-Coder-V2-Lite from 1.46x to 1.39x (`cost_ablations.md`).", ""]
     return "\n".join(text)
+
+
+KT_SET = "ktransformers-deepseek-v3"
+"""The kTransformers set, whose rows split each step into a part two sockets halve and a part they do not."""
+
+
+def _socket_split(one_ms: float, two_ms: float) -> tuple[float, float]:
+    """(C, F): a step of ``one_ms`` on one socket and ``two_ms`` on two, as F + C and F + C / 2."""
+    c = 2.0 * (one_ms - two_ms)
+    return c, one_ms - c
+
+
+def ktransformers_split() -> list[str]:
+    """Lines on the kTransformers set, its numbers read from its committed fit: each step (decode
+    rows 0 and 2, prefill rows 1 and 3) split into the part a second socket halves (C) and the
+    rest (F), measured and predicted; F short in the model is a cost that no socket count moves."""
+    doc = yaml.safe_load((FITS / KT_SET / "fitted.yaml").read_text())
+    rows = {r["row"]: r for r in doc["rows"]}
+    values = {p["key"]: float(p["value"]) for p in doc["parameters"]}
+
+    def step(r: dict[str, Any], which: str) -> float:
+        v = float(r[which])
+        return 1000.0 / v if r["metric"] == "tokens_per_s" else v
+
+    from moesim.sim.config.catalog import get_model
+
+    m = get_model("deepseek-v3-q4km")
+    token_gb = m.expert_bytes * m.top_k * m.num_layers / 1e9   # the routed experts one decode token reads
+    decode_c = _socket_split(step(rows[0], "measured"), step(rows[2], "measured"))[0]
+    out = []
+    for label, one, two, unit in (("decode step", 0, 2, "ms"), ("500-token prefill", 1, 3, "ms")):
+        mc, mf = _socket_split(step(rows[one], "measured"), step(rows[two], "measured"))
+        pc, pf = _socket_split(step(rows[one], "predicted"), step(rows[two], "predicted"))
+        out.append(f"- {label}: measured C = {mc:.1f} {unit}, F = {mf:.1f} {unit}; predicted at the fit C = "
+                   f"{pc:.1f} {unit}, F = {pf:.1f} {unit} (two sockets {rows[two]['ratio']:.2f}x of the measured "
+                   f"{rows[two]['metric']}): {mf - pf:.1f} {unit} of the step that no socket count moves is missing.")
+    h = doc["fit"]["held_out"]
+    return [f"kTransformers (`{KT_SET}`) fits the host's two expert rates per socket on its single-socket",
+            f"rows: `hardware.cpu.mem_gbps` {values['hardware.cpu.mem_gbps']:.1f} GB/s (of the 307.2 its 8 x "
+            f"DDR5-4800 carry) and `hardware.cpu.tflops` {values['hardware.cpu.tflops']:.2f}",
+            "(of its cores' 27.85 int8 VNNI peak); the hand-off `runtime.cpu_switch_us` keeps the sourced 52 us",
+            f"and `call_us` its 20 us. Held out: {h['rows']} rows, median |error| {h['median_abs_error_pct']:.1f}%, "
+            f"max {h['max_ratio']:.2f}x. Each step of the",
+            "published rows is F + C on one socket and F + C / 2 on two (C: what the sockets share out, the",
+            "expert reads at decode, the expert products at prefill):", "",
+            *out, "",
+            "The single-socket fit rows cannot tell F from C, so the rates absorb the missing F (at decode",
+            f"the published split gives {token_gb:.1f} GB of experts a token in C = {decode_c:.1f} ms, "
+            f"{token_gb / decode_c * 1000:.0f} GB/s a socket, where",
+            "the fit, carrying F's shortfall, reads slower). The cost asked for is one per step or per layer",
+            "that a second socket does not shorten: a hand-off of several hundred us a layer (kTransformers",
+            "V0.2's CPU/GPU coordination beyond two copies) or a serial part of the CPU backend; in prefill",
+            "seconds of it, more than any per-layer sync. No sourced figure gives it, so none is added and",
+            "none is fitted (two fit rows fit two values).", ""]
 
 
 def main() -> None:

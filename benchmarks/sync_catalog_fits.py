@@ -7,7 +7,7 @@ outlive the fit it came from (issue 32 item 5).
 Each entry of :data:`FITTED` names a catalog field, the fit folder under
 ``benchmarks/results/fits/`` and the fitted key (and group) it takes. The script rewrites the
 field's value (rounded as :data:`DIGITS` says), the field's source (``sources.<field>`` of a
-hardware entry, ``source`` of a runtime entry, whose text after ``KEEP`` is kept: the fields that
+hardware or host entry, ``source`` of a runtime entry, whose text after ``KEEP`` is kept: the fields that
 were not fitted) in place, leaving every other line and comment of the catalog files alone.
 ``tests/test_catalog_fits.py`` fails when the catalog and the fits differ.
 """
@@ -33,7 +33,7 @@ CATALOG = ROOT / "sim" / "config" / "catalog"
 class Fitted:
     """One catalog field written from one fitted value."""
 
-    catalog: str            # hardware or runtime
+    catalog: str            # hardware, hosts or runtime (the catalog file's stem)
     entry: str
     field: str              # layer_us, pcie_gbps, costs.layer_us
     fit: str                # folder under benchmarks/results/fits
@@ -52,8 +52,10 @@ FITTED: list[Fitted] = [
            keep="; with cache"),
     Fitted("runtime", "activeevict-testbed-llama", "layer_us", "activeevict-table3-llama", "runtime.layer_us",
            keep="; with cache"),
-    Fitted("runtime", "ktransformers-v0.2", "cpu_switch_us", "ktransformers-deepseek-v3", "runtime.cpu_switch_us",
-           keep="; layer_us: "),
+    Fitted("hosts", "xeon-gold-6454s", "mem_gbps", "ktransformers-deepseek-v3", "hardware.cpu.mem_gbps"),
+    Fitted("hosts", "xeon-gold-6454s", "tflops", "ktransformers-deepseek-v3", "hardware.cpu.tflops"),
+    Fitted("hosts", "xeon-gold-6454s-2s", "mem_gbps", "ktransformers-deepseek-v3", "hardware.cpu.mem_gbps"),
+    Fitted("hosts", "xeon-gold-6454s-2s", "tflops", "ktransformers-deepseek-v3", "hardware.cpu.tflops"),
     Fitted("hardware", "a6000-moepic-testbed", "pcie_gbps", "moepic-mixtral", "hardware.pcie_gbps"),
     Fitted("hardware", "a6000-moepic-testbed-qwen", "pcie_gbps", "moepic-qwen", "hardware.pcie_gbps"),
     Fitted("hardware", "a100-buddymoe-testbed", "pcie_gbps", "buddymoe-tables2-4", "hardware.pcie_gbps"),
@@ -65,8 +67,10 @@ FITTED: list[Fitted] = [
 ]
 """Every fitted catalog field and where it comes from."""
 
-DIGITS = {"layer_us": 0, "cpu_switch_us": 0, "costs.layer_us": 0, "pcie_gbps": 2, "kv_read_gbps": 1, "attention_tflops": 1}
-"""Decimals each field is written with (microseconds whole; copy GB/s to 10 MB/s; attention's rates to 0.1)."""
+DIGITS = {"layer_us": 0, "cpu_switch_us": 0, "costs.layer_us": 0, "pcie_gbps": 2, "kv_read_gbps": 1, "attention_tflops": 1,
+          "mem_gbps": 1, "tflops": 2}
+"""Decimals each field is written with (microseconds whole; copy GB/s to 10 MB/s; attention's rates and a host's
+read rate to 0.1; a host's TFLOP/s to 0.01)."""
 
 
 def _fit(folder: str) -> dict[str, Any]:
@@ -145,7 +149,7 @@ def _rewrite(lines: list[str], f: Fitted) -> None:
         elif ln.startswith(f"  {f.field}: "):
             lines[i] = f"  {f.field}: {v}\n"
             done["value"] = True
-        elif f.catalog == "hardware" and ln.startswith(f"    {f.field.split('.')[0]}: \""):
+        elif f.catalog in ("hardware", "hosts") and ln.startswith(f"    {f.field.split('.')[0]}: \""):
             lines[i] = f"    {f.field.split('.')[0]}: {json.dumps(src)}\n" if "." not in f.field else ln
             done["source"] = done["source"] or "." not in f.field
         elif f.catalog == "runtime" and ln.startswith("  source: "):
@@ -181,7 +185,8 @@ def differences() -> list[str]:
         want, src = value(f), source(f)
         if have != want:
             out.append(f"{f.catalog} {f.entry}.{f.field}: catalog {have}, fit {f.fit} gives {want}")
-        got_src = raw.get("sources", {}).get(f.field.split(".")[0]) if f.catalog == "hardware" else raw.get("source")
+        got_src = (raw.get("sources", {}).get(f.field.split(".")[0]) if f.catalog in ("hardware", "hosts")
+                   else raw.get("source"))
         if not isinstance(got_src, str) or not got_src.startswith(src):
             out.append(f"{f.catalog} {f.entry}.{f.field}: source is not the fit's ({f.fit})")
     return out
@@ -196,7 +201,7 @@ def main() -> None:
         diff = differences()
         print("\n".join(diff) if diff else "catalog equals the committed fits")
         sys.exit(1 if diff else 0)
-    for catalog in ("hardware", "runtime"):
+    for catalog in ("hardware", "hosts", "runtime"):
         path = CATALOG / f"{catalog}.yaml"
         lines = path.read_text().splitlines(keepends=True)
         for f in FITTED:

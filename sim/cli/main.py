@@ -240,11 +240,11 @@ def hardware(
         t.add_row(name_, f"{h.vram_gib:g}", f"{h.pcie_gbps:g}", f"{h.pageable_rate_gbps:g}", str(h.copy_engines),
                   f"{h.peak_tflops:g}", f"{h.hbm_gbps:g}", "yes" if h.costs else "no", h.source or "-")
     _console().print(t)
-    t = Table("host (cpu:)", "cores", "memory GB/s", "per thread GB/s", "TFLOP/s", "source")
+    t = Table("host (cpu:)", "cores", "memory GB/s (all sockets)", "per thread GB/s", "TFLOP/s (all sockets)", "source")
     for name_ in host_names():
         c = get_cpu(name_)
-        t.add_row(name_, str(c.cores), f"{c.mem_gbps:g}", f"{c.thread_gbps:g}" if c.thread_gbps else "-",
-                  f"{c.tflops:g}", c.source)
+        t.add_row(name_, str(c.cores), f"{c.sockets * c.mem_gbps:g}", f"{c.thread_gbps:g}" if c.thread_gbps else "-",
+                  f"{c.sockets * c.tflops:g}", c.source)
     _console().print(t)
     _console().print("simctl hardware NAME (a GPU, a host, or a profile .yaml) shows the source of every number; "
                      "pick a host with hardware: {base: GPU, cpu: HOST}")

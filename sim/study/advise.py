@@ -382,8 +382,8 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
 
 
 def cpu_words(cpu: Any) -> str:
-    """A host CPU in a few words: cores, memory bandwidth, compute."""
-    return f"{cpu.cores} cores, {cpu.mem_gbps:g} GB/s memory, {cpu.tflops:g} TFLOP/s"
+    """A host CPU in a few words: cores, memory bandwidth, compute (all sockets together)."""
+    return f"{cpu.cores} cores, {cpu.sockets * cpu.mem_gbps:g} GB/s memory, {cpu.sockets * cpu.tflops:g} TFLOP/s"
 
 
 def fit_error(path: str) -> str | None:

@@ -11,6 +11,11 @@ source:
   (``hardware.kv_read_gbps``) the memory's bandwidth (``hbm_gbps``), its products
   (``hardware.attention_tflops``) the peak (``peak_tflops``), the smallest over the rows the
   value applies to;
+* a rate the host CPU reaches on experts is at most one socket's theoretical figure: its expert
+  reads (``hardware.cpu.mem_gbps``) the memory channels' rate (``peak_gbps``), its expert
+  products (``hardware.cpu.tflops``) the cores' peak for the kernel's instruction set
+  (``peak_tflops``; both :mod:`moesim.sim.config.catalog.physics`), the smallest over the rows the
+  value applies to; both are per socket, so one socket's fit carries to a host of two;
 * a per-layer cost (``runtime.layer_us``, ``runtime.cpu_switch_us``, ``hardware.costs.layer_us``) is below
   the measured
   step over the model's layers, and a per-copy or per-miss cost (``hardware.pcie_latency_us``,
@@ -32,6 +37,9 @@ LINK_KEYS = ("hardware.pcie_gbps", "hardware.pageable_gbps", "hardware.d2h_gbps"
 """Copy rates: bounded by the link's theoretical rate."""
 RATE_KEYS = {"hardware.kv_read_gbps": ("hbm_gbps", "GB/s"), "hardware.attention_tflops": ("peak_tflops", "TFLOP/s")}
 """Rates attention reaches, each bounded by the hardware's own figure (the field named)."""
+HOST_KEYS = {"hardware.cpu.mem_gbps": ("peak_gbps", "GB/s per socket"),
+             "hardware.cpu.tflops": ("peak_tflops", "TFLOP/s per socket")}
+"""Rates the host CPU reaches on experts, each bounded by its socket's theoretical figure (the field named)."""
 PER_LAYER_KEYS = ("runtime.layer_us", "runtime.cpu_switch_us", "hardware.costs.layer_us")
 """Costs paid once per layer of a step: bounded by the measured step over the layers."""
 PER_COPY_KEYS = ("hardware.pcie_latency_us", "runtime.demand_load_us", "runtime.prefetch_issue_us")
@@ -48,6 +56,12 @@ _MISSING: dict[tuple[str, str], str] = {
                      "context too small",
     ("rate", "min"): "a cost that grows with the context beyond the KV bytes and the products (a kernel that "
                      "re-reads the cache, a fixed cost per layer once there is a context) absorbed into the rate",
+    ("host", "max"): "the CPU experts faster than the socket's channels or cores: the model reads or computes more "
+                     "per expert than the system (weights smaller than the model's, experts skipped), or another "
+                     "CPU-side cost (hardware.cpu.call_us, runtime.cpu_switch_us) charged too high beside them",
+    ("host", "min"): "a CPU-side cost that does not scale with the expert bytes or products (per expert call: "
+                     "hardware.cpu.call_us; per layer: runtime.cpu_switch_us, the threads' synchronisation) "
+                     "absorbed into the rate",
     ("layer", "max"): "a cost per step that is not per layer (per miss: runtime.demand_load_us; per copy: "
                       "hardware.pcie_latency_us; per pass: runtime.iteration_us) absorbed into the layer",
     ("layer", "min"): "the step is shorter than the rest of the model allows: copies or expert compute charged "
@@ -63,6 +77,8 @@ def _kind(key: str) -> str | None:
         return "link"
     if key in RATE_KEYS:
         return "rate"
+    if key in HOST_KEYS:
+        return "host"
     if key in PER_LAYER_KEYS:
         return "layer"
     if key in PER_COPY_KEYS:
@@ -137,6 +153,17 @@ def physical_bound(key: str, rows: list[Any]) -> tuple[float, str] | None:
             if hw is not None and limit is not None and (best is None or limit < best[0]):
                 best = (limit, f"physics: {hw.name} reaches at most {limit:g} {unit} "
                                f"({field}: {hw.source_of(field)})")
+        return best
+    if kind == "host":
+        field, unit = HOST_KEYS[key]
+        best = None
+        for row in rows:
+            hw = _hardware(row.data)
+            cpu = None if hw is None else hw.cpu
+            limit = None if cpu is None else getattr(cpu, field)
+            if cpu is not None and limit is not None and (best is None or float(limit) < best[0]):
+                best = (float(limit), f"physics: a socket of host {cpu.name} reaches at most {float(limit):g} {unit} "
+                                      f"({field}: {cpu.sources.get(field, 'no source given')})")
         return best
     if kind in ("layer", "copy"):
         best = None

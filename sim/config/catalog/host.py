@@ -3,9 +3,12 @@ that compute experts a plan runs on the CPU (Fiddler, llama.cpp ``--cpu-moe``) a
 pageable copies.
 
 An expert on the CPU is a roofline over the threads that compute it: its weights are read once
-from host memory at ``min(mem_gbps, t x thread_gbps)`` (all cores share the memory channels;
-one thread draws only so much), its ``2 x params x tokens`` FLOPs run at ``t / cores`` of the
-all-core ``tflops``, plus a fixed ``call_us``. ``t`` is the threads given to experts
+from host memory at ``min(sockets x mem_gbps, t x thread_gbps)`` (all cores share the memory
+channels; one thread draws only so much), its ``2 x params x tokens`` FLOPs run at ``t / cores``
+of the all-core ``sockets x tflops``, plus a fixed ``call_us``. ``mem_gbps`` and ``tflops`` are
+one socket's achieved rates (a host of several sockets, each reading its own NUMA copy of the
+experts, gets them once per socket), each at most that socket's theoretical figure where the
+entry gives it (``peak_gbps``, ``peak_tflops``; :mod:`moesim.sim.config.catalog.physics`). ``t`` is the threads given to experts
 (``threads``, default every core) times the share of their time the host's other work leaves
 (``1 - busy_fraction``). At decode (a few tokens per expert) the memory term dominates: an
 expert's time is its bytes over the bandwidth those threads reach.
@@ -31,11 +34,19 @@ class CpuSpec(BaseModel):
 
     name: str = Field("default", description="host name (an entry of the hosts catalog, or your own)")
     cores: PositiveInt = Field(16, description="physical cores of the host")
-    mem_gbps: PositiveFloat = Field(80.0, description="host memory read bandwidth all cores reach together, GB/s (a streaming read, not the channels' theoretical peak)")
+    sockets: PositiveInt = Field(1, description="sockets whose cores and memory compute experts, each reading its "
+                                 "own copy of the expert weights (NUMA): mem_gbps and tflops are per socket")
+    mem_gbps: PositiveFloat = Field(80.0, description="host memory read bandwidth one socket's cores reach together, GB/s (a streaming read, not the channels' theoretical peak)")
+    peak_gbps: PositiveFloat | None = Field(
+        None, description="theoretical read rate of one socket's memory channels, GB/s (channels x 8 B x MT/s): "
+        "mem_gbps is at most this")
     thread_gbps: PositiveFloat | None = Field(
         None, description="host memory read bandwidth one thread reaches, GB/s (default mem_gbps / cores: "
         "bandwidth grows with threads up to every core)")
-    tflops: PositiveFloat = Field(1.5, description="dense throughput of all cores together on expert weights, TFLOP/s")
+    tflops: PositiveFloat = Field(1.5, description="dense throughput of one socket's cores together on expert weights, TFLOP/s")
+    peak_tflops: PositiveFloat | None = Field(
+        None, description="theoretical peak of one socket's cores for the expert kernel's instruction set at their "
+        "top clock, TFLOP/s (tera-operations, a multiply-add counting 2): tflops is at most this")
     threads: PositiveInt | None = Field(None, description="threads that compute experts (default: every core)")
     busy_fraction: float = Field(0.0, ge=0, lt=1, description="share of those threads' time taken by the host's "
                                  "other work (tokenizer, server, other processes): experts get the rest")
@@ -50,6 +61,14 @@ class CpuSpec(BaseModel):
     def _check(self) -> CpuSpec:
         if self.threads is not None and self.threads > self.cores:
             raise ValueError(f"threads ({self.threads}) exceeds cores ({self.cores})")
+        if self.cores % self.sockets:
+            raise ValueError(f"cores ({self.cores}) is not a whole number per socket ({self.sockets} sockets)")
+        if self.peak_gbps is not None and self.mem_gbps > self.peak_gbps:
+            raise ValueError(f"mem_gbps ({self.mem_gbps:g}) exceeds the socket's channels (peak_gbps "
+                             f"{self.peak_gbps:g}): beyond physics")
+        if self.peak_tflops is not None and self.tflops > self.peak_tflops:
+            raise ValueError(f"tflops ({self.tflops:g}) exceeds the socket's cores (peak_tflops "
+                             f"{self.peak_tflops:g}): beyond physics")
         return self
 
     @property
@@ -59,14 +78,15 @@ class CpuSpec(BaseModel):
 
     @property
     def read_gbps(self) -> float:
-        """Host memory bandwidth the expert threads reach: ``min(mem_gbps, t x thread_gbps)``."""
-        per = self.thread_gbps if self.thread_gbps is not None else self.mem_gbps / self.cores
-        return min(self.mem_gbps, self.expert_threads * per)
+        """Host memory bandwidth the expert threads reach: ``min(sockets x mem_gbps, t x thread_gbps)``."""
+        total = self.sockets * self.mem_gbps
+        per = self.thread_gbps if self.thread_gbps is not None else total / self.cores
+        return min(total, self.expert_threads * per)
 
     @property
     def compute_tflops(self) -> float:
-        """Dense throughput the expert threads reach: their share of the all-core ``tflops``."""
-        return self.tflops * self.expert_threads / self.cores
+        """Dense throughput the expert threads reach: their share of the all-core ``sockets x tflops``."""
+        return self.sockets * self.tflops * self.expert_threads / self.cores
 
 
 def host_names() -> list[str]:

@@ -299,9 +299,9 @@ class Stepper:
                 exps = [x for x in exps if x >= 0]
             ls.exps = exps
             ls.counts = [1] * len(exps)
-        else:
+        else:   # the trace's experts are all valid (0..E-1); a plan's may be -1 (dropped)
             flat = plan_m.reshape(-1)
-            ls.exps, ls.counts = access_order(flat[flat >= 0])
+            ls.exps, ls.counts = access_order(flat if plan is None else flat[flat >= 0])
         return ls
 
     def take_units(self, ls: LayerStep) -> None:

@@ -311,7 +311,7 @@ def build_serving(loaded: LoadedScenario, trace: Trace, chosen: list[int]) -> Wo
         path = loaded.arrivals_path()
         assert path is not None
         arrivals = read_arrivals(path)
-    sched = spec.scheduler or SchedulerSpec()
+    sched = spec.scheduler or SchedulerSpec.model_validate({})
     return serving_workload(trace, chosen, spec.phases, arrivals, kind=sched.kind, max_batch=sched.max_batch,
                             max_tokens=sched.max_tokens, context_tokens=spec.context_tokens)
 

@@ -264,3 +264,16 @@ def test_the_serving_scenario_is_runnable() -> None:
     res = run_loaded(load_scenario(ROOT / "scenarios" / "serving" / "mixtral-continuous.yaml",
                                    ["workload.arrivals.requests=3"]), steps=False)
     assert res.metrics["serving"]["finished"] == 3
+
+
+def test_a_serving_run_with_a_context_keeps_the_kv_bound_in_vram() -> None:
+    # Mixtral from a 4096-token context, 4 requests of up to 2 at once: the KV bound is the two
+    # largest ends (4096 + 32 + 48 tokens each), what was live never exceeds it
+    scen = ROOT / "scenarios" / "mixtral-a100-batch4.yaml"
+    res = run_loaded(load_scenario(scen, ["workload.batch_size=1", "workload.arrivals.rate=20",
+                                          "workload.arrivals.requests=4", "workload.scheduler.max_batch=2",
+                                          "workload.context_tokens=4096"]), steps=False)
+    m = res.metrics
+    assert m["kv_peak_tokens"] == 2 * (4096 + 32 + 48)
+    assert m["serving"]["kv_live_peak_tokens"] <= m["kv_peak_tokens"]
+    assert m["kv_gib"] > 0 and m["serving"]["finished"] == 4

@@ -301,7 +301,7 @@ class Stepper:
             ls.counts = [1] * len(exps)
         else:   # the trace's experts are all valid (0..E-1); a plan's may be -1 (dropped)
             flat = plan_m.reshape(-1)
-            ls.exps, ls.counts = access_order(flat if plan is None else flat[flat >= 0])
+            ls.exps, ls.counts = access_order(flat if plan is None else flat[flat >= 0], run.E)
         return ls
 
     def take_units(self, ls: LayerStep) -> None:

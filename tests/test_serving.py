@@ -277,3 +277,21 @@ def test_a_serving_run_with_a_context_keeps_the_kv_bound_in_vram() -> None:
     assert m["kv_peak_tokens"] == 2 * (4096 + 32 + 48)
     assert m["serving"]["kv_live_peak_tokens"] <= m["kv_peak_tokens"]
     assert m["kv_gib"] > 0 and m["serving"]["finished"] == 4
+
+
+def test_a_serving_sweep_plots_latency_against_throughput(tmp_path: Path) -> None:
+    import yaml
+
+    from moesim.sim.cli.main import main
+    from moesim.sim.study.sweep import SweepSpec, expand
+    from moesim.sim.study.sweep_run import run_sweep
+
+    base = yaml.safe_load(scen(workload__phases=["prefill", "decode"], workload__arrivals={"rate": 5.0, "requests": 3}))
+    sweep = expand(SweepSpec(name="s", base=base, grid={"policy": ["lru", "lfu"], "workload.arrivals.rate": [5.0, 50.0]}),
+                   source="s", base_dir=tmp_path)
+    outcome = run_sweep(sweep, tmp_path / "sweep", jobs=1)
+    assert main(["plot", str(tmp_path / "sweep"), "--kind", "latency-throughput", "--out", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig" / "latency_throughput.png").stat().st_size > 0
+    import pandas as pd
+    table = pd.read_parquet(outcome.table)
+    assert {"serving_ttft_ms_p99", "serving_goodput_rps"} - set(table.columns) == {"serving_goodput_rps"}   # no slo

@@ -143,13 +143,22 @@ def test_no_request_starts_before_it_arrives(seed: int, n: int, rate: float, kin
                                              max_tokens: int) -> None:
     tr = random_trace(seed % 7, layers=2, experts=8, top_k=2, requests=3, prompt=5, decode=3)
     arrivals = poisson_arrivals(rate, n, seed)
-    eng = _serve(tr, arrivals, kind, max_batch=max_batch, max_tokens=max_tokens, budget=6)
+    seen: list[tuple[float, list[int]]] = []   # each iteration's start and requests, as the policy sees them
+
+    class Watching(LRU):
+        def on_iteration_start(self, view: Any) -> None:
+            seen.append((view.now, view.iteration.request_ids.tolist()))
+
+    eng = _serve(tr, arrivals, kind, max_batch=max_batch, max_tokens=max_tokens, budget=6, policy=Watching())
     sched = eng.state.scheduler
     assert sched is not None
     arr = arrivals.times
     assert (sched.admitted >= arr).all() and (sched.first_token > sched.admitted).all()
     assert (sched.finish >= sched.first_token).all() and sched.finished == n
-    # every step that runs a request's token starts at or after its arrival
+    # every iteration that runs a request's token starts at or after its arrival
+    assert len(seen) == sched.count
+    for t, rids in seen:
+        assert all(t >= arr[r] for r in rids)
     cols = eng.state.steps.columns()
     assert int(sched.tokens_out.sum()) == sum(len(v) for v in eng.state.stats.token_end.values())
     assert (np.diff(cols["t_start"]) >= 0).all()

@@ -210,7 +210,7 @@ def compare_cmd(
 
 def plot_cmd(
     source: Annotated[Path, typer.Argument(help="a sweep folder or its results.parquet, or a `simctl run --out` folder (timeline)")],
-    kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="tpot, throughput, hit-rate, bytes, speedup (repeatable; default: all)")] = None,
+    kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="tpot, throughput, hit-rate, bytes, speedup, latency-throughput (serving sweeps; repeatable; default: all that apply)")] = None,
     x: Annotated[str | None, typer.Option("--x", help="swept key on the x axis (default: cache rate, bandwidth... whichever varies)")] = None,
     hue: Annotated[str, typer.Option("--hue", help="one line per value of this column")] = "policy",
     facet: Annotated[str | None, typer.Option("--facet", help="one panel per value of this column")] = None,
@@ -229,7 +229,12 @@ def plot_cmd(
     """Paper-style figures from a sweep table, or the timeline view of one run."""
     from moesim.sim.core.atomic import OutputError, atomic_folder, own_folder
     from moesim.sim.study.figure_files import FORMATS, save
-    from moesim.sim.study.plot import KINDS, sweep_figures
+    from moesim.sim.study.plot import KINDS, figure_title, load_table, sweep_figures
+    from moesim.sim.study.serving_plot import (
+        SERVING_KIND,
+        is_serving_table,
+        latency_throughput_figure,
+    )
     from moesim.sim.study.timeline_plot import timeline_figure
 
     formats = fmt or list(FORMATS)
@@ -245,14 +250,20 @@ def plot_cmd(
         if not source.exists():
             raise MoesimError(f"{source}: no such file or folder")
         for k in kind or []:
-            if k not in KINDS:
-                raise typer.BadParameter(f"{k}: choose from {', '.join(KINDS)}", param_hint="--kind")
+            if k not in KINDS and k != SERVING_KIND:
+                raise typer.BadParameter(f"{k}: choose from {', '.join([*KINDS, SERVING_KIND])}", param_hint="--kind")
         dest = out if out is not None else (source if source.is_dir() else source.parent) / "figures"
         if timeline:
             figures = [("timeline", timeline_figure(source, start=start, iterations=iterations))]
         else:
-            figures = sweep_figures(source, kinds=kind or list(KINDS), x=x, hue=hue, facet=facet, baseline=baseline,
-                                    policies=[p.strip() for p in policies.split(",") if p.strip()] if policies else None)
+            picked = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+            kinds = [k for k in kind or list(KINDS) if k != SERVING_KIND]
+            figures = sweep_figures(source, kinds=kinds, x=x, hue=hue, facet=facet, baseline=baseline,
+                                    policies=picked) if kinds else []
+            table, _ = load_table(source)
+            if SERVING_KIND in (kind or []) or (not kind and is_serving_table(table)):   # serving runs: latency vs throughput
+                figures.append((SERVING_KIND.replace("-", "_"), latency_throughput_figure(
+                    table, hue=hue, facet=facet, policies=picked, title=figure_title(table))))
         with atomic_folder(dest, option="--out", force=force, kind="figures") as tmp:
             drawn = [p for stem, fig in figures for p in save(fig, tmp, stem, formats)]
         paths = [dest / p.relative_to(tmp) for p in drawn]

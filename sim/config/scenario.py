@@ -38,6 +38,7 @@ from moesim.sim.config.keys import unknown_key_hint
 from moesim.sim.config.overrides import apply_overrides, parse_override, set_key
 from moesim.sim.config.scenario_error import ScenarioError
 from moesim.sim.config.sections import CacheSpec, PcieSpec, PolicySpec, ProfileSpec, WorkloadSpec
+from moesim.sim.config.serving_spec import SloSpec
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
 
@@ -73,6 +74,8 @@ class Scenario(BaseModel):
         "scenario takes: every value fitted for all rows, and each per-group value of the group matching this "
         "scenario (e.g. its hardware); `--set` items win over it, a different value in this file is an error")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="what to replay")  # type: ignore[arg-type]
+    slo: SloSpec | None = Field(None, description="serving: latency targets ({ttft_ms, tpot_ms}) that goodput "
+                                "counts requests against (with workload.arrivals)")
     seed: int = Field(0, ge=0, description="seed of every random choice of the run")
     resolved: dict[str, Any] | None = Field(
         None, exclude=True, description="written by `simctl run --out` into config.yaml: the model, hardware, "
@@ -85,6 +88,12 @@ class Scenario(BaseModel):
                 raise ValueError("trace must be a file path or a mapping with the single key 'synthetic'")
             if not isinstance(self.trace["synthetic"], dict):
                 raise ValueError("trace.synthetic must be a mapping of generator parameters")
+        return self
+
+    @model_validator(mode="after")
+    def _slo_with_arrivals(self) -> Scenario:
+        if self.slo is not None and self.workload.arrivals is None:
+            raise ValueError("slo goes with workload.arrivals: goodput counts served requests")
         return self
 
     @property
@@ -122,6 +131,9 @@ class LoadedScenario(BaseModel):
             spec = self.spec_file(key)
             if spec is not None:
                 data[key] = str(spec.resolve())
+        arrivals = self.scenario.workload.arrivals
+        if arrivals is not None and arrivals.file is not None:
+            data["workload"]["arrivals"]["file"] = str(self._file(arrivals.file).resolve())
         if data.get("plugins"):
             data["plugins"] = [str(p.resolve()) for p in self.plugin_paths()]
         if self.scenario.calibration is not None:
@@ -228,6 +240,11 @@ class LoadedScenario(BaseModel):
             return load_spec_file(path, key)
         except CatalogError as exc:
             raise ScenarioError(f"{self.source or 'scenario'}: {key}: {exc}") from None
+
+    def arrivals_path(self) -> Path | None:
+        """The request log of ``workload.arrivals.file``, or None (no arrivals, or a rate)."""
+        arrivals = self.scenario.workload.arrivals
+        return None if arrivals is None or arrivals.file is None else self._file(arrivals.file)
 
     def trace_path(self) -> Path | None:
         """The trace file, or None for a synthetic trace."""

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from moesim.sim.config.catalog import GIB, ModelSpec
+from moesim.sim.config.serving_spec import ArrivalsSpec, SchedulerSpec
 
 
 class CacheSpec(BaseModel):
@@ -138,6 +139,20 @@ class WorkloadSpec(BaseModel):
         "prompt); it grows by every token replayed. Attention then reads the KV cache (a cost per layer, "
         "docs/contract.md) and the batch's KV cache at its peak takes VRAM before the experts. 0: the context "
         "is not modelled (no KV cost, no KV in VRAM: the behaviour of runs without the key)")
+    arrivals: ArrivalsSpec | None = Field(
+        None, description="serving: requests arrive over time ({rate: R} or {file: PATH}) and join the GPU's "
+        "batches as workload.scheduler says; absent: the fixed lockstep batches of batch_size")
+    scheduler: SchedulerSpec | None = Field(
+        None, description="serving: how batches form from the requests that arrived (with arrivals; default "
+        "{kind: continuous, max_batch: 8, max_tokens: 2048})")
+
+    @model_validator(mode="after")
+    def _serving_keys(self) -> WorkloadSpec:
+        if self.arrivals is None and self.scheduler is not None:
+            raise ValueError("scheduler goes with arrivals: without them the batches are batch_size requests in lockstep")
+        if self.arrivals is not None and self.batch_size != 1:
+            raise ValueError("batch_size goes without arrivals: with them scheduler.max_batch sets the batch")
+        return self
 
     @field_validator("phases")
     @classmethod

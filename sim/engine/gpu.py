@@ -83,8 +83,10 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Any:
     begin_layer, route, take_units, end_layer = step.begin_layer, step.route, step.take_units, step.end_layer
     has_before, has_outcome = step.has_before, step.has_access or step.has_after
     timeline = step.timeline
-    for it in run.workload.iterations:
-        step.begin_iteration(it, env._now)
+    for it in step.iterations():
+        start = step.begin_iteration(it, env._now)
+        if start > env._now:   # serving: the GPU idles until a request arrives
+            yield timeout(start - env._now)
         policy.on_iteration_start(view)
         if run.spent_s:
             yield from charge(run, env)

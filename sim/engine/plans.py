@@ -90,14 +90,26 @@ def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None
         st.lossy_layers += bool(subs or missing)
 
 
-def access_order(valid: np.ndarray) -> tuple[list[int], list[int]]:
+ONE_HOT_CELLS = 16384
+"""Above 64 slots, :func:`access_order` compares every slot with every expert id when that
+table (experts x slots) has at most this many cells: quicker than sorting (a prefill chunk of
+a few hundred tokens on 8 experts), slower for many experts."""
+
+
+def access_order(valid: np.ndarray, num_experts: int | None = None) -> tuple[list[int], list[int]]:
     """Distinct experts of ``valid`` (flattened, tokens in order) by first occurrence, and how
-    many tokens each serves."""
+    many tokens each serves (``num_experts``, when given, bounds the ids: 0..num_experts-1)."""
     if valid.size <= 64:   # a few tokens' slots: a dict in first-occurrence order is quicker
         counts: dict[int, int] = {}
         for x in valid.tolist():
             counts[x] = counts.get(x, 0) + 1
         return list(counts), list(counts.values())
+    if num_experts is not None and num_experts * valid.size <= ONE_HOT_CELLS:
+        eq = valid[None, :] == np.arange(num_experts, dtype=valid.dtype)[:, None]
+        n_per = eq.sum(axis=1)
+        present = np.flatnonzero(n_per)
+        ranked = present[np.argsort(eq.argmax(axis=1)[present], kind="stable")]
+        return ranked.tolist(), n_per[ranked].tolist()
     uniq, first, cnt = np.unique(valid, return_index=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     return [int(x) for x in uniq[order]], [int(x) for x in cnt[order]]

@@ -33,6 +33,7 @@ from moesim.policies.contract.base import (
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.frozen import slot_maker
 from moesim.sim.engine.records import RunStats, StepRecords, TimelineEvent
+from moesim.sim.engine.scheduler import Scheduler
 from moesim.sim.engine.vram import Vram
 from moesim.sim.engine.workload import Iteration, Workload
 from moesim.traces.format.trace_file import Trace
@@ -118,6 +119,7 @@ class RunState(Generic[A]):
     path: str = "event"            # "event" (SimPy) or "fast (...)" (sim/fast)
     path_reason: str = ""          # why no fast replay ran
     part_sizes: dict[tuple[float, ...], tuple[int, ...]] = field(default_factory=dict)  # split -> bytes of each part
+    scheduler: Scheduler | None = None   # serving: forms the iterations as the GPU frees (set by Stepper)
     # -- wired in by the owner right after build (they need the state themselves)
     view: View = field(init=False)
     transfers: A = field(init=False)

@@ -6,7 +6,8 @@ the SimPy-free replays (:mod:`moesim.sim.fast`) compute the same instants.
 
 Per iteration ``it`` and layer ``l`` (``step = Stepper(run)`` once per run)::
 
-    now = step.begin_iteration(it, now)        # position, request starts (arrivals would go here)
+    for it in step.iterations():               # the workload's, or (serving) formed as the GPU frees
+    now = step.begin_iteration(it, now)        # position, request starts; serving: idle to an arrival
     policy.on_iteration_start(view)
     layer_s, over_s = step.non_moe_s(it)       # each layer's attention etc., with its KV reads
     for l in layers:
@@ -53,6 +54,7 @@ from moesim.policies.contract.base import (
 from moesim.sim.engine.frozen import slot_maker
 from moesim.sim.engine.plans import access_order, check_plan, count_lossy, next_in_fixed_order
 from moesim.sim.engine.records import STEP_CHUNK
+from moesim.sim.engine.scheduler import Scheduler
 from moesim.sim.engine.splits import apply_fractions
 from moesim.sim.engine.vram import Unit
 from moesim.sim.engine.workload import Iteration
@@ -161,18 +163,36 @@ class Stepper:
         self.cpu_switch = run.cost.cpu_switch_s()
         self.step_rows = run.steps.rows if run.record_steps else None   # appended inline (see StepRecords)
         self.timeline = run.timeline if run.record_timeline else None
+        plan = run.workload.serving
+        self.sched = run.scheduler = None if plan is None else Scheduler(plan)
 
     # -- iterations ---------------------------------------------------------------------------
+    def iterations(self) -> Iterable[Iteration]:
+        """The iterations to replay: the workload's; serving, the scheduler's, each formed when
+        the previous one has ended (at the run's clock then)."""
+        if self.sched is None:
+            return self.run.workload.iterations
+        return self.sched.iterate(self.run.now)
+
     def begin_iteration(self, it: Iteration, now: float) -> float:
         """``it`` starts at ``now``: the run's position, its requests' starts. Returns when its
-        first layer starts (``now``)."""
+        first layer starts: ``now``, or serving, the arrival an idle GPU waits for (the driver
+        advances its clock there); its requests started at their arrival."""
         run = self.run
         run.cur_iter = it
         self.tx.iteration = it.index
         run.cur_layer = -1
         run.routed_upto = -1
-        self.stats.start_iteration(it, now, self.batch_start)
-        return now
+        sched = self.sched
+        if sched is None:
+            self.stats.start_iteration(it, now, self.batch_start)
+            return now
+        starts = self.stats.request_start
+        arrival = sched.plan.arrival
+        for r, first in zip(it.request_ids.tolist(), it.first_of_request.tolist(), strict=True):
+            if first:
+                starts[r] = float(arrival[r])
+        return max(now, sched.start)
 
     def tail_s(self, it: Iteration) -> tuple[float, float]:
         """After ``it``'s last layer: the LM head's GPU seconds and the runtime's per-iteration
@@ -190,8 +210,13 @@ class Stepper:
         st.overhead_s += over
 
     def end_iteration(self, it: Iteration, now: float) -> None:
-        """``it`` ends at ``now`` (then the policy's ``on_iteration_end``): its tokens' times."""
-        self.stats.end_iteration(it, now)
+        """``it`` ends at ``now`` (then the policy's ``on_iteration_end``): its tokens' times
+        (serving: of the requests it gave a token; finished ones leave the batch)."""
+        if self.sched is None:
+            self.stats.end_iteration(it, now)
+        else:
+            self.stats.iteration_end.append(now)
+            self.sched.end_iteration(now, self.stats.token_end)
         self.run.cur_layer = self.run.L
 
     def close_iteration(self, it: Iteration) -> None:
@@ -201,7 +226,10 @@ class Stepper:
             apply_fractions(run)
         run.prev_iter = it
         if run.progress is not None:
-            run.progress(it.index + 1, len(run.workload.iterations))
+            if self.sched is None:
+                run.progress(it.index + 1, len(run.workload.iterations))
+            else:   # serving: requests finished of all
+                run.progress(self.sched.finished, self.sched.plan.n)
 
     # -- a layer ------------------------------------------------------------------------------
     def begin_layer(self, layer: int) -> None:
@@ -272,9 +300,9 @@ class Stepper:
                 exps = [x for x in exps if x >= 0]
             ls.exps = exps
             ls.counts = [1] * len(exps)
-        else:
+        else:   # the trace's experts are all valid (0..E-1); a plan's may be -1 (dropped)
             flat = plan_m.reshape(-1)
-            ls.exps, ls.counts = access_order(flat[flat >= 0])
+            ls.exps, ls.counts = access_order(flat if plan is None else flat[flat >= 0], run.E)
         return ls
 
     def take_units(self, ls: LayerStep) -> None:

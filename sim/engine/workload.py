@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.engine.serving import ServingPlan
 from moesim.traces.format.trace_file import DECODE, PHASES, PREFILL, Trace
 
 
@@ -46,6 +47,9 @@ class Iteration:
 
 @dataclass
 class Workload:
+    """What a run replays: its iterations in order (or, serving, the plan its scheduler forms
+    them from), the requests and the context they start with."""
+
     trace: Trace
     iterations: list[Iteration]
     batches: int
@@ -56,6 +60,10 @@ class Workload:
     peak_kv_tokens: int = 0
     """Tokens of KV cache the largest batch holds at its end: per request, ``context_tokens`` plus
     every token of it replayed, summed over the batch (0 when the context is not modelled)."""
+    serving: ServingPlan | None = None
+    """Serving (``workload.arrivals``): the requests' arrivals and rows; the run's scheduler forms
+    the iterations as the GPU frees, and ``iterations`` holds only the first. None: the lockstep
+    batches of ``iterations``."""
     _future: Future | None = field(default=None, repr=False)
     _token_rows: np.ndarray | None = field(default=None, repr=False)
 

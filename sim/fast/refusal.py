@@ -96,6 +96,12 @@ WORKLOAD_FIELDS = frozenset({"trace", "iterations", "batches", "requests", "deco
 iteration's ``kv_tokens`` and ``attn_pairs``, which only Stepper.non_moe_s reads)."""
 
 
+WORKLOAD_REFUSED: dict[str, Check] = {
+    "serving": _off("requests arrive over time (workload.arrivals): only the event loop schedules them"),
+}
+"""The workload's fields the fast replays declare but take only when off (absent, None)."""
+
+
 def undeclared(state: RunState[Transfers]) -> str | None:
     """The first option or field of ``state``'s run that the fast replays do not declare (or
     whose value they refuse), as a reason, or None."""
@@ -117,9 +123,13 @@ def undeclared(state: RunState[Transfers]) -> str | None:
         extra = sorted(set(type(spec).model_fields) - SPEC_FIELDS[where])
         if extra:
             return f"{where} field {extra[0]!r} is not declared by the fast replays"
-    extra = sorted({f.name for f in dataclasses.fields(state.workload)} - WORKLOAD_FIELDS)
+    extra = sorted({f.name for f in dataclasses.fields(state.workload)} - WORKLOAD_FIELDS - set(WORKLOAD_REFUSED))
     if extra:
         return f"workload field {extra[0]!r} is not declared by the fast replays"
+    for name, check in WORKLOAD_REFUSED.items():
+        why = check(getattr(state.workload, name))
+        if why is not None:
+            return why
     return None
 
 

@@ -67,6 +67,8 @@ def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy:
         raise MoesimError(f"{source}: workload.batch_size: the executor replays batch_size 1 only")
     if scen.cache.swap_out:
         raise MoesimError(f"{source}: cache.swap_out: the executor drops evicted experts (no swap-out)")
+    if scen.workload.arrivals is not None:
+        raise MoesimError(f"{source}: workload.arrivals: the executor replays fixed batches, not requests that arrive")
     check_shapes(trace, om.spec, source)
     policy = scenario_policy(loaded)
     prof, requests = select_requests(loaded, trace)

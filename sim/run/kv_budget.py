@@ -28,7 +28,7 @@ def kv_budget(source: str, given: str, model: ModelSpec, hw: HardwareSpec, wl: W
             f"{source}: workload.context_tokens: the KV cache at its peak ({kv / GIB:.2f} GiB: {wl.peak_kv_tokens} tokens "
             f"x {model.kv_bytes_per_token:g} B x {model.attention_blocks} layers) and the non-expert weights "
             f"({model.non_expert_bytes / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB "
-            f"of {hw.name}; lower workload.context_tokens or workload.batch_size")
+            f"of {hw.name}; lower workload.context_tokens or workload.batch_size (serving: workload.scheduler.max_batch)")
     if budget > room:
         budget = room // model.expert_bytes * model.expert_bytes
         if budget <= 0:

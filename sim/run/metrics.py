@@ -71,7 +71,8 @@ def compute_metrics(run: RunState[Any]) -> dict[str, Any]:
         start = st.request_start.get(r, 0.0)
         ttft.append(times[0] - start)
         tpot.extend(np.diff(times).tolist())
-    tokens = sum(it.n_tokens for it in wl.iterations)
+    sched = run.scheduler   # serving: the iterations its scheduler formed (the workload holds the first)
+    tokens = sum(it.n_tokens for it in wl.iterations) if sched is None else sched.tokens
     outputs = sum(len(v) for v in st.token_end.values())
     accesses = st.hits + st.late + st.partial + st.misses
     fetched = st.demand_bytes + st.prefetch_bytes
@@ -84,7 +85,7 @@ def compute_metrics(run: RunState[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "policy": policy.name,
         "bound": bool(policy.oracle),
-        "iterations": len(wl.iterations),
+        "iterations": len(wl.iterations) if sched is None else sched.count,
         "tokens": tokens,
         "output_tokens": outputs,
         "requests": len(wl.requests),

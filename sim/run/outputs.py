@@ -227,6 +227,9 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     t.add_row("TTFT ms", f"mean {_fmt(m['ttft_ms']['mean'])}  p50 {_fmt(m['ttft_ms']['p50'])}  p99 {_fmt(m['ttft_ms']['p99'])}")
     t.add_row("TPOT ms", f"mean {_fmt(m['tpot_ms']['mean'])}  p50 {_fmt(m['tpot_ms']['p50'])}  p99 {_fmt(m['tpot_ms']['p99'])}")
     t.add_row("throughput", f"{m['tokens_per_s']:.1f} tokens/s over {m['sim_time_s']:.3f} s simulated")
+    if "serving" in m:
+        for label, value in serving_rows(m["serving"]):
+            t.add_row(label, value)
     t.add_row("accesses", f"hit {m['hit_rate']:.2%}  late {m['late_rate']:.2%}  partial {m['partial_rate']:.2%}  miss {m['miss_rate']:.2%}  ({m['accesses']})")
     t.add_row("stall", f"{m['stall_ms']:.1f} ms ({m['stall_ms_per_token']:.3f} ms/token); {words['compute']} busy {m['gpu_busy_fraction']:.1%}")
     t.add_row(words["link"], f"{decimal_size(m['h2d_gb'])} host-to-device ({decimal_size(m['h2d_gb_per_token'])}/token), "
@@ -256,6 +259,28 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     for w in m.get("warnings", []):
         t.add_row("[yellow]warning[/yellow]", escape(w))
     return t
+
+
+def serving_rows(sv: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's rows for the ``serving`` block of a run with arrivals: the scheduler, the
+    latency percentiles (from arrival), throughput and goodput."""
+    def dist(d: dict[str, Any]) -> str:
+        return "  ".join(f"{k} {_fmt(d[k])}" for k in ("p50", "p90", "p99"))
+
+    sched = f"{sv['scheduler']}, max_batch {sv['max_batch']}" + (
+        f", max_tokens {sv['max_tokens']}" if sv.get("max_tokens") else "")
+    offered = f", offered {sv['offered_rps']:.3g} req/s" if sv.get("offered_rps") else ""
+    rows = [("serving", f"{sched}; {sv['finished']} of {sv['requests']} requests finished{offered}"),
+            ("TTFT ms (served)", dist(sv["ttft_ms"])),
+            ("TPOT ms (served)", dist(sv["tpot_ms"]) + " (per request)"),
+            ("E2E ms", dist(sv["e2e_ms"])),
+            ("queueing ms", dist(sv["queue_ms"])),
+            ("req throughput", f"{sv['requests_per_s']:.3g} requests/s, {sv['output_tokens_per_s']:.1f} output tokens/s")]
+    if "goodput_rps" in sv:
+        targets = ", ".join(f"{k} {v:g}" for k, v in sv["slo"].items())
+        rows.append(("goodput", f"{sv['goodput_rps']:.3g} requests/s within the SLO ({targets}): "
+                     f"{sv['slo_attainment']:.1%} of requests"))
+    return rows
 
 
 def print_summary(result: RunResult, console: Console | None = None, speedups: list[Any] | None = None) -> None:

@@ -23,10 +23,13 @@ from moesim.policies.contract.plugins import load_plugins, plugin_record
 from moesim.policies.contract.registry import PolicyError, make_policy
 from moesim.sim.config.catalog import GIB, HardwareSpec, ModelSpec, RuntimeSpec
 from moesim.sim.config.scenario import LoadedScenario, ScenarioError, file_digest
+from moesim.sim.config.serving_spec import SchedulerSpec
 from moesim.sim.core.errors import MoesimError
+from moesim.sim.engine.arrivals import poisson_arrivals, read_arrivals
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.records import TimelineEvent
+from moesim.sim.engine.serving_workload import serving_workload
 from moesim.sim.engine.transfers import BudgetError
 from moesim.sim.engine.workload import Workload, build_workload
 from moesim.sim.fast.path import FAST_PATH
@@ -34,6 +37,7 @@ from moesim.sim.run.kv_budget import context_metrics, kv_budget
 from moesim.sim.run.metrics import compute_metrics
 from moesim.sim.run.profile import profile_from_trace, trace_requests
 from moesim.sim.run.run_warnings import run_warnings
+from moesim.sim.run.serving_metrics import serving_metrics
 from moesim.traces.format.trace_file import ModelInfo, Trace, read_trace, trace_from_columns
 
 
@@ -180,6 +184,8 @@ class PreparedRun:
         if wl.context_tokens:   # the context is modelled: its KV cache and what it left to experts
             metrics.update(context_metrics(model, wl, self.budget))
             metrics["vram_peak_gib"] += metrics["kv_gib"]
+        if state.scheduler is not None:   # serving: latency percentiles, throughput, goodput
+            metrics["serving"] = serving_metrics(state.scheduler, metrics["sim_time_s"], self.loaded.scenario.slo)
         metrics["scenario"] = self.loaded.scenario.name
         metrics.update(join_keys(self.loaded, model, self.hardware, self.runtime, self.budget, self.engine.state.trace))
         metrics["config_hash"] = config_hash
@@ -257,12 +263,19 @@ def prepare_run(
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
     profile, requests = select_requests(loaded, tr)
-    if workload is not None and workload.trace is tr and workload.context_tokens == context:
+    serving = scen.workload.arrivals is not None
+    if serving and policy.oracle:
+        raise ScenarioError(f"{source}: policy {policy.name!r} is an oracle bound: it reads the whole workload ahead, "
+                            "and with workload.arrivals the iterations depend on when the GPU frees")
+    if (workload is not None and workload.trace is tr and workload.context_tokens == context
+            and (workload.serving is not None) == serving):
         wl = workload
     else:
         try:
             wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
-                                requests=requests, context_tokens=context)
+                                requests=requests, context_tokens=0 if serving else context)
+            if serving:
+                wl = build_serving(loaded, tr, wl.requests)
         except MoesimError as exc:
             raise ScenarioError(f"{source}: {exc}") from None
     asked = budget
@@ -285,6 +298,22 @@ def prepare_run(
         engine.state.warnings.append(note)
     return PreparedRun(loaded=loaded, engine=engine, model=model, hardware=hw, runtime=runtime,
                        profile=profile, budget=budget, buffer=buffer)
+
+
+def build_serving(loaded: LoadedScenario, trace: Trace, chosen: list[int]) -> Workload:
+    """The serving workload of ``loaded`` (``workload.arrivals``) over the trace requests ``chosen``."""
+    spec = loaded.scenario.workload
+    arr = spec.arrivals
+    assert arr is not None
+    if arr.rate is not None:
+        arrivals = poisson_arrivals(arr.rate, arr.requests or len(chosen), loaded.scenario.seed)
+    else:
+        path = loaded.arrivals_path()
+        assert path is not None
+        arrivals = read_arrivals(path)
+    sched = spec.scheduler or SchedulerSpec.model_validate({})
+    return serving_workload(trace, chosen, spec.phases, arrivals, kind=sched.kind, max_batch=sched.max_batch,
+                            max_tokens=sched.max_tokens, context_tokens=spec.context_tokens)
 
 
 def describe_trace(loaded: LoadedScenario, trace: Trace) -> str:

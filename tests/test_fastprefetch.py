@@ -18,6 +18,7 @@ from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
 from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.fast.prefetch_check import prefetch_refusal
 from moesim.sim.run.metrics import compute_metrics
 from moesim.traces.format.trace_file import DECODE, PREFILL
 from tests.util import make_trace, tiny_hw, tiny_model
@@ -147,16 +148,21 @@ def test_hand_timeline() -> None:
     assert m["sim_time_s"] == pytest.approx(5450e-6)
 
 
-@pytest.mark.parametrize("kw, why", [
-    ({"record_timeline": True}, "timeline"),
-    ({"check_invariants": True}, "invariant"),
-    ({"swap_out": True}, "swap_out"),
-    ({"buffer_bytes": 3_000_000}, "buffer"),
-    ({"sync_prefetch": True}, "sync_prefetch"),
-    ({"hw": tiny_hw(copy_engines=2)}, "copy engine"),
+@pytest.mark.parametrize("kw, why, path", [
+    ({"record_timeline": True}, "timeline", "event"),
+    ({"check_invariants": True}, "invariant", "fast"),
+    ({"swap_out": True}, "swap_out", "event"),
+    ({"buffer_bytes": 3_000_000}, "buffer", "event"),
+    ({"sync_prefetch": True}, "sync_prefetch", "event"),
+    ({"hw": tiny_hw(copy_engines=2)}, "copy engine", "fast"),
 ])
-def test_refusals_are_reported(kw: dict[str, Any], why: str) -> None:
-    """Runs the kernel does not reproduce take the event loop and say why."""
+def test_refusals_are_reported(kw: dict[str, Any], why: str, path: str) -> None:
+    """Runs the kernel does not reproduce take the SimPy-free driver (``fast``) or, with an
+    option no fast replay declares, the event loop, which says why."""
     eng, m = _run(_hand_trace(), fast=True, budget=2, **kw)
-    assert eng.state.path == "event" and why in eng.state.path_reason
-    assert m["engine_path"] == "event"
+    assert eng.state.path == path and m["engine_path"] == path
+    if path == "event":
+        assert why in eng.state.path_reason
+    else:
+        why_not = prefetch_refusal(eng.state)
+        assert why_not is not None and why in why_not

@@ -1,0 +1,159 @@
+"""The SimPy-free driver: the step functions of :mod:`moesim.sim.engine.step` in the contract's
+order, as :func:`~moesim.sim.engine.gpu.gpu_process` calls them, with time advanced by
+arithmetic on :class:`~moesim.sim.fast.copies.FastLanes` instead of SimPy events: the run's own
+:class:`~moesim.sim.engine.transfers.Transfers` (room, victims, prefetches, withdrawals and
+aborts), policy and view, and the lanes' landings ordered by (time, creation order) as SimPy
+orders them.
+
+It takes every policy, prefetching ones included, on the runs the fast path accepts
+(:func:`~moesim.sim.fast.path.fast_path_refusal`: every option and field declared); the cache
+kernels (:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.prefetch`) stand in for it where a
+policy is one of their rules. ``tests/test_fastdriver.py`` compares it with the event loop for
+every shipped policy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
+from moesim.sim.engine.gpu import book_charge
+from moesim.sim.engine.step import Stepper, ready_parts
+from moesim.sim.fast.copies import FastLanes
+
+if TYPE_CHECKING:
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
+
+
+def drive(run: RunState[Transfers]) -> None:
+    """Replay ``run``'s whole workload (see the module docstring); leaves its counters, step
+    records and clock (``run.fast_now``) as the event loop would."""
+    tx = run.transfers
+    saved = tx.lanes
+    lanes = tx.lanes = FastLanes(run, not saved.can_withdraw)
+    try:
+        _drive(run, lanes)
+    finally:
+        tx.lanes = saved
+
+
+def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
+    step = Stepper(run)
+    st = run.stats
+    policy = run.policy
+    view = run.view
+    tx = run.transfers
+    env = tx.env
+    units = run.vram.units
+    pinned = run.vram.pinned
+    advance = lanes.advance
+    grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
+    begin_layer, route, take_units, end_layer = step.begin_layer, step.route, step.take_units, step.end_layer
+    has_before, has_outcome = step.has_before, step.has_access or step.has_after
+
+    def charge() -> None:
+        """The GPU stream waits for the host time spent since the last charge (gpu.charge)."""
+        dt = run.spent_s
+        if dt <= 0:
+            return
+        run.spent_s = 0.0
+        issue = run.issue_spent_s
+        advance(lanes._now + dt)
+        book_charge(run, dt, issue)
+
+    def grant() -> float:
+        granted, delay = grant_waiting()
+        if delay > 0:
+            advance(lanes._now + delay)
+        queue_demand(granted)
+        return delay
+
+    run.fast_now = 0.0
+    for it in run.workload.iterations:
+        step.begin_iteration(it, lanes._now)
+        policy.on_iteration_start(view)
+        if run.spent_s:
+            charge()
+        layer_s, over_s = step.non_moe_s(it)
+        for layer in range(run.L):
+            begin_layer(layer)
+            t0 = lanes._now
+            if has_before:
+                policy.before_layer(view, layer)
+                if run.spent_s:
+                    charge()
+            advance(lanes._now + (layer_s + over_s))
+            ls = route(it, layer, t0, layer_s, over_s)
+            if run.spent_s:
+                charge()
+            ls.t_route = lanes._now
+            take_units(ls)
+            waits = step.waits_of(ls) if ls.plan is not None else None
+            cpu_done = step.cpu_experts(ls, lanes._now) if ls.cpu_exps else 0.0
+            if ls.miss_units:
+                tx.waiting.extend(ls.miss_units)
+            if tx.waiting:
+                ls.stall += grant()
+            if has_outcome:
+                step.notify(ls)
+            if run.spent_s:
+                charge()
+            # GPU experts compute as their parts become resident, ready ones first
+            remaining = ls.need
+            early = None
+            while remaining:
+                if tx.waiting and early is None:
+                    early = step.early_of(ls)
+                ready, remaining, watch = ready_parts(remaining, early if tx.waiting else None)
+                if ready:
+                    dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
+                    advance(lanes._now + dt)
+                    st.gpu_busy_s += dt
+                    for x in ready:   # computed: unpinned; one in the transfer buffer settles at once
+                        bu = x[2]
+                        pinned.discard(bu.key)
+                        if bu.in_buffer:
+                            tx.settle(bu)
+                    if tx.waiting:
+                        ls.stall += grant()
+                    continue
+                # nothing ready: wait for a transfer, or for room
+                ts = lanes._now
+                evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
+                if evs:
+                    if len(evs) == 1:
+                        lanes.wait_one(evs[0])
+                    else:
+                        lanes.wait_any(evs)
+                elif tx.waiting:
+                    if tx.space_event.triggered:   # room was freed since we last tried
+                        tx.space_event = env.event()
+                        grant()
+                    else:
+                        tx.check_deadlock(layer)
+                        lanes.wait_room(tx)
+                else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
+                    raise AssertionError("expert part neither present nor waiting")
+                ls.stall += lanes._now - ts
+            if waits:   # copies the plan waits for
+                pending = [u for u in waits if u.state != RESIDENT and units.get(u.key) is u]
+                if pending:
+                    ts = lanes._now
+                    lanes.wait_all(pending)
+                    ls.stall += lanes._now - ts
+            if cpu_done > lanes._now:   # the layer also waits for its CPU experts
+                wait = cpu_done - lanes._now
+                advance(lanes._now + wait)
+                st.cpu_wait_s += wait
+            end_layer(ls, lanes._now)
+        head, over = step.tail_s(it)
+        if head + over > 0:
+            advance(lanes._now + (head + over))
+            step.count_tail(head, over)
+        step.end_iteration(it, lanes._now)
+        policy.on_iteration_end(view)
+        if run.spent_s:
+            charge()
+        step.close_iteration(it)
+    lanes.finish(lanes._now)

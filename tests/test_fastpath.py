@@ -100,16 +100,16 @@ def _tiny_run(policy: Any, *, budget: int, batch: int = 1, timeline: bool = Fals
 
 
 def test_path_is_chosen_and_reported() -> None:
-    """Automatic choice: the lru kernel for lru with room for a layer's experts; the event loop
-    with a timeline; the SimPy-free driver for a prefetching policy, or when a batch's experts
-    could outgrow a pool (demand loads may wait for room: the kernels do not model it)."""
+    """Automatic choice: the lru kernel for lru with room for a layer's experts; the SimPy-free
+    driver with a timeline, for a prefetching policy, or when a batch's experts could outgrow a
+    pool (demand loads may wait for room: the kernels do not model it)."""
     eng = _tiny_run(make_policy("lru"), budget=2)
     assert eng.state.path == "fast (lru kernel)" and compute_metrics(eng.state)["engine_path"] == eng.state.path
     # exact timeline of the hand case (one lane, 1000 us per load, 100 us layer, 50 us expert):
     # tokens 0, 1 and 3 miss both experts: 100 + 1000 + 1000 (second load) + 50 = 2150 us;
     # token 2 hits expert 2 (computes while 0 loads): 100 + 1000 + 50 = 1150 us
     assert compute_metrics(eng.state)["sim_time_s"] == pytest.approx((3 * 2150 + 1150) * 1e-6)
-    assert _tiny_run(make_policy("lru"), budget=2, timeline=True).state.path == "event"
+    assert _tiny_run(make_policy("lru"), budget=2, timeline=True).state.path == "fast"
     assert _tiny_run(make_policy("static"), budget=3).state.path == "fast"
     assert _tiny_run(make_policy("lru"), budget=3, batch=2).state.path == "fast"
 

@@ -149,11 +149,11 @@ def test_hand_timeline() -> None:
 
 
 @pytest.mark.parametrize("kw, why, path", [
-    ({"record_timeline": True}, "timeline", "event"),
+    ({"record_timeline": True}, "timeline", "fast"),
     ({"check_invariants": True}, "invariant", "fast"),
     ({"swap_out": True}, "swap_out", "event"),
-    ({"buffer_bytes": 3_000_000}, "buffer", "event"),
-    ({"sync_prefetch": True}, "sync_prefetch", "event"),
+    ({"buffer_bytes": 3_000_000}, "buffer", "fast"),
+    ({"sync_prefetch": True}, "sync_prefetch", "fast"),
     ({"hw": tiny_hw(copy_engines=2)}, "copy engine", "fast"),
 ])
 def test_refusals_are_reported(kw: dict[str, Any], why: str, path: str) -> None:

@@ -161,9 +161,10 @@ class FastLanes(CopyLanes):
                 break
         self.flush(t)
 
-    def wait_all(self, units: list[Any]) -> None:
-        """The GPU waits for every one of ``units`` to land (one: :meth:`wait_one`)."""
-        if len(units) == 1:
+    def wait_all(self, units: list[Any], condition: bool = False) -> None:
+        """The GPU waits for every one of ``units`` to land: through a condition event (as
+        ``env.all_of``), or on the one unit's own event when there is one and not ``condition``."""
+        if len(units) == 1 and not condition:
             self.wait_one(units[0])
             return
         for u in units:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
+from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.sim.engine.gpu import book_charge
 from moesim.sim.engine.step import Stepper, ready_parts
 from moesim.sim.fast.copies import FastLanes
@@ -51,6 +51,7 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
     grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
     begin_layer, route, take_units, end_layer = step.begin_layer, step.route, step.take_units, step.end_layer
     has_before, has_outcome = step.has_before, step.has_access or step.has_after
+    timeline = step.timeline
 
     def charge() -> None:
         """The GPU stream waits for the host time spent since the last charge (gpu.charge)."""
@@ -59,8 +60,14 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
             return
         run.spent_s = 0.0
         issue = run.issue_spent_s
-        advance(lanes._now + dt)
+        t0 = lanes._now
+        advance(t0 + dt)
         book_charge(run, dt, issue)
+        if timeline is not None:
+            if issue:
+                timeline.append(("CPU runtime", "prefetch issue", t0, issue, {}))
+            if dt - issue > 0:
+                timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
 
     def grant() -> float:
         granted, delay = grant_waiting()
@@ -78,12 +85,22 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
         layer_s, over_s = step.non_moe_s(it)
         for layer in range(run.L):
             begin_layer(layer)
+            if run.sync_prefetch:   # the GPU waits for every prefetch issued so far (gpu.wait_prefetches)
+                pending = [u for u in units.values() if not u.demand and u.state in (WAITING, QUEUED, INFLIGHT)]
+                if pending:
+                    ts = lanes._now
+                    lanes.wait_all(pending, condition=True)
+                    st.stall_s += lanes._now - ts
+                    st.sync_stall_s += lanes._now - ts
             t0 = lanes._now
             if has_before:
                 policy.before_layer(view, layer)
                 if run.spent_s:
                     charge()
             advance(lanes._now + (layer_s + over_s))
+            if timeline is not None:
+                step.timeline_event("GPU", f"L{layer} attn", lanes._now - layer_s - over_s, layer_s + over_s,
+                                    {"iteration": it.index})
             ls = route(it, layer, t0, layer_s, over_s)
             if run.spent_s:
                 charge()
@@ -108,8 +125,12 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
                 ready, remaining, watch = ready_parts(remaining, early if tx.waiting else None)
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
-                    advance(lanes._now + dt)
+                    tc = lanes._now
+                    advance(tc + dt)
                     st.gpu_busy_s += dt
+                    if timeline is not None:
+                        step.timeline_event("GPU", f"L{layer} experts", tc, dt,
+                                            {"experts": [ls.exps[x[0]] for x in ready]})
                     for x in ready:   # computed: unpinned; one in the transfer buffer settles at once
                         bu = x[2]
                         pinned.discard(bu.key)

@@ -1,7 +1,7 @@
 """The SimPy-free driver (sim/fast/driver.py) against the SimPy event loop: same metrics and
 step records, bit for bit, for every registered policy (prefetching ones included) on random
 traces, budgets and hardware (several copy lanes, both queue orders, eviction, demand-load
-and prefetch-issue costs, a transfer buffer, synchronous prefetch), timelines included; round cost figures make copies land at exactly the instant compute
+and prefetch-issue costs, a transfer buffer, synchronous prefetch, swap-out), timelines included; round cost figures make copies land at exactly the instant compute
 ends, so ties must resolve as SimPy resolves them."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ EXAMPLES = int(os.environ.get("MOESIM_FASTDRIVER_EXAMPLES", "120"))
 
 
 def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: Any, runtime: Any, initial: str,
-         seed: int, order: str, buffer: int, sync: bool, timeline: bool) -> tuple[Engine, dict[str, Any]] | str:
+         seed: int, order: str, buffer: int, sync: bool, timeline: bool, swap: bool) -> tuple[Engine, dict[str, Any]] | str:
     m = trace.model
     model = tiny_model(m.num_layers, m.num_experts, m.top_k)
     wl = build_workload(trace, batch_size=batch, phases=["prefill", "decode"])
@@ -37,6 +37,7 @@ def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: An
         eng = Engine(wl, make_policy(policy), CostModel(model, hw, get_runtime(runtime)),
                      budget_bytes=budget * model.expert_bytes, seed=seed, initial=initial, pcie_order=order,
                      buffer_bytes=buffer * model.expert_bytes, sync_prefetch=sync, record_timeline=timeline,
+                     swap_out=swap, serial_swap=swap and seed % 2 == 0,
                      check_invariants=True, fast_replay=FAST_PATH if fast else None)
         eng.run()
     except MoesimError as exc:   # a run the policy cannot make (both paths must say the same)
@@ -55,13 +56,14 @@ def _run(trace: Any, policy: str, *, fast: bool, budget: int, batch: int, hw: An
     expert_us=hs.sampled_from([0.0, 50.0, 500.0]), demand_load_us=hs.sampled_from([0.0, 0.0, 20.0]),
     issue_us=hs.sampled_from([0.0, 0.0, 10.0]), initial=hs.sampled_from(["empty", "random", "popular"]),
     buffer=hs.sampled_from([0, 0, 1, 2]), sync=hs.sampled_from([False, False, True]), timeline=hs.booleans(),
+    swap=hs.sampled_from([False, True]),
     seed=hs.integers(0, 10**6),
 )
 def test_driver_equals_event_loop(policy: str, layers: int, experts: int, top_k: int, tokens: int,
                                   requests: int, prompt: int, batch: int, slots: int, lanes: int, order: str,
                                   gbps: float, evict_us: float, latency_us: float, layer_us: float,
                                   expert_us: float, demand_load_us: float, issue_us: float, initial: str,
-                                  buffer: int, sync: bool, timeline: bool, seed: int) -> None:
+                                  buffer: int, sync: bool, timeline: bool, swap: bool, seed: int) -> None:
     top_k = min(top_k, experts)
     rng = np.random.default_rng(seed)
     ex = np.stack([np.stack([rng.choice(experts, top_k, replace=False) for _ in range(layers)])
@@ -76,7 +78,7 @@ def test_driver_equals_event_loop(policy: str, layers: int, experts: int, top_k:
     runtime = {"name": "t", "demand_load_us": demand_load_us, "prefetch_issue_us": issue_us}
     kw: dict[str, Any] = {"budget": layers * slots, "batch": batch, "hw": hw, "runtime": runtime,
                           "initial": initial, "seed": seed, "order": order, "buffer": buffer, "sync": sync,
-                          "timeline": timeline}
+                          "timeline": timeline, "swap": swap}
     slow = _run(trace, policy, fast=False, **kw)
     fast = _run(trace, policy, fast=True, **kw)
     if isinstance(slow, str) or isinstance(fast, str):
@@ -84,7 +86,7 @@ def test_driver_equals_event_loop(policy: str, layers: int, experts: int, top_k:
         return
     (se, ms), (fe, mf) = slow, fast
     assert se.state.path == "event"
-    assert fe.state.path.startswith("fast"), fe.state.path_reason
+    assert fe.state.path.startswith("fast"), fe.state.path_reason   # copies issued by warm() included
     for m in (ms, mf):
         m.pop("engine_path")
         m.pop("engine_path_reason")

@@ -148,21 +148,17 @@ def test_hand_timeline() -> None:
     assert m["sim_time_s"] == pytest.approx(5450e-6)
 
 
-@pytest.mark.parametrize("kw, why, path", [
-    ({"record_timeline": True}, "timeline", "fast"),
-    ({"check_invariants": True}, "invariant", "fast"),
-    ({"swap_out": True}, "swap_out", "event"),
-    ({"buffer_bytes": 3_000_000}, "buffer", "fast"),
-    ({"sync_prefetch": True}, "sync_prefetch", "fast"),
-    ({"hw": tiny_hw(copy_engines=2)}, "copy engine", "fast"),
+@pytest.mark.parametrize("kw, why", [
+    ({"record_timeline": True}, "timeline"),
+    ({"check_invariants": True}, "invariant"),
+    ({"swap_out": True}, "swap_out"),
+    ({"buffer_bytes": 3_000_000}, "buffer"),
+    ({"sync_prefetch": True}, "sync_prefetch"),
+    ({"hw": tiny_hw(copy_engines=2)}, "copy engine"),
 ])
-def test_refusals_are_reported(kw: dict[str, Any], why: str, path: str) -> None:
-    """Runs the kernel does not reproduce take the SimPy-free driver (``fast``) or, with an
-    option no fast replay declares, the event loop, which says why."""
+def test_refusals_are_reported(kw: dict[str, Any], why: str) -> None:
+    """Runs the kernel does not reproduce take the fast path's driver; the kernel says why."""
     eng, m = _run(_hand_trace(), fast=True, budget=2, **kw)
-    assert eng.state.path == path and m["engine_path"] == path
-    if path == "event":
-        assert why in eng.state.path_reason
-    else:
-        why_not = prefetch_refusal(eng.state)
-        assert why_not is not None and why in why_not
+    assert eng.state.path == "fast" and m["engine_path"] == "fast"
+    why_not = prefetch_refusal(eng.state)
+    assert why_not is not None and why in why_not

@@ -1,6 +1,7 @@
 """The SimPy-free driver: the step functions of :mod:`moesim.sim.engine.step` in the contract's
 order, as :func:`~moesim.sim.engine.gpu.gpu_process` calls them, with time advanced by
-arithmetic on :class:`~moesim.sim.fast.copies.FastLanes` instead of SimPy events: the run's own
+arithmetic on :class:`~moesim.sim.fast.copies.FastLanes` (over a shared
+:class:`~moesim.sim.fast.copies.Clock`) instead of SimPy events: the run's own
 :class:`~moesim.sim.engine.transfers.Transfers` (room, victims, prefetches, withdrawals and
 aborts), policy and view, and the lanes' landings ordered by (time, creation order) as SimPy
 orders them.
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.sim.engine.gpu import book_charge
 from moesim.sim.engine.step import Stepper, ready_parts
-from moesim.sim.fast.copies import FastLanes
+from moesim.sim.engine.transfers import SWAP_QUEUED, SWAPPING
+from moesim.sim.fast.copies import Clock, FastLanes
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
@@ -30,15 +32,25 @@ def drive(run: RunState[Transfers]) -> None:
     """Replay ``run``'s whole workload (see the module docstring); leaves its counters, step
     records and clock (``run.fast_now``) as the event loop would."""
     tx = run.transfers
-    saved = tx.lanes
-    lanes = tx.lanes = FastLanes(run, not saved.can_withdraw)
+    cost = run.cost
+    saved, saved_d2h = tx.lanes, tx.d2h
+    clock = Clock(run)
+    tx.lanes = clock.h2d = FastLanes(clock, int(cost.hardware.copy_engines), cost.transfer_s, tx.count_start,
+                                     tx._on_transfer_land, queued=QUEUED, inflight=INFLIGHT,
+                                     order="priority" if saved.can_withdraw else "fifo")
+    pairs = [(saved, tx.lanes)]
+    if saved_d2h is not None:   # cache.swap_out: evicted units copy back to the host first
+        tx.d2h = FastLanes(clock, 1, cost.d2h_transfer_s, lambda u, c, lane: None, tx._on_swap_land,
+                           queued=SWAP_QUEUED, inflight=SWAPPING, order="fifo")
+        pairs.append((saved_d2h, tx.d2h))
+    clock.adopt(tx.env, pairs)   # copies a policy issued while it warmed up
     try:
-        _drive(run, lanes)
+        _drive(run, clock)
     finally:
-        tx.lanes = saved
+        tx.lanes, tx.d2h = saved, saved_d2h
 
 
-def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
+def _drive(run: RunState[Transfers], clock: Clock) -> None:
     step = Stepper(run)
     st = run.stats
     policy = run.policy
@@ -47,7 +59,7 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
     env = tx.env
     units = run.vram.units
     pinned = run.vram.pinned
-    advance = lanes.advance
+    advance = clock.advance
     grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
     begin_layer, route, take_units, end_layer = step.begin_layer, step.route, step.take_units, step.end_layer
     has_before, has_outcome = step.has_before, step.has_access or step.has_after
@@ -60,7 +72,7 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
             return
         run.spent_s = 0.0
         issue = run.issue_spent_s
-        t0 = lanes._now
+        t0 = clock._now
         advance(t0 + dt)
         book_charge(run, dt, issue)
         if timeline is not None:
@@ -72,13 +84,13 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
     def grant() -> float:
         granted, delay = grant_waiting()
         if delay > 0:
-            advance(lanes._now + delay)
+            advance(clock._now + delay)
         queue_demand(granted)
         return delay
 
     run.fast_now = 0.0
     for it in run.workload.iterations:
-        step.begin_iteration(it, lanes._now)
+        step.begin_iteration(it, clock._now)
         policy.on_iteration_start(view)
         if run.spent_s:
             charge()
@@ -88,26 +100,26 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
             if run.sync_prefetch:   # the GPU waits for every prefetch issued so far (gpu.wait_prefetches)
                 pending = [u for u in units.values() if not u.demand and u.state in (WAITING, QUEUED, INFLIGHT)]
                 if pending:
-                    ts = lanes._now
-                    lanes.wait_all(pending, condition=True)
-                    st.stall_s += lanes._now - ts
-                    st.sync_stall_s += lanes._now - ts
-            t0 = lanes._now
+                    ts = clock._now
+                    clock.wait_all(pending, condition=True)
+                    st.stall_s += clock._now - ts
+                    st.sync_stall_s += clock._now - ts
+            t0 = clock._now
             if has_before:
                 policy.before_layer(view, layer)
                 if run.spent_s:
                     charge()
-            advance(lanes._now + (layer_s + over_s))
+            advance(clock._now + (layer_s + over_s))
             if timeline is not None:
-                step.timeline_event("GPU", f"L{layer} attn", lanes._now - layer_s - over_s, layer_s + over_s,
+                step.timeline_event("GPU", f"L{layer} attn", clock._now - layer_s - over_s, layer_s + over_s,
                                     {"iteration": it.index})
             ls = route(it, layer, t0, layer_s, over_s)
             if run.spent_s:
                 charge()
-            ls.t_route = lanes._now
+            ls.t_route = clock._now
             take_units(ls)
             waits = step.waits_of(ls) if ls.plan is not None else None
-            cpu_done = step.cpu_experts(ls, lanes._now) if ls.cpu_exps else 0.0
+            cpu_done = step.cpu_experts(ls, clock._now) if ls.cpu_exps else 0.0
             if ls.miss_units:
                 tx.waiting.extend(ls.miss_units)
             if tx.waiting:
@@ -125,7 +137,7 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
                 ready, remaining, watch = ready_parts(remaining, early if tx.waiting else None)
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
-                    tc = lanes._now
+                    tc = clock._now
                     advance(tc + dt)
                     st.gpu_busy_s += dt
                     if timeline is not None:
@@ -140,41 +152,41 @@ def _drive(run: RunState[Transfers], lanes: FastLanes) -> None:
                         ls.stall += grant()
                     continue
                 # nothing ready: wait for a transfer, or for room
-                ts = lanes._now
+                ts = clock._now
                 evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
                 if evs:
                     if len(evs) == 1:
-                        lanes.wait_one(evs[0])
+                        clock.wait_one(evs[0])
                     else:
-                        lanes.wait_any(evs)
+                        clock.wait_any(evs)
                 elif tx.waiting:
                     if tx.space_event.triggered:   # room was freed since we last tried
                         tx.space_event = env.event()
                         grant()
                     else:
                         tx.check_deadlock(layer)
-                        lanes.wait_room(tx)
+                        clock.wait_room(tx)
                 else:  # pragma: no cover - every remaining unit is resident, queued, in flight or waiting
                     raise AssertionError("expert part neither present nor waiting")
-                ls.stall += lanes._now - ts
+                ls.stall += clock._now - ts
             if waits:   # copies the plan waits for
                 pending = [u for u in waits if u.state != RESIDENT and units.get(u.key) is u]
                 if pending:
-                    ts = lanes._now
-                    lanes.wait_all(pending)
-                    ls.stall += lanes._now - ts
-            if cpu_done > lanes._now:   # the layer also waits for its CPU experts
-                wait = cpu_done - lanes._now
-                advance(lanes._now + wait)
+                    ts = clock._now
+                    clock.wait_all(pending)
+                    ls.stall += clock._now - ts
+            if cpu_done > clock._now:   # the layer also waits for its CPU experts
+                wait = cpu_done - clock._now
+                advance(clock._now + wait)
                 st.cpu_wait_s += wait
-            end_layer(ls, lanes._now)
+            end_layer(ls, clock._now)
         head, over = step.tail_s(it)
         if head + over > 0:
-            advance(lanes._now + (head + over))
+            advance(clock._now + (head + over))
             step.count_tail(head, over)
-        step.end_iteration(it, lanes._now)
+        step.end_iteration(it, clock._now)
         policy.on_iteration_end(view)
         if run.spent_s:
             charge()
         step.close_iteration(it)
-    lanes.finish(lanes._now)
+    clock.finish()

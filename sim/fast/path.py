@@ -39,8 +39,11 @@ def fast_path_refusal(state: RunState[Transfers]) -> str | None:
     why = undeclared(state)
     if why is not None:
         return why
-    if any(u.state != RESIDENT for u in state.vram.units.values()) or state.transfers.waiting:
-        return "the run starts with transfers under way"
+    tx = state.transfers
+    known = {id(tx.space_event)} | {id(cur[4]) for lanes in (tx.lanes, tx.d2h) if lanes is not None
+                                    for cur in lanes.current if cur is not None}
+    if tx.waiting or any(id(e[3]) not in known for e in tx.env._queue):   # pragma: no cover - warm() cannot
+        return "the run starts with events the fast path does not take over (only copies under way)"
     return None
 
 
@@ -50,6 +53,8 @@ def kernel_of(state: RunState[Transfers]) -> str | None:
     None for the driver. A cache kernel needs every layer's demand loads to find room at once:
     each pool holds as many experts as one layer of an iteration can run."""
     policy = state.policy
+    if any(u.state != RESIDENT for u in state.vram.units.values()) or state.vram.draining_any():
+        return None   # the run starts with copies under way: the kernels start from rest
     if is_prefetch_policy(state):
         return "next-layer" if prefetch_refusal(state) is None else None
     if state.check_invariants or policy.uses_hook("on_loaded"):

@@ -42,10 +42,10 @@ def _off(why: str) -> Check:
 
 ENGINE_OPTIONS: dict[str, Check] = {
     "record_timeline": _any,      # the driver records it as the event loop does; the kernels refuse it (KERNEL_OPTIONS)
-    "swap_out": _off("cache.swap_out is on"),
+    "swap_out": _any,             # the driver's device-to-host lane; the kernels refuse it (KERNEL_OPTIONS)
     "buffer_bytes": _any,         # likewise
     "sync_prefetch": _any,        # likewise
-    "serial_swap": _any,          # acts only with swap_out, refused above
+    "serial_swap": _any,          # acts only with swap_out (Transfers.grant_waiting, which the driver calls)
     "pcie_order": _any,           # the driver's lanes and the prefetch kernel model both orders
     "initial": _any,
     "seed": _any,
@@ -57,6 +57,7 @@ ENGINE_OPTIONS: dict[str, Check] = {
 """The engine's options (``Engine.__init__``'s keyword parameters) the fast replays declare."""
 
 KERNEL_OPTIONS: dict[str, Check] = {
+    "swap_out": _off("cache.swap_out is on"),
     "record_timeline": _off("the timeline is recorded"),
     "buffer_bytes": lambda v: "a transfer buffer is set" if int(v) else None,
     "sync_prefetch": _off("pcie.sync_prefetch is on"),

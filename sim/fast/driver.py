@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def drive(run: RunState[Transfers]) -> None:
     """Replay ``run``'s whole workload (see the module docstring); leaves its counters, step
-    records and clock (``run.fast_now``) as the event loop would."""
+    records and clock (``run.fast_now``) as the event loop would, its transfers on the fast lanes."""
     tx = run.transfers
     cost = run.cost
     saved, saved_d2h = tx.lanes, tx.d2h
@@ -44,10 +44,7 @@ def drive(run: RunState[Transfers]) -> None:
                            queued=SWAP_QUEUED, inflight=SWAPPING, order="fifo")
         pairs.append((saved_d2h, tx.d2h))
     clock.adopt(tx.env, pairs)   # copies a policy issued while it warmed up
-    try:
-        _drive(run, clock)
-    finally:
-        tx.lanes, tx.d2h = saved, saved_d2h
+    _drive(run, clock)   # the fast lanes stay the run's: they hold its state at the end
 
 
 def _drive(run: RunState[Transfers], clock: Clock) -> None:
@@ -90,7 +87,9 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
 
     run.fast_now = 0.0
     for it in run.workload.iterations:
-        step.begin_iteration(it, clock._now)
+        start = step.begin_iteration(it, clock._now)
+        if start > clock._now:   # the iteration starts later (when its requests arrive): the GPU idles
+            clock.advance(start)
         policy.on_iteration_start(view)
         if run.spent_s:
             charge()

@@ -45,14 +45,13 @@ class Ev:
 
 class Clock:
     """The driver's time (``_now``, mirrored in ``state.fast_now``, which the view reads) and
-    the landings of every lane, in SimPy's order; ``h2d`` the lanes whose landings the GPU waits for."""
+    the landings of every lane, in SimPy's order."""
 
     def __init__(self, state: RunState[Transfers]) -> None:
         self.state = state
         self._now = 0.0
         self.q = 0                                                          # creation order of the next event
         self.heap: list[tuple[float, int, int, Ev, FastLanes]] = []         # (time, creation order, lane, event, lanes)
-        self.h2d: FastLanes | None = None
 
     def adopt(self, env: simpy.Environment, pairs: list[tuple[CopyLanes, FastLanes]]) -> None:
         """Take over the transfers the SimPy lanes of ``pairs`` hold (none has landed: the clock
@@ -114,13 +113,18 @@ class Clock:
         """The GPU waits for ``u`` (queued or in flight) to land: right after the landing when
         it waits on the transfer's own timeout, else through an event behind that instant's."""
         ev = u.event
-        assert self.h2d is not None
-        cur = self.h2d.flight(u)
-        direct = ev is not None and cur is not None and cur[3] is ev   # in flight, and this is its timeout
-        self._await([u])
+        # in flight, and this is its transfer's timeout (a waiter's event is made with [GPU];
+        # a unit waited for has not landed, so its event is not processed)
+        if ev is None:
+            direct = False
+            u.event = Ev([GPU])
+        else:
+            direct = ev.callbacks[0] is LANE
+            ev.callbacks.append(GPU)
         t = self._now
+        heap = self.heap
         while u.state != RESIDENT:
-            t, _ = self._next_landing()
+            t, _ = self.land() if heap else self._next_landing()
         if direct:
             self._now = t
             self.state.fast_now = t

@@ -35,9 +35,9 @@ def drive(run: RunState[Transfers]) -> None:
     cost = run.cost
     saved, saved_d2h = tx.lanes, tx.d2h
     clock = Clock(run)
-    tx.lanes = clock.h2d = FastLanes(clock, int(cost.hardware.copy_engines), cost.transfer_s, tx.count_start,
-                                     tx._on_transfer_land, queued=QUEUED, inflight=INFLIGHT,
-                                     order="priority" if saved.can_withdraw else "fifo")
+    tx.lanes = FastLanes(clock, int(cost.hardware.copy_engines), cost.transfer_s, tx.count_start,
+                         tx._on_transfer_land, queued=QUEUED, inflight=INFLIGHT,
+                         order="priority" if saved.can_withdraw else "fifo")
     pairs = [(saved, tx.lanes)]
     if saved_d2h is not None:   # cache.swap_out: evicted units copy back to the host first
         tx.d2h = FastLanes(clock, 1, cost.d2h_transfer_s, lambda u, c, lane: None, tx._on_swap_land,
@@ -57,6 +57,7 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
     units = run.vram.units
     pinned = run.vram.pinned
     advance = clock.advance
+    heap = clock.heap   # the landings (the same list throughout)
     grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
     begin_layer, route, take_units, end_layer = step.begin_layer, step.route, step.take_units, step.end_layer
     has_before, has_outcome = step.has_before, step.has_access or step.has_after
@@ -108,7 +109,11 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
                 policy.before_layer(view, layer)
                 if run.spent_s:
                     charge()
-            advance(clock._now + (layer_s + over_s))
+            T = clock._now + (layer_s + over_s)
+            if heap and heap[0][0] <= T:
+                advance(T)
+            else:   # nothing is due first (as gpu_process's advance_alone)
+                clock._now = run.fast_now = T
             if timeline is not None:
                 step.timeline_event("GPU", f"L{layer} attn", clock._now - layer_s - over_s, layer_s + over_s,
                                     {"iteration": it.index})
@@ -137,7 +142,11 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
                     tc = clock._now
-                    advance(tc + dt)
+                    T = tc + dt
+                    if heap and heap[0][0] <= T:
+                        advance(T)
+                    else:
+                        clock._now = run.fast_now = T
                     st.gpu_busy_s += dt
                     if timeline is not None:
                         step.timeline_event("GPU", f"L{layer} experts", tc, dt,

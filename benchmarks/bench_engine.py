@@ -4,11 +4,12 @@ Mixtral-8x7B, batch 1, mixtral-offloading, on a synthetic trace of the generator
 preset (decode tokens only). Prints figures; asserts nothing.
 
     python benchmarks/bench_engine.py [--tokens 2000] [--policy mixtral-offloading] [--profile]
-                                      [--event-loop] [--model mixtral-8x7b] [--initial popular]
+                                      [--event-loop | --driver] [--model mixtral-8x7b] [--initial popular]
 
 Demand-only policies (lru, lfu, fifo, random, belady; static started warm with
 ``--initial popular``) and the next-layer prefetchers mixtral-offloading and oracle-prefetch
-(sim/fast/prefetch.py) take the fast path unless ``--event-loop`` forces SimPy; the line
+(sim/fast/prefetch.py) take a kernel of the fast path, every other policy its driver
+(sim/fast/driver.py), unless ``--event-loop`` forces SimPy or ``--driver`` the driver; the line
 ``path:`` says which ran.
 """
 
@@ -39,11 +40,15 @@ def main() -> None:
     ap.add_argument("--experts-per-layer", type=float, default=2)
     ap.add_argument("--profile", action="store_true", help="print the 15 most expensive functions")
     ap.add_argument("--event-loop", action="store_true", help="force the SimPy event loop (no fast path)")
+    ap.add_argument("--driver", action="store_true", help="force the fast path's driver (no kernel)")
     ap.add_argument("--initial", default="empty", help="cache.initial: empty, popular or random")
     ap.add_argument("--preset", default="mixtral-8x7b-legacy", help="synthetic trace preset (the model's shape)")
     ap.add_argument("--model", default=None,
                     help="catalog model whose shape the trace takes (default: the preset's), e.g. deepseek-v3")
     args = ap.parse_args()
+    if args.driver:   # the fast path without its kernels
+        from moesim.sim.fast import path
+        path.kernel_of = lambda state: None
 
     requests = 4
     params = SynthParams.from_preset(args.preset, requests=requests, prompt_len=0,

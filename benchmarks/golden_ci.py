@@ -57,13 +57,20 @@ TRIM = ("workload.requests=4",)
 
 DECODE = "workload.phases=[decode]"   # one token per iteration: pools that hold a layer's experts
 
+EVENT = "engine=event"
+"""A pseudo-override (not passed to the scenario): the run is forced onto the SimPy event loop,
+the reference, which no shipped run takes on its own (the fast path takes every run whose
+options it declares); its digest must equal the same run's on the fast path."""
+
 OPTIONS = ((), ("pcie.order=fifo",), ("cache.swap_out=true",), ("cache.buffer_experts=2",),
            ("pcie.sync_prefetch=true",), ("workload.batch_size=3",), ("cache.scope=global",),
            (DECODE,), (DECODE, "cache.initial=popular"), (DECODE, "pcie.order=fifo"), (DECODE, "cache.scope=global"),
-           (DECODE, "cache.rate=0.5", "workload.batch_size=3"))
+           (DECODE, "cache.rate=0.5", "workload.batch_size=3"),
+           (EVENT,), ("pcie.order=fifo", EVENT), ("cache.swap_out=true", EVENT), ("cache.buffer_experts=2", EVENT),
+           ("pcie.sync_prefetch=true", EVENT), ("workload.batch_size=3", EVENT), ("cache.scope=global", EVENT))
 """The engine options each policy may run with on :data:`BASE` (no shipped scenario uses fifo
-order, for one); decode-only runs reach the fast replays (a prefill's many tokens need more
-room than a pool of the trimmed scenario holds)."""
+order, for one); decode-only runs reach the cache kernels (a prefill's many tokens need more
+room than a pool of the trimmed scenario holds); :data:`EVENT` runs reach the event loop."""
 
 
 def split_key(key: str) -> tuple[str, str, list[str]]:
@@ -73,21 +80,40 @@ def split_key(key: str) -> tuple[str, str, list[str]]:
     return scen, name, [o for o in (rest[0] if rest else "").split(",") if o]
 
 
+class _EventLoop:
+    """A fast replay that refuses every run (:data:`EVENT`)."""
+
+    def refusal(self, run: Any) -> str:
+        """Every run goes to the event loop."""
+        return "forced onto the event loop (golden CI)"
+
+    def run(self, run: Any) -> None:
+        """Never called."""
+        raise AssertionError("the event loop was forced")
+
+
 def run_one(key: str, root: Path = ROOT) -> tuple[str, dict[str, Any] | None]:
     """Run ``key`` (see :func:`split_key`) under ``root``: its digest (``ERR:``/``EXC:`` and the
     message for a run that fails) and its metrics and config (None when it failed)."""
     from moesim.sim.config.scenario import load_scenario
     from moesim.sim.core.errors import MoesimError
+    from moesim.sim.run import runner
     from moesim.sim.run.runner import run_loaded
 
     os.environ.setdefault("MOESIM_ALLOW_PLUGINS", "1")   # scenarios/plugin-example.yaml loads a plugin
     scen, name, sets = split_key(key)
+    fast = runner.FAST_PATH
+    if EVENT in sets:
+        sets = [o for o in sets if o != EVENT]
+        runner.FAST_PATH = _EventLoop()   # type: ignore[assignment]
     try:
         res = run_loaded(load_scenario(str(root / scen), sets + ([] if name == OWN else [f"policy={name}"])))
     except MoesimError as exc:
         return "ERR:" + str(exc).replace(str(root), "ROOT")[:200], None
     except Exception as exc:  # a bug: recorded, so that the comparison shows it
         return f"EXC:{type(exc).__name__}: {exc}"[:200], None
+    finally:
+        runner.FAST_PATH = fast
     return run_digest(res.metrics, res.steps, root), {"metrics": res.metrics, "config": res.config}
 
 

@@ -1,7 +1,7 @@
 """Aborting a prefetch (``view.abort_prefetch``): MoEpic terminates the prefetch of a layer once
 it is routed (section 3.2 of the paper), on an exact timeline; the engine's rules for a queued
-copy, a demand load, a pinned unit and fifo order; the fast replays never take a run that can
-abort.
+copy, a demand load, a pinned unit and fifo order; the SimPy-free driver aborts as the event
+loop does.
 
 Hardware (tests.util): layer 600 us, expert 50 us, PCIe 3 GB/s with no latency: a 3 MB expert
 loads in 1000 us.
@@ -20,7 +20,8 @@ from moesim.policies.moepic.policy import MoEpic
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
-from moesim.sim.fast.path import FAST_PATH, fast_path_refusal
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, run_engine, step_us, steps, tiny_hw, tiny_model
 
 MB = 3_000_000
@@ -168,11 +169,10 @@ def test_abort_refuses_what_is_not_a_prefetch_on_its_way() -> None:
     assert pol.answers == [((1, 0, 0), QUEUED, False)] and "aborted_prefetches" not in m
 
 
-def test_no_fast_replay_takes_a_run_that_can_abort() -> None:
-    """Aborting needs a prefetch; the fast path takes only demand-only policies, and the
-    prefetch kernel only the shipped mixtral-offloading / oracle-prefetch compositions (a
-    subclass with a hook of its own, one that aborts, goes to the event loop). Each run is offered to the fast replay
-    as the runner offers it (``fast_replay=FAST_PATH``), which refuses it, saying why."""
+def test_the_driver_replays_aborts_as_the_event_loop() -> None:
+    """A run whose policy can abort (MoEpic, a mixtral-offloading with a hook of its own that
+    aborts, ``_AbortAt``) is taken by the SimPy-free driver (not a kernel: those never abort),
+    which aborts as the event loop does: same metrics and step records."""
 
     class Aborting(MixtralOffloading):
         """mixtral-offloading that aborts a layer's prefetches not landed when the layer starts
@@ -187,11 +187,19 @@ def test_no_fast_replay_takes_a_run_that_can_abort() -> None:
                     view.abort_prefetch(*key)
 
     tr = make_trace([[[0], [1]]] * 3, num_experts=4, lookahead=np.zeros((3, 2, 4), dtype=np.float16))
-    for pol in (MoEpic(configurator=False), Aborting(), _AbortAt([(1, 2, 0)])):
-        wl = build_workload(tr, batch_size=1, phases=("decode",))
-        eng = Engine(wl, pol, CostModel(tiny_model(2, 4, 1), tiny_hw()), budget_bytes=4 * MB,
-                     fast_replay=FAST_PATH)
-        eng.run()
-        assert eng.state.path == "event", f"{pol.name}: taken by the {eng.state.path} replay"
-        assert eng.state.path_reason == fast_path_refusal(eng.state), pol.name
-        assert eng.state.path_reason and "turned off" not in eng.state.path_reason, pol.name
+    aborted = 0
+    for make in (lambda: MoEpic(configurator=False), Aborting, lambda: _AbortAt([(1, 2, 0)])):
+        out = []
+        for fast in (True, False):
+            wl = build_workload(tr, batch_size=1, phases=("decode",))
+            eng = Engine(wl, make(), CostModel(tiny_model(2, 4, 1), tiny_hw()), budget_bytes=4 * MB,
+                         fast_replay=FAST_PATH if fast else None)
+            eng.run()
+            assert eng.state.path == ("fast" if fast else "event"), eng.state.path_reason
+            m = compute_metrics(eng.state)
+            m.pop("engine_path")
+            m.pop("engine_path_reason")
+            out.append((m, {k: v.tolist() for k, v in eng.state.steps.columns().items()}))
+        assert out[0] == out[1], eng.state.policy.name
+        aborted += out[0][0].get("aborted_prefetches", 0)
+    assert aborted > 0   # the runs do abort

@@ -18,6 +18,7 @@ from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
 from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.fast.prefetch_check import prefetch_refusal
 from moesim.sim.run.metrics import compute_metrics
 from moesim.traces.format.trace_file import DECODE, PREFILL
 from tests.util import make_trace, tiny_hw, tiny_model
@@ -156,7 +157,8 @@ def test_hand_timeline() -> None:
     ({"hw": tiny_hw(copy_engines=2)}, "copy engine"),
 ])
 def test_refusals_are_reported(kw: dict[str, Any], why: str) -> None:
-    """Runs the kernel does not reproduce take the event loop and say why."""
+    """Runs the kernel does not reproduce take the fast path's driver; the kernel says why."""
     eng, m = _run(_hand_trace(), fast=True, budget=2, **kw)
-    assert eng.state.path == "event" and why in eng.state.path_reason
-    assert m["engine_path"] == "event"
+    assert eng.state.path == "fast" and m["engine_path"] == "fast"
+    why_not = prefetch_refusal(eng.state)
+    assert why_not is not None and why in why_not

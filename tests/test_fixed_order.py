@@ -35,16 +35,17 @@ def test_hand_case_timeline() -> None:
                        phases=[DECODE, DECODE, PREFILL, PREFILL, PREFILL, PREFILL, PREFILL])
     model = tiny_model(1, 5, 1)
     wl = build_workload(trace, batch_size=1, phases=["prefill", "decode"])
-    eng = Engine(wl, make_policy("lru"), CostModel(model, tiny_hw(pcie_gbps=30.0, expert_us=500.0)),
-                 budget_bytes=3 * model.expert_bytes, record_timeline=True, check_invariants=True,
-                 fast_replay=FAST_PATH)
-    eng.run()
-    assert eng.state.path == "event"
-    prefill_start = eng.state.steps.columns()["t_start"][-1]
-    gpu = [(round((t - prefill_start) * 1e6), sorted(info["experts"]))
-           for lane, label, t, dt, info in eng.state.timeline if lane == "GPU" and "experts" in label
-           and t >= prefill_start]
-    assert gpu == [(100, [3]), (600, [4]), (1100, [0, 1]), (2100, [2])]
+    for fast in (FAST_PATH, None):   # the fast path's driver (a timeline: no kernel) and the event loop
+        eng = Engine(wl, make_policy("lru"), CostModel(model, tiny_hw(pcie_gbps=30.0, expert_us=500.0)),
+                     budget_bytes=3 * model.expert_bytes, record_timeline=True, check_invariants=True,
+                     fast_replay=fast)
+        eng.run()
+        assert eng.state.path == ("fast" if fast else "event")
+        prefill_start = eng.state.steps.columns()["t_start"][-1]
+        gpu = [(round((t - prefill_start) * 1e6), sorted(info["experts"]))
+               for lane, label, t, dt, info in eng.state.timeline if lane == "GPU" and "experts" in label
+               and t >= prefill_start]
+        assert gpu == [(100, [3]), (600, [4]), (1100, [0, 1]), (2100, [2])]
 
 
 @pytest.mark.parametrize("policy", ["lru", "fifo"])

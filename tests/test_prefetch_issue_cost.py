@@ -14,6 +14,7 @@ from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
 from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.fast.prefetch_check import prefetch_refusal
 from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, tiny_hw, tiny_model
 
@@ -79,12 +80,12 @@ def test_timeline_shows_the_issue_cost() -> None:
     assert [(round(e[2] * 1e6, 6), round(e[3] * 1e6, 6)) for e in issues] == [(100.0, 30.0), (350.0, 30.0), (530.0, 30.0)]
 
 
-def test_prefetch_kernel_leaves_issue_costs_to_the_event_loop() -> None:
+def test_prefetch_kernel_leaves_issue_costs_to_the_driver() -> None:
     """The prefetch kernel replays the run without a cost (same timeline) and hands a run with
-    one to the event loop, saying why."""
+    one to the SimPy-free driver, which charges it as the event loop does."""
     fast, m = _run(0.0, check=False)
     assert m["engine_path"] == "fast (oracle-prefetch kernel)"
     assert _durations(fast) == [250.0, 150.0, 150.0, 150.0]
     slow, _ = _run(30.0, check=False)
-    assert not slow.state.path.startswith("fast") and "prefetch_issue_us" in (slow.state.path_reason or "")
+    assert slow.state.path == "fast" and "prefetch_issue_us" in (prefetch_refusal(slow.state) or "")
     assert _durations(slow) == [250.0, 180.0, 180.0, 150.0]

@@ -30,17 +30,23 @@ def charge(run: RunState[Transfers], env: simpy.Environment) -> Any:
         issue = run.issue_spent_s
         t0 = env.now
         yield env.timeout(dt)
-        if issue:
-            run.issue_spent_s = 0.0
-            run.stats.overhead_s += issue
-            run.stats.policy_cpu_s += dt - issue
-        else:
-            run.stats.policy_cpu_s += dt
+        book_charge(run, dt, issue)
         if run.record_timeline:
             if issue:
                 run.timeline.append(("CPU runtime", "prefetch issue", t0, issue, {}))
             if dt - issue > 0:
                 run.timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
+
+
+def book_charge(run: RunState[Transfers], dt: float, issue: float) -> None:
+    """Count a charge of ``dt`` host seconds once the GPU waited them, ``issue`` of them (the
+    prefetch issue cost spent before the wait) as overhead, the rest as policy CPU time."""
+    if issue:
+        run.issue_spent_s = 0.0
+        run.stats.overhead_s += issue
+        run.stats.policy_cpu_s += dt - issue
+    else:
+        run.stats.policy_cpu_s += dt
 
 
 def grant_demand(tx: Transfers, timeout: Callable[[float], simpy.Event]) -> Any:

@@ -14,8 +14,6 @@ each says so where it does, and ``vram.check()`` verifies the books on runs with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import simpy
@@ -54,38 +52,6 @@ class BudgetError(MoesimError, ValueError):
     pool that can evict nothing while a demand load waits)."""
 
 
-class _NoLanes:
-    """Stands in for the copy lanes while a replay makes its own demand loads
-    (:meth:`Transfers.demand_loads_only`): any other transfer means that the policy, which
-    declared itself demand-only, is not."""
-
-    can_withdraw = False
-
-    def __init__(self, policy_name: str) -> None:
-        self.policy_name = policy_name
-
-    def submit(self, unit: Unit, cls: int, priority: float = 0.0) -> None:
-        """Refuse: a transfer that is not one of the replay's demand loads."""
-        raise PolicyError(f"policy {self.policy_name!r} declares itself demand-only but issued a "
-                          f"transfer of {unit.key} that is not a demand load")
-
-    def cancel(self, keep: Callable[[Unit, int], bool]) -> list[Unit]:
-        """Nothing is queued."""
-        return []
-
-    def reprioritize(self, unit: Unit, priority: float) -> bool:
-        """Nothing is queued."""
-        return False
-
-    def flight(self, unit: Unit) -> None:
-        """Nothing is in flight."""
-        return None
-
-    def abort(self, unit: Unit) -> float:
-        """Never called: nothing is in flight, and nothing issued may be withdrawn."""
-        raise AssertionError(f"no copy of {unit.key} is in flight")
-
-
 class Transfers(Withdrawals):
     """The run's room and copy traffic (see the module docstring), on the run's state: its
     VRAM, policy and view, counters, timeline and part fractions (a list updated in place)."""
@@ -102,7 +68,7 @@ class Transfers(Withdrawals):
         self.expert_bytes = state.expert_bytes
         self.waiting: list[Unit] = []                         # demand units waiting for room, in order
         self.waiting_prefetch: list[tuple[Unit, float]] = []   # prefetches waiting for draining room
-        self.lanes: CopyLanes | _NoLanes = CopyLanes(
+        self.lanes: CopyLanes = CopyLanes(
             env, cost.hardware.copy_engines, cost.transfer_s, self.count_start, self._on_transfer_land,
             queued=QUEUED, inflight=INFLIGHT, order=pcie_order)  # type: ignore[arg-type]
         self.d2h = (CopyLanes(env, 1, cost.d2h_transfer_s, lambda u, c, lane: None,
@@ -136,18 +102,6 @@ class Transfers(Withdrawals):
     def wake(self) -> None:
         if self.space_event._value is PENDING:   # not triggered (without the property call)
             self.space_event.succeed()
-
-    @contextmanager
-    def demand_loads_only(self) -> Iterator[None]:
-        """While a replay makes its own demand loads without the lanes (the fast path's replay of
-        a demand-only policy, :mod:`moesim.sim.fast.path`): a transfer the policy asks for stops
-        the run with one line, as the policy declared itself demand-only."""
-        lanes = self.lanes
-        self.lanes = _NoLanes(self.policy.name)
-        try:
-            yield
-        finally:
-            self.lanes = lanes
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the expert budget among layers (see :meth:`EngineView.set_layer_budgets`)."""

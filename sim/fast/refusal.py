@@ -5,10 +5,11 @@ host CPU, runtime) and of the workload is named here with the values the fast re
 with an option or a field that is not named here (a new engine mechanism, a new cost term) goes
 to the event loop until someone declares it, after checking that the fast replays reproduce it.
 
-:func:`replay_refusal` is the check every fast replay makes; :func:`kernel_refusal` adds the two
-things only the generic demand-only replay handles (the kernels of :mod:`moesim.sim.fast.order`,
-:mod:`moesim.sim.fast.static` and :mod:`moesim.sim.fast.prefetch` model per-layer pools and
-lossless runs).
+:func:`undeclared` is the check every fast replay makes (the driver, :mod:`moesim.sim.fast.driver`,
+needs no other); :func:`kernel_refusal` adds what only the driver handles (the kernels of
+:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.static` and :mod:`moesim.sim.fast.prefetch`
+model per-layer pools, lossless runs of whole experts without decision time, and no timeline,
+transfer buffer or synchronous prefetch).
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ def _off(why: str) -> Check:
 
 
 ENGINE_OPTIONS: dict[str, Check] = {
-    "record_timeline": _off("the timeline is recorded"),
-    "swap_out": _off("cache.swap_out is on"),
-    "buffer_bytes": lambda v: "a transfer buffer is set" if int(v) else None,
-    "sync_prefetch": _off("pcie.sync_prefetch is on"),
-    "serial_swap": _any,          # acts only with swap_out, refused above
-    "pcie_order": _any,           # the demand-only replays issue no prefetch; the prefetch kernel models both
+    "record_timeline": _any,      # the driver records it as the event loop does; the kernels refuse it (KERNEL_OPTIONS)
+    "swap_out": _any,             # the driver's device-to-host lane; the kernels refuse it (KERNEL_OPTIONS)
+    "buffer_bytes": _any,         # likewise
+    "sync_prefetch": _any,        # likewise
+    "serial_swap": _any,          # acts only with swap_out (Transfers.grant_waiting, which the driver calls)
+    "pcie_order": _any,           # the driver's lanes and the prefetch kernel model both orders
     "initial": _any,
     "seed": _any,
     "profile": _any,
@@ -54,6 +55,14 @@ ENGINE_OPTIONS: dict[str, Check] = {
     "progress": _any,
 }
 """The engine's options (``Engine.__init__``'s keyword parameters) the fast replays declare."""
+
+KERNEL_OPTIONS: dict[str, Check] = {
+    "swap_out": _off("cache.swap_out is on"),
+    "record_timeline": _off("the timeline is recorded"),
+    "buffer_bytes": lambda v: "a transfer buffer is set" if int(v) else None,
+    "sync_prefetch": _off("pcie.sync_prefetch is on"),
+}
+"""The options the kernels refuse besides (the driver takes them)."""
 
 SPEC_FIELDS: dict[str, frozenset[str]] = {
     # sizes and costs: read only through the cost model's functions, which every replay calls
@@ -133,11 +142,15 @@ def undeclared(state: RunState[Transfers]) -> str | None:
     return None
 
 
-def replay_refusal(state: RunState[Transfers]) -> str | None:
-    """Why ``state``'s run cannot take any fast replay, whatever its policy, or None: an option
-    or field not declared (:func:`undeclared`), decision time, experts split into parts.
-    (Aborted copies need no check here: the demand-only replays issue no prefetch, and the
-    prefetch kernel takes only policies that never abort, see :mod:`moesim.sim.fast.prefetch_check`.)"""
+def kernel_refusal(state: RunState[Transfers]) -> str | None:
+    """Why no kernel can replay ``state``'s run, or None: an option or field not declared
+    (:func:`undeclared`) or one of :data:`KERNEL_OPTIONS` on, decision time, experts split into
+    parts, a lossy policy (its plans), or one global pool. (Aborted copies need no check: the
+    kernels take only parts that never abort.)"""
+    for name, check in KERNEL_OPTIONS.items():
+        why = check(state.options[name]) if name in state.options else None
+        if why is not None:
+            return why
     if state.policy.decision_us:
         return "the policy spends decision time"
     why = undeclared(state)
@@ -145,14 +158,8 @@ def replay_refusal(state: RunState[Transfers]) -> str | None:
         return why
     if any(len(fr) != 1 for fr in state.fractions):
         return "experts are split into parts"
-    return None
-
-
-def kernel_refusal(state: RunState[Transfers]) -> str | None:
-    """Why no kernel can replay ``state``'s run, or None: what :func:`replay_refusal` names, a
-    lossy policy (its plans), or one global pool."""
     if state.policy.lossy:
         return "the policy plans (lossy)"
     if state.global_pool:
         return "the policy uses one global pool"
-    return replay_refusal(state)
+    return None

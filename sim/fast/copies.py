@@ -1,0 +1,241 @@
+"""The copy lanes without SimPy: :class:`~moesim.sim.engine.lanes.CopyLanes`'s queue, lanes and
+withdrawals as they are, with its one SimPy part (a transfer is a timeout whose callback lands
+it) replaced by a heap of landings on a :class:`Clock` that the SimPy-free driver
+(:mod:`moesim.sim.fast.driver`) moves; the host-to-device lanes and the device-to-host one
+(``cache.swap_out``) share it.
+
+Ties are resolved as SimPy resolves them: every event is ordered by (time, creation order), and
+the driver gives each of the GPU's timeouts a creation order from the same counter
+(:meth:`Clock.advance`). A landing the GPU waits for wakes it either right after that
+landing (it waited on the transfer's own timeout, as when the unit was in flight) or after every
+landing due at that instant (an event succeeded by the landing, scheduled behind them: the unit
+was queued when the GPU began to wait, or it waited for several, or for room).
+
+A unit's ``event`` holds an :class:`Ev` in place of SimPy's event: its ``callbacks`` are what
+:meth:`~moesim.sim.engine.withdrawals.Withdrawals._awaited` reads (the lane's own, then the
+GPU's while it waits, None once processed), as SimPy's are.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from moesim.policies.contract.base import RESIDENT
+from moesim.sim.engine.lanes import CopyLanes
+
+if TYPE_CHECKING:
+    import simpy
+
+    from moesim.sim.engine.state import RunState
+    from moesim.sim.engine.transfers import Transfers
+
+LANE, GPU = "lane", "gpu"   # who waits on an event (its callbacks)
+
+
+class Ev:
+    """A landing's event: its waiters (``callbacks``; None once processed)."""
+
+    __slots__ = ("callbacks",)
+
+    def __init__(self, callbacks: list[str]) -> None:
+        self.callbacks: list[str] | None = callbacks
+
+
+class Clock:
+    """The driver's time (``_now``, mirrored in ``state.fast_now``, which the view reads) and
+    the landings of every lane, in SimPy's order."""
+
+    def __init__(self, state: RunState[Transfers]) -> None:
+        self.state = state
+        self._now = 0.0
+        self.q = 0                                                          # creation order of the next event
+        self.heap: list[tuple[float, int, int, Ev, FastLanes]] = []         # (time, creation order, lane, event, lanes)
+
+    def adopt(self, env: simpy.Environment, pairs: list[tuple[CopyLanes, FastLanes]]) -> None:
+        """Take over the transfers the SimPy lanes of ``pairs`` hold (none has landed: the clock
+        is at 0), their landings in the order of their SimPy event ids."""
+        eid = {id(e[3]): e[2] for e in env._queue}
+        order = sorted((n, lane, fast) for slow, fast in pairs for n, lane in fast.adopt(slow, eid))
+        for _, lane, fast in order:
+            fast.schedule(lane)
+
+    def land(self) -> tuple[float, Any]:
+        """Process the next landing; returns its time and unit (None: a transfer aborted
+        meanwhile, whose timeout still fires)."""
+        t, _, lane, ev, lanes = heapq.heappop(self.heap)
+        ev.callbacks = None
+        self._now = t
+        self.state.fast_now = t
+        return t, lanes.landed(lane, ev)
+
+    def advance(self, T: float) -> None:
+        """A GPU timeout to ``T``, created now: every landing SimPy processes before it, then the
+        clock moves to ``T``."""
+        g = self.q
+        self.q += 1
+        heap = self.heap
+        while heap and (heap[0][0] < T or (heap[0][0] == T and heap[0][1] < g)):
+            self.land()
+        self._now = T
+        self.state.fast_now = T
+
+    def flush(self, t: float) -> None:
+        """The GPU resumes through an event scheduled at ``t`` now: the landings due at ``t``
+        come first."""
+        heap = self.heap
+        self.q += 1
+        while heap and heap[0][0] <= t:
+            self.land()
+        self._now = t
+        self.state.fast_now = t
+
+    def _next_landing(self) -> tuple[float, Any]:
+        if not self.heap:   # nothing is scheduled while the GPU waits: as the event loop reports it
+            from moesim.sim.engine.transfers import PolicyError
+            st = self.state
+            raise PolicyError(f"the simulation stalled at iteration {st.cur_iter.index}, layer {st.cur_layer}: "
+                              f"the GPU waits for an event that nothing will trigger (policy {st.policy.name!r})")
+        return self.land()
+
+    @staticmethod
+    def _await(units: list[Any]) -> None:
+        """The GPU waits on each unit's landing event (made now if it has none: it is queued)."""
+        for u in units:
+            ev = u.event
+            if ev is None:
+                u.event = Ev([GPU])
+            else:
+                ev.callbacks.append(GPU)
+
+    def wait_one(self, u: Any) -> None:
+        """The GPU waits for ``u`` (queued or in flight) to land: right after the landing when
+        it waits on the transfer's own timeout, else through an event behind that instant's."""
+        ev = u.event
+        # in flight, and this is its transfer's timeout (a waiter's event is made with [GPU];
+        # a unit waited for has not landed, so its event is not processed)
+        if ev is None:
+            direct = False
+            u.event = Ev([GPU])
+        else:
+            direct = ev.callbacks[0] is LANE
+            ev.callbacks.append(GPU)
+        t = self._now
+        heap = self.heap
+        while u.state != RESIDENT:
+            t, _ = self.land() if heap else self._next_landing()
+        if direct:
+            self._now = t
+            self.state.fast_now = t
+        else:
+            self.flush(t)
+
+    def wait_any(self, units: list[Any]) -> None:
+        """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
+        through an event scheduled after that landing."""
+        self._await(units)
+        while True:
+            t, v = self._next_landing()
+            if v is not None and any(v is u for u in units):
+                break
+        self.flush(t)
+
+    def wait_all(self, units: list[Any], condition: bool = False) -> None:
+        """The GPU waits for every one of ``units`` to land: through a condition event (as
+        ``env.all_of``), or on the one unit's own event when there is one and not ``condition``."""
+        if len(units) == 1 and not condition:
+            self.wait_one(units[0])
+            return
+        self._await(units)
+        t = self._now
+        while any(u.state != RESIDENT for u in units):
+            t, _ = self._next_landing()
+        self.flush(t)
+
+    def wait_room(self, tx: Transfers) -> None:
+        """The GPU waits for room (``tx.space_event``, succeeded by a landing or what it set off)."""
+        t = self._now
+        while not tx.space_event.triggered:
+            t, _ = self._next_landing()
+        self.flush(t)
+
+    def finish(self) -> None:
+        """The GPU stream ends now: SimPy processes every landing due by then first."""
+        now = self._now
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            self.land()
+        self._now = now
+        self.state.fast_now = now
+
+
+class FastLanes(CopyLanes):
+    """Copy lanes (as :class:`~moesim.sim.engine.lanes.CopyLanes` is built) on ``clock``."""
+
+    def __init__(self, clock: Clock, n_lanes: int, duration: Callable[[int], float],
+                 on_start: Callable[[Any, int, int], None], on_land: Callable[[Any, int, int, float, float], None],
+                 *, queued: int, inflight: int, order: Literal["priority", "fifo"]) -> None:
+        super().__init__(cast("simpy.Environment", clock), n_lanes, duration, on_start, on_land, queued=queued,
+                         inflight=inflight, order=order)
+        self.clock = clock
+
+    def adopt(self, lanes: CopyLanes, eid: dict[int, int]) -> list[tuple[int, int]]:
+        """Take over ``lanes``' queue and transfers in flight (copies issued before the first
+        iteration, as a policy's ``warm`` may issue them, on the SimPy clock at 0); returns, per
+        transfer in flight, its SimPy event id (``eid``: by the event's id()) and lane, for
+        :meth:`Clock.adopt` to schedule in SimPy's order."""
+        self.queue, self.idle, self._seq = list(lanes.queue), list(lanes.idle), lanes._seq
+        self.busy_s, self.inflight_count = lanes.busy_s, lanes.inflight_count
+        self._adopted = list(lanes.current)
+        return [(eid[id(cur[4])], lane) for lane, cur in enumerate(lanes.current) if cur is not None]
+
+    def schedule(self, lane: int) -> None:
+        """Schedule the landing of the adopted transfer on ``lane`` (in SimPy's order: see
+        :meth:`Clock.adopt`)."""
+        cur = self._adopted[lane]
+        assert cur is not None
+        u, cls, start, dur, sev = cur
+        clock = self.clock
+        ev = Ev([LANE])
+        heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
+        clock.q += 1
+        self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
+        if u.event is sev:
+            u.event = ev
+
+    def _start(self, u: Any, cls: int, lane: int) -> None:
+        """``u``'s transfer starts on ``lane`` now: its landing is scheduled."""
+        u.state = self.INFLIGHT
+        nbytes = u.nbytes
+        dur = self._dur.get(nbytes)
+        if dur is None:
+            dur = self._dur[nbytes] = self.duration(nbytes)
+        clock = self.clock
+        start = clock._now
+        self.inflight_count += 1
+        self.on_start(u, cls, lane)
+        ev = Ev([LANE])
+        heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
+        clock.q += 1
+        self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
+        if u.event is None:
+            u.event = ev
+
+    def landed(self, lane: int, ev: Ev) -> Any:
+        """The transfer of ``lane`` whose timeout is ``ev`` lands now (as the timeout's callback
+        does); returns its unit (None: it was aborted, the lane has moved on)."""
+        cur = self.current[lane]
+        if cur is None or cast(object, cur[4]) is not ev:
+            return None
+        u, cls, start, dur, _ = cur
+        self.current[lane] = None
+        self.busy_s += dur
+        self.inflight_count -= 1
+        wev = u.event
+        self.on_land(u, cls, lane, start, dur)
+        if wev is not ev and wev is not None and wev.callbacks is not None:
+            wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
+            self.clock.q += 1
+        self._next(lane)
+        return u

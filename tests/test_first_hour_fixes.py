@@ -148,7 +148,7 @@ def test_readme_faceted_plot_works_as_written(tmp_path: Path, monkeypatch: pytes
                                               capsys: pytest.CaptureFixture[str]) -> None:
     cwd = fresh_clone(tmp_path, monkeypatch, "scenarios/quickstart.yaml", "scenarios/flame-lru.yaml", "scenarios/sweeps",
                       "traces/samples/flame-moe-290m.parquet")
-    plot, = [c for c in readme_commands("simctl plot") if "--facet" in c]
+    plot, = [c for c in readme_commands("simctl plot") if "--facet" in c and "--kind speedup" in c]
     out_dir = re.search(r"simctl plot (\S+)", plot)[1]  # type: ignore[index]
     sweep, = [c for c in readme_commands("simctl sweep") if f"--out {out_dir} " in c + " "]
     run_readme(sweep + " --set workload.requests=1 -j 1 --no-progress", cwd, capsys)

@@ -251,6 +251,8 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
     if "kv_gib" in m:
         t.add_row("KV cache", f"{binary_size(m['kv_gib'] * 1024**3)} at its peak ({m['kv_peak_tokens']} tokens from a "
                   f"context of {m['context_tokens']}); {m['experts_held']} experts held beside it")
+    elif "kv_cache" in m:
+        t.add_row("KV cache", escape(m["kv_cache"]))
     if m.get("policy_report"):
         t.add_row("policy report", escape(", ".join(f"{k} {v}" for k, v in m["policy_report"].items())))
     if m.get("engine_path"):

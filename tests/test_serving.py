@@ -286,6 +286,12 @@ CORPUS.scenario_case("scheduler-tokens-below-batch",
                      scen(workload__arrivals={"rate": 1}, workload__scheduler={"max_batch": 8, "max_tokens": 4}),
                      "max_tokens")
 CORPUS.scenario_case("slo-without-arrivals", scen(slo={"ttft_ms": 100}), "slo")
+# flame-moe-290m's weights (368.1 MiB) fit in 369.7 MiB, its running batch's KV cache beside them
+# (the 2 requests' ends, 128 tokens x 4 KiB x 9 layers = 4.5 MiB, from a starting context of 0) does not
+CORPUS.scenario_case("serving-kv-does-not-fit",
+                     scen(workload__arrivals={"rate": 1}, workload__phases=["prefill", "decode"],
+                          hardware={"base": "rtx-4090", "vram_gib": 0.361}),
+                     "workload.scheduler.max_batch", "KV cache of the running batch")
 CORPUS.scenario_case("batch-size-with-arrivals", scen(workload__arrivals={"rate": 1}, workload__batch_size=2),
                      "batch_size")
 

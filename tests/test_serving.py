@@ -45,7 +45,7 @@ def _serve(trace: Any, arrivals: Arrivals, kind: str, *, max_batch: int = 2, max
     model = model or tiny_model(trace.model.num_layers, trace.model.num_experts, trace.model.top_k)
     wl = serving_workload(trace, chosen if chosen is not None else sorted(set(trace.request_id.tolist())),
                           ("prefill", "decode"), arrivals, kind=kind, max_batch=max_batch, max_tokens=max_tokens,
-                          context_tokens=context)
+                          context_tokens=context, kv_modelled=model.kv_bytes_per_token is not None)
     eng = Engine(wl, policy or LRU(), CostModel(model, hw or tiny_hw()), budget_bytes=budget * model.expert_bytes,
                  check_invariants=True, fast_replay=FAST_PATH)
     eng.run()
@@ -79,6 +79,29 @@ def test_two_requests_continuous_exact_timeline() -> None:
     m = compute_metrics(eng.state)
     assert (m["iterations"], m["tokens"], m["output_tokens"]) == (3, 5, 4)
     assert m["engine_path"] == "event" and "arrive" in m["engine_path_reason"]
+
+
+def test_a_serving_run_at_context_0_reads_and_holds_its_own_kv_cache_exact_timeline() -> None:
+    # the continuous case above with Mixtral's attention shape (4 KiB of KV per token) and reads
+    # of 2 us per KV token, from a starting context of 0: each iteration reads its requests' own
+    # tokens. 0: r0's 2-token prompt reads 2 (pairs 0 x 2 + 3) -> 104 + 1000 + 50 = 1154.
+    # 1: r0's decode token reads 2 + 1, r1's 1-token prompt 1 -> 4 tokens, 108: 1154 + 1158 = 2312.
+    # 2: r1's decode token reads 1 + 1 -> 154: 2466. The VRAM keeps the bound of the two requests'
+    # ends (3 + 2 tokens); what was live at most is r0's 3 and r1's 1.
+    model = attn_model()
+    eng = _serve(_two_requests(), Arrivals(np.array([0.0, 500e-6])), "continuous", model=model, hw=slope_hw())
+    rec = steps(eng)
+    assert [(s.iteration, round(s.t_start * 1e6, 6), round(s.t_end * 1e6, 6), s.hits, s.misses) for s in rec] == [
+        (0, 0.0, 1154.0, 0, 1), (1, 1154.0, 2312.0, 1, 1), (2, 2312.0, 2466.0, 1, 0)]
+    sched = eng.state.scheduler
+    assert sched is not None
+    assert _us(sched.first_token) == [1154.0, 2312.0] and _us(sched.finish) == [2312.0, 2466.0]
+    wl = eng.state.workload
+    assert wl.kv_modelled and wl.context_tokens == 0 and wl.peak_kv_tokens == 5
+    assert sched.live_kv_peak == 4
+    from moesim.sim.run.kv_budget import kv_bytes
+    assert kv_bytes(model, wl) == 5 * 4096
+    assert serving_metrics(sched, 2466e-6, None)["kv_live_peak_tokens"] == 4
 
 
 def test_two_requests_static_exact_timeline() -> None:
@@ -169,16 +192,20 @@ def test_no_request_starts_before_it_arrives(seed: int, n: int, rate: float, kin
 
 
 @settings(max_examples=25, deadline=None)
-@given(context=st.integers(1, 20_000), n=st.integers(1, 6), max_batch=st.integers(1, 4), epl=st.integers(1, 8))
+@given(context=st.one_of(st.just(0), st.integers(0, 20_000)), n=st.integers(1, 6), max_batch=st.integers(1, 4),
+       epl=st.integers(1, 8))
 def test_weights_kv_and_experts_never_exceed_vram_when_serving(context: int, n: int, max_batch: int, epl: int) -> None:
-    # the KV cache is reserved at the bound (the max_batch largest requests' ends): the live KV
-    # never exceeds it, and the weights, the reserved KV and the experts' peak fit in VRAM
+    # the KV cache is reserved at the bound (the max_batch largest requests' ends, never 0: from a
+    # starting context of 0 the requests hold their own tokens): the live KV never exceeds it, and
+    # the weights, the reserved KV and the experts' peak fit in VRAM
     from moesim.sim.run.kv_budget import kv_budget, kv_bytes
     tr = random_trace(1, layers=2, experts=8, top_k=2, requests=3, prompt=3, decode=4)
     model = attn_model(2, 8, 2).model_copy(update={"non_expert_bytes": 100 * 2**20})
     hw = slope_hw(vram_gib=0.25)
     wl = serving_workload(tr, [0, 1, 2], ("prefill", "decode"), poisson_arrivals(500.0, n, context),
-                          kind="continuous", max_batch=max_batch, max_tokens=8, context_tokens=context)
+                          kind="continuous", max_batch=max_batch, max_tokens=8, context_tokens=context,
+                          kv_modelled=True)
+    assert wl.peak_kv_tokens >= min(n, max_batch) * (context + 7) and kv_bytes(model, wl) > 0
     try:
         budget = kv_budget("s", "experts_per_layer", model, hw, wl, epl * 2 * model.expert_bytes, 0)
     except ScenarioError:
@@ -187,7 +214,7 @@ def test_weights_kv_and_experts_never_exceed_vram_when_serving(context: int, n: 
     eng = Engine(wl, LRU(), CostModel(model, hw), budget_bytes=budget, check_invariants=True)
     eng.run()
     sched = eng.state.scheduler
-    assert sched is not None and sched.live_kv_peak <= wl.peak_kv_tokens
+    assert sched is not None and 0 < sched.live_kv_peak <= wl.peak_kv_tokens
     used = model.non_expert_bytes + kv_bytes(model, wl) + eng.state.stats.vram_peak_bytes
     assert used <= hw.vram_gib * GIB
 
@@ -259,6 +286,12 @@ CORPUS.scenario_case("scheduler-tokens-below-batch",
                      scen(workload__arrivals={"rate": 1}, workload__scheduler={"max_batch": 8, "max_tokens": 4}),
                      "max_tokens")
 CORPUS.scenario_case("slo-without-arrivals", scen(slo={"ttft_ms": 100}), "slo")
+# flame-moe-290m's weights (368.1 MiB) fit in 369.7 MiB, its running batch's KV cache beside them
+# (the 2 requests' ends, 128 tokens x 4 KiB x 9 layers = 4.5 MiB, from a starting context of 0) does not
+CORPUS.scenario_case("serving-kv-does-not-fit",
+                     scen(workload__arrivals={"rate": 1}, workload__phases=["prefill", "decode"],
+                          hardware={"base": "rtx-4090", "vram_gib": 0.361}),
+                     "workload.scheduler.max_batch", "KV cache of the running batch")
 CORPUS.scenario_case("batch-size-with-arrivals", scen(workload__arrivals={"rate": 1}, workload__batch_size=2),
                      "batch_size")
 
@@ -286,6 +319,46 @@ def test_a_serving_run_with_a_context_keeps_the_kv_bound_in_vram() -> None:
     assert m["kv_peak_tokens"] == 2 * (4096 + 32 + 48)
     assert m["serving"]["kv_live_peak_tokens"] <= m["kv_peak_tokens"]
     assert m["kv_gib"] > 0 and m["serving"]["finished"] == 4
+
+
+def _summary(res: Any) -> str:
+    import io
+
+    from rich.console import Console
+
+    from moesim.sim.run.outputs import print_summary
+    console = Console(width=1000, record=True, file=io.StringIO())
+    print_summary(res, console)
+    return console.export_text()
+
+
+def test_a_serving_run_at_context_0_holds_its_kv_cache_and_says_so() -> None:
+    # Mixtral, 4 requests of up to 2 at once, no starting context: the KV bound is the two largest
+    # ends (32 + 48 tokens each), in metrics.json, the summary and the VRAM peak
+    scen = ROOT / "scenarios" / "mixtral-a100-batch4.yaml"
+    res = run_loaded(load_scenario(scen, ["workload.batch_size=1", "workload.arrivals.rate=20",
+                                          "workload.arrivals.requests=4", "workload.scheduler.max_batch=2"]), steps=False)
+    m = res.metrics
+    assert (m["context_tokens"], m["kv_peak_tokens"]) == (0, 2 * (32 + 48))
+    assert m["kv_gib"] == pytest.approx(160 * 4096 * 32 / GIB) and m["experts_held"] > 0
+    assert 0 < m["serving"]["kv_live_peak_tokens"] <= m["kv_peak_tokens"]
+    assert "kv_cache" not in m
+    assert "kept for the running batch at its bound (160 tokens: the 2 largest requests' ends from a starting " \
+           "context of 0" in _summary(res)
+
+
+def test_a_serving_run_of_a_model_without_an_attention_shape_says_its_kv_cache_is_not_modelled() -> None:
+    scen = ROOT / "scenarios" / "mixtral-4090-lru.yaml"
+    bare = "{name: bare, num_layers: 32, num_experts: 8, top_k: 2, hidden_size: 4096, expert_intermediate_size: 14336, dtype_bytes: 0.5}"
+    res = run_loaded(load_scenario(scen, [f"model={bare}", "workload.arrivals.rate=20", "workload.arrivals.requests=2",
+                                          "workload.requests=1"]), steps=False)
+    m = res.metrics
+    assert m["kv_cache"].startswith("not modelled: model bare gives no attention shape")
+    assert "kv_gib" not in m and "kv_live_peak_tokens" not in m["serving"]
+    assert "not modelled: model bare gives no attention shape" in _summary(res).replace("\n", " ")
+    # a starting context on such a model is still refused in one line
+    with pytest.raises(ScenarioError, match="gives no attention shape"):
+        run_loaded(load_scenario(scen, [f"model={bare}", "workload.arrivals.rate=20", "workload.context_tokens=10"]))
 
 
 def test_a_serving_sweep_plots_latency_against_throughput(tmp_path: Path) -> None:

@@ -137,8 +137,9 @@ class WorkloadSpec(BaseModel):
         0, ge=0, exclude_if=lambda v: v == 0,
         description="tokens already in each request's context when the replay starts (a long chat, a RAG "
         "prompt); it grows by every token replayed. Attention then reads the KV cache (a cost per layer, "
-        "docs/contract.md) and the batch's KV cache at its peak takes VRAM before the experts. 0: the context "
-        "is not modelled (no KV cost, no KV in VRAM: the behaviour of runs without the key)")
+        "docs/contract.md) and the batch's KV cache at its peak takes VRAM before the experts. 0 in a batch run: "
+        "the context is not modelled (no KV cost, no KV in VRAM: the behaviour of runs without the key); a "
+        "serving run (arrivals) always models its requests' own KV cache, from 0 too")
     arrivals: ArrivalsSpec | None = Field(
         None, description="serving: requests arrive over time ({rate: R} or {file: PATH}) and join the GPU's "
         "batches as workload.scheduler says; absent: the fixed lockstep batches of batch_size")

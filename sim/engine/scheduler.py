@@ -58,7 +58,7 @@ class Scheduler:
         self.tokens = 0                       # tokens run
         self.finished = 0
         self.start = 0.0                      # when the last iteration formed starts
-        self.live_kv_peak = 0                 # most KV tokens live at once (context modelled)
+        self.live_kv_peak = 0                 # most KV tokens live at once (KV cache modelled)
         self._emits: list[int] = []           # requests that get a token when the iteration ends
         self._ends: list[int] = []            # ... and of those, the ones that finish
 
@@ -180,7 +180,7 @@ class Scheduler:
             if self.done_prompt[r] == self.n_prompt[r] and self.done_decode[r] == self.n_decode[r]:
                 ends.append(r)
         rows0 = rows[0] if len(rows) == 1 else np.concatenate(rows)
-        if ctx:
+        if plan.kv_modelled:
             live = sum(ctx + self.done_prompt[r] + self.done_decode[r] for r in self.running)
             self.live_kv_peak = max(self.live_kv_peak, live)
         else:

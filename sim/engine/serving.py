@@ -31,7 +31,9 @@ from moesim.traces.format.trace_file import DECODE, PREFILL, Trace
 class ServingPlan:
     """The requests of a serving run, fixed before it: arrival times, the trace rows (layer-0
     row of each token) of each one's prompt and decode tokens, the trace request each replays,
-    the scheduler's settings and the starting context (``context_tokens``, 0: not modelled)."""
+    the scheduler's settings, the starting context (``context_tokens``, 0 included) and whether
+    the KV cache is modelled (``kv_modelled``: the model gives an attention shape; a serving run
+    then models it whatever the starting context)."""
 
     arrival: np.ndarray                  # seconds, non-decreasing
     prompt_rows: tuple[np.ndarray, ...]  # per request: layer-0 rows of its prompt tokens (may be empty)
@@ -41,6 +43,7 @@ class ServingPlan:
     max_batch: int
     max_tokens: int
     context_tokens: int
+    kv_modelled: bool                    # attention reads and the KV cache in VRAM (the model's attention shape is known)
     embedding_rows: frozenset[int]       # trace rows that carry an embedding
 
     @property
@@ -57,10 +60,10 @@ class ServingPlan:
         return self.context_tokens + len(self.prompt_rows[r]) + len(self.decode_rows[r])
 
     def peak_kv_tokens(self) -> int:
-        """An upper bound of the KV tokens live at any instant (0 when the context is not modelled):
+        """An upper bound of the KV tokens live at any instant (0 when the KV cache is not modelled):
         at most ``max_batch`` requests run at once, each holding at most its end's KV, so the sum
         of the ``max_batch`` largest ends. The run's VRAM keeps that much for the KV cache."""
-        if not self.context_tokens:
+        if not self.kv_modelled:
             return 0
         ends = sorted((self.kv_total(r) for r in range(self.n)), reverse=True)
         return sum(ends[:self.max_batch])
@@ -73,9 +76,10 @@ class ServingPlan:
 
 
 def build_plan(trace: Trace, chosen: Sequence[int], phases: Sequence[str], arrivals: Arrivals, *, kind: str,
-               max_batch: int, max_tokens: int, context_tokens: int) -> ServingPlan:
+               max_batch: int, max_tokens: int, context_tokens: int, kv_modelled: bool) -> ServingPlan:
     """The :class:`ServingPlan` of ``arrivals`` over the trace requests ``chosen`` (see the module
-    for the mapping); a request left with no token to run is one line naming it."""
+    for the mapping; ``kv_modelled``: the model gives an attention shape, so the requests' KV
+    cache is read and held); a request left with no token to run is one line naming it."""
     L = trace.model.num_layers
     rows0 = np.arange(0, trace.num_rows, L)
     req = trace.request_id[rows0]
@@ -113,4 +117,4 @@ def build_plan(trace: Trace, chosen: Sequence[int], phases: Sequence[str], arriv
                        decode_rows=tuple(decode),
                        trace_request=np.array([chosen[i % len(pools)] for i in range(n)], dtype=np.int64),
                        kind=kind, max_batch=max_batch, max_tokens=max_tokens, context_tokens=context_tokens,
-                       embedding_rows=emb)
+                       kv_modelled=kv_modelled, embedding_rows=emb)

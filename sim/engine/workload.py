@@ -56,16 +56,28 @@ class Workload:
     requests: list[int]
     decode_tokens: int = 0
     context_tokens: int = 0
-    """Tokens in each request's context before the replay (0: the context is not modelled)."""
+    """Tokens in each request's context before the replay (batch runs, 0: the context is not
+    modelled; serving runs model their requests' own tokens whatever it is: :attr:`kv_modelled`)."""
     peak_kv_tokens: int = 0
     """Tokens of KV cache the largest batch holds at its end: per request, ``context_tokens`` plus
-    every token of it replayed, summed over the batch (0 when the context is not modelled)."""
+    every token of it replayed, summed over the batch (serving: the bound of
+    :meth:`~moesim.sim.engine.serving.ServingPlan.peak_kv_tokens`; 0 when the KV cache is not
+    modelled)."""
     serving: ServingPlan | None = None
     """Serving (``workload.arrivals``): the requests' arrivals and rows; the run's scheduler forms
     the iterations as the GPU frees, and ``iterations`` holds only the first. None: the lockstep
     batches of ``iterations``."""
     _future: Future | None = field(default=None, repr=False)
     _token_rows: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def kv_modelled(self) -> bool:
+        """Whether the run reads and holds a KV cache: a batch run when its starting context is
+        above 0; a serving run whenever the model gives an attention shape (its requests' own
+        prompt and generated tokens, from a starting context of 0 included)."""
+        if self.serving is not None:
+            return self.serving.kv_modelled
+        return self.context_tokens > 0
 
     def token_rows(self) -> np.ndarray:
         """The layer-0 trace row of every token replayed, iteration by iteration (read-only;

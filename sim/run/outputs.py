@@ -248,9 +248,16 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
         t.add_row("overhead", f"runtime {m['runtime_overhead_ms']:.1f} ms, policy decisions {m['policy_cpu_ms']:.1f} ms")
     t.add_row(f"{words['memory']} peak", f"{binary_size(m['vram_peak_gib'] * 1024**3)} "
               f"(experts {binary_size(m['expert_vram_peak_gib'] * 1024**3)})")
-    if "kv_gib" in m:
+    if "kv_gib" in m and "serving" in m:
+        t.add_row("KV cache", f"{binary_size(m['kv_gib'] * 1024**3)} kept for the running batch at its bound "
+                  f"({m['kv_peak_tokens']} tokens: the {m['serving']['max_batch']} largest requests' ends from a starting "
+                  f"context of {m['context_tokens']}; live at most {m['serving']['kv_live_peak_tokens']}); "
+                  f"{m['experts_held']} experts held beside it")
+    elif "kv_gib" in m:
         t.add_row("KV cache", f"{binary_size(m['kv_gib'] * 1024**3)} at its peak ({m['kv_peak_tokens']} tokens from a "
                   f"context of {m['context_tokens']}); {m['experts_held']} experts held beside it")
+    elif "kv_cache" in m:
+        t.add_row("KV cache", escape(m["kv_cache"]))
     if m.get("policy_report"):
         t.add_row("policy report", escape(", ".join(f"{k} {v}" for k, v in m["policy_report"].items())))
     if m.get("engine_path"):

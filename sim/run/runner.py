@@ -33,7 +33,7 @@ from moesim.sim.engine.serving_workload import serving_workload
 from moesim.sim.engine.transfers import BudgetError
 from moesim.sim.engine.workload import Workload, build_workload
 from moesim.sim.fast.path import FAST_PATH
-from moesim.sim.run.kv_budget import context_metrics, kv_budget
+from moesim.sim.run.kv_budget import context_metrics, kv_budget, kv_not_modelled
 from moesim.sim.run.metrics import compute_metrics
 from moesim.sim.run.profile import profile_from_trace, trace_requests
 from moesim.sim.run.run_warnings import run_warnings
@@ -181,9 +181,11 @@ class PreparedRun:
             "config_hash": config_hash,
         }
         wl = self.engine.state.workload
-        if wl.context_tokens:   # the context is modelled: its KV cache and what it left to experts
+        if wl.kv_modelled:   # the KV cache is modelled: its size and what it left to experts
             metrics.update(context_metrics(model, wl, self.budget))
             metrics["vram_peak_gib"] += metrics["kv_gib"]
+        elif wl.serving is not None:   # serving without an attention shape: say so, never leave it out silently
+            metrics["kv_cache"] = kv_not_modelled(model)
         if state.scheduler is not None:   # serving: latency percentiles, throughput, goodput
             metrics["serving"] = serving_metrics(state.scheduler, metrics["sim_time_s"], self.loaded.scenario.slo)
         metrics["scenario"] = self.loaded.scenario.name
@@ -256,30 +258,32 @@ def prepare_run(
     if context and model.kv_bytes_per_token is None:
         raise ScenarioError(f"{source}: workload.context_tokens: model {model.name} gives no attention shape "
                             "(attention_heads with kv_heads and head_dim, or kv_lora_rank): its KV cache cannot be modelled")
+    serving = scen.workload.arrivals is not None
+    # a serving run holds its requests' KV cache whenever the model gives an attention shape
+    kv_on = bool(context) or (serving and model.kv_bytes_per_token is not None)
     total = model.non_expert_bytes + budget + buffer
-    if total > hw.vram_gib * GIB and not context:
+    if total > hw.vram_gib * GIB and not kv_on:
         raise ScenarioError(
             f"{source}: cache.{scen.cache.given}: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
             f"{hw.name}; lower the budget or override hardware.vram_gib")
     profile, requests = select_requests(loaded, tr)
-    serving = scen.workload.arrivals is not None
     if serving and policy.oracle:
         raise ScenarioError(f"{source}: policy {policy.name!r} is an oracle bound: it reads the whole workload ahead, "
                             "and with workload.arrivals the iterations depend on when the GPU frees")
     if (workload is not None and workload.trace is tr and workload.context_tokens == context
-            and (workload.serving is not None) == serving):
+            and (workload.serving is not None) == serving and workload.kv_modelled == kv_on):
         wl = workload
     else:
         try:
             wl = build_workload(tr, batch_size=scen.workload.batch_size, phases=scen.workload.phases,
                                 requests=requests, context_tokens=0 if serving else context)
             if serving:
-                wl = build_serving(loaded, tr, wl.requests)
+                wl = build_serving(loaded, tr, wl.requests, kv_modelled=kv_on)
         except MoesimError as exc:
             raise ScenarioError(f"{source}: {exc}") from None
     asked = budget
-    if context:
+    if kv_on:
         budget = kv_budget(source, scen.cache.given, model, hw, wl, budget, buffer)
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,
@@ -300,8 +304,9 @@ def prepare_run(
                        profile=profile, budget=budget, buffer=buffer)
 
 
-def build_serving(loaded: LoadedScenario, trace: Trace, chosen: list[int]) -> Workload:
-    """The serving workload of ``loaded`` (``workload.arrivals``) over the trace requests ``chosen``."""
+def build_serving(loaded: LoadedScenario, trace: Trace, chosen: list[int], *, kv_modelled: bool) -> Workload:
+    """The serving workload of ``loaded`` (``workload.arrivals``) over the trace requests ``chosen``
+    (``kv_modelled``: the model gives an attention shape, so the requests' KV cache is read and held)."""
     spec = loaded.scenario.workload
     arr = spec.arrivals
     assert arr is not None
@@ -313,7 +318,7 @@ def build_serving(loaded: LoadedScenario, trace: Trace, chosen: list[int]) -> Wo
         arrivals = read_arrivals(path)
     sched = spec.scheduler or SchedulerSpec.model_validate({})
     return serving_workload(trace, chosen, spec.phases, arrivals, kind=sched.kind, max_batch=sched.max_batch,
-                            max_tokens=sched.max_tokens, context_tokens=spec.context_tokens)
+                            max_tokens=sched.max_tokens, context_tokens=spec.context_tokens, kv_modelled=kv_modelled)
 
 
 def describe_trace(loaded: LoadedScenario, trace: Trace) -> str:

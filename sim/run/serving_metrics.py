@@ -59,7 +59,7 @@ def serving_metrics(sched: Scheduler, sim_time: float, slo: SloSpec | None) -> d
         "iterations": sched.count,
         "tokens": sched.tokens,
     }
-    if plan.context_tokens:
+    if plan.kv_modelled:
         out["kv_live_peak_tokens"] = sched.live_kv_peak
     if slo is not None:
         ok = np.ones(finished, dtype=bool)

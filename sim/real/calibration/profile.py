@@ -269,6 +269,12 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
     }
 
 
+def _sig(x: float, digits: int = 5) -> float:
+    """``x`` to ``digits`` significant digits: a rate written to a profile keeps its precision
+    however slow the host (0.32044 GB/s, not 0.32)."""
+    return float(f"{x:.{digits}g}")
+
+
 def _host_cpu(m: ModelSpec, e0: float, e1: float, threads: int, where: str) -> dict[str, Any]:
     """The profile's host CPU: the measured expert times at ``threads`` threads (they override
     the roofline) and the read bandwidth those threads reached at one token."""
@@ -277,7 +283,7 @@ def _host_cpu(m: ModelSpec, e0: float, e1: float, threads: int, where: str) -> d
     at = f"{where}; one expert of the model on the host at {threads} torch thread(s)"
     return {
         "name": "calibrated-host", "cores": cores, "threads": threads,
-        "mem_gbps": round(gbps, 3), "thread_gbps": round(gbps / threads, 3), "call_us": 0.0,
+        "mem_gbps": _sig(gbps), "thread_gbps": _sig(gbps / threads), "call_us": 0.0,
         "expert_us": round(e0 * 1e6, 3), "expert_us_per_token": round(e1 * 1e6, 3),
         "source": at,
         "sources": {"cores": f"{where}; logical CPUs of the host", "threads": "--threads of simctl calibrate",

@@ -194,6 +194,8 @@ class Transfers(Withdrawals):
         while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
             pinned = vram.pinned
             units = vram.pool_units[pool]
+            if len(units) <= len(pinned) and pinned.issuperset(units):
+                break   # every unit is pinned (often, while demand loads wait): no candidate, at C speed
             if len(units) > 8:   # a large (global) pool: the comprehension's own frame pays off
                 cands = [k for k, u in units.items() if u.state == RESIDENT and not u.in_buffer and k not in pinned]
             else:

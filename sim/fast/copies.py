@@ -62,13 +62,28 @@ class Clock:
             fast.schedule(lane)
 
     def land(self) -> tuple[float, Any]:
-        """Process the next landing; returns its time and unit (None: a transfer aborted
-        meanwhile, whose timeout still fires)."""
+        """Process the next landing (as the transfer's timeout callback does: its lane lands it
+        and starts the next queued transfer); returns its time and unit (None: a transfer
+        aborted meanwhile, whose timeout still fires, its lane having moved on)."""
         t, _, lane, ev, lanes = heapq.heappop(self.heap)
         ev.callbacks = None
         self._now = t
         self.state.fast_now = t
-        return t, lanes.landed(lane, ev)
+        # lanes.landed(lane, ev), inlined (once per transfer)
+        cur = lanes.current[lane]
+        if cur is None or cur[4] is not ev:   # type: ignore[comparison-overlap]  # an Ev (see FastLanes._start)
+            return t, None
+        u, cls, start, dur, _ = cur
+        lanes.current[lane] = None
+        lanes.busy_s += dur
+        lanes.inflight_count -= 1
+        wev = u.event
+        lanes.on_land(u, cls, lane, start, dur)
+        if wev is not ev and wev is not None and wev.callbacks is not None:
+            wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
+            self.q += 1
+        lanes._next(lane)
+        return t, u
 
     def advance(self, T: float) -> None:
         """A GPU timeout to ``T``, created now: every landing SimPy processes before it, then the
@@ -135,9 +150,11 @@ class Clock:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
         self._await(units)
+        ids = {id(u) for u in units}
+        heap = self.heap
         while True:
-            t, v = self._next_landing()
-            if v is not None and any(v is u for u in units):
+            t, v = self.land() if heap else self._next_landing()
+            if id(v) in ids:   # (v is None: an aborted transfer's timeout, never among them)
                 break
         self.flush(t)
 
@@ -218,24 +235,6 @@ class FastLanes(CopyLanes):
         ev = Ev([LANE])
         heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
         clock.q += 1
-        self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
+        self.current[lane] = (u, cls, start, dur, ev)   # type: ignore[assignment]  # an Ev for the timeout
         if u.event is None:
             u.event = ev
-
-    def landed(self, lane: int, ev: Ev) -> Any:
-        """The transfer of ``lane`` whose timeout is ``ev`` lands now (as the timeout's callback
-        does); returns its unit (None: it was aborted, the lane has moved on)."""
-        cur = self.current[lane]
-        if cur is None or cast(object, cur[4]) is not ev:
-            return None
-        u, cls, start, dur, _ = cur
-        self.current[lane] = None
-        self.busy_s += dur
-        self.inflight_count -= 1
-        wev = u.event
-        self.on_land(u, cls, lane, start, dur)
-        if wev is not ev and wev is not None and wev.callbacks is not None:
-            wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
-            self.clock.q += 1
-        self._next(lane)
-        return u

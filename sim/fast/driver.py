@@ -136,9 +136,19 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
             remaining = ls.need
             early = None
             while remaining:
-                if tx.waiting and early is None:
-                    early = step.early_of(ls)
-                ready, remaining, watch = ready_parts(remaining, early if tx.waiting else None)
+                if tx.waiting:
+                    if early is None:
+                        early = step.early_of(ls)
+                    ready, remaining, watch = ready_parts(remaining, early)
+                else:   # ready_parts(remaining, None), inlined: every resident part computes now
+                    watch = remaining
+                    ready = []
+                    remaining = []
+                    for x in watch:
+                        if x[2].state == RESIDENT:
+                            ready.append(x)
+                        else:
+                            remaining.append(x)
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
                     tc = clock._now

@@ -82,7 +82,10 @@ class Clock:
         if wev is not ev and wev is not None and wev.callbacks is not None:
             wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
             self.q += 1
-        lanes._next(lane)
+        if lanes.queue:
+            lanes._next(lane)
+        else:   # nothing queued: the lane idles (lanes._next(lane) without the call)
+            lanes.idle.append(lane)
         return t, u
 
     def advance(self, T: float) -> None:
@@ -150,11 +153,10 @@ class Clock:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
         self._await(units)
-        ids = {id(u) for u in units}
         heap = self.heap
         while True:
             t, v = self.land() if heap else self._next_landing()
-            if id(v) in ids:   # (v is None: an aborted transfer's timeout, never among them)
+            if v is not None and v in units:   # by identity (a Unit has no __eq__)
                 break
         self.flush(t)
 
@@ -220,6 +222,32 @@ class FastLanes(CopyLanes):
         self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
         if u.event is sev:
             u.event = ev
+
+    def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
+        """Queue ``unit``; it starts at once if a lane is free (as
+        :meth:`~moesim.sim.engine.lanes.CopyLanes.submit`, with :meth:`_start` inlined: once
+        per copy)."""
+        seq = self._seq = self._seq + 1
+        if not self.idle:
+            unit.state = self.QUEUED
+            heapq.heappush(self.queue, (0, 0.0, seq, unit, cls) if self.fifo else (cls, -priority, seq, unit, cls))
+            return
+        lane = self.idle.pop()
+        unit.state = self.INFLIGHT   # self._start(unit, cls, lane), inlined
+        nbytes = unit.nbytes
+        dur = self._dur.get(nbytes)
+        if dur is None:
+            dur = self._dur[nbytes] = self.duration(nbytes)
+        clock = self.clock
+        start = clock._now
+        self.inflight_count += 1
+        self.on_start(unit, cls, lane)
+        ev = Ev([LANE])
+        heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
+        clock.q += 1
+        self.current[lane] = (unit, cls, start, dur, ev)   # type: ignore[assignment]  # an Ev for the timeout
+        if unit.event is None:
+            unit.event = ev
 
     def _start(self, u: Any, cls: int, lane: int) -> None:
         """``u``'s transfer starts on ``lane`` now: its landing is scheduled."""

@@ -171,7 +171,10 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
                     continue
                 # nothing ready: wait for a transfer, or for room
                 ts = clock._now
-                evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
+                evs = []   # a plain loop: a comprehension is a call of its own, and the list is short
+                for x in watch:
+                    if x[2].state in (QUEUED, INFLIGHT):
+                        evs.append(x[2])
                 if evs:
                     if len(evs) == 1:
                         clock.wait_one(evs[0])

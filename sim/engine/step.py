@@ -148,6 +148,8 @@ class Stepper:
         self.cpu_cost: dict[int, float] = {}
         self._non_moe: dict[int, tuple[float, float]] = {}   # token count -> (layer_s, overhead)
         self._tail: dict[int, tuple[float, float]] = {}      # token count -> (head_s, overhead)
+        self._row_it: Iteration | None = None   # the one-token iteration whose first row is _row0
+        self._row0 = 0
         # skip calls of hooks a policy does not override (the hot path runs per layer)
         self.has_start = policy.uses_hook("on_iteration_start")
         self.has_before = policy.uses_hook("before_layer")
@@ -270,7 +272,9 @@ class Stepper:
         tr = run.trace
         # the routing (as RunState.routing_of gives it; a one-row slice view for one token)
         if n_tok == 1:
-            r = int(rows0[0]) + layer
+            if self._row_it is not it:   # the token's first trace row, read once per iteration
+                self._row_it, self._row0 = it, int(rows0[0])
+            r = self._row0 + layer
             rows: slice | np.ndarray = slice(r, r + 1)
         else:
             rows = rows0 + layer

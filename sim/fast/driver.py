@@ -126,8 +126,12 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
             cpu_done = step.cpu_experts(ls, clock._now) if ls.cpu_exps else 0.0
             if ls.miss_units:
                 tx.waiting.extend(ls.miss_units)
-            if tx.waiting:
-                ls.stall += grant()
+            if tx.waiting:   # grant(), inlined (once per layer with a miss)
+                granted, delay = grant_waiting()
+                if delay > 0:
+                    advance(clock._now + delay)
+                queue_demand(granted)
+                ls.stall += delay
             if has_outcome:
                 step.notify(ls)
             if run.spent_s:

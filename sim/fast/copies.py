@@ -69,7 +69,7 @@ class Clock:
         ev.callbacks = None
         self._now = t
         self.state.fast_now = t
-        # lanes.landed(lane, ev), inlined (once per transfer)
+        # the lane lands its transfer, as CopyLanes._on_timeout does (inline: once per transfer)
         cur = lanes.current[lane]
         if cur is None or cur[4] is not ev:   # type: ignore[comparison-overlap]  # an Ev (see FastLanes._start)
             return t, None

@@ -148,6 +148,8 @@ class Stepper:
         self.cpu_cost: dict[int, float] = {}
         self._non_moe: dict[int, tuple[float, float]] = {}   # token count -> (layer_s, overhead)
         self._tail: dict[int, tuple[float, float]] = {}      # token count -> (head_s, overhead)
+        self._row_it: Iteration | None = None   # the one-token iteration whose first row is _row0
+        self._row0 = 0
         # skip calls of hooks a policy does not override (the hot path runs per layer)
         self.has_start = policy.uses_hook("on_iteration_start")
         self.has_before = policy.uses_hook("before_layer")
@@ -270,7 +272,9 @@ class Stepper:
         tr = run.trace
         # the routing (as RunState.routing_of gives it; a one-row slice view for one token)
         if n_tok == 1:
-            r = int(rows0[0]) + layer
+            if self._row_it is not it:   # the token's first trace row, read once per iteration
+                self._row_it, self._row0 = it, int(rows0[0])
+            r = self._row0 + layer
             rows: slice | np.ndarray = slice(r, r + 1)
         else:
             rows = rows0 + layer
@@ -330,6 +334,7 @@ class Stepper:
             pinned.update(keys)
             nbytes = run.part_bytes(layer, 0)
             f0 = fr[0]
+            pool_units = vram.pool_units[pool]
             for i, key in enumerate(keys):
                 c = counts[i]
                 t_exp = exp_cost.get(c)
@@ -341,7 +346,7 @@ class Stepper:
                     u = None
                 if u is None:
                     u = Unit(key, nbytes, pool, True)
-                    vram.add(u)
+                    units[key] = pool_units[key] = u   # vram.add(u), inlined (once per miss)
                     miss_units.append(u)
                     miss_bytes += nbytes
                     status.append(MISS)

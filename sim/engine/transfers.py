@@ -194,6 +194,8 @@ class Transfers(Withdrawals):
         while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
             pinned = vram.pinned
             units = vram.pool_units[pool]
+            if len(units) <= len(pinned) and pinned.issuperset(units):
+                break   # every unit is pinned (often, while demand loads wait): no candidate, at C speed
             if len(units) > 8:   # a large (global) pool: the comprehension's own frame pays off
                 cands = [k for k, u in units.items() if u.state == RESIDENT and not u.in_buffer and k not in pinned]
             else:
@@ -388,7 +390,14 @@ class Transfers(Withdrawals):
             # self._allocate(u, True, Reason.DEMAND), inlined: make_room evicts nothing when it fits
             n = (self.make_room(pool, nbytes, Reason.DEMAND, u.key)[1]
                  if vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes else 0)
-            ok = vram.take_room(u, True)
+            if vram.capacity[pool] - used[pool] >= nbytes:   # vram.take_room(u, True), inlined: room in its pool
+                used[pool] += nbytes
+                tot = vram.total = vram.total + nbytes
+                if tot > vram.peak:
+                    vram.peak = tot
+                ok = True
+            else:
+                ok = vram.take_room(u, True)
             if not ok and self.cancel_queued_pool(pool):
                 ok, n2 = self._allocate(u, True, Reason.DEMAND)
                 n += n2

@@ -155,4 +155,6 @@ class Withdrawals:
     def cancel_queued_pool(self, pool: int) -> int:
         """Withdraw queued prefetches holding room in ``pool`` (not in the buffer), so that a
         waiting demand load can take it."""
+        if not self.lanes.queue and not self.waiting_prefetch:
+            return 0   # nothing queued to withdraw (often, while demand loads wait for room)
         return self._drop_queued(lambda u: u.pool != pool or u.in_buffer)

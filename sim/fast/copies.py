@@ -62,13 +62,31 @@ class Clock:
             fast.schedule(lane)
 
     def land(self) -> tuple[float, Any]:
-        """Process the next landing; returns its time and unit (None: a transfer aborted
-        meanwhile, whose timeout still fires)."""
+        """Process the next landing (as the transfer's timeout callback does: its lane lands it
+        and starts the next queued transfer); returns its time and unit (None: a transfer
+        aborted meanwhile, whose timeout still fires, its lane having moved on)."""
         t, _, lane, ev, lanes = heapq.heappop(self.heap)
         ev.callbacks = None
         self._now = t
         self.state.fast_now = t
-        return t, lanes.landed(lane, ev)
+        # the lane lands its transfer, as CopyLanes._on_timeout does (inline: once per transfer)
+        cur = lanes.current[lane]
+        if cur is None or cur[4] is not ev:   # type: ignore[comparison-overlap]  # an Ev (see FastLanes._start)
+            return t, None
+        u, cls, start, dur, _ = cur
+        lanes.current[lane] = None
+        lanes.busy_s += dur
+        lanes.inflight_count -= 1
+        wev = u.event
+        lanes.on_land(u, cls, lane, start, dur)
+        if wev is not ev and wev is not None and wev.callbacks is not None:
+            wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
+            self.q += 1
+        if lanes.queue:
+            lanes._next(lane)
+        else:   # nothing queued: the lane idles (lanes._next(lane) without the call)
+            lanes.idle.append(lane)
+        return t, u
 
     def advance(self, T: float) -> None:
         """A GPU timeout to ``T``, created now: every landing SimPy processes before it, then the
@@ -134,10 +152,16 @@ class Clock:
     def wait_any(self, units: list[Any]) -> None:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
-        self._await(units)
+        for u in units:   # self._await(units), inlined (once per wait)
+            ev = u.event
+            if ev is None:
+                u.event = Ev([GPU])
+            else:
+                ev.callbacks.append(GPU)
+        heap = self.heap
         while True:
-            t, v = self._next_landing()
-            if v is not None and any(v is u for u in units):
+            t, v = self.land() if heap else self._next_landing()
+            if v is not None and v in units:   # by identity (a Unit has no __eq__)
                 break
         self.flush(t)
 
@@ -204,6 +228,32 @@ class FastLanes(CopyLanes):
         if u.event is sev:
             u.event = ev
 
+    def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
+        """Queue ``unit``; it starts at once if a lane is free (as
+        :meth:`~moesim.sim.engine.lanes.CopyLanes.submit`, with :meth:`_start` inlined: once
+        per copy)."""
+        seq = self._seq = self._seq + 1
+        if not self.idle:
+            unit.state = self.QUEUED
+            heapq.heappush(self.queue, (0, 0.0, seq, unit, cls) if self.fifo else (cls, -priority, seq, unit, cls))
+            return
+        lane = self.idle.pop()
+        unit.state = self.INFLIGHT   # self._start(unit, cls, lane), inlined
+        nbytes = unit.nbytes
+        dur = self._dur.get(nbytes)
+        if dur is None:
+            dur = self._dur[nbytes] = self.duration(nbytes)
+        clock = self.clock
+        start = clock._now
+        self.inflight_count += 1
+        self.on_start(unit, cls, lane)
+        ev = Ev([LANE])
+        heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
+        clock.q += 1
+        self.current[lane] = (unit, cls, start, dur, ev)   # type: ignore[assignment]  # an Ev for the timeout
+        if unit.event is None:
+            unit.event = ev
+
     def _start(self, u: Any, cls: int, lane: int) -> None:
         """``u``'s transfer starts on ``lane`` now: its landing is scheduled."""
         u.state = self.INFLIGHT
@@ -218,24 +268,6 @@ class FastLanes(CopyLanes):
         ev = Ev([LANE])
         heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
         clock.q += 1
-        self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
+        self.current[lane] = (u, cls, start, dur, ev)   # type: ignore[assignment]  # an Ev for the timeout
         if u.event is None:
             u.event = ev
-
-    def landed(self, lane: int, ev: Ev) -> Any:
-        """The transfer of ``lane`` whose timeout is ``ev`` lands now (as the timeout's callback
-        does); returns its unit (None: it was aborted, the lane has moved on)."""
-        cur = self.current[lane]
-        if cur is None or cast(object, cur[4]) is not ev:
-            return None
-        u, cls, start, dur, _ = cur
-        self.current[lane] = None
-        self.busy_s += dur
-        self.inflight_count -= 1
-        wev = u.event
-        self.on_land(u, cls, lane, start, dur)
-        if wev is not ev and wev is not None and wev.callbacks is not None:
-            wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
-            self.clock.q += 1
-        self._next(lane)
-        return u

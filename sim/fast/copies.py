@@ -152,12 +152,7 @@ class Clock:
     def wait_any(self, units: list[Any]) -> None:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
-        for u in units:   # self._await(units), inlined (once per wait)
-            ev = u.event
-            if ev is None:
-                u.event = Ev([GPU])
-            else:
-                ev.callbacks.append(GPU)
+        self._await(units)
         heap = self.heap
         while True:
             t, v = self.land() if heap else self._next_landing()
@@ -227,32 +222,6 @@ class FastLanes(CopyLanes):
         self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
         if u.event is sev:
             u.event = ev
-
-    def submit(self, unit: Any, cls: int, priority: float = 0.0) -> None:
-        """Queue ``unit``; it starts at once if a lane is free (as
-        :meth:`~moesim.sim.engine.lanes.CopyLanes.submit`, with :meth:`_start` inlined: once
-        per copy)."""
-        seq = self._seq = self._seq + 1
-        if not self.idle:
-            unit.state = self.QUEUED
-            heapq.heappush(self.queue, (0, 0.0, seq, unit, cls) if self.fifo else (cls, -priority, seq, unit, cls))
-            return
-        lane = self.idle.pop()
-        unit.state = self.INFLIGHT   # self._start(unit, cls, lane), inlined
-        nbytes = unit.nbytes
-        dur = self._dur.get(nbytes)
-        if dur is None:
-            dur = self._dur[nbytes] = self.duration(nbytes)
-        clock = self.clock
-        start = clock._now
-        self.inflight_count += 1
-        self.on_start(unit, cls, lane)
-        ev = Ev([LANE])
-        heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
-        clock.q += 1
-        self.current[lane] = (unit, cls, start, dur, ev)   # type: ignore[assignment]  # an Ev for the timeout
-        if unit.event is None:
-            unit.event = ev
 
     def _start(self, u: Any, cls: int, lane: int) -> None:
         """``u``'s transfer starts on ``lane`` now: its landing is scheduled."""

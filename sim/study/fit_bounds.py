@@ -31,6 +31,7 @@ says so (``fitted.yaml``'s ``at_bound`` and ``missing_cost``, the terminal summa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 LINK_KEYS = ("hardware.pcie_gbps", "hardware.pageable_gbps", "hardware.d2h_gbps")
@@ -131,42 +132,55 @@ def _layers(data: dict[str, Any]) -> int | None:
         return None
 
 
+def _least(rows: list[Any], limit_of: Callable[[Any], tuple[float, str] | None]) -> tuple[float, str] | None:
+    """The smallest ``(limit, source)`` that ``limit_of`` gives over ``rows`` (the first of equal
+    ones), or None where it gives none."""
+    best: tuple[float, str] | None = None
+    for row in rows:
+        found = limit_of(row)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    return best
+
+
 def physical_bound(key: str, rows: list[Any]) -> tuple[float, str] | None:
     """The physical upper bound of ``key`` over ``rows`` (the rows the value applies to; only
     their fit rows for a step bound) and its source, or None where physics gives none here."""
     kind = _kind(key)
     if kind == "link":
-        best: tuple[float, str] | None = None
-        for row in rows:
+        def link(row: Any) -> tuple[float, str] | None:
             hw = _hardware(row.data)
-            link = None if hw is None else hw.link_gbps
-            if link is not None and (best is None or link < best[0]):
-                best = (link, f"physics: PCIe {hw.pcie_gen}.0 x{hw.pcie_lanes} of {hw.name} carries at most "
-                              f"{link:g} GB/s per direction (PCI-SIG base specification)")
-        return best
+            limit = None if hw is None else hw.link_gbps
+            if hw is None or limit is None:
+                return None
+            return limit, (f"physics: PCIe {hw.pcie_gen}.0 x{hw.pcie_lanes} of {hw.name} carries at most "
+                           f"{limit:g} GB/s per direction (PCI-SIG base specification)")
+        return _least(rows, link)
     if kind == "rate":
         field, unit = RATE_KEYS[key]
-        best = None
-        for row in rows:
+
+        def rate(row: Any) -> tuple[float, str] | None:
             hw = _hardware(row.data)
-            limit = None if hw is None else float(getattr(hw, field))
-            if hw is not None and limit is not None and (best is None or limit < best[0]):
-                best = (limit, f"physics: {hw.name} reaches at most {limit:g} {unit} "
-                               f"({field}: {hw.source_of(field)})")
-        return best
+            if hw is None:
+                return None
+            limit = float(getattr(hw, field))
+            return limit, f"physics: {hw.name} reaches at most {limit:g} {unit} ({field}: {hw.source_of(field)})"
+        return _least(rows, rate)
     if kind == "host":
         field, unit = HOST_KEYS[key]
-        best = None
-        for row in rows:
+
+        def host(row: Any) -> tuple[float, str] | None:
             hw = _hardware(row.data)
             cpu = None if hw is None else hw.cpu
-            limit = None if cpu is None else getattr(cpu, field)
-            if cpu is not None and limit is not None and (best is None or float(limit) < best[0]):
-                best = (float(limit), f"physics: a socket of host {cpu.name} reaches at most {float(limit):g} {unit} "
-                                      f"({field}: {cpu.sources.get(field, 'no source given')})")
-        return best
+            value = None if cpu is None else getattr(cpu, field)
+            if cpu is None or value is None:
+                return None
+            limit = float(value)
+            return limit, (f"physics: a socket of host {cpu.name} reaches at most {limit:g} {unit} "
+                           f"({field}: {cpu.sources.get(field, 'no source given')})")
+        return _least(rows, host)
     if kind in ("layer", "copy"):
-        best = None
+        best: tuple[float, str] | None = None
         for row in rows:
             if row.role != "fit" or row.reference is not None:
                 continue

@@ -334,7 +334,6 @@ class Stepper:
             pinned.update(keys)
             nbytes = run.part_bytes(layer, 0)
             f0 = fr[0]
-            pool_units = vram.pool_units[pool]
             for i, key in enumerate(keys):
                 c = counts[i]
                 t_exp = exp_cost.get(c)
@@ -346,7 +345,7 @@ class Stepper:
                     u = None
                 if u is None:
                     u = Unit(key, nbytes, pool, True)
-                    units[key] = pool_units[key] = u   # vram.add(u), inlined (once per miss)
+                    vram.add(u)
                     miss_units.append(u)
                     miss_bytes += nbytes
                     status.append(MISS)

@@ -390,14 +390,7 @@ class Transfers(Withdrawals):
             # self._allocate(u, True, Reason.DEMAND), inlined: make_room evicts nothing when it fits
             n = (self.make_room(pool, nbytes, Reason.DEMAND, u.key)[1]
                  if vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes else 0)
-            if vram.capacity[pool] - used[pool] >= nbytes:   # vram.take_room(u, True), inlined: room in its pool
-                used[pool] += nbytes
-                tot = vram.total = vram.total + nbytes
-                if tot > vram.peak:
-                    vram.peak = tot
-                ok = True
-            else:
-                ok = vram.take_room(u, True)
+            ok = vram.take_room(u, True)
             if not ok and self.cancel_queued_pool(pool):
                 ok, n2 = self._allocate(u, True, Reason.DEMAND)
                 n += n2

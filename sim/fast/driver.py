@@ -126,12 +126,8 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
             cpu_done = step.cpu_experts(ls, clock._now) if ls.cpu_exps else 0.0
             if ls.miss_units:
                 tx.waiting.extend(ls.miss_units)
-            if tx.waiting:   # grant(), inlined (once per layer with a miss)
-                granted, delay = grant_waiting()
-                if delay > 0:
-                    advance(clock._now + delay)
-                queue_demand(granted)
-                ls.stall += delay
+            if tx.waiting:
+                ls.stall += grant()
             if has_outcome:
                 step.notify(ls)
             if run.spent_s:
@@ -140,19 +136,9 @@ def _drive(run: RunState[Transfers], clock: Clock) -> None:
             remaining = ls.need
             early = None
             while remaining:
-                if tx.waiting:
-                    if early is None:
-                        early = step.early_of(ls)
-                    ready, remaining, watch = ready_parts(remaining, early)
-                else:   # ready_parts(remaining, None), inlined: every resident part computes now
-                    watch = remaining
-                    ready = []
-                    remaining = []
-                    for x in watch:
-                        if x[2].state == RESIDENT:
-                            ready.append(x)
-                        else:
-                            remaining.append(x)
+                if tx.waiting and early is None:
+                    early = step.early_of(ls)
+                ready, remaining, watch = ready_parts(remaining, early if tx.waiting else None)
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])
                     tc = clock._now

@@ -8,7 +8,8 @@ named field changes.
 Ablations (each a named, sourced field of the hardware, runtime or scenario):
 
 - ``pageable at pinned``: ``hardware.pageable_gbps`` set to the fitted pinned rate
-  (``hardware.pcie_gbps``). accelerate's offload copies are synchronous and pageable (its
+  (``hardware.pcie_gbps``; on ``imp-qwen3-30b-budget``, whose runtime copies from pageable
+  memory, what imp's ``moe.pin_host_experts`` would give). accelerate's offload copies are synchronous and pageable (its
   ``set_module_tensor_to_device`` moves each offloaded tensor with a blocking ``.to(device)``
   from the CPU state dict; nothing is pinned), so only the pageable rate is in question: the
   catalog's figures come from published measurements (``sim/config/catalog/pageable.py``:
@@ -18,9 +19,13 @@ Ablations (each a named, sourced field of the hardware, runtime or scenario):
   (item 2a; an HQQ expert is about nine tensors, each its own blocking ``.to()``): only the
   pageable rows can move.
 - ``miss +273 us``: ``runtime.demand_load_us`` = 273, a per-miss host cost (item 2b) of the size
-  the imp set fits per copy (its ``hardware.pcie_latency_us``).
+  the imp set's fit put on each copy before issue 32's refit (its ``hardware.pcie_latency_us``,
+  272.5 us; the refit prices that path as eager layers and pageable copies instead).
 - ``warm start``: ``cache.initial: popular`` instead of the fits' cold (empty) start (item 2c).
 - ``eager +10%``: ``runtime.layer_us`` +10% (launch-bound eager layers cost more per layer).
+- ``no layer time``: ``runtime.layer_us`` 0 (on ``imp-qwen3-30b-budget``: the eager offload path's
+  per-layer host work of runtime ``imp-offload`` removed, as if its layers replayed CUDA graphs
+  as the resident arm does; imp's docs/PERF.md says graphs are blocked under offload).
 
 A last table is a diagnostic, not a fit (it reads held-out rows, so nothing in it may be
 adopted): the naive accelerate rows with more decoder layers resident than the sets assume (the
@@ -85,6 +90,7 @@ def ablations(values: dict[str, float], hardware: Any) -> dict[str, dict[str, An
         "warm start": {"cache.initial": "popular"}}
     if "runtime.layer_us" in values:
         out["eager +10%"] = {"runtime.layer_us": 1.1 * values["runtime.layer_us"]}
+        out["no layer time"] = {"runtime.layer_us": 0.0}
     return out
 
 
@@ -150,6 +156,61 @@ def resident_diagnostic() -> list[str]:
     return lines
 
 
+def _naive_rows() -> dict[str, dict[str, tuple[float, int, str]]]:
+    """The naive accelerate rows of :data:`NAIVE_SET` by hardware and expert width: measured
+    tokens/s, the resident decoder layers the set assumes, and the model."""
+    from moesim.sim.study.fit_spec import load_measurements
+
+    out: dict[str, dict[str, tuple[float, int, str]]] = {}
+    for row in load_measurements(ROOT / "measurements" / f"{NAIVE_SET}.yaml").rows:
+        if row.set.get("policy") != "accelerate":
+            continue
+        model = str(row.set["model"])
+        given = row.set.get("policy.params", {}).get("resident_layers")
+        # no count given (the A100): the policy's own rule, the budget's whole layers less one streamed
+        resident = int(given) if given is not None else int(float(row.set["cache.experts_per_layer"]) * 32 // 8) - 1
+        out.setdefault(str(row.set["hardware"]), {})[model[-2:]] = (row.measured["tokens_per_s"], resident, model)
+    return out
+
+
+def naive_pairs() -> list[str]:
+    """Markdown rows: for each GPU with a naive row at both expert widths, what the two measured
+    steps say about the bytes streamed, from measured numbers and catalog bytes alone (no run,
+    nothing fitted). A naive step is ``F + S x layer_bytes / R`` (``F``: everything but the
+    stream, the same at both widths up to the experts' compute; ``S`` streamed layers; ``R`` the
+    copy rate), so the step's growth from 2- to 3-bit experts over the growth of the streamed
+    bytes is the rate the copies would need: under the sets' placements (``S`` from accelerate's
+    rule, more layers streamed at 3 bits) and under one placement for both widths (``S`` the same)."""
+    from moesim.sim.config.catalog import get_hardware, get_model
+    from moesim.sim.config.catalog.pageable import PAGEABLE_MEASUREMENTS
+
+    best_pageable = max(m.pageable_gbps for m in PAGEABLE_MEASUREMENTS)
+    lines = ["| hardware | measured 2-bit / 3-bit tok/s | step growth ms | resident 2-bit / 3-bit (sets) "
+             "| streamed growth GB (sets) | rate needed GB/s (sets) | link GB/s | same resident: "
+             "S/R layers per GB/s | same resident: S at the catalog pageable rate |",
+             "| --- " * 9 + "|"]
+    for hardware, by_width in _naive_rows().items():
+        if set(by_width) != {"e2", "e3"}:
+            continue
+        (t2, r2, m2), (t3, r3, m3) = by_width["e2"], by_width["e3"]
+        hw = get_hardware(hardware)
+
+        def layer_gb(name: str) -> float:
+            m = get_model(name)
+            return (m.num_experts * m.expert_bytes + m.non_expert_bytes / m.num_layers) / 1e9
+
+        growth_s = 1 / t3 - 1 / t2
+        streamed = (32 - r3) * layer_gb(m3) - (32 - r2) * layer_gb(m2)
+        need = streamed / growth_s
+        s_over_r = growth_s / (layer_gb(m3) - layer_gb(m2))
+        link = hw.link_gbps
+        lines.append(f"| {hardware} | {t2:g} / {t3:g} | {1000 * growth_s:.0f} | {r2} / {r3} | {streamed:.2f} | "
+                     f"{need:.1f} | {'-' if link is None else f'{link:g}'} | {s_over_r:.2f} | "
+                     f"{s_over_r * hw.pageable_rate_gbps:.1f} of 32 |")
+    lines += ["", f"The best published pageable rate in `sim/config/catalog/pageable.py` is {best_pageable:g} GB/s."]
+    return lines
+
+
 def cpu_table(stem: str) -> list[str]:
     """The Markdown rows of one CPU-expert set: every row (fit and held out, the role shown),
     ratio predicted / measured under each of :data:`CPU_ABLATIONS`."""
@@ -187,7 +248,11 @@ def main() -> None:
         text += [f"## Diagnostic: resident layers of the naive rows ({NAIVE_SET}; held-out rows, not a fit)", "",
                  "Predicted / measured with more decoder layers on the GPU than the sets assume (15 of 32); `-`:",
                  "refused, the layers and one streamed layer exceed the GPU's memory.", "",
-                 *resident_diagnostic(), ""]
+                 *resident_diagnostic(), "",
+                 f"## Diagnostic: the naive rows' two expert widths ({NAIVE_SET}; measured numbers only)", "",
+                 "What the step's growth from 2- to 3-bit experts on one GPU asks of the copies (see",
+                 "`naive_pairs`). The T4's columns ran on two machines (Colab, Azure), so its pair is weaker.", "",
+                 *naive_pairs(), ""]
     text += ["## CPU-side costs (experts on the CPU)", "",
              "Every row of each set (the fit rows too: how far a changed cost moves what the fit matched), at",
              "its fit's values, then with one CPU-side cost changed (see the script's docstring).", ""]

@@ -48,18 +48,26 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "copies (its offloaded share, cpu_offload_gb, is not stated) or in CommitMoE's hits",
         "no (checked: launch cost below)"),
     ("eliseev-mazur-2023-table2", "accelerate"): (
-        "the pageable copy path (rate and per-copy host cost of accelerate's blocking .to(device))",
-        "cost_ablations.md: with pageable_gbps at the pinned rate the A100/3080/T4 rows come to 1.03-1.12x "
-        "(from 0.43-0.74x); the 3060 stays at 0.54x. Issue 32's pageable-copy item (helper costs-offload), "
-        "not a CPU-expert cost",
-        "no (costs-offload's fields)"),
-    ("fiddler-repo-baselines", "lru"): (
-        "the run's setup first (how many experts Mixtral-Offloading kept on the GPU), then a copy-path cost",
-        "the set's own notes: the RTX 6000 Ada run's offload_per_layer is 7 or 5 in the repository's history "
-        "(1 or 3 experts a layer on the GPU); the row takes 7 and predicts 0.61 against 0.98 tok/s, while 3 "
-        "experts a layer predict 0.917 at the catalog defaults (0.94x). The L4 and A6000 rows of the same "
-        "system are within 1.2x. No CPU expert runs in this set",
+        "the naive runs' device_map (not stated in the paper), not a copy cost",
+        "cost_ablations.md, 'the naive rows' two expert widths' (measured numbers and catalog bytes only): on "
+        "one GPU the step grows from 2- to 3-bit experts by 84 ms (A100), 150 ms (3080 Mobile) and 211 ms (T4); "
+        "under the sets' placements (accelerate's rule by bytes keeps fewer layers at 3 bits; 15 on the A100) "
+        "that growth streams 2.2-4.7 GB more, 22-26 GB/s, beyond every published pageable rate (at most 10 "
+        "GB/s) and, on the T4, its PCIe 3.0 link. With the same layers resident at both widths the pairs ask "
+        "for 6.6 (A100), 8.8 (3080) and 10.3 (T4) streamed layers of 32 at the catalog's pageable rates: about "
+        "the 2-bit placements of accelerate's rule on the 16 GB GPUs (24, 23 resident), and on the A100 a cap "
+        "like theirs. accelerate's copies are pageable and blocking as modelled (set_module_tensor_to_device: "
+        "value.to(device) from the CPU state dict, then torch.cuda.empty_cache() per tensor in the versions of "
+        "late 2023): a per-copy host cost only slows these rows further; the pageable rate at the pinned one "
+        "over-predicts the 3080 and T4 2-bit rows (1.6x). The placement is a held-out row's reading, so no "
+        "set adopts it",
         "no"),
+    ("fiddler-repo-baselines", "lru"): (
+        "the run's setup (how many experts Mixtral-Offloading kept on the GPU): settled by physics",
+        "the set's notes: the same decode file's batch-16 line (not a row) is 4.614 s a step; with 1 expert a "
+        "layer on the GPU its swaps would move 155 GB a step, 33.7 GB/s, beyond the RTX 6000 Ada's PCIe 4.0 "
+        "x16 (31.5 GB/s); with 3 a layer, 23.9 GB/s. The rows now take 3 (as the A6000 rows)",
+        "yes (the setup, not a cost)"),
     ("fmoe-end-to-end", "fmoe"): (
         "none of the runtime's costs: fMoE's expert-map hits on synthetic routing",
         "fMoE's hit rate in the rerun is 0.41 against Mixtral-Offloading's 0.84 and ProMoE's 0.48 (the paper "
@@ -67,11 +75,13 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "undefined, counted as a miss). Runtime none in this set: no per-layer cost is charged to any system",
         "no"),
     ("imp-qwen3-30b-budget", "lru"): (
-        "a per-miss host cost of the imp engine's expert cache (lookup, allocation, event)",
-        "the LRU row at a budget the fit never saw is 1.67x optimistic; the fit rows (all resident, staging "
-        "buffer only) hold no misses, so nothing there prices a miss beyond its copy (costs-offload's per-miss "
-        "field)",
-        "no (costs-offload's fields)"),
+        "imp's eager offload path (per layer) and its pageable copies, not a per-miss cost",
+        "the cache rows' steps are about 14.5 ms + 0.33 ms per expert missed: a cost that stays when the "
+        "misses go, which a per-copy latency (the earlier fit's 272 us) cannot give. imp's docs/PERF.md "
+        "('MoE host offload'): CUDA graphs are blocked under offload (routing read on the host), 'the path is "
+        "host-bound, launch count is the currency', and host experts are not page-locked by default (WSL2 "
+        "mmap; driver-staged copies): runtime imp-offload (host_memory pageable, layer_us fitted)",
+        "yes (runtime imp-offload: host_memory, layer_us)"),
     ("moepic-mixtral", "moepic"): (
         "unresolved: the segment pipeline, not a CPU-side cost",
         "MoEpic's TPOT is 1.57x slow (row 4) while its ablation TTFT row is 0.65x fast (row 11): opposite "

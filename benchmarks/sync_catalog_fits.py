@@ -52,6 +52,10 @@ FITTED: list[Fitted] = [
            keep="; with cache"),
     Fitted("runtime", "activeevict-testbed-llama", "layer_us", "activeevict-table3-llama", "runtime.layer_us",
            keep="; with cache"),
+    Fitted("runtime", "imp-offload", "layer_us", "imp-qwen3-30b-budget", "runtime.layer_us", group="imp-offload",
+           keep="; host_memory: ", rows_are="the resident and staging-only arms and the default budget"),
+    Fitted("hardware", "rtx-5090-imp", "pageable_gbps", "imp-qwen3-30b-budget", "hardware.pageable_gbps",
+           rows_are="the resident and staging-only arms and the default budget"),
     Fitted("hosts", "xeon-gold-6454s", "mem_gbps", "ktransformers-deepseek-v3", "hardware.cpu.mem_gbps"),
     Fitted("hosts", "xeon-gold-6454s", "tflops", "ktransformers-deepseek-v3", "hardware.cpu.tflops"),
     Fitted("hosts", "xeon-gold-6454s-2s", "mem_gbps", "ktransformers-deepseek-v3", "hardware.cpu.mem_gbps"),
@@ -67,7 +71,7 @@ FITTED: list[Fitted] = [
 ]
 """Every fitted catalog field and where it comes from."""
 
-DIGITS = {"layer_us": 0, "cpu_switch_us": 0, "costs.layer_us": 0, "pcie_gbps": 2, "kv_read_gbps": 1, "attention_tflops": 1,
+DIGITS = {"layer_us": 0, "cpu_switch_us": 0, "costs.layer_us": 0, "pcie_gbps": 2, "pageable_gbps": 2, "kv_read_gbps": 1, "attention_tflops": 1,
           "mem_gbps": 1, "tflops": 2}
 """Decimals each field is written with (microseconds whole; copy GB/s to 10 MB/s; attention's rates and a host's
 read rate to 0.1; a host's TFLOP/s to 0.01)."""

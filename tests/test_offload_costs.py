@@ -45,3 +45,21 @@ def test_cache_start_is_stated() -> None:
     for initial, start in (("empty", "cold"), ("random", "warm")):
         _, m = run_engine(tr, make_policy("lru"), tiny_model(1, 4, 1), tiny_hw(), budget_experts=2, initial=initial)
         assert m["cache_start"] == start
+
+
+def test_a_runtime_that_does_not_pin_makes_every_policy_copy_pageable() -> None:
+    # lru, one layer, 2 experts of room: three misses, then a hit. Pinned: 100 (layer) + 1000
+    # (3 MB at 3 GB/s) + 50 (expert) a step; runtime.host_memory pageable: the copy at the
+    # pageable rule's 1.5 GB/s (2000 us), plus pageable_copy_us where set; "pinned" or None:
+    # the policy's choice, as before
+    tr = make_trace([[[0]], [[1]], [[2]], [[0]]], num_experts=4)
+
+    def run(rt: RuntimeSpec | None) -> list[int]:
+        eng, _ = run_engine(tr, make_policy("lru"), tiny_model(1, 4, 1), tiny_hw(), budget_experts=2, runtime=rt)
+        assert eng.state.path != "event", eng.state.path_reason   # declared to the fast replays
+        return [round(s.t_end / US) for s in steps(eng)]
+
+    assert run(None) == [1150, 2300, 3450, 4600]
+    assert run(RuntimeSpec(name="t", host_memory="pinned", pageable_copy_us=500.0)) == [1150, 2300, 3450, 4600]
+    assert run(RuntimeSpec(name="t", host_memory="pageable")) == [2150, 4300, 6450, 8600]
+    assert run(RuntimeSpec(name="t", host_memory="pageable", pageable_copy_us=500.0)) == [2650, 5300, 7950, 10600]

@@ -267,7 +267,9 @@ def _print_runtime_section(path: str) -> None:
         return   # a hardware-only file
     t = Table("runtime field", "value (us)", title=f"runtime {rt.name}")
     for field, value in rt.model_dump(exclude={"name", "source"}).items():
-        t.add_row(field, f"{value:g}")
+        if value is None:
+            continue   # host_memory unset: the policy decides
+        t.add_row(field, value if isinstance(value, str) else f"{value:g}")   # a str: host_memory, a Literal
     _console().print(t)
     _console().print(f"source: {rt.source or 'no source stated'}")
 

@@ -19,7 +19,7 @@ from moesim.sim.config.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 US = 1e-6
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
                          prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
-                         pageable_copy_us=0.0,
+                         pageable_copy_us=0.0, host_memory=None,
                          source="no overhead")
 
 

@@ -69,8 +69,9 @@ class Engine:
         # takes a run only if it declares each one (moesim.sim.fast.refusal)
         options = {k: v for k, v in locals().items() if k not in ("self", "workload", "policy", "cost", "budget_bytes",
                                                                   "fast_replay")}
-        if policy.host_memory != cost.host_memory:   # a runtime that does not pin its host copies
-            cost = dataclasses.replace(cost, host_memory=policy.host_memory)
+        memory = cost.runtime.host_memory or policy.host_memory   # the runtime's choice, else the policy's
+        if memory != cost.host_memory:   # a runtime or policy that does not pin its host copies
+            cost = dataclasses.replace(cost, host_memory=memory)
         if policy.scope not in ("layer", "global"):
             raise PolicyError(f"policy {policy.name!r} has unknown scope {policy.scope!r}")
         env = self.env = simpy.Environment()

@@ -91,10 +91,12 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     # pageable_copy_us: read only by CostModel.transfer_s, which every replay calls for its copies
     # launch_us, layer_kernels, cuda_graphs: read only by CostModel.overhead_layer_s, through
     # Stepper.non_moe_s, which every replay calls
+    # host_memory: read only by the event loop, which sets the cost model's host_memory from it before any
+    # replay starts; every replay's copies go through CostModel.transfer_s, which reads that
     # cpu_switch_us: paid only by Stepper.cpu_experts, for a layer with CPU experts; no fast replay
     # runs CPU experts (path.py and the kernels refuse such plans), so none has it to reproduce
     "runtime": frozenset({"cpu_switch_us", "cuda_graphs", "demand_load_us", "iteration_us", "launch_us",
-                          "layer_kernels", "layer_us", "name", "pageable_copy_us", "prefetch_issue_us", "source",
+                          "host_memory", "layer_kernels", "layer_us", "name", "pageable_copy_us", "prefetch_issue_us", "source",
                           "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""

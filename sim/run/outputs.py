@@ -172,7 +172,8 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     """``hf-eager: 350 us/layer (35 launches x 10 us), 1000 us/iteration, 0 us/token, 52 us per
     CPU-expert layer``, or, for a runtime with no time at all, that the run models no framework
     overhead (kernels back to back). The per-layer figure includes an eager layer's launches
-    (not under ``cuda_graphs``); the hand-off to CPU experts is shown when there is one."""
+    (not under ``cuda_graphs``); the hand-off to CPU experts is shown when there is one, and a
+    runtime that copies from pageable host memory says so."""
     name = runtime.get("name", "?")
     launches = 0 if runtime.get("cuda_graphs") else int(runtime.get("layer_kernels") or 0)
     launch_us = launches * float(runtime.get("launch_us") or 0)
@@ -184,6 +185,8 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     text = f"{name}: {layer}, {runtime.get('iteration_us', 0):g} us/iteration, {runtime.get('token_us', 0):g} us/token"
     if runtime.get("cpu_switch_us"):
         text += f", {runtime['cpu_switch_us']:g} us per CPU-expert layer"
+    if runtime.get("host_memory") == "pageable":
+        text += ", copies from pageable host memory"
     return text
 
 

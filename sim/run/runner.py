@@ -170,7 +170,7 @@ class PreparedRun:
         config["resolved"] = {
             "model": model.model_dump(mode="json"),
             "hardware": self.hardware.model_dump(mode="json", exclude_none=True),
-            "runtime": self.runtime.model_dump(mode="json"),
+            "runtime": self.runtime.model_dump(mode="json", exclude_none=True),   # host_memory only when set
             "policy": {"name": policy.name, "params": policy.get_params(), "bound": policy.oracle},
             "expert_bytes": model.expert_bytes,
             "budget_bytes": self.budget,

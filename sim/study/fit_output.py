@@ -85,7 +85,7 @@ def _sections(result: FitResult, fit: FitProvenance) -> dict[str, dict[str, Any]
         loaded = load_scenario_data(data, source=f"{ms.source} {row.where}", base_dir=ms.base_dir,
                                     fixed=(*row.set, *keys))
         specs["hardware"].append(loaded.hardware_spec().model_dump(mode="json", exclude_none=True))
-        specs["runtime"].append(loaded.runtime_spec().model_dump(mode="json"))
+        specs["runtime"].append(loaded.runtime_spec().model_dump(mode="json", exclude_none=True))
     line = summary_line(fit)
     out: dict[str, dict[str, Any]] = {}
     for section, dumps in specs.items():

@@ -189,6 +189,11 @@ class RuntimeSpec(BaseModel):
     demand_load_us: float = Field(0.0, ge=0, description="host-side cost of each demand load on the critical path, beyond the copy (issuing it, blocking on it, resuming the layer); paid before the load is queued")
     prefetch_issue_us: float = Field(0.0, ge=0, description="host-side cost of issuing each prefetch on the critical path, beyond the copy (the bookkeeping, handing the copy to its stream or thread, the interference of its landing); paid on the GPU stream at the next hook boundary while the copy starts at once")
     pageable_copy_us: float = Field(0.0, ge=0, description="host-side cost of each synchronous copy from pageable memory, beyond its bytes (the framework's per-tensor `.to(device)` calls, the driver's staging set-up, the blocking wait), for policies whose copies come from pageable memory (accelerate); it holds the copy lane, which the GPU waits for: see moesim.sim.engine.cost")
+    host_memory: Literal["pinned", "pageable"] | None = Field(
+        None, description="where the runtime keeps host-resident experts when the runtime, not the policy, "
+        "decides it: 'pageable' for one that copies from memory it has not page-locked (an mmap of the weights "
+        "file, a CPU state dict), so every expert copy is a driver-staged copy at the hardware's pageable rate "
+        "plus pageable_copy_us; None: the policy's choice (pinned for every policy but accelerate's)")
     cpu_switch_us: float = Field(0.0, ge=0, description="hand-off between the GPU and the host CPU, once per MoE layer that computes experts on the CPU (sync the GPU stream, copy the layer's activations to the host and the CPU experts' output back, wake the CPU threads); paid on the CPU experts' lane before they start, so the layer waits for it")
     launch_us: float = Field(0.0, ge=0, description="host time to launch one kernel outside a captured graph (the framework's dispatch and the driver's launch)")
     layer_kernels: NonNegativeInt = Field(0, description="kernels one MoE layer launches outside its experts in eager mode; with launch_us, a per-layer launch cost of layer_kernels x launch_us, unless cuda_graphs")

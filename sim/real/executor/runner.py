@@ -320,6 +320,9 @@ class Executor:
         if policy.host_memory != "pinned":
             raise ExecutorError(f"policy {policy.name!r} copies from {policy.host_memory} host memory; the "
                                 "executor copies from pinned memory only")
+        if s.cost.runtime.host_memory not in (None, "pinned"):
+            raise ExecutorError(f"runtime {s.cost.runtime.name!r} copies from {s.cost.runtime.host_memory} host "
+                                "memory; the executor copies from pinned memory only")
         s.ctx.replayed_frequency = replayed_frequency(s.workload, s.trace, s.L, s.E)
         policy.setup(s.ctx)
         for layer in range(s.L):

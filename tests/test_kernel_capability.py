@@ -33,7 +33,7 @@ from moesim.policies.parts.prefetchers import NextLayerPrefetcher
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
-from moesim.sim.fast.capability import next_layer_parts, rule_kernel
+from moesim.sim.fast.capability import next_layer_parts, sole_rule
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from tests.util import random_trace, tiny_hw, tiny_model
@@ -119,6 +119,12 @@ def _run(policy: Policy, *, fast: bool, budget: int = 6) -> tuple[Engine, dict[s
                  budget_bytes=budget * model.expert_bytes, fast_replay=FAST_PATH if fast else None)
     eng.run()
     return eng, compute_metrics(eng.state)
+
+
+def rule_kernel(policy: Policy) -> str | None:
+    """The kernel that ``policy``'s sole cache rule declares, or None."""
+    rule = sole_rule(policy)
+    return None if rule is None else rule.kernel
 
 
 def test_a_declaration_holds_only_for_the_class_that_makes_it() -> None:

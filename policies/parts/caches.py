@@ -330,15 +330,19 @@ class StaticCache(CacheRule):
         for key in sorted(self.static):
             view.prefetch(*key, priority=-1.0)
 
+    def static_experts(self, num_layers: int) -> list[set[int]]:
+        """Each layer's static experts (after ``setup``)."""
+        sets: list[set[int]] = [set() for _ in range(num_layers)]
+        for layer, e, _p in self.static:
+            sets[layer].add(e)
+        return sets
+
     def new_decider(self, start: PoolStart) -> Decider | None:
         """FIFO beside the static set, which the kernel takes only when it is resident at the
         start (:mod:`moesim.sim.fast.static`)."""
         if self.decider is not StaticDecider:
             return super().new_decider(start)
-        fixed: list[set[int]] = [set() for _ in start.slots]
-        for layer, e, _p in self.static:
-            fixed[layer].add(e)
-        return StaticDecider(start, fixed)
+        return StaticDecider(start, self.static_experts(len(start.slots)))
 
     def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:

@@ -33,13 +33,6 @@ def sole_rule(policy: Policy) -> CacheRule | None:
     return None
 
 
-def rule_kernel(policy: Policy) -> str | None:
-    """The kernel that ``policy``'s sole cache rule declares (its decider's name: ``lru``,
-    ``fifo``, ``lfu``, ``random``, ``belady``, ``static`` for the shipped rules), or None."""
-    rule = sole_rule(policy)
-    return None if rule is None else rule.kernel
-
-
 def next_layer_parts(policy: Policy) -> tuple[RecencyCache, NextLayerPrefetcher] | None:
     """The LRU rule and the next-layer prefetcher that are all of ``policy``, when the
     prefetch kernel stands in for them (whatever their predictor: see :func:`predictor_source`),

@@ -6,17 +6,17 @@ candidate lists or unit objects, in two passes over blocks of iterations.
    each step hit, which miss, how many residents each step evicts. A demand-only run never
    crosses layers, so most rules decide a layer at a time in a tight loop.
 2. Timing: the steps in the event loop's order, with the same floating-point operations in the
-   same order as :mod:`moesim.sim.fast.path` (whose layer timing, :mod:`moesim.sim.fast.loads`,
-   this module shares). A one-token step's experts all cost the same and its loads all take the
-   same time, so its layer needs only its hit and miss counts (:func:`uniform_loads`); a step of
-   several tokens builds its layer as the generic replay does.
+   same order as the event loop. Every load is a whole expert and takes the same time, so a
+   layer's timing needs only its hits' and misses' costs
+   (:func:`~moesim.sim.fast.loads.compute_while_loading`); a one-token step's experts all cost
+   the same, so only their counts (one miss, the common case, inline here).
 
 The kernel keeps its own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for a
 policy that is one cache rule declaring a decider (``static`` only started with its static set
 resident, :mod:`moesim.sim.fast.static`), alone or in a composition that adds no hook
 (:mod:`moesim.sim.fast.capability`), on runs that the fast path accepts and that do not check
 the VRAM invariant.
-``tests/test_fastpath.py`` checks them against the event loop.
+``tests/test_fastpath.py`` checks it against the event loop.
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
 from moesim.policies.parts.deciders.base import NO_MISS, Decider, PoolStart
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.step import Stepper
-from moesim.sim.engine.vram import Unit
 from moesim.sim.fast.capability import sole_rule
-from moesim.sim.fast.loads import compute_with_loads, one_lane_loads, uniform_loads
+from moesim.sim.fast.loads import compute_while_loading, one_lane_loads
 from moesim.sim.fast.refusal import kernel_refusal
 
 if TYPE_CHECKING:
@@ -52,15 +50,6 @@ def ordered_kind(state: RunState[Transfers]) -> str | None:
         return None
     rule = sole_rule(state.policy)
     return None if rule is None or rule.decider is None else rule.decider.name
-
-
-class _Resident:
-    """A stand-in for a resident unit in a several-token layer's timing (only its state is read)."""
-
-    __slots__ = ("state",)
-
-    def __init__(self) -> None:
-        self.state = RESIDENT
 
 
 class _Block:
@@ -144,8 +133,7 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
     decider = _decider(state, clean)
     evict_s = cost.hardware.evict_us * 1e-6
     step = Stepper(state)   # the iterations' start, non-MoE and tail costs, as every replay has them
-    transfer_s = cost.transfer_s
-    d = transfer_s(eb)
+    d = cost.transfer_s(eb)
     e1 = cost.expert_s(1)
     # sums[c]: c one-token experts, summed as the event loop sums a batch of ready experts
     width = max(K, max(slots_ for slots_ in (c // eb for c in state.vram.capacity))) + 1
@@ -153,15 +141,13 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
     delays = [0.0]   # delays[n]: n evictions' cost, added one at a time
     for _ in range(width):
         delays.append(delays[-1] + evict_s)
-    resident = _Resident()
     one_lane = n_lanes == 1
     exp_cost: dict[int, float] = {}
-    dur_of: dict[int, float] = {}
     now = 0.0
     gpu = st.gpu_busy_s
     ovh = st.overhead_s
     stall_sum = st.stall_s
-    loads = 0              # one-token steps' demand loads (their copy time is added at the end)
+    loads = 0              # demand loads (their copy time is added at the end)
     refetch = 0
     for block in _blocks(iters, L):
         b = _Block(experts, block, L, K, clean)
@@ -210,7 +196,7 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
                         elif one_lane:
                             now, stall, gpu = one_lane_loads(now, stall, gpu, h, m, d, sums)
                         else:
-                            now, stall, gpu = uniform_loads(now, stall, gpu, h, m, n_lanes, d, sums)
+                            now, stall, gpu = compute_while_loading(now, stall, gpu, h, m, n_lanes, d, sums)
                         loads += m
                         stall_sum += stall
                         a_stall(stall)
@@ -230,31 +216,25 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
                     gpu += layer_s
                     ovh += over_s
                     missing = set(miss)
-                    need: list[tuple[int, float, Any]] = []
-                    units: list[Any] = []
+                    hit_c: list[float] = []    # the experts' costs, access order
+                    miss_c: list[float] = []
                     for i, e in enumerate(exps):
                         c = counts[i]
                         t_exp = exp_cost.get(c)
                         if t_exp is None:
                             t_exp = exp_cost[c] = cost.expert_s(c)
-                        if e in missing:
-                            u = Unit((layer, e, 0), eb, layer, True)
-                            u.state = INFLIGHT if len(units) < n_lanes else QUEUED
-                            units.append(u)
-                            need.append((i, t_exp, u))
-                        else:
-                            need.append((i, t_exp, resident))
-                    stall = 0.0
-                    if units:
-                        delay = delays[evictions[k]]
-                        if delay > 0:
-                            now = now + delay
-                        stall += delay
-                        st.gpu_busy_s = gpu
-                        now, stall = compute_with_loads(st, need, units, n_lanes, now, stall, transfer_s, dur_of)
-                        gpu = st.gpu_busy_s
+                        (miss_c if e in missing else hit_c).append(t_exp)
+                    if miss_c:
+                        stall = delays[evictions[k]]
+                        if stall > 0:
+                            now = now + stall
+                        m = len(miss_c)
+                        now, stall, gpu = compute_while_loading(now, stall, gpu, len(hit_c), m, n_lanes, d, sums,
+                                                                sum(hit_c), miss_c)
+                        loads += m
                     else:
-                        dt = sum([x[1] for x in need])
+                        stall = 0.0
+                        dt = sum(hit_c)
                         now = now + dt
                         gpu += dt
                     stall_sum += stall

@@ -1,4 +1,4 @@
-"""The Random kernel's bounded draws (sim/fast/draws.py) against numpy's ``Generator.integers``:
+"""The Random rule's decider's bounded draws (policies/parts/deciders/draws.py) against numpy's ``Generator.integers``:
 the same values and the same generator state after, whatever the bounds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from moesim.sim.fast.draws import Draws, exact_draws
+from moesim.policies.parts.deciders.draws import Draws, exact_draws
 
 
 @settings(max_examples=200, deadline=None)

@@ -6,22 +6,34 @@ public accessors."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from moesim.policies.baselines.pregated import PreGatePrefetcher
 from moesim.policies.baselines.speculative import MixtralOffloading
-from moesim.policies.contract.base import Outcome, Policy, View
+from moesim.policies.contract.base import (
+    EvictionRequest,
+    Outcome,
+    Policy,
+    ReadView,
+    UnitKey,
+    VictimChoice,
+    View,
+)
 from moesim.policies.contract.registry import make_policy
-from moesim.policies.parts.caches import LFUCache, LRUCache, RandomCache, StaticCache
+from moesim.policies.parts.caches import LFUCache, LRUCache, RandomCache, RecencyCache, StaticCache
 from moesim.policies.parts.compose import Composed
+from moesim.policies.parts.deciders.base import LayerDecider
+from moesim.policies.parts.deciders.lru import LruDecider
 from moesim.policies.parts.predictors import AutoPredictor, OraclePredictor, TrainedPredictor
 from moesim.policies.parts.prefetchers import NextLayerPrefetcher
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
-from moesim.sim.fast.capability import next_layer_parts, rule_kernel
+from moesim.sim.fast.capability import next_layer_parts, sole_rule
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from tests.util import random_trace, tiny_hw, tiny_model
@@ -32,9 +44,9 @@ class _MyLRU(LRUCache):
 
 
 class _DeclaredLRU(LRUCache):
-    """A subclass that declares the kernel anew."""
+    """A subclass that declares the decider anew."""
 
-    kernel = "lru"
+    decider = LruDecider
 
 
 class _OracleNextLayer(Composed):
@@ -56,6 +68,49 @@ class _Hooked(MixtralOffloading):
         super().after_layer(view, layer, outcome)
 
 
+class _MruDecider(LayerDecider):
+    """Most recently used, as a decider: a step's victims are the residents outside the step
+    used most recently (its accesses then go last)."""
+
+    name = "test-mru"
+
+    def plan_layer(self, layer: int, seq: list[list[int]], idxs: list[int], misses: list[Any],
+                   evictions: list[int]) -> int:
+        pool, cap, evicted = self.pools[layer], self.slots[layer], self.evicted[layer]
+        refetch = 0
+        for s, exps in enumerate(seq):
+            k = s * self.L + layer
+            miss = [e for e in exps if e not in pool]
+            if miss:
+                idx = idxs[s]
+                refetch += sum(1 for e in miss if evicted.get(e, -2) >= idx - 1)
+                over = len(pool) + len(miss) - cap
+                if over > 0:
+                    for v in [v for v in reversed(pool) if v not in exps][:over]:
+                        del pool[v]
+                        evicted[v] = idx
+                    evictions[k] = over
+                misses[k] = miss
+            for e in exps:
+                pool[e] = None
+                pool.move_to_end(e)
+        return refetch
+
+
+class _MRU(RecencyCache):
+    """A cache rule the simulator does not ship, bringing its own decider."""
+
+    name = "test-mru"
+    decider = _MruDecider
+
+    def demand_only(self) -> bool:
+        return True
+
+    def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
+               ) -> VictimChoice:
+        return max(candidates, key=self.last_used)
+
+
 def _run(policy: Policy, *, fast: bool, budget: int = 6) -> tuple[Engine, dict[str, Any]]:
     tr = random_trace(5, layers=3, experts=8, top_k=2, requests=2, prompt=0, decode=12)
     m = tr.model
@@ -64,6 +119,12 @@ def _run(policy: Policy, *, fast: bool, budget: int = 6) -> tuple[Engine, dict[s
                  budget_bytes=budget * model.expert_bytes, fast_replay=FAST_PATH if fast else None)
     eng.run()
     return eng, compute_metrics(eng.state)
+
+
+def rule_kernel(policy: Policy) -> str | None:
+    """The kernel that ``policy``'s sole cache rule declares, or None."""
+    rule = sole_rule(policy)
+    return None if rule is None else rule.kernel
 
 
 def test_a_declaration_holds_only_for_the_class_that_makes_it() -> None:
@@ -111,6 +172,27 @@ def test_an_undeclared_rule_takes_the_generic_replay() -> None:
     assert eng.state.path == "fast"   # demand-only, replayed through its hooks: no cache kernel
     eng, _ = _run(_DeclaredLRU(), fast=True)
     assert eng.state.path == "fast (lru kernel)"
+
+
+def test_a_rule_brings_its_own_decider_and_the_kernel_replays_it_exactly() -> None:
+    """A cache rule outside the simulator declares a decider: the cache kernel replays it
+    (no edit of sim/fast), with the event loop's exact metrics and step records."""
+    assert _MRU.kernel == "test-mru"
+    slow, ms = _run(_MRU(), fast=False, budget=9)
+    fast, mf = _run(_MRU(), fast=True, budget=9)
+    assert fast.state.path == "fast (test-mru kernel)", fast.state.path_reason
+    for m in (ms, mf):
+        m.pop("engine_path")
+        m.pop("engine_path_reason")
+    assert mf == ms and mf["evictions"] > 0
+    cs, cf = slow.state.steps.columns(), fast.state.steps.columns()
+    for name in cs:
+        np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+
+
+def test_a_cache_rule_declares_a_decider_not_a_kernel_name() -> None:
+    with pytest.raises(TypeError, match="declares its decider"):
+        type("_Named", (LRUCache,), {"kernel": "lru"})
 
 
 def test_public_accessors_of_the_parts() -> None:

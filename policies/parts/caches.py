@@ -12,6 +12,7 @@ highest probability first): the order a sequential cache simulator would see the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -26,17 +27,45 @@ from moesim.policies.contract.base import (
     VictimChoice,
     View,
 )
+from moesim.policies.parts.deciders.base import Decider, PoolStart
+from moesim.policies.parts.deciders.belady import BeladyDecider
+from moesim.policies.parts.deciders.fifo import FifoDecider, StaticDecider
+from moesim.policies.parts.deciders.lfu import LfuDecider
+from moesim.policies.parts.deciders.lru import LruDecider
+from moesim.policies.parts.deciders.random import RandomDecider
 from moesim.policies.parts.kernel import DeclaresKernel
 from moesim.policies.parts.lcp_priority import CachePriority
 
 
 class CacheRule(Policy, DeclaresKernel):
-    """Base of the cache rules: victims among the request's candidates minus ``protected``. A
-    rule that a kernel of the fast path reproduces names it as ``kernel``
-    (:mod:`moesim.policies.parts.kernel`)."""
+    """Base of the cache rules: victims among the request's candidates minus ``protected``.
+
+    A rule whose decisions on a demand-only run a vectorised decision function reproduces
+    declares it as its ``decider`` (:mod:`moesim.policies.parts.deciders`); the fast path's cache
+    kernel then replays the rule with it, and the rule's ``kernel``
+    (:mod:`moesim.policies.parts.kernel`) is the decider's name. As ``kernel``, a declaration
+    holds only for the class that makes it."""
+
+    decider: ClassVar[type[Decider] | None] = None
+    """The decider that reproduces this class exactly on a demand-only run (None: none does)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        if "kernel" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: a cache rule declares its decider, whose name is its kernel")
+        super().__init_subclass__(**kwargs)
+        if "decider" not in cls.__dict__:
+            cls.decider = None
+        cls.kernel = None if cls.decider is None else cls.decider.name
 
     def __init__(self) -> None:
         self.protected: frozenset[UnitKey] = frozenset()
+
+    def new_decider(self, start: PoolStart) -> Decider | None:
+        """This rule's decider for a run whose pools start at ``start``, or None when the class
+        declares none. A decider that needs the rule's state (a random stream, a pinned set)
+        is built by the rule's override."""
+        cls = self.decider
+        return None if cls is None else cls(start)
 
     def read_columns(self) -> frozenset[str]:
         """Cache rules read only the routing (``experts``)."""
@@ -152,7 +181,7 @@ class RecencyCache(CacheRule):
 class LRUCache(RecencyCache):
     """Least recently used."""
 
-    kernel = "lru"
+    decider = LruDecider
 
     def demand_only(self) -> bool:
         """Loads only on demand."""
@@ -175,7 +204,7 @@ class LFUCache(RecencyCache):
     """Least frequently used, counting accesses since insertion; ties to the unit whose count
     changed least recently (libCacheSim's LFU)."""
 
-    kernel = "lfu"
+    decider = LfuDecider
 
     def demand_only(self) -> bool:
         """Loads only on demand."""
@@ -196,7 +225,7 @@ class LFUCache(RecencyCache):
 class FIFOCache(RecencyCache):
     """First in, first out: hits do not refresh the order."""
 
-    kernel = "fifo"
+    decider = FifoDecider
 
     def demand_only(self) -> bool:
         """Loads only on demand."""
@@ -212,7 +241,7 @@ class FIFOCache(RecencyCache):
 class RandomCache(RecencyCache):
     """A uniformly random victim (from the run's policy random stream)."""
 
-    kernel = "random"
+    decider = RandomDecider
 
     def demand_only(self) -> bool:
         """Loads only on demand."""
@@ -232,6 +261,10 @@ class RandomCache(RecencyCache):
     def rng(self) -> np.random.Generator:
         """The stream victims are drawn from (the run's policy stream, after ``setup``)."""
         return self._rng
+
+    def new_decider(self, start: PoolStart) -> Decider | None:
+        """The decider draws from the rule's own stream."""
+        return RandomDecider(start, self._rng) if self.decider is RandomDecider else super().new_decider(start)
 
     def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
@@ -258,7 +291,7 @@ class StaticCache(CacheRule):
     into the room left, ``staging_experts`` (default ``top_k``, 0 when the transfer buffer holds
     ``top_k``), and are the only victims."""
 
-    kernel = "static"
+    decider = StaticDecider
 
     def __init__(self, staging_experts: int | None = None) -> None:
         super().__init__()
@@ -297,6 +330,20 @@ class StaticCache(CacheRule):
         for key in sorted(self.static):
             view.prefetch(*key, priority=-1.0)
 
+    def static_experts(self, num_layers: int) -> list[set[int]]:
+        """Each layer's static experts (after ``setup``)."""
+        sets: list[set[int]] = [set() for _ in range(num_layers)]
+        for layer, e, _p in self.static:
+            sets[layer].add(e)
+        return sets
+
+    def new_decider(self, start: PoolStart) -> Decider | None:
+        """FIFO beside the static set, which the kernel takes only when it is resident at the
+        start (:mod:`moesim.sim.fast.static`)."""
+        if self.decider is not StaticDecider:
+            return super().new_decider(start)
+        return StaticDecider(start, self.static_experts(len(start.slots)))
+
     def victim(self, view: ReadView, request: EvictionRequest, candidates: Sequence[UnitKey]
                ) -> VictimChoice:
         """The first candidate outside the static set, else none."""
@@ -310,7 +357,7 @@ class BeladyCache(CacheRule):
     """Belady's MIN: evict the unit whose next use lies farthest in the future (ties: the lowest
     key). Reads the recorded routing of later steps through ``ctx.future``: an oracle."""
 
-    kernel = "belady"
+    decider = BeladyDecider
 
     def demand_only(self) -> bool:
         """Loads only on demand."""

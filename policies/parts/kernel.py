@@ -3,9 +3,10 @@
 kernel by these names (and reads the parts' state through their public accessors), never by a
 part's class.
 
-A name holds only for the class that declares it in its own body: every subclass starts again
-from None, since it may change any hook, and declares the name anew only if the kernel still
-reproduces it.
+A cache rule's name is that of the decider it declares (:mod:`moesim.policies.parts.deciders`,
+:class:`~moesim.policies.parts.caches.CacheRule`). A name holds only for the class that
+declares it in its own body: every subclass starts again from None, since it may change any
+hook, and declares the name anew only if the kernel still reproduces it.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 chosen by the names the parts declare, never by a part's class, and read the parts' state
 through their public accessors.
 
-* A cache kernel (:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.static`) stands in for a
-  policy that is one cache rule: the rule itself, or a composition of that rule alone that
-  overrides no hook of its own (:meth:`~moesim.policies.parts.compose.Composed.parts_only`).
+* The cache kernel (:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.static`) stands in for
+  a policy that is one cache rule declaring a decider (:mod:`moesim.policies.parts.deciders`):
+  the rule itself, or a composition of that rule alone that overrides no hook of its own
+  (:meth:`~moesim.policies.parts.compose.Composed.parts_only`).
 * The next-layer prefetch kernel (:mod:`moesim.sim.fast.prefetch`) stands in for a composition
   of nothing but an ``lru`` rule and a ``next-layer`` prefetcher, likewise adding no hook.
 """
@@ -30,13 +31,6 @@ def sole_rule(policy: Policy) -> CacheRule | None:
             and policy.parts_only()):
         return policy.cache
     return None
-
-
-def rule_kernel(policy: Policy) -> str | None:
-    """The kernel that ``policy``'s sole cache rule declares (``lru``, ``fifo``, ``lfu``,
-    ``random``, ``belady``, ``static``), or None."""
-    rule = sole_rule(policy)
-    return None if rule is None else rule.kernel
 
 
 def next_layer_parts(policy: Policy) -> tuple[RecencyCache, NextLayerPrefetcher] | None:

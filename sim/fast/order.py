@@ -1,22 +1,22 @@
-"""Cache kernels of the fast path: LRU, FIFO, LFU, Random and Belady replayed without policy
-objects, EvictionRequests, candidate lists or unit objects, in two passes over blocks of
-iterations.
+"""The cache kernel of the fast path: a cache rule that declares a decider (LRU, FIFO, LFU,
+Random, Belady, a warm ``static``) replayed without policy objects, EvictionRequests,
+candidate lists or unit objects, in two passes over blocks of iterations.
 
-1. Decisions (:mod:`moesim.sim.fast.plan`): which accesses of each step hit, which miss, how many
-   residents each step evicts. A demand-only run never crosses layers, so most rules decide a
-   layer at a time in a tight loop.
+1. Decisions, by the rule's decider (:mod:`moesim.policies.parts.deciders`): which accesses of
+   each step hit, which miss, how many residents each step evicts. A demand-only run never
+   crosses layers, so most rules decide a layer at a time in a tight loop.
 2. Timing: the steps in the event loop's order, with the same floating-point operations in the
-   same order as :mod:`moesim.sim.fast.path` (whose layer timing, :mod:`moesim.sim.fast.loads`,
-   this module shares). A one-token step's experts all cost the same and its loads all take the
-   same time, so its layer needs only its hit and miss counts (:func:`uniform_loads`); a step of
-   several tokens builds its layer as the generic replay does.
+   same order as the event loop. Every load is a whole expert and takes the same time, so a
+   layer's timing needs only its hits' and misses' costs
+   (:func:`~moesim.sim.fast.loads.compute_while_loading`); a one-token step's experts all cost
+   the same, so only their counts (one miss, the common case, inline here).
 
-The kernels keep their own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for a
-policy that is one cache rule declaring ``lru``, ``fifo``, ``lfu``, ``random``, ``belady`` or
-``static`` (FIFO beside its static set, :mod:`moesim.sim.fast.static`) as its ``kernel``, alone
-or in a composition that adds no hook (:mod:`moesim.sim.fast.capability`), on runs that the
-fast path accepts and that do not check the VRAM invariant.
-``tests/test_fastpath.py`` checks them against the event loop.
+The kernel keeps its own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for a
+policy that is one cache rule declaring a decider (``static`` only started with its static set
+resident, :mod:`moesim.sim.fast.static`), alone or in a composition that adds no hook
+(:mod:`moesim.sim.fast.capability`), on runs that the fast path accepts and that do not check
+the VRAM invariant.
+``tests/test_fastpath.py`` checks it against the event loop.
 """
 
 from __future__ import annotations
@@ -25,59 +25,31 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT
-from moesim.policies.parts.caches import RandomCache
+from moesim.policies.parts.deciders.base import NO_MISS, Decider, PoolStart
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.step import Stepper
-from moesim.sim.engine.vram import Unit
-from moesim.sim.fast.capability import rule_kernel, sole_rule
-from moesim.sim.fast.loads import compute_with_loads, one_lane_loads, uniform_loads
-from moesim.sim.fast.plan import (
-    NO_MISS,
-    BeladyPlanner,
-    FifoPlanner,
-    LfuPlanner,
-    LruPlanner,
-    Planner,
-    RandomPlanner,
-)
+from moesim.sim.fast.capability import sole_rule
+from moesim.sim.fast.loads import compute_while_loading, one_lane_loads
 from moesim.sim.fast.refusal import kernel_refusal
-from moesim.sim.fast.static import static_sets
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
     from moesim.sim.engine.transfers import Transfers
     from moesim.sim.engine.workload import Iteration
 
-KINDS = ("lru", "fifo", "lfu", "random", "belady")
-"""The cache rules (their declared ``kernel``) replayed here, besides ``static``."""
-
-
 def ordered_kind(state: RunState[Transfers]) -> str | None:
-    """``"lru"``, ``"fifo"``, ``"lfu"``, ``"random"``, ``"belady"`` or ``"static"`` when
-    ``state``'s policy is one cache rule that declares that kernel (alone, or in a composition
+    """The name of the decider (:mod:`moesim.policies.parts.deciders`) that replays
+    ``state``'s policy when it is one cache rule that declares one (alone, or in a composition
     of nothing else that overrides no hook: :mod:`moesim.sim.fast.capability`), else None (call
     on runs the fast path accepted; None too with a ``runtime.demand_load_us``, which the
-    generic fast replay charges, and for a lossy policy or one global pool, which only the
-    generic replay handles)."""
-    if state.cost.demand_load_s():   # the kernels time demand loads without it; the generic replay charges it
+    driver charges, and for a lossy policy or one global pool, which only the driver handles)."""
+    if state.cost.demand_load_s():   # the kernel times demand loads without it; the driver charges it
         return None
-    if kernel_refusal(state) is not None:   # a lossy policy or one global pool: the generic replay
+    if kernel_refusal(state) is not None:   # a lossy policy or one global pool: the driver
         return None
-    if static_sets(state) is not None:   # the fast path took it: its set is resident
-        return "static"
-    kind = rule_kernel(state.policy)
-    return kind if kind in KINDS else None
-
-
-class _Resident:
-    """A stand-in for a resident unit in a several-token layer's timing (only its state is read)."""
-
-    __slots__ = ("state",)
-
-    def __init__(self) -> None:
-        self.state = RESIDENT
+    rule = sole_rule(state.policy)
+    return None if rule is None or rule.decider is None else rule.decider.name
 
 
 class _Block:
@@ -115,45 +87,39 @@ def _blocks(iters: list[Iteration], L: int) -> list[list[Iteration]]:
     return [iters[i:i + per] for i in range(0, len(iters), per)]
 
 
-def _planner(state: RunState[Transfers], kind: str, clean: bool) -> Planner:
+def _sequences(state: RunState[Transfers], clean: bool) -> list[np.ndarray]:
+    """Each layer's whole access sequence (:attr:`PoolStart.sequences`)."""
     L = state.L
-    eb = state.expert_bytes
-    slots = [c // eb for c in state.vram.capacity]
-    warm: list[list[int]] = [[] for _ in range(L)]
-    for (layer, e, _p) in state.vram.units:
-        warm[layer].append(e)
-    last = state.transfers.last_evict_iter
-    if kind == "lru":
-        return LruPlanner(L, slots, warm, last)
-    if kind == "fifo":
-        return FifoPlanner(L, slots, warm, last)
-    if kind == "static":
-        return FifoPlanner(L, slots, warm, last, static_sets(state))
-    if kind == "lfu":
-        return LfuPlanner(L, slots, warm, last)
-    if kind == "random":
-        rule = sole_rule(state.policy)
-        assert isinstance(rule, RandomCache), "the random kernel replays a random rule"
-        return RandomPlanner(L, slots, warm, last, rule.rng)   # the rule's own stream (the run's policy seed)
-    # belady: each layer's whole access sequence, for the next uses
     experts = state.trace.experts
     iters = state.workload.iterations
     if clean and all(it.rows0.shape[0] == 1 for it in iters):
         rows = state.workload.token_rows()
-        flat = [experts[rows + layer].reshape(-1).astype(np.int64) for layer in range(L)]
-    else:
-        parts: list[list[int]] = [[] for _ in range(L)]
-        for block in _blocks(iters, L):
-            b = _Block(experts, block, L, state.K, clean)
-            for layer in range(L):
-                for exps in b.seqs[layer]:
-                    parts[layer].extend(exps)
-        flat = [np.array(p, dtype=np.int64) for p in parts]
-    return BeladyPlanner(L, slots, warm, last, flat)
+        return [experts[rows + layer].reshape(-1).astype(np.int64) for layer in range(L)]
+    parts: list[list[int]] = [[] for _ in range(L)]
+    for block in _blocks(iters, L):
+        b = _Block(experts, block, L, state.K, clean)
+        for layer in range(L):
+            for exps in b.seqs[layer]:
+                parts[layer].extend(exps)
+    return [np.array(p, dtype=np.int64) for p in parts]
 
 
-def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
-    """Replay ``state``'s workload with the ``kind`` kernel (see the module docstring)."""
+def _decider(state: RunState[Transfers], clean: bool) -> Decider:
+    """The decider of ``state``'s sole cache rule, its pools as the run starts."""
+    rule = sole_rule(state.policy)
+    assert rule is not None, "the cache kernel replays one cache rule"
+    warm: list[list[int]] = [[] for _ in range(state.L)]
+    for (layer, e, _p) in state.vram.units:
+        warm[layer].append(e)
+    start = PoolStart([c // state.expert_bytes for c in state.vram.capacity], warm,
+                      state.transfers.last_evict_iter, lambda: _sequences(state, clean))
+    decider = rule.new_decider(start)
+    assert decider is not None, "the cache kernel replays a rule that declares a decider"
+    return decider
+
+
+def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
+    """Replay ``state``'s workload with its cache rule's decider (see the module docstring)."""
     cost = state.cost
     L, K = state.L, state.K
     st = state.stats
@@ -164,11 +130,10 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
     progress = state.progress
     eb = state.expert_bytes
     clean = not bool((experts < 0).any())
-    planner = _planner(state, kind, clean)
+    decider = _decider(state, clean)
     evict_s = cost.hardware.evict_us * 1e-6
     step = Stepper(state)   # the iterations' start, non-MoE and tail costs, as every replay has them
-    transfer_s = cost.transfer_s
-    d = transfer_s(eb)
+    d = cost.transfer_s(eb)
     e1 = cost.expert_s(1)
     # sums[c]: c one-token experts, summed as the event loop sums a batch of ready experts
     width = max(K, max(slots_ for slots_ in (c // eb for c in state.vram.capacity))) + 1
@@ -176,15 +141,13 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
     delays = [0.0]   # delays[n]: n evictions' cost, added one at a time
     for _ in range(width):
         delays.append(delays[-1] + evict_s)
-    resident = _Resident()
     one_lane = n_lanes == 1
     exp_cost: dict[int, float] = {}
-    dur_of: dict[int, float] = {}
     now = 0.0
     gpu = st.gpu_busy_s
     ovh = st.overhead_s
     stall_sum = st.stall_s
-    loads = 0              # one-token steps' demand loads (their copy time is added at the end)
+    loads = 0              # demand loads (their copy time is added at the end)
     refetch = 0
     for block in _blocks(iters, L):
         b = _Block(experts, block, L, K, clean)
@@ -192,7 +155,7 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
         n = len(block) * L
         misses: list[Any] = [NO_MISS] * n
         evictions = [0] * n
-        refetch += planner.plan(b.seqs, idxs, misses, evictions)
+        refetch += decider.plan(b.seqs, idxs, misses, evictions)
         sizes = [K] * n if b.sizes is None else b.sizes
         starts: list[float] = []     # each iteration's start (a step starts when the one before ends)
         step_of: list[float] = []    # each iteration's non-MoE step (routing is known after it)
@@ -233,7 +196,7 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                         elif one_lane:
                             now, stall, gpu = one_lane_loads(now, stall, gpu, h, m, d, sums)
                         else:
-                            now, stall, gpu = uniform_loads(now, stall, gpu, h, m, n_lanes, d, sums)
+                            now, stall, gpu = compute_while_loading(now, stall, gpu, h, m, n_lanes, d, sums)
                         loads += m
                         stall_sum += stall
                         a_stall(stall)
@@ -253,31 +216,25 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
                     gpu += layer_s
                     ovh += over_s
                     missing = set(miss)
-                    need: list[tuple[int, float, Any]] = []
-                    units: list[Any] = []
+                    hit_c: list[float] = []    # the experts' costs, access order
+                    miss_c: list[float] = []
                     for i, e in enumerate(exps):
                         c = counts[i]
                         t_exp = exp_cost.get(c)
                         if t_exp is None:
                             t_exp = exp_cost[c] = cost.expert_s(c)
-                        if e in missing:
-                            u = Unit((layer, e, 0), eb, layer, True)
-                            u.state = INFLIGHT if len(units) < n_lanes else QUEUED
-                            units.append(u)
-                            need.append((i, t_exp, u))
-                        else:
-                            need.append((i, t_exp, resident))
-                    stall = 0.0
-                    if units:
-                        delay = delays[evictions[k]]
-                        if delay > 0:
-                            now = now + delay
-                        stall += delay
-                        st.gpu_busy_s = gpu
-                        now, stall = compute_with_loads(st, need, units, n_lanes, now, stall, transfer_s, dur_of)
-                        gpu = st.gpu_busy_s
+                        (miss_c if e in missing else hit_c).append(t_exp)
+                    if miss_c:
+                        stall = delays[evictions[k]]
+                        if stall > 0:
+                            now = now + stall
+                        m = len(miss_c)
+                        now, stall, gpu = compute_while_loading(now, stall, gpu, len(hit_c), m, n_lanes, d, sums,
+                                                                sum(hit_c), miss_c)
+                        loads += m
                     else:
-                        dt = sum([x[1] for x in need])
+                        stall = 0.0
+                        dt = sum(hit_c)
                         now = now + dt
                         gpu += dt
                     stall_sum += stall
@@ -322,8 +279,8 @@ def replay_ordered(state: RunState[Transfers], kind: str, n_lanes: int) -> None:
     st.refetch_bytes += refetch * eb
     if loads:   # every landing adds the same copy time, one after another
         st.pcie_busy_s = float(np.add.accumulate(np.concatenate(([st.pcie_busy_s], np.full(loads, d))))[-1])
-    planner.finish(state.transfers.last_evict_iter)
-    state.vram.peak = max(state.vram.peak, planner.resident() * eb)
+    decider.finish(state.transfers.last_evict_iter)
+    state.vram.peak = max(state.vram.peak, decider.resident() * eb)
     state.cur_iter = iters[-1]
     state.prev_iter = iters[-1]
     state.cur_layer = L

@@ -5,7 +5,8 @@ they fail closed) and which starts with no transfer under way is replayed withou
 driver (:mod:`moesim.sim.fast.driver`: the step functions of :mod:`moesim.sim.engine.step` with
 the run's own policy, transfers and an n-lane copy model), or, where the run's policy is one
 cache rule that declares a kernel and the run suits it, by that kernel, which gives the same
-outputs faster: the demand-only cache rules (:mod:`moesim.sim.fast.order`, ``static``:
+outputs faster: the demand-only cache rules that declare a decider (:mod:`moesim.sim.fast.order`,
+``static``:
 :mod:`moesim.sim.fast.static`) and the next-layer prefetcher (:mod:`moesim.sim.fast.prefetch`,
 eligibility in :mod:`moesim.sim.fast.prefetch_check`).
 
@@ -49,7 +50,7 @@ def fast_path_refusal(state: RunState[Transfers]) -> str | None:
 
 def kernel_of(state: RunState[Transfers]) -> str | None:
     """The kernel that replays ``state``'s run (accepted by :func:`fast_path_refusal`): its
-    name (``lru``, ``fifo``, ``lfu``, ``random``, ``belady``, ``static``, ``next-layer``), or
+    name (a cache rule's decider's, e.g. ``lru`` or ``static``; ``next-layer``), or
     None for the driver. A cache kernel needs every layer's demand loads to find room at once:
     each pool holds as many experts as one layer of an iteration can run."""
     policy = state.policy
@@ -90,7 +91,7 @@ def run_fast(state: RunState[Transfers]) -> None:
             assert source is not None
             replay_prefetch(state, source)
         else:
-            replay_ordered(state, kind, int(state.cost.hardware.copy_engines))
+            replay_ordered(state, int(state.cost.hardware.copy_engines))
     finally:
         if collect:
             gc.enable()

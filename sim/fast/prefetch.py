@@ -151,6 +151,24 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
         while cur is not None and (t_land < T or (t_land == T and q_land < g)):
             land()
 
+    def wait_for(units: list[_U]) -> float:
+        """The GPU waits for the first landing among ``units`` (queued or in flight): with one,
+        it resumes right after it; with several, through a condition event scheduled after
+        that landing (landings due before it come first). Returns when it resumes."""
+        if len(units) == 1:
+            w = units[0]
+            while True:
+                t = land()
+                if w.state == RESIDENT:
+                    return t
+        while True:
+            u = cur
+            t = land()
+            if u in units:
+                break
+        advance(t)
+        return t
+
     def submit(u: _U, cls: int, prio: float) -> None:
         nonlocal lseq
         lseq += 1
@@ -375,21 +393,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
                         rem = rest
                         continue
                     ts = now
-                    if len(rem) == 1:
-                        w = rem[0]
-                        while w.state != RESIDENT:
-                            now = land()
-                    else:
-                        while True:
-                            u = cur
-                            t = land()
-                            if u in rem:
-                                break
-                        g = q   # the condition event, scheduled after that landing
-                        q += 1
-                        while cur is not None and (t_land < t or (t_land == t and q_land < g)):
-                            land()
-                        now = t
+                    now = wait_for(rem)
                     stall += now - ts
             else:
                 need: list[tuple[int, float, _U]] = []
@@ -420,21 +424,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
                     ts = now
                     evs = [x[2] for x in watch if x[2].state in (QUEUED, INFLIGHT)]
                     if evs:
-                        if len(evs) == 1:
-                            w = evs[0]
-                            while w.state != RESIDENT:
-                                now = land()
-                        else:
-                            while True:
-                                u = cur
-                                t = land()
-                                if u in evs:
-                                    break
-                            g = q
-                            q += 1
-                            while cur is not None and (t_land < t or (t_land == t and q_land < g)):
-                                land()
-                            now = t
+                        now = wait_for(evs)
                     elif waiting:
                         if space:
                             space = False

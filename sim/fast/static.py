@@ -27,10 +27,7 @@ def static_sets(state: RunState[Transfers]) -> list[set[int]] | None:
     rule = sole_rule(state.policy)
     if rule is None or rule.kernel != "static" or not isinstance(rule, StaticCache):
         return None
-    sets: list[set[int]] = [set() for _ in range(state.L)]
-    for layer, e, _p in rule.static:
-        sets[layer].add(e)
-    return sets
+    return rule.static_experts(state.L)
 
 
 def static_refusal(state: RunState[Transfers], sets: list[set[int]]) -> str | None:

@@ -1,5 +1,5 @@
-"""``Generator.integers(n)`` draws for the Random kernel, without numpy's per-call cost (about
-1 us a call, most of a random-eviction step).
+"""``Generator.integers(n)`` draws for the Random rule's decider (:mod:`.random`), without
+numpy's per-call cost (about 1 us a call, most of a random-eviction step).
 
 numpy draws a scalar ``integers(n)`` (``n < 2**32``) from 32-bit words of the bit generator
 with Lemire's multiply-and-reject method, and ``integers(1)`` draws nothing; PCG64 hands out a

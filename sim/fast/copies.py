@@ -1,15 +1,16 @@
 """The copy lanes without SimPy: :class:`~moesim.sim.engine.lanes.CopyLanes`'s queue, lanes and
 withdrawals as they are, with its one SimPy part (a transfer is a timeout whose callback lands
-it) replaced by a heap of landings on a :class:`Clock` that the SimPy-free driver
-(:mod:`moesim.sim.fast.driver`) moves; the host-to-device lanes and the device-to-host one
-(``cache.swap_out``) share it.
+it) replaced by a heap of landings on a :class:`Clock`; the host-to-device lanes and the
+device-to-host one (``cache.swap_out``) share it. The clock is also the GPU stream's
+:class:`~moesim.sim.engine.layer_loop.Waits` in the SimPy-free driver (:mod:`moesim.sim.fast.driver`):
+each wait processes the landings due meanwhile and returns when it is over.
 
 Ties are resolved as SimPy resolves them: every event is ordered by (time, creation order), and
-the driver gives each of the GPU's timeouts a creation order from the same counter
-(:meth:`Clock.advance`). A landing the GPU waits for wakes it either right after that
-landing (it waited on the transfer's own timeout, as when the unit was in flight) or after every
-landing due at that instant (an event succeeded by the landing, scheduled behind them: the unit
-was queued when the GPU began to wait, or it waited for several, or for room).
+each of the GPU's timeouts takes a creation order from the same counter (:meth:`Clock.advance`).
+A landing the GPU waits for wakes it either right after that landing (it waited on the
+transfer's own timeout, as when the unit was in flight) or after every landing due at that
+instant (an event succeeded by the landing, scheduled behind them: the unit was queued when the
+GPU began to wait, or it waited for several, or for room).
 
 A unit's ``event`` holds an :class:`Ev` in place of SimPy's event: its ``callbacks`` are what
 :meth:`~moesim.sim.engine.withdrawals.Withdrawals._awaited` reads (the lane's own, then the
@@ -45,7 +46,8 @@ class Ev:
 
 class Clock:
     """The driver's time (``_now``, mirrored in ``state.fast_now``, which the view reads) and
-    the landings of every lane, in SimPy's order."""
+    the landings of every lane, in SimPy's order; its ``run_for``, ``land_one``, ``land_any``,
+    ``land_all`` and ``room`` are the GPU stream's waits, each over when it returns."""
 
     def __init__(self, state: RunState[Transfers]) -> None:
         self.state = state
@@ -88,6 +90,16 @@ class Clock:
             lanes.idle.append(lane)
         return t, u
 
+    def run_for(self, dt: float) -> None:
+        """The GPU is busy (or idle) for ``dt`` seconds: a GPU timeout, without one when no
+        landing is due by its end (as :func:`~moesim.sim.engine.clock.advance_alone`)."""
+        T = self._now + dt
+        heap = self.heap
+        if heap and heap[0][0] <= T:
+            self.advance(T)
+        else:
+            self._now = self.state.fast_now = T
+
     def advance(self, T: float) -> None:
         """A GPU timeout to ``T``, created now: every landing SimPy processes before it, then the
         clock moves to ``T``."""
@@ -127,7 +139,7 @@ class Clock:
             else:
                 ev.callbacks.append(GPU)
 
-    def wait_one(self, u: Any) -> None:
+    def land_one(self, u: Any) -> None:
         """The GPU waits for ``u`` (queued or in flight) to land: right after the landing when
         it waits on the transfer's own timeout, else through an event behind that instant's."""
         ev = u.event
@@ -149,7 +161,7 @@ class Clock:
         else:
             self.flush(t)
 
-    def wait_any(self, units: list[Any]) -> None:
+    def land_any(self, units: list[Any]) -> None:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
         self._await(units)
@@ -160,20 +172,19 @@ class Clock:
                 break
         self.flush(t)
 
-    def wait_all(self, units: list[Any], condition: bool = False) -> None:
-        """The GPU waits for every one of ``units`` to land: through a condition event (as
-        ``env.all_of``), or on the one unit's own event when there is one and not ``condition``."""
-        if len(units) == 1 and not condition:
-            self.wait_one(units[0])
-            return
+    def land_all(self, units: list[Any]) -> None:
+        """The GPU waits for every one of ``units`` to land, through a condition event (as
+        ``env.all_of``)."""
         self._await(units)
         t = self._now
         while any(u.state != RESIDENT for u in units):
             t, _ = self._next_landing()
         self.flush(t)
 
-    def wait_room(self, tx: Transfers) -> None:
-        """The GPU waits for room (``tx.space_event``, succeeded by a landing or what it set off)."""
+    def room(self) -> None:
+        """The GPU waits for room (the transfers' ``space_event``, succeeded by a landing or what
+        it set off)."""
+        tx = self.state.transfers
         t = self._now
         while not tx.space_event.triggered:
             t, _ = self._next_landing()

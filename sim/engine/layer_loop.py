@@ -48,6 +48,15 @@ Stream = Generator[Any, Any, None]
 """The GPU stream: a generator of what a replay's waits return to be yielded (SimPy events)."""
 
 
+class Clocked(Protocol):
+    """What the GPU stream reads the time from: a SimPy ``Environment`` or the driver's ``Clock``,
+    both of which keep it in ``_now`` (read without a property call: the loop reads it often)."""
+
+    @property
+    def _now(self) -> float:
+        """The simulated time, in seconds."""
+
+
 class Waits(Protocol):
     """How a replay makes the GPU stream wait. Each method starts a wait and returns what the
     stream yields to finish it, or None when it is over already (see the module docstring)."""
@@ -80,7 +89,7 @@ def book_charge(run: RunState[Transfers], dt: float, issue: float) -> None:
         run.stats.policy_cpu_s += dt
 
 
-def charge(run: RunState[Transfers], clk: Any, waits: Waits) -> Stream:
+def charge(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
     """The GPU stream waits for the host time spent since the last charge (``run.spent_s``:
     policy CPU time and the runtime's prefetch issue cost), then counts and draws it."""
     dt = run.spent_s
@@ -111,7 +120,7 @@ def grant_demand(tx: Transfers, waits: Waits) -> Generator[Any, Any, float]:
     return delay
 
 
-def gpu_stream(run: RunState[Transfers], clk: Any, waits: Waits) -> Stream:
+def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
     """The GPU stream of ``run``, over the clock ``clk`` (its time in ``clk._now``) and a
     replay's ``waits`` (see the module docstring)."""
     step = Stepper(run)

@@ -6,7 +6,7 @@ device-to-host one (``cache.swap_out``) share it. The clock is also the GPU stre
 each wait processes the landings due meanwhile and returns when it is over.
 
 Ties are resolved as SimPy resolves them: every event is ordered by (time, creation order), and
-each of the GPU's timeouts takes a creation order from the same counter (:meth:`Clock.advance`).
+each of the GPU's timeouts takes a creation order from the same counter (:meth:`Clock.run_for`).
 A landing the GPU waits for wakes it either right after that landing (it waited on the
 transfer's own timeout, as when the unit was in flight) or after every landing due at that
 instant (an event succeeded by the landing, scheduled behind them: the unit was queued when the
@@ -91,25 +91,18 @@ class Clock:
         return t, u
 
     def run_for(self, dt: float) -> None:
-        """The GPU is busy (or idle) for ``dt`` seconds: a GPU timeout, without one when no
-        landing is due by its end (as :func:`~moesim.sim.engine.clock.advance_alone`)."""
+        """The GPU is busy (or idle) for ``dt`` seconds: a GPU timeout to ``now + dt``, created
+        now. Every landing SimPy processes before it comes first (those due earlier, and those
+        due then that were created earlier); none is due by then: the clock moves alone (as
+        :func:`~moesim.sim.engine.clock.advance_alone`)."""
         T = self._now + dt
         heap = self.heap
         if heap and heap[0][0] <= T:
-            self.advance(T)
-        else:
-            self._now = self.state.fast_now = T
-
-    def advance(self, T: float) -> None:
-        """A GPU timeout to ``T``, created now: every landing SimPy processes before it, then the
-        clock moves to ``T``."""
-        g = self.q
-        self.q += 1
-        heap = self.heap
-        while heap and (heap[0][0] < T or (heap[0][0] == T and heap[0][1] < g)):
-            self.land()
-        self._now = T
-        self.state.fast_now = T
+            g = self.q
+            self.q += 1
+            while heap and (heap[0][0] < T or (heap[0][0] == T and heap[0][1] < g)):
+                self.land()
+        self._now = self.state.fast_now = T
 
     def flush(self, t: float) -> None:
         """The GPU resumes through an event scheduled at ``t`` now: the landings due at ``t``

@@ -78,17 +78,6 @@ class Waits(Protocol):
         """Until room is freed: the transfers' ``space_event``."""
 
 
-def book_charge(run: RunState[Transfers], dt: float, issue: float) -> None:
-    """Count a charge of ``dt`` host seconds once the GPU waited them, ``issue`` of them (the
-    prefetch issue cost spent before the wait) as overhead, the rest as policy CPU time."""
-    if issue:
-        run.issue_spent_s = 0.0
-        run.stats.overhead_s += issue
-        run.stats.policy_cpu_s += dt - issue
-    else:
-        run.stats.policy_cpu_s += dt
-
-
 def charge(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
     """The GPU stream waits for the host time spent since the last charge (``run.spent_s``:
     policy CPU time and the runtime's prefetch issue cost), then counts and draws it."""
@@ -100,7 +89,11 @@ def charge(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
         ev = waits.run_for(dt)
         if ev is not None:
             yield ev
-        book_charge(run, dt, issue)
+        st = run.stats   # the issue cost spent before the wait is the runtime's overhead
+        st.overhead_s += issue
+        st.policy_cpu_s += dt - issue
+        if issue:
+            run.issue_spent_s = 0.0
         if run.record_timeline:
             if issue:
                 run.timeline.append(("CPU runtime", "prefetch issue", t0, issue, {}))

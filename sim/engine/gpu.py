@@ -1,16 +1,18 @@
 """The GPU stream of the event loop (the reference replay): the one loop of
 :mod:`moesim.sim.engine.layer_loop` run as a SimPy process, its waits made SimPy events: compute
-as timeouts (none when nothing else can happen meanwhile: :func:`~moesim.sim.engine.clock.advance_alone`),
+as timeouts (none when nothing else can happen meanwhile: :func:`~moesim.sim.engine.clock.timeout_unless_alone`),
 copies landing as the lanes' events, room as the transfers' ``space_event``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import simpy
 
-from moesim.sim.engine.clock import advance_alone
+from moesim.sim.engine.clock import timeout_unless_alone
 from moesim.sim.engine.layer_loop import Stream, gpu_stream
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,17 +25,14 @@ class SimPyWaits:
     """The GPU stream's waits (:class:`~moesim.sim.engine.layer_loop.Waits`) as SimPy events on
     ``env``, the copies' landings those of the transfers ``tx``."""
 
-    __slots__ = ("env", "tx", "timeout", "landing")
+    __slots__ = ("env", "tx", "landing", "run_for")
 
     def __init__(self, env: simpy.Environment, tx: Transfers) -> None:
         self.env = env
         self.tx = tx
-        self.timeout = env.timeout
         self.landing = tx.landing
-
-    def run_for(self, dt: float) -> simpy.Event | None:
-        """A timeout of ``dt``, or None when the clock moved there alone."""
-        return None if advance_alone(self.env, dt) else self.timeout(dt)
+        # a timeout of dt, or None when the clock moved there alone (a partial: one call per wait)
+        self.run_for: Callable[[float], simpy.Event | None] = partial(timeout_unless_alone, env)
 
     def land_one(self, u: Unit) -> simpy.Event:
         """``u``'s landing event."""

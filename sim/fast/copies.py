@@ -94,7 +94,7 @@ class Clock:
         """The GPU is busy (or idle) for ``dt`` seconds: a GPU timeout to ``now + dt``, created
         now. Every landing SimPy processes before it comes first (those due earlier, and those
         due then that were created earlier); none is due by then: the clock moves alone (as
-        :func:`~moesim.sim.engine.clock.advance_alone`)."""
+        :func:`~moesim.sim.engine.clock.timeout_unless_alone`)."""
         T = self._now + dt
         heap = self.heap
         if heap and heap[0][0] <= T:

@@ -1,5 +1,6 @@
-"""The SimPy-free driver (sim/fast/driver.py) against the SimPy event loop: same metrics and
-step records, bit for bit, for every registered policy (prefetching ones included) on random
+"""The SimPy-free driver (sim/fast/driver.py) against the SimPy event loop, the GPU stream of
+sim/engine/layer_loop.py under its two interpreters (and the fast path's kernels where they take
+a run): same metrics and step records, bit for bit, for every registered policy (prefetching ones included) on random
 traces, budgets and hardware (several copy lanes, both queue orders, eviction, demand-load
 and prefetch-issue costs, a transfer buffer, synchronous prefetch, swap-out), timelines included; round cost figures make copies land at exactly the instant compute
 ends, so ties must resolve as SimPy resolves them."""

@@ -10,7 +10,7 @@ and no scheduled event is at or before the new time; every later ``schedule`` ke
 With an event due at ``now + dt`` or earlier the caller yields the timeout as before, so ties
 resolve exactly as SimPy resolves them.
 
-SimPy has no public API for this: :func:`advance_alone` reads ``Environment._now`` and
+SimPy has no public API for this: :func:`timeout_unless_alone` reads ``Environment._now`` and
 ``_queue`` (a heap of ``(time, priority, id, event)``), which SimPy 4.1 has. ``pyproject.toml``
 pins ``simpy<4.2`` so that a release that changes them cannot slip in unnoticed, and
 ``tests/test_clock.py`` checks the behaviour against plain timeouts.
@@ -21,13 +21,13 @@ from __future__ import annotations
 import simpy
 
 
-def advance_alone(env: simpy.Environment, dt: float) -> bool:
-    """Move ``env``'s clock forward by ``dt`` seconds if no scheduled event is due at or before
-    the new time, and say so; False (changing nothing): the caller must ``yield env.timeout(dt)``.
-    Only a running process may call it (it stands for that process's own timeout)."""
+def timeout_unless_alone(env: simpy.Environment, dt: float) -> simpy.Event | None:
+    """The running process's timeout of ``dt`` seconds on ``env``: None when no scheduled event
+    is due at or before its end, the clock having moved there; else the timeout, to yield. Only a
+    running process may call it (it stands for that process's own timeout)."""
     end = env._now + dt
     queue = env._queue
     if queue and queue[0][0] <= end:
-        return False
+        return env.timeout(dt)
     env._now = end
-    return True
+    return None

@@ -2,8 +2,8 @@
 an optional CPU for experts and the policy's hooks called in contract order.
 
 The hook order and semantics are stated once, in :mod:`moesim.policies.contract.base`; this module
-implements them. Its parts live beside it: :mod:`~moesim.sim.engine.gpu` (the GPU stream's process,
-the per-layer loop below), :mod:`~moesim.sim.engine.vram` (byte accounting),
+implements them. Its parts live beside it: :mod:`~moesim.sim.engine.gpu` (the GPU stream's process:
+the loop of :mod:`~moesim.sim.engine.layer_loop`, the per-layer order below, on SimPy), :mod:`~moesim.sim.engine.vram` (byte accounting),
 :mod:`~moesim.sim.engine.lanes` (H2D and D2H copy lanes), :mod:`~moesim.sim.engine.view` (the causal view),
 :mod:`~moesim.sim.engine.records` (counters, step records, timeline); the run's state, which
 they all share, is a :class:`~moesim.sim.engine.state.RunState`.
@@ -12,7 +12,7 @@ Per layer: the policy's ``before_layer``; the non-MoE compute (plus the runtime'
 routing known, ``on_routed`` returns the plan; each planned expert part is resident (hit),
 issued (late) or absent (a demand load, ahead of queued prefetches under priority order);
 ``on_access`` and ``after_layer`` run while the loads are under way; expert parts compute as
-they become resident (ready ones first; see :mod:`moesim.sim.engine.gpu`) on the GPU, CPU slots on the CPU; ``on_layer_end``.
+they become resident (ready ones first; see :mod:`moesim.sim.engine.layer_loop`) on the GPU, CPU slots on the CPU; ``on_layer_end``.
 A demand load that finds no room waits (a stall), after the engine has withdrawn queued
 prefetches of that pool. With ``swap_out`` an evicted unit drains to the host over the D2H
 lane before its room frees; a prefetch whose room still drains waits for it (``WAITING``).

@@ -1,33 +1,10 @@
 """The per-layer step of a run, stated once: what happens in one MoE layer of one iteration, as
-named functions over the run's :class:`~moesim.sim.engine.state.RunState`. Every replay calls
-them in the contract's order (:mod:`moesim.policies.contract.base`); the replays differ only in
-how time advances: the SimPy process (:mod:`moesim.sim.engine.gpu`, the reference) yields events,
-the SimPy-free replays (:mod:`moesim.sim.fast`) compute the same instants.
-
-Per iteration ``it`` and layer ``l`` (``step = Stepper(run)`` once per run)::
-
-    for it in step.iterations():               # the workload's, or (serving) formed as the GPU frees
-    now = step.begin_iteration(it, now)        # position, request starts; serving: idle to an arrival
-    policy.on_iteration_start(view)
-    layer_s, over_s = step.non_moe_s(it)       # each layer's attention etc., with its KV reads
-    for l in layers:
-        step.begin_layer(l)                    # position, the layer's counters
-        policy.before_layer(view, l)
-        ... the GPU runs layer_s + over_s ...
-        ls = step.route(it, l, t0, layer_s, over_s)   # routing known: the plan, lossy counts, decision time
-        step.take_units(ls)                    # hit / late / partial / miss, pins, demand units
-        cpu_done = step.cpu_experts(ls, now)   # CPU slots queue on the host
-        ... demand loads get room (Transfers.grant_waiting) ...
-        step.notify(ls)                        # on_access, after_layer
-        while ls has parts to compute:         # experts compute while loads land
-            ready, rest, watch = ready_parts(remaining, step.early_of(ls) if waiting else None)
-            ... compute ready (their time: sum of their seconds), unpin them, else wait for ``watch`` ...
-        step.end_layer(ls, now)                # pins, buffer, on_layer_end, invariant, step record
-    head_s, over_s = step.tail_s(it)           # LM head and per-iteration overhead: the GPU runs them,
-    step.count_tail(head_s, over_s)            # then they are counted
-    step.end_iteration(it, now)                # token ends
-    policy.on_iteration_end(view)
-    step.close_iteration(it)                   # part splits, progress
+named functions over the run's :class:`~moesim.sim.engine.state.RunState`. The loop that calls
+them in the contract's order (:mod:`moesim.policies.contract.base`), with the GPU's waits
+between them, is written once too, in :mod:`moesim.sim.engine.layer_loop`; the event loop
+(:mod:`moesim.sim.engine.gpu`) runs it on SimPy, the SimPy-free driver (:mod:`moesim.sim.fast.driver`)
+by arithmetic, and the fast kernels of :mod:`moesim.sim.fast` compute the same instants.
+Read that loop for the order; read the functions here for what each step does.
 
 The executor (:mod:`moesim.sim.real.executor.runner`) runs real copies and kernels and keeps its
 own classification (see its docstring).

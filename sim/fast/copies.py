@@ -1,15 +1,16 @@
 """The copy lanes without SimPy: :class:`~moesim.sim.engine.lanes.CopyLanes`'s queue, lanes and
 withdrawals as they are, with its one SimPy part (a transfer is a timeout whose callback lands
-it) replaced by a heap of landings on a :class:`Clock` that the SimPy-free driver
-(:mod:`moesim.sim.fast.driver`) moves; the host-to-device lanes and the device-to-host one
-(``cache.swap_out``) share it.
+it) replaced by a heap of landings on a :class:`Clock`; the host-to-device lanes and the
+device-to-host one (``cache.swap_out``) share it. The clock is also the GPU stream's
+:class:`~moesim.sim.engine.layer_loop.Waits` in the SimPy-free driver (:mod:`moesim.sim.fast.driver`):
+each wait processes the landings due meanwhile and returns when it is over.
 
 Ties are resolved as SimPy resolves them: every event is ordered by (time, creation order), and
-the driver gives each of the GPU's timeouts a creation order from the same counter
-(:meth:`Clock.advance`). A landing the GPU waits for wakes it either right after that
-landing (it waited on the transfer's own timeout, as when the unit was in flight) or after every
-landing due at that instant (an event succeeded by the landing, scheduled behind them: the unit
-was queued when the GPU began to wait, or it waited for several, or for room).
+each of the GPU's timeouts takes a creation order from the same counter (:meth:`Clock.run_for`).
+A landing the GPU waits for wakes it either right after that landing (it waited on the
+transfer's own timeout, as when the unit was in flight) or after every landing due at that
+instant (an event succeeded by the landing, scheduled behind them: the unit was queued when the
+GPU began to wait, or it waited for several, or for room).
 
 A unit's ``event`` holds an :class:`Ev` in place of SimPy's event: its ``callbacks`` are what
 :meth:`~moesim.sim.engine.withdrawals.Withdrawals._awaited` reads (the lane's own, then the
@@ -45,7 +46,8 @@ class Ev:
 
 class Clock:
     """The driver's time (``_now``, mirrored in ``state.fast_now``, which the view reads) and
-    the landings of every lane, in SimPy's order."""
+    the landings of every lane, in SimPy's order; its ``run_for``, ``land_one``, ``land_any``,
+    ``land_all`` and ``room`` are the GPU stream's waits, each over when it returns."""
 
     def __init__(self, state: RunState[Transfers]) -> None:
         self.state = state
@@ -88,16 +90,19 @@ class Clock:
             lanes.idle.append(lane)
         return t, u
 
-    def advance(self, T: float) -> None:
-        """A GPU timeout to ``T``, created now: every landing SimPy processes before it, then the
-        clock moves to ``T``."""
-        g = self.q
-        self.q += 1
+    def run_for(self, dt: float) -> None:
+        """The GPU is busy (or idle) for ``dt`` seconds: a GPU timeout to ``now + dt``, created
+        now. Every landing SimPy processes before it comes first (those due earlier, and those
+        due then that were created earlier); none is due by then: the clock moves alone (as
+        :func:`~moesim.sim.engine.clock.timeout_unless_alone`)."""
+        T = self._now + dt
         heap = self.heap
-        while heap and (heap[0][0] < T or (heap[0][0] == T and heap[0][1] < g)):
-            self.land()
-        self._now = T
-        self.state.fast_now = T
+        if heap and heap[0][0] <= T:
+            g = self.q
+            self.q += 1
+            while heap and (heap[0][0] < T or (heap[0][0] == T and heap[0][1] < g)):
+                self.land()
+        self._now = self.state.fast_now = T
 
     def flush(self, t: float) -> None:
         """The GPU resumes through an event scheduled at ``t`` now: the landings due at ``t``
@@ -127,7 +132,7 @@ class Clock:
             else:
                 ev.callbacks.append(GPU)
 
-    def wait_one(self, u: Any) -> None:
+    def land_one(self, u: Any) -> None:
         """The GPU waits for ``u`` (queued or in flight) to land: right after the landing when
         it waits on the transfer's own timeout, else through an event behind that instant's."""
         ev = u.event
@@ -149,7 +154,7 @@ class Clock:
         else:
             self.flush(t)
 
-    def wait_any(self, units: list[Any]) -> None:
+    def land_any(self, units: list[Any]) -> None:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
         self._await(units)
@@ -160,20 +165,19 @@ class Clock:
                 break
         self.flush(t)
 
-    def wait_all(self, units: list[Any], condition: bool = False) -> None:
-        """The GPU waits for every one of ``units`` to land: through a condition event (as
-        ``env.all_of``), or on the one unit's own event when there is one and not ``condition``."""
-        if len(units) == 1 and not condition:
-            self.wait_one(units[0])
-            return
+    def land_all(self, units: list[Any]) -> None:
+        """The GPU waits for every one of ``units`` to land, through a condition event (as
+        ``env.all_of``)."""
         self._await(units)
         t = self._now
         while any(u.state != RESIDENT for u in units):
             t, _ = self._next_landing()
         self.flush(t)
 
-    def wait_room(self, tx: Transfers) -> None:
-        """The GPU waits for room (``tx.space_event``, succeeded by a landing or what it set off)."""
+    def room(self) -> None:
+        """The GPU waits for room (the transfers' ``space_event``, succeeded by a landing or what
+        it set off)."""
+        tx = self.state.transfers
         t = self._now
         while not tx.space_event.triggered:
             t, _ = self._next_landing()

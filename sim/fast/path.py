@@ -2,8 +2,9 @@
 
 Every run whose options and fields the fast replays declare (:mod:`moesim.sim.fast.refusal`:
 they fail closed) and which starts with no transfer under way is replayed without SimPy: by the
-driver (:mod:`moesim.sim.fast.driver`: the step functions of :mod:`moesim.sim.engine.step` with
-the run's own policy, transfers and an n-lane copy model), or, where the run's policy is one
+driver (:mod:`moesim.sim.fast.driver`: the event loop's own GPU stream,
+:mod:`moesim.sim.engine.layer_loop`, with the run's own policy and transfers, its waits done by
+arithmetic over an n-lane copy model), or, where the run's policy is one
 cache rule that declares a kernel and the run suits it, by that kernel, which gives the same
 outputs faster: the demand-only cache rules that declare a decider (:mod:`moesim.sim.fast.order`,
 ``static``:

@@ -27,7 +27,7 @@ OPTIONS: dict[str, list[str]] = {
     "moepic-qwen": ["--loo", "none"],
     "moepic-mixtral": ["--loo", "none"],
     "activeevict-table3-mixtral": ["--loo", "none", "--grid", "3", "--max-evals", "12"],
-    "activeevict-table3-llama": ["--loo", "none", "--grid", "3", "--max-evals", "12"],
+    "activeevict-table3-llama": ["--loo", "none", "--grid", "6", "--max-evals", "12"],
     "fmoe-end-to-end": ["--loo", "none"],
     "moepic-a6000-joint": ["--grid", "3", "--max-evals", "20", "--loo", "none"],
     "ktransformers-deepseek-v3": ["--loo", "none", "--grid", "3", "--max-evals", "15"],

@@ -99,6 +99,52 @@ def test_spec1b_nonresident_boundary_evicts_only_e0() -> None:
     assert view.evicted == [(0, 0, 0)]
 
 
+def test_nonresident_boundary_keeps_the_boundary_experts_it_counted() -> None:
+    # executed, oldest first: {0,1} {1,2} {1,2} {1,2}: e0 is the least used resident
+    sc = ImportanceScorer(alpha=0.5, gamma=0.5, window=4, score="combined")
+    sc.setup(1, 4)
+    for it, executed in enumerate([{0, 1}, {1, 2}, {1, 2}, {1, 2}]):
+        sc.observe(it, 0, executed)
+    p_hat = [0.33, 0.02, 0.25, 0.40]   # e3 > e0 > e2 > e1; gaps .07 and .08 < tau: r = 2
+    # s = (.1817, .26, .3583) for e0, e1, e2: e0, rank 2 of the prediction, is the lowest
+    s = sc.scores(0, [0, 1, 2], p_hat)
+    assert min(s, key=s.__getitem__) == 0
+    for boundary, evicted in (("nonresident", [(0, 1, 0)]), ("literal", [(0, 0, 0), (0, 1, 0), (0, 2, 0)])):
+        pe = PreEvictor(sc, tau=0.1, r_max=2, boundary=boundary)
+        pe._slots, pe._mine, pe.evictions, pe.fired = [3], set(), 0, 0
+        view = FakeView({0: [0, 1, 2]})
+        pe.preevict(view, 0, p_hat, [3])   # type: ignore[arg-type]
+        # nonresident: room for e3 alone (e0, e2 are resident), and never e0 or e2 evicted;
+        # literal: 1 + 2 slots, taken in ascending s, e0 (the boundary expert) first
+        assert view.evicted == evicted, boundary
+
+
+def test_literal_redundancy_evicts_the_expert_it_makes_room_for() -> None:
+    # two layers, two slots each, top-1. Layer 0 always runs e3. Layer 1 alternates e0, e1, and
+    # layer 0's lookahead predicts it right with the other one (the resident expert of the
+    # previous token) a close second: gap .036 < tau .05, so r = 1, room for that second one
+    T = 6
+    routed = [[[3], [t % 2]] for t in range(T)]
+    look = np.zeros((T, 2, 4), dtype=np.float32)
+    for t in range(T):
+        look[t, 0, t % 2], look[t, 0, (t + 1) % 2] = 1.0, 0.9
+        look[t, 1, 3] = 3.0   # next token's layer 0: e3, a steep boundary (r = 0)
+    tr = make_trace(routed, num_experts=4, lookahead=look)
+    kw = {"budget_experts": 4, "swap_out": True}
+    _, m_lru = run_engine(tr, LRU(), tiny_model(2, 4, 1), tiny_hw(), **kw)
+    _, m_lit = run_engine(tr, ActiveEvict(boundary="literal"), tiny_model(2, 4, 1), tiny_hw(), **kw)
+    _, m_non = run_engine(tr, ActiveEvict(), tiny_model(2, 4, 1), tiny_hw(), **kw)
+    one = 0.003   # GB per expert
+    # literal: from token 1 on, Delta = 1 + 1 with one slot free, so the previous token's
+    # expert (the only resident outside the predicted top-1) is evicted to make room for
+    # itself, and the token after next misses it: layer 1 loads at every token, plus e3 once
+    assert m_lit["demand_gb"] == pytest.approx((T + 1) * one) and m_lit["evictions"] == T - 1
+    # nonresident: the boundary expert is resident, Delta = 1 = the free slot: nothing is
+    # evicted and, as with LRU, layer 1 loads only at the first two tokens
+    assert m_non["demand_gb"] == m_lru["demand_gb"] == pytest.approx(3 * one)
+    assert m_non["evictions"] == 0 and m_non["dropped_per_token"] == 0
+
+
 def test_free_slots_count_toward_the_target() -> None:
     pe, _ = _preevictor()
     view = FakeView({0: [0, 1]})       # one slot free: need = 2 - 1

@@ -22,12 +22,16 @@ from moesim.policies.parts.planners import Planner
 
 
 class BudgetTopKPlanner(Planner):
-    """Shrink each token's routing width to the free slots of its layer (Eqs. 18-21)."""
+    """Shrink each token's routing width to the free slots of its layer (Eqs. 18-21). Counts
+    ``shrunk`` (token rows it narrowed) and ``idle_slots`` (free slots its layers left free
+    after their loads, over ``routed_layers`` layers: room pre-evicted for experts the routing
+    did not need)."""
 
     def __init__(self, k_max: int | None = None) -> None:
         if k_max is not None and k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max = k_max
+        self.shrunk = self.idle_slots = self.routed_layers = 0
 
     def setup(self, ctx: Context) -> None:
         """Slots per layer and the width cap."""
@@ -39,7 +43,7 @@ class BudgetTopKPlanner(Planner):
                                    "routing is not described by the paper")
         self._k_max = k_max
         self._slots = [int(c // ctx.expert_bytes) for c in ctx.pool_capacity]
-        self.shrunk = 0
+        self.shrunk = self.idle_slots = self.routed_layers = 0
 
     def widths(self, view: View, layer: int, experts: np.ndarray) -> list[int]:
         """``k_l`` for each token row of ``experts`` (router order), Eq. 20."""
@@ -66,6 +70,8 @@ class BudgetTopKPlanner(Planner):
             present.update(new)
             avail = max(0, avail - len(new))
             out.append(best)
+        self.idle_slots += avail
+        self.routed_layers += 1
         return out
 
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:

@@ -15,8 +15,10 @@ executed = the plan that ran, not the recorded routing (dropped experts were not
 several tokens in an iteration ``I_t(e) = 1`` if any token ran ``e``; ``h = 0`` when the
 residents' usage sums to 0; the redundancy sum is the literal Eq. 16 (``redundancy="literal"``)
 or stops at the first gap of at least tau (``redundancy="run"``, section 7 A5); the gap counts
-slots (``boundary="literal"``, Eq. 17) or the non-resident experts of the predicted
-top-(k + r) (``boundary="nonresident"``, A6).
+slots (``boundary="literal"``, Eq. 17 as printed) or the non-resident experts of the
+predicted top-(k + r) (``boundary="nonresident"``, A6: Eq. 14's discount of the residents
+applied to the boundary experts too, so a resident rank-(k + 1) expert is kept rather than
+evicted to make a slot for itself).
 """
 
 from __future__ import annotations
@@ -170,7 +172,12 @@ def release_target(p_hat: Sequence[float] | np.ndarray, present: set[int], top: 
 def release_target_of(p: Sequence[float], present: set[int], top: Sequence[int], *, tau: float, r_max: int,
                       redundancy: str = "literal", boundary: str = "literal") -> int:
     """:func:`release_target` of ``p`` given as Python floats (the pre-evictor's per-layer call)."""
-    k = len(top)
+    return release_plan(p, present, top, tau=tau, r_max=r_max, redundancy=redundancy, boundary=boundary)[0]
+
+
+def redundancy_of(p: Sequence[float], k: int, *, tau: float, r_max: int, redundancy: str = "literal") -> int:
+    """Eq. 16: ``r_k``, the gaps below ``p_(k)`` narrower than ``tau`` among the first ``r_max``
+    (``redundancy="run"``: stop at the first that is not)."""
     r = 0
     if r_max > 0 and k < len(p):
         t = sum(p)
@@ -186,14 +193,26 @@ def release_target_of(p: Sequence[float], present: set[int], top: Sequence[int],
                 r += 1
             elif redundancy == "run":
                 break
+    return r
+
+
+def release_plan(p: Sequence[float], present: set[int], top: Sequence[int], *, tau: float, r_max: int,
+                 redundancy: str = "literal", boundary: str = "literal") -> tuple[int, set[int]]:
+    """Eq. 17's target and the experts it makes room for or counts as already there: the
+    predicted top-k (``top``), and with ``boundary="nonresident"`` also the ``r_k`` experts
+    just below the boundary (ranks k+1..k+r of ``p``), whose slots the redundancy is for. The
+    pre-evictor never evicts one of these (A4): evicting a resident it counted as present would
+    free a slot for the very expert it evicted."""
+    k = len(top)
+    r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy)
     if boundary == "nonresident":
         wanted = set(int(e) for e in top) | set(descending(p)[: k + r])
-        return len(wanted - present)
+        return len(wanted - present), wanted
     hits = 0
     for e in top:
         if int(e) in present:
             hits += 1
-    return (k - hits) + r
+    return (k - hits) + r, set(int(e) for e in top)
 
 
 class ImportanceCache(CacheRule):

@@ -17,6 +17,16 @@ Ablations of Figs. 7-8: ``score`` = ``prediction`` (alpha 0), ``hotness`` (alpha
 on the critical path). Variants of the spec's ambiguities: ``redundancy`` (A5), ``boundary``
 (A6), ``preevict_at`` (A2), ``cross_token`` (layer 0 pre-evicted after the last layer).
 
+``boundary``: ``nonresident`` (the default) makes room for the predicted top-(k + r) experts
+that are not resident, and never evicts one of them; ``literal`` is Eq. 17 as printed,
+``(k - H_hat) + r`` slots whatever the boundary experts are. Eq. 16's redundancy is room "for
+possible prediction errors near the top-k boundary" (section 3.3), i.e. for the experts just
+below it; the printed sum frees a slot even when that expert is already resident, and then the
+lowest-importance resident outside the top-k is evicted, which is often that boundary expert
+itself, so the slot is made for the expert just evicted. ``nonresident`` discounts the
+resident ones as Eq. 14 does for the top-k (``benchmarks/results/activeevict_miss.md``
+measures both).
+
 Its gain exists only when an eviction costs a copy back to the host: a run without
 ``cache.swap_out: true`` warns that only dynamic top-k can act. The Offload baseline of the
 paper swaps serially; moesim's D2H lane runs beside the H2D lane (see the benchmark's note).
@@ -49,7 +59,7 @@ class ActiveEvict(Composed):
     def __init__(self, *, alpha: float = 0.5, gamma: float = 0.9, window: int = 32, tau: float = 0.05,
                  r_max: int = 1, k_max: int | None = None, dynamic_topk: bool = True,
                  score: str = "combined", cross_token: bool = True, redundancy: str = "literal",
-                 boundary: str = "literal", preevict_at: str = "after_layer") -> None:
+                 boundary: str = "nonresident", preevict_at: str = "after_layer") -> None:
         self.alpha = alpha
         self.gamma = gamma
         self.window = window

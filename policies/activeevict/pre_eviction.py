@@ -6,9 +6,10 @@ state (the trace's ``lookahead_logits``) gives ``p_hat`` for layer ``l + 1``: th
 iteration's tokens of its softmax (Eqs. 10-12, [rec]: T read as the tokens of the step). The
 release target ``Delta`` (Eq. 17) says how many slots layer ``l + 1`` needs; the residents of
 lowest importance (Eq. 13) are evicted until ``Delta`` slots are free ([rec] A3: slots already
-free count), never one of the predicted top-k ([rec] A4). With ``cache.swap_out`` their copies
-back to the host start now and overlap layer ``l``'s loads and compute, instead of sitting
-before layer ``l + 1``'s demand loads. After the last layer, layer 0 of the next iteration is
+free count), never one of the experts ``Delta`` counted ([rec] A4: the predicted top-k, and with
+``boundary="nonresident"``, the default, the boundary experts below it that the redundancy of
+Eq. 16 is for). With ``cache.swap_out`` their copies back to the host start now and overlap
+layer ``l``'s loads and compute, instead of sitting before layer ``l + 1``'s demand loads. After the last layer, layer 0 of the next iteration is
 the target (``cross_token``, [rec]: the last layer's lookahead is router 0's). Prefill
 iterations are left alone ([rec] A10: the paper is decode-only). It never prefetches.
 
@@ -30,7 +31,7 @@ from moesim.policies.activeevict.importance import (
     REDUNDANCY,
     ImportanceScorer,
     descending,
-    release_target_of,
+    release_plan,
 )
 from moesim.policies.contract.base import (
     MISS,
@@ -52,7 +53,7 @@ class PreEvictor(Prefetcher):
     ``before_layer(l + 1)`` (the spec's A2 contrast: only attention is left to hide them)."""
 
     def __init__(self, scorer: ImportanceScorer, *, tau: float, r_max: int, redundancy: str = "literal",
-                 boundary: str = "literal", cross_token: bool = True, preevict_at: str = "after_layer") -> None:
+                 boundary: str = "nonresident", cross_token: bool = True, preevict_at: str = "after_layer") -> None:
         if tau < 0:
             raise ValueError(f"tau must be >= 0, got {tau}")
         if r_max < 0:
@@ -181,12 +182,11 @@ class PreEvictor(Prefetcher):
         p = p_hat.astype(np.float64).tolist() if isinstance(p_hat, np.ndarray) else p_hat
         units = view.units_of_layer(target)
         present = {k[1] for k in units}
-        delta = release_target_of(p, present, top, tau=self.tau, r_max=self.r_max,
-                                  redundancy=self.redundancy, boundary=self.boundary)
+        delta, keep = release_plan(p, present, top, tau=self.tau, r_max=self.r_max,
+                                   redundancy=self.redundancy, boundary=self.boundary)
         need = delta - (self._slots[target] - len(present))
         if need <= 0:
             return 0
-        keep = set(top)
         state, pinned = view.state, view.pinned
         residents = sorted({k[1] for k in units if state(*k) == RESIDENT})
         cands = [e for e in residents if e not in keep]   # pinned ones are skipped below

@@ -57,7 +57,15 @@ def _bad(change: dict[str, Any]) -> str:
     return yaml.safe_dump(_doc([row]), sort_keys=False)
 
 
+PER_HARDWARE = yaml.safe_dump({
+    "name": "means", "source": "test", "base": copy.deepcopy(BASE),
+    "fit": {"hardware.pcie_gbps": {"min": 1, "max": 64, "per": "hardware"}},
+    "rows": [{"set": {"policy": "lru"}, "mean_over": [{"hardware": "rtx-4090"}, {"hardware": "a100-pcie-80gb"}],
+              "tpot_ms": 1.0, "role": "fit"}]}, sort_keys=False)
+
 MEAN_CASES = [
+    Case("fit-mean-over-across-groups", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["rows[0]", "differ in hardware"],
+         {"m.yaml": PER_HARDWARE}),
     Case("fit-mean-over-empty", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["rows[0].mean_over", "empty"],
          {"m.yaml": _bad({"mean_over": []})}),
     Case("fit-mean-over-empty-setup", ["fit", "{tmp}/m.yaml", "--out", "{tmp}/o"], ["rows[0].mean_over[1]", "empty"],

@@ -272,12 +272,13 @@ def _rows(spec: MeasurementSpec, path: Path, base: dict[str, Any]) -> list[Row]:
         for key, free in spec.fit.items():
             if free.per is None:
                 continue
-            labels = {group_label(d, free.per) for d, _ in row.variants or [(row.data, None)]}
-            if None in labels:
+            found = {group_label(d, free.per) for d, _ in row.variants or [(row.data, None)]}
+            labels = {x for x in found if x is not None}
+            if not labels or len(labels) < len(found):
                 raise FitError(f"{path}: {row.where}: gives no {free.per} (fit: {key} is per {free.per})")
             if len(labels) > 1:
                 raise FitError(f"{path}: {row.where}: its mean_over setups differ in {free.per} "
-                               f"({', '.join(sorted(str(x) for x in labels))}), which fit: {key} is fitted per")
+                               f"({', '.join(sorted(labels))}), which fit: {key} is fitted per")
             row.groups[free.per] = labels.pop()
         rows.append(row)
     return rows

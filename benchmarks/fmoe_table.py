@@ -56,12 +56,13 @@ ABLATIONS = {"Speculate": {"matcher": "speculate"}, "Hit count": {"matcher": "hi
              "cache LRU": {"eviction": "lru"}, "cache LFU": {"eviction": "lfu"}}
 
 
-def scenario(policy: str, params: dict[str, Any], sync: bool, gib: float, args: argparse.Namespace) -> dict[str, Any]:
-    """One system's scenario (``args``: preset, requests, profile, tokens)."""
+def scenario(policy: str, params: dict[str, Any], sync: bool, gib: float, *, preset: str = "mixtral-8x7b",
+             requests: int = 35, profile: int = 32, tokens: int = 32) -> dict[str, Any]:
+    """One system's scenario: ``profile`` of ``requests`` requests fill the store, the rest replay."""
     return {"name": f"fmoe-{policy}",
-            "trace": {"synthetic": {"preset": args.preset, "requests": args.requests, "prompt_len": args.tokens,
-                                    "decode_len": args.tokens, "seed": 0}},
-            "profile": {"requests": args.profile}, "model": "mixtral-8x7b",
+            "trace": {"synthetic": {"preset": preset, "requests": requests, "prompt_len": tokens,
+                                    "decode_len": tokens, "seed": 0}},
+            "profile": {"requests": profile}, "model": "mixtral-8x7b",
             "hardware": {"base": "rtx-3090", "vram_gib": 144, "copy_engines": 6},
             "cache": {"gib": gib, "scope": "global"}, "pcie": {"sync_prefetch": sync},
             "policy": {"name": policy, "params": params},
@@ -88,10 +89,11 @@ def main() -> None:
         sys.exit(f"fmoe_table: unknown --preset {args.preset!r} (known: {', '.join(PRESETS)})")
     if not 0 < args.profile < args.requests:
         sys.exit(f"fmoe_table: --profile {args.profile} must be between 0 and --requests {args.requests}")
+    setup = {"preset": args.preset, "requests": args.requests, "profile": args.profile, "tokens": args.tokens}
     for gib in args.gib:
         print(f"\n== fMoE section 6.2, Mixtral-8x7B ({args.preset} routing, {args.profile} of {args.requests} "
               f"requests profiled), expert cache {gib:g} GiB ==")
-        res = {k: measure(scenario(p, prm, sync, gib, args))
+        res = {k: measure(scenario(p, prm, sync, gib, **setup))
                for k, (p, prm, sync) in METHODS.items()}
         f = res["fMoE"]
         print("one global pool for every system; hit rates compared as hit + late")
@@ -125,7 +127,7 @@ def main() -> None:
               "Map(T+S+delta); LRU < LFU < fMoE --")
         abl = {}
         for name, params in ABLATIONS.items():
-            r = abl[name] = measure(scenario("fmoe", {"prefetch_distance": 3, **params}, False, gib, args))
+            r = abl[name] = measure(scenario("fmoe", {"prefetch_distance": 3, **params}, False, gib, **setup))
             print(f"{name:16} hit {r['hit']:.3f}  hit+late {r['hitlate']:.3f}  TPOT {r['tpot']:7.1f} ms")
         if hit_ok:
             print(f"why the hit-rate sign is not reproduced: on this synthetic trace the next router's "

@@ -263,10 +263,10 @@ def test_fmoe_table_compares_every_system_on_one_global_pool() -> None:
     from benchmarks.paper_runs import run_scenario
 
     for policy, params, sync in METHODS.values():
-        data = scenario(policy, params, sync, 12.0, 10, 32)
+        data = scenario(policy, params, sync, 12.0)
         assert data["cache"]["scope"] == "global"
     # the scenario key reaches the engine: lru (per-layer by default) runs on one pool
-    small = scenario("lru", {}, True, 12.0, 2, 4)
+    small = scenario("lru", {}, True, 12.0, requests=2, profile=1, tokens=4)
     m, pol = run_scenario(small)
     assert pol.scope == "global" and m["expert_budget_gib"] == pytest.approx(12.0)
     m_layer, pol_layer = run_scenario({**small, "cache": {"gib": 12.0}})

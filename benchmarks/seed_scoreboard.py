@@ -287,22 +287,29 @@ def fitted_values(stem: str, row: Row) -> list[tuple[str, float]]:
 
 
 def run_metrics(stem: str, row: Row, reference: bool = False) -> dict[str, Any]:
-    """The metrics of ``row``'s scenario (or its ``relative_to`` reference) at the fitted values."""
+    """The metrics of ``row``'s scenario (or its ``relative_to`` reference) at the fitted values;
+    of a ``mean_over`` row, the :data:`REASONS` averaged over its setups."""
     from moesim.sim.config.scenario import load_scenario_data, set_key
     from moesim.sim.run.runner import load_trace, run_loaded
     from moesim.sim.study.fit_spec import load_measurements
 
     ms = load_measurements(MEASUREMENTS / f"{stem}.yaml")
     spec = ms.rows[row.index]
-    data = copy.deepcopy(spec.reference if reference else spec.data)
-    fixed = (*spec.set, *spec.relative_to) if reference else tuple(spec.set)
     values = fitted_values(stem, row)
-    for key, value in values:
-        set_key(data, key.split("."), value, f"{stem}: {key}")
-    loaded = load_scenario_data(data, source=f"{stem} row {row.index}", base_dir=ms.base_dir,
-                                fixed=(*fixed, *(k for k, _ in values)))
-    metrics: dict[str, Any] = run_loaded(loaded, steps=False, trace=load_trace(loaded)).metrics
-    return metrics
+    runs = []
+    for setup, (own, ref) in zip(spec.mean_over or [{}], spec.variants or [(spec.data, spec.reference)], strict=True):
+        data = copy.deepcopy(ref if reference else own)
+        fixed = (*spec.set, *setup, *spec.relative_to) if reference else (*spec.set, *setup)
+        for key, value in values:
+            set_key(data, key.split("."), value, f"{stem}: {key}")
+        loaded = load_scenario_data(data, source=f"{stem} row {row.index}", base_dir=ms.base_dir,
+                                    fixed=(*fixed, *(k for k, _ in values)))
+        runs.append(run_loaded(loaded, steps=False, trace=load_trace(loaded)).metrics)
+    if len(runs) == 1:
+        metrics: dict[str, Any] = runs[0]
+        return metrics
+    return {k: sum(m[k] for m in runs) / len(runs) for k in REASONS
+            if all(isinstance(m.get(k), (int, float)) for m in runs)}
 
 
 def reason(h: Headline) -> list[str]:

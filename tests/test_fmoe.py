@@ -263,10 +263,10 @@ def test_fmoe_table_compares_every_system_on_one_global_pool() -> None:
     from benchmarks.paper_runs import run_scenario
 
     for policy, params, sync in METHODS.values():
-        data = scenario(policy, params, sync, 12.0, 10, 32)
+        data = scenario(policy, params, sync, 12.0)
         assert data["cache"]["scope"] == "global"
     # the scenario key reaches the engine: lru (per-layer by default) runs on one pool
-    small = scenario("lru", {}, True, 12.0, 2, 4)
+    small = scenario("lru", {}, True, 12.0, requests=2, profile=1, tokens=4)
     m, pol = run_scenario(small)
     assert pol.scope == "global" and m["expert_budget_gib"] == pytest.approx(12.0)
     m_layer, pol_layer = run_scenario({**small, "cache": {"gib": 12.0}})
@@ -307,3 +307,22 @@ def test_fmoe_measurement_set_runs_every_system_on_one_global_pool() -> None:
     for row in data["rows"]:
         for over in (row["set"], row.get("relative_to", {})):
             assert "cache.scope" not in over and "scope" not in over.get("cache", {})
+
+
+def test_fmoe_measurement_set_averages_the_papers_three_models() -> None:
+    """measurements/fmoe-end-to-end.yaml: fMoE's section 6.2 and 6.4 figures are averages over
+    Mixtral-8x7B, Qwen1.5-MoE and Phi-3.5-MoE (Table 1), so every row is a ``mean_over`` those
+    three catalog models (each with its own routed-expert shape in the trace), and no row sets a
+    model of its own."""
+    from pathlib import Path
+
+    from moesim.sim.study.fit_spec import load_measurements
+    from moesim.traces.synthetic.generator import SynthParams
+
+    ms = load_measurements(Path(__file__).resolve().parents[1] / "measurements" / "fmoe-end-to-end.yaml")
+    for row in ms.rows:
+        assert "model" not in row.set
+        assert [m["model"] for m in row.mean_over] == ["mixtral-8x7b", "qwen1.5-moe-a2.7b", "phi-3.5-moe"]
+        for (data, ref), setup in zip(row.variants, row.mean_over, strict=True):
+            assert SynthParams.model_validate(data["trace"]["synthetic"]).model == setup["model"]
+            assert ref is not None and ref["model"] == data["model"] == setup["model"]

@@ -34,7 +34,7 @@ from tests.util import ROOT
 FOLDER = ROOT / "measurements"
 FILES = sorted(FOLDER.glob("*.yaml"))
 TOP_KEYS = {"name", "source", "notes", "base", "fit", "rows"}
-ROW_KEYS = {"set", "role", "source", "read_off", "relative_to"}
+ROW_KEYS = {"set", "role", "source", "read_off", "relative_to", "mean_over"}
 FIT_KEYS = {"min", "max", "per"}
 
 
@@ -117,6 +117,11 @@ def test_schema(path: Path) -> None:
             assert isinstance(row["relative_to"], dict) and row["relative_to"], where
             assert row["relative_to"] != {k: row["set"].get(k) for k in row["relative_to"]}, \
                 f"{where}: relative_to changes nothing"
+        if "mean_over" in row:
+            setups = row["mean_over"]
+            assert isinstance(setups, list) and len(setups) >= 2, f"{where}: a mean over fewer than two setups"
+            for s in setups:
+                assert isinstance(s, dict) and s and not set(s) & {*row["set"], *row.get("relative_to", {})}, where
         for per in {s["per"] for s in doc["fit"].values() if "per" in s}:
             assert per in row["set"], f"{where}: a per-{per} fit needs {per} in every row's set"
 
@@ -145,10 +150,11 @@ def test_every_row_builds(path: Path) -> None:
     for bound in ("min", "max"):
         fit = [f"{k}={spec[bound]}" for k, spec in doc["fit"].items()]
         for row in doc["rows"]:
-            _resolve(_build(path, doc, _overrides(row["set"]) + fit))
-            if "relative_to" in row:
-                ref = {**row["set"], **row["relative_to"]}
-                _resolve(_build(path, doc, _overrides(ref) + fit))
+            for setup in row.get("mean_over", [{}]):
+                _resolve(_build(path, doc, _overrides({**row["set"], **setup}) + fit))
+                if "relative_to" in row:
+                    ref = {**row["set"], **setup, **row["relative_to"]}
+                    _resolve(_build(path, doc, _overrides(ref) + fit))
 
 
 def test_metrics_exist_in_metrics_json() -> None:

@@ -1,7 +1,9 @@
 """Running the rows of a measurement file through the simulator, for ``simctl fit``.
 
 A row's prediction at a point of the fit is one simulator run of its scenario with the fitted
-values that apply to it (a ratio row, ``relative_to``: two runs, the row's and its reference's). :class:`RowRunner` keeps every run's result keyed by the row and those
+values that apply to it (a ratio row, ``relative_to``: two runs, the row's and its reference's;
+a mean row, ``mean_over``: those runs once per setup, the metric averaged over the setups before
+a ratio is taken). :class:`RowRunner` keeps every run's result keyed by the row and those
 values, so a finite-difference column of a value fitted per hardware reruns only that hardware's
 rows, and the leave-one-out refits reuse the full fit's runs. Runs that are not yet known are
 run in one batch: inline, or over ``jobs`` worker processes (each loads a trace once).
@@ -36,6 +38,9 @@ class RowJob:
     reference: dict[str, Any] | None = None
     """A ratio row's reference scenario: its metrics divide the row's."""
     reference_fixed: tuple[str, ...] = ()
+    more: tuple[tuple[dict[str, Any], tuple[str, ...], dict[str, Any] | None, tuple[str, ...]], ...] = ()
+    """A mean row's other setups (``mean_over`` after the first, which is ``data``), each as
+    (scenario, its fixed keys, reference or None, the reference's fixed keys)."""
 
 
 @dataclass(frozen=True)
@@ -126,19 +131,26 @@ def _metrics(data: dict[str, Any], source: str, base_dir: str, fixed: tuple[str,
 def run_job(job: RowJob, values: Values) -> Outcome:
     """Run one row at ``values``: its measured metrics (of a ratio row: divided by its
     reference's), or the one-line reason it did not run."""
+    setups = ((job.data, job.fixed, job.reference, job.reference_fixed), *job.more)
+    runs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     try:
-        metrics = _metrics(job.data, job.source, job.base_dir, job.fixed, values)
-        ref = None if job.reference is None else _metrics(job.reference, f"{job.source} (relative_to)",
-                                                          job.base_dir, job.reference_fixed, values)
+        for j, (data, fixed, reference, reference_fixed) in enumerate(setups):
+            where = job.source if not job.more else f"{job.source} mean_over[{j}]"
+            metrics = _metrics(data, where, job.base_dir, fixed, values)
+            ref = None if reference is None else _metrics(reference, f"{where} (relative_to)", job.base_dir,
+                                                          reference_fixed, values)
+            runs.append((metrics, ref))
     except MoesimError as exc:
         return Outcome({}, error=" ".join(str(exc).split()))
     out: dict[str, float | None] = {}
     undefined = None
     for name in job.metrics:
         try:
-            value = metric_value(metrics, name)
-            if ref is not None and value is not None:
-                denominator = metric_value(ref, name)
+            own = [metric_value(m, name) for m, _ in runs]
+            value = None if None in own else math.fsum(v for v in own if v is not None) / len(own)
+            if job.reference is not None and value is not None:
+                refs = [metric_value(r, name) for _, r in runs if r is not None]
+                denominator = None if None in refs else math.fsum(v for v in refs if v is not None) / len(refs)
                 if not denominator:
                     undefined = f"{job.source}: {name} of the relative_to reference is {denominator}: no ratio"
                     value = math.inf
@@ -146,15 +158,21 @@ def run_job(job: RowJob, values: Values) -> Outcome:
                     value /= denominator
             out[name] = value
         except KeyError:
-            return Outcome({}, missing=name, scalars=tuple(scalar_metrics(metrics)))
-    return Outcome(out, engine_path=str(metrics.get("engine_path", "")), undefined=undefined)
+            return Outcome({}, missing=name, scalars=tuple(scalar_metrics(runs[0][0])))
+    return Outcome(out, engine_path=str(runs[0][0].get("engine_path", "")), undefined=undefined)
 
 
 def row_jobs(ms: Measurements) -> list[RowJob]:
     """What running each row of ``ms`` takes, by row index."""
-    return [RowJob(index=r.index, data=r.data, source=f"{ms.source}: {r.where}", base_dir=str(ms.base_dir),
-                   fixed=tuple(r.set), metrics=tuple(r.measured), reference=r.reference,
-                   reference_fixed=(*r.set, *r.relative_to)) for r in ms.rows]
+    jobs = []
+    for r in ms.rows:
+        fixed = [(*r.set, *keys) for keys in r.mean_over] or [tuple(r.set)]
+        setups = r.variants or [(r.data, r.reference)]
+        more = tuple((d, f, ref, (*f, *r.relative_to)) for (d, ref), f in zip(setups[1:], fixed[1:], strict=True))
+        jobs.append(RowJob(index=r.index, data=r.data, source=f"{ms.source}: {r.where}", base_dir=str(ms.base_dir),
+                           fixed=fixed[0], metrics=tuple(r.measured), reference=r.reference,
+                           reference_fixed=(*fixed[0], *r.relative_to), more=more))
+    return jobs
 
 
 def _init_worker(ms: Measurements, allow: bool) -> None:

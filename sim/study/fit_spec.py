@@ -17,6 +17,10 @@ A measurement file (YAML)::
       - set: {policy: mixtral-offloading}
         relative_to: {policy: lru}           # a ratio row: metric(row) / metric(row with these keys)
         tpot_ms: 0.81
+      - set: {policy: fmoe}
+        relative_to: {policy: lru}
+        mean_over: [{model: mixtral-8x7b}, {model: phi-3.5-moe}]   # a published mean over setups
+        tpot_ms: 0.30                        # mean of the row's runs / mean of the references'
 
 An empty ``fit: {}`` fits nothing: the rows are only predicted (a base with ``calibration:``
 judged on published rows). ``notes:`` is free text.
@@ -41,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
 
-ROW_KEYS = ("set", "role", "source", "name", "read_off", "relative_to")
+ROW_KEYS = ("set", "role", "source", "name", "read_off", "relative_to", "mean_over")
 """The keys of a row that are not measurements."""
 
 
@@ -81,6 +85,10 @@ class RowSpec(BaseModel):
     relative_to: dict[str, Any] | None = Field(
         None, description="a ratio row: dotted keys applied on top of this row's set give the reference; the "
         "measured value is the row's metric divided by the same metric of the reference run (same fitted values)")
+    mean_over: list[dict[str, Any]] | None = Field(
+        None, description="a published mean over several setups: each mapping (dotted keys, applied after the row's "
+        "set) is one setup; the prediction is the mean of the metric over them (a ratio row: the mean of the row's "
+        "runs over the mean of the references', the ratio of the means)")
 
     @model_validator(mode="after")
     def _measured(self) -> RowSpec:
@@ -136,6 +144,11 @@ class Row:
     reference: dict[str, Any] | None = None
     """A ratio row's reference scenario (``data`` with ``relative_to`` applied), else None."""
     read_off: bool = False
+    mean_over: list[dict[str, Any]] = field(default_factory=list)
+    """A mean row's setups (``mean_over``), else empty."""
+    variants: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
+    """A mean row's scenarios, one (row scenario, reference or None) per setup of ``mean_over``;
+    ``data`` and ``reference`` are the first of them."""
 
     @property
     def where(self) -> str:
@@ -247,26 +260,65 @@ def _rows(spec: MeasurementSpec, path: Path, base: dict[str, Any]) -> list[Row]:
             where_ref = f"{path}: rows[{i}].relative_to"
             if not rs.relative_to:
                 raise FitError(f"{where_ref}: empty: give the keys that turn this row into its reference")
-            ref = copy.deepcopy(data)
-            for key, value in rs.relative_to.items():
+            for key in rs.relative_to:
                 _check_key(key, where_ref)
                 if key in spec.fit:
                     raise FitError(f"{where_ref}: {key}: is fitted (under fit:); a reference cannot set it")
-                try:
-                    set_key(ref, key.split("."), value, f"{where_ref}: {key}")
-                except ScenarioError as exc:
-                    raise FitError(str(exc)) from None
-            row.relative_to, row.reference = dict(rs.relative_to), ref
+            row.relative_to = dict(rs.relative_to)
+            row.reference = _apply(data, row.relative_to, where_ref)
             row.label += f" / {_describe(rs.relative_to)}"
+        if rs.mean_over is not None:
+            _mean_over(row, rs.mean_over, spec, f"{path}: rows[{i}].mean_over")
         for key, free in spec.fit.items():
             if free.per is None:
                 continue
-            label = group_label(data, free.per)
-            if label is None:
+            found = {group_label(d, free.per) for d, _ in row.variants or [(row.data, None)]}
+            labels = {x for x in found if x is not None}
+            if not labels or len(labels) < len(found):
                 raise FitError(f"{path}: {row.where}: gives no {free.per} (fit: {key} is per {free.per})")
-            row.groups[free.per] = label
+            if len(labels) > 1:
+                raise FitError(f"{path}: {row.where}: its mean_over setups differ in {free.per} "
+                               f"({', '.join(sorted(labels))}), which fit: {key} is fitted per")
+            row.groups[free.per] = labels.pop()
         rows.append(row)
     return rows
+
+
+def _apply(data: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
+    """A copy of ``data`` with the dotted ``keys`` set, as ``--set`` does."""
+    from moesim.sim.config.scenario import ScenarioError, set_key
+
+    out = copy.deepcopy(data)
+    for key, value in keys.items():
+        try:
+            set_key(out, key.split("."), value, f"{where}: {key}")
+        except ScenarioError as exc:
+            raise FitError(str(exc)) from None
+    return out
+
+
+def _mean_over(row: Row, setups: list[dict[str, Any]], spec: MeasurementSpec, where: str) -> None:
+    """Lay out a mean row's setups: each applied after the row's ``set`` (and its reference's
+    ``relative_to`` after that); a setup may not name a key the row, its reference or the fit sets."""
+    if not setups:
+        raise FitError(f"{where}: empty: give the setups the published value is a mean over")
+    taken = {**row.set, **row.relative_to}
+    for j, keys in enumerate(setups):
+        at = f"{where}[{j}]"
+        if not keys:
+            raise FitError(f"{at}: empty: a setup needs at least one key")
+        for key in keys:
+            _check_key(key, at)
+            if key in spec.fit:
+                raise FitError(f"{at}: {key}: is fitted (under fit:); a setup cannot set it")
+            if key in taken:
+                raise FitError(f"{at}: {key}: is set by the row's set or relative_to already")
+        data = _apply(row.data, keys, at)
+        ref = None if row.reference is None else _apply(data, row.relative_to, f"{at} (relative_to)")
+        row.variants.append((data, ref))
+    row.mean_over = [dict(k) for k in setups]
+    row.data, row.reference = row.variants[0]
+    row.label += f" (mean over {len(setups)} setups)"
 
 
 def _free_values(spec: MeasurementSpec, path: Path, rows: list[Row]) -> list[FreeValue]:

@@ -36,7 +36,8 @@ STEP_CHUNK = 1 << 15
 
 
 _EXACT_INT = float(2 ** 53)
-"""Integers of at most this magnitude are exact in a float64."""
+"""Integers of smaller magnitude are exact in a float64 (and a float64 of smaller magnitude
+read from an integer was that integer)."""
 
 
 def _as_float_table(rows: list[tuple[Any, ...]]) -> list[np.ndarray] | None:
@@ -57,7 +58,7 @@ def _as_float_table(rows: list[tuple[Any, ...]]) -> list[np.ndarray] | None:
         if dtype == "float64":
             out.append(col)
             continue
-        if dtype == "int64" and not (np.abs(col) <= _EXACT_INT).all():
+        if dtype == "int64" and not (np.abs(col) < _EXACT_INT).all():
             return None
         cast = col.astype(dtype)
         if not np.array_equal(cast, col):   # a fraction, or out of the type's range

@@ -26,12 +26,6 @@ from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import top_experts
 from moesim.policies.parts.prefetchers import Prefetcher
 
-_DISTINCT_F32 = float(2 ** 23 - 1)
-"""Below this total, distinct whole-number counts ``a > b`` give distinct float32 shares
-``f32(a / total) > f32(b / total)`` (they differ by ``1 / total``, more than a float32 step of
-``a / total``), and a count ``>= 1`` a share above 0: sorting the counts sorts the shares, ties
-(equal counts) alike."""
-
 
 class StridePrefetcher(Prefetcher):
     """Lookahead for ``l + 1``, learned co-routing transitions for ``l + 2 .. l + stride``."""
@@ -116,21 +110,13 @@ class StridePrefetcher(Prefetcher):
                 tot1 = sum(sc)   # whole numbers: exact in any order
                 if not tot1:
                     continue
+                # top_experts reads the float64 shares as float32 ('f': the same C cast)
+                prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
                 out = []
-                if tot1 < _DISTINCT_F32:
-                    # the counts' order is the shares' (see _DISTINCT_F32): the best counts
-                    # first, and only their shares read as float32 ('f': top_experts' C cast)
-                    best = sorted(range(E), key=sc.__getitem__, reverse=True)[:top]
-                    for e, p in zip(best, array("f", [sc[e] / tot1 for e in best]).tolist(), strict=True):
-                        if p > 0:
-                            out.append((e, p / dist))
-                else:
-                    # top_experts reads the float64 shares as float32 ('f': the same C cast)
-                    prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
-                    for e in sorted(range(E), key=prob.__getitem__, reverse=True)[:top]:
-                        p = prob[e]
-                        if p > 0:
-                            out.append((e, p / dist))
+                for e in sorted(range(E), key=prob.__getitem__, reverse=True)[:top]:
+                    p = prob[e]
+                    if p > 0:
+                        out.append((e, p / dist))
                 self.prefetch_set(view, t, out)
                 continue
             tab = np.array(table)

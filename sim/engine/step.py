@@ -363,28 +363,26 @@ class Stepper:
                         st.prefetch_used += 1
                     u.used = True
                 need.append((i, t_exp * f0, u))
-        else:   # experts in parts: each part's key and bytes made once per layer
-            parts = range(nparts)
-            part_bytes = [run.part_bytes(layer, p) for p in parts]
-            keys_of = [[(layer, e, p) for p in parts] for e in exps]
-            for ks in keys_of:
-                pinned.update(ks)
-            fetches = covers = used_prefetches = 0
-            for i, ks in enumerate(keys_of):
+        else:
+            for e in exps:
+                for p in range(nparts):
+                    pinned.add((layer, e, p))
+            for i, e in enumerate(exps):
                 c = counts[i]
                 t_exp = exp_cost.get(c)
                 if t_exp is None:
                     t_exp = exp_cost[c] = self.cost.expert_s(c)
                 n_res = n_abs = 0
                 fetched = covered = False
-                for p, key in enumerate(ks):
+                for p in range(nparts):
+                    key = (layer, e, p)
                     u = units.get(key)
                     if u is not None and u.state == WAITING and not u.demand:
                         self.tx.demand_instead(u)
                         u = None
                     if u is None:
                         n_abs += 1
-                        u = Unit(key, part_bytes[p], pool, True)
+                        u = Unit(key, run.part_bytes(layer, p), pool, True)
                         vram.add(u)
                         miss_units.append(u)
                         miss_bytes += u.nbytes
@@ -395,7 +393,7 @@ class Stepper:
                         fetched = True
                         if not u.demand:
                             covered = True
-                            used_prefetches += 1
+                            st.prefetch_used += 1
                         u.used = True
                     need.append((i, t_exp * fr[p], u))
                 if n_res == nparts:
@@ -411,12 +409,9 @@ class Stepper:
                     status.append(MISS)
                     miss += 1
                 if fetched:
-                    fetches += 1
+                    st.fetch_needed += 1
                     if covered:
-                        covers += 1
-            st.prefetch_used += used_prefetches
-            st.fetch_needed += fetches
-            st.fetch_covered += covers
+                        st.fetch_covered += 1
         st.hits += hits
         st.late += late
         st.partial += part

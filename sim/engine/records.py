@@ -35,38 +35,6 @@ STEP_CHUNK = 1 << 15
 """Rows kept as tuples before they are packed into a numpy chunk."""
 
 
-_EXACT_INT = float(2 ** 53)
-"""Integers of smaller magnitude are exact in a float64 (and a float64 of smaller magnitude
-read from an integer was that integer)."""
-
-
-def _as_float_table(rows: list[tuple[Any, ...]]) -> list[np.ndarray] | None:
-    """The step rows' fields as columns of their :data:`STEP_FIELDS` types, read by one call as
-    a float64 matrix (about 40% quicker than reading each field on its own), or None where that
-    could differ from reading each field in its own type: a row that is not one number per
-    field, a NaN (a None reads as one), or an integer field holding a fraction or a value that
-    its type or a float64 does not hold exactly."""
-    try:
-        mat = np.array(rows, dtype=np.float64)
-    except (TypeError, ValueError):
-        return None
-    if mat.ndim != 2 or mat.shape[1] != len(STEP_FIELDS) or np.isnan(mat).any():
-        return None
-    out = []
-    for j, (_, dtype) in enumerate(STEP_FIELDS):
-        col = mat[:, j]
-        if dtype == "float64":
-            out.append(col)
-            continue
-        if dtype == "int64" and not (np.abs(col) < _EXACT_INT).all():
-            return None
-        cast = col.astype(dtype)
-        if not np.array_equal(cast, col):   # a fraction, or out of the type's range
-            return None
-        out.append(cast)
-    return out
-
-
 class StepRecords:
     """Per (iteration, layer) records, appended as tuples on the hot path and packed into
     numpy columns every few thousand steps (bounded memory, no per-row objects).
@@ -119,16 +87,10 @@ class StepRecords:
             self.rows = []
             n = len(rows)
             at = self._room(n)
-            cols = self._cols
-            table = _as_float_table(rows)
-            if table is not None:
-                for j, (name, _) in enumerate(STEP_FIELDS):
-                    cols[name][at:at + n] = table[j]
-                return
             # the rows turned into fields by zip, each field read into its column: a fifth
             # faster than reading the tuples as records, the same values
             for (name, dtype), values in zip(STEP_FIELDS, zip(*rows, strict=True), strict=True):
-                cols[name][at:at + n] = np.fromiter(values, dtype=dtype, count=n)
+                self._cols[name][at:at + n] = np.fromiter(values, dtype=dtype, count=n)
 
     def extend(self, columns: dict[str, Any], n: int) -> None:
         """Append ``n`` steps given as one sequence per field (every field of

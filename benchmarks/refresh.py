@@ -209,7 +209,8 @@ def main() -> None:
         "`bench_eventpath_policies.py`, `bench_policies_process.py`: every policy's whole `simctl run` process, with `--vs` another tree, output in `results/policies_process.md`, and `bench_startup.py`: the phases of one `simctl run --out` process) "
         "or reproduce papers' tables (`*_table.py`, `paper_runs.py`, `crosscheck_libcachesim.py`); "
         "`fit_presets.py` and `routing_rankings.py` compare the synthetic presets with published routing "
-        "statistics and rank policies on recorded and fitted routing (outputs in `results/`). The speed "
+        "statistics and rank policies on recorded and fitted routing, and `scenario_presets.py` runs each "
+        "paper scenario on its fitted preset beside the `-legacy` one it ran before (outputs in `results/`). The speed "
         "figures above use the `-legacy` presets.",
         "",
     ]

@@ -14,7 +14,8 @@ l+1's router on layer l's real hidden state, which is what 1 means).
 
 ``<model>-legacy`` (:data:`LEGACY_PRESETS`) are the presets before that fit (generator
 version 1 settings, no token identity), kept byte for byte because committed benchmark
-results and the paper-reproduction scenarios were measured on them.
+results (the speed figures, the MoEpic tables) were measured on them; the paper scenarios moved
+to the fitted presets (``benchmarks/results/fitted_scenarios.md`` shows both).
 """
 
 from __future__ import annotations

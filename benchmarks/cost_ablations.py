@@ -166,11 +166,16 @@ def _naive_rows() -> dict[str, dict[str, tuple[float, int, str]]]:
         if row.set.get("policy") != "accelerate":
             continue
         model = str(row.set["model"])
-        given = row.set.get("policy.params", {}).get("resident_layers")
-        # no count given (the A100): the policy's own rule, the budget's whole layers less one streamed
-        resident = int(given) if given is not None else int(float(row.set["cache.experts_per_layer"]) * 32 // 8) - 1
-        out.setdefault(str(row.set["hardware"]), {})[model[-2:]] = (row.measured["tokens_per_s"], resident, model)
+        out.setdefault(str(row.set["hardware"]), {})[model[-2:]] = (row.measured["tokens_per_s"], _resident(row.set),
+                                                                   model)
     return out
+
+
+def _resident(row_set: dict[str, Any]) -> int:
+    """The decoder layers a naive row's set keeps on the GPU: its ``resident_layers``, or without
+    one (the A100) the policy's own rule, the budget's whole layers less one streamed."""
+    given = row_set.get("policy.params", {}).get("resident_layers")
+    return int(given) if given is not None else int(float(row_set["cache.experts_per_layer"]) * 32 // 8) - 1
 
 
 def naive_pairs() -> list[str]:
@@ -208,6 +213,65 @@ def naive_pairs() -> list[str]:
                      f"{need:.1f} | {'-' if link is None else f'{link:g}'} | {s_over_r:.2f} | "
                      f"{s_over_r * hw.pageable_rate_gbps:.1f} of 32 |")
     lines += ["", f"The best published pageable rate in `sim/config/catalog/pageable.py` is {best_pageable:g} GB/s."]
+    return lines
+
+
+ASK_STEP = 4
+"""Resident layers fewer than the set's placement at which :func:`naive_asks` runs a row a
+second time, to price one streamed layer."""
+
+
+def _naive_step(job: Any, values: dict[str, Any], resident: int | None) -> float | None:
+    """Seconds per token of one naive row at ``values``: at its set's placement (``resident``
+    None) or with ``resident`` layers kept and the budget raised to hold them and one streamed
+    layer; None when the run refused."""
+    from moesim.sim.study.fit_runs import run_job
+
+    change: dict[str, Any] = {} if resident is None else {
+        "policy": {"name": "accelerate", "params": {"resident_layers": resident}},
+        "cache.experts_per_layer": 8 * (resident + 1) / 32}
+    tps = run_job(job, tuple({**values, **change}.items())).values.get("tokens_per_s")
+    return None if not tps else 1.0 / tps
+
+
+def naive_asks() -> list[str]:
+    """Markdown rows: what each naive accelerate row of :data:`NAIVE_SET` asks of the two
+    numbers the paper does not give, at its fit's values (nothing fitted, nothing adopted).
+
+    A naive step is ``T0 + S x c`` (``T0``: the step with every layer resident; ``S`` streamed
+    layers; ``c`` one streamed layer's copy time at the catalog's pageable rate ``R``, its
+    bytes over ``R``). ``c`` and ``T0`` come from two runs (the set's placement and
+    :data:`ASK_STEP` more layers streamed); the measured step ``t`` then asks for
+    ``S = (t - T0) / c`` streamed layers at ``R``, or, at the set's placement, for the rate
+    ``R x S_set x c / (t - T0)``: one equation, two unknowns, so a row fixes only ``S / R``."""
+    from moesim.sim.config.catalog import get_hardware
+    from moesim.sim.study.fit_runs import row_jobs
+    from moesim.sim.study.fit_spec import load_measurements
+
+    ms = load_measurements(ROOT / "measurements" / f"{NAIVE_SET}.yaml")
+    params = _fitted(NAIVE_SET)["parameters"]
+    lines = ["| row | hardware | experts | measured step ms | set's step ms | step, all resident ms | streamed (set) "
+             "| catalog pageable GB/s | streamed the row asks for at that rate | rate the row asks for at the "
+             "set's placement GB/s | pinned link as fitted GB/s |", "| --- " * 11 + "|"]
+    for row, job in zip(ms.rows, row_jobs(ms), strict=True):
+        if row.role != "test" or row.set.get("policy") != "accelerate":
+            continue
+        values: dict[str, Any] = {p["key"]: float(p["value"]) for p in params
+                                  if p["per"] is None or row.groups.get(p["per"]) == p["group"]}
+        resident = _resident(row.set)
+        t_set, t_more = _naive_step(job, values, None), _naive_step(job, values, resident - ASK_STEP)
+        measured = 1.0 / row.measured["tokens_per_s"]
+        rate = get_hardware(str(row.set["hardware"])).pageable_rate_gbps
+        head = f"| {row.index} | {row.set['hardware']} | {str(row.set['model'])[-1]}-bit | {1000 * measured:.0f} | "
+        if t_set is None or t_more is None:
+            lines.append(head + " | ".join("-" * 7) + " |")
+            continue
+        per_layer = (t_more - t_set) / ASK_STEP
+        streamed = 32 - resident
+        t0 = t_set - streamed * per_layer
+        lines.append(head + f"{1000 * t_set:.0f} | {1000 * t0:.0f} | {streamed} | {rate:g} | "
+                     f"{(measured - t0) / per_layer:.1f} | {rate * streamed * per_layer / (measured - t0):.1f} | "
+                     f"{values.get('hardware.pcie_gbps', get_hardware(str(row.set['hardware'])).pcie_gbps):.1f} |")
     return lines
 
 
@@ -252,7 +316,13 @@ def main() -> None:
                  f"## Diagnostic: the naive rows' two expert widths ({NAIVE_SET}; measured numbers only)", "",
                  "What the step's growth from 2- to 3-bit experts on one GPU asks of the copies (see",
                  "`naive_pairs`). The T4's columns ran on two machines (Colab, Azure), so its pair is weaker.", "",
-                 *naive_pairs(), ""]
+                 *naive_pairs(), "",
+                 f"## Diagnostic: what each naive row asks of the placement and the pageable rate ({NAIVE_SET})", "",
+                 "The paper gives neither the naive runs' `device_map` nor their hosts' pageable rate, and one row",
+                 "fixes only their ratio (see `naive_asks`): per row, the streamed layers it asks for at the",
+                 "catalog's pageable rate, and the rate it asks for at the set's placement (fit values, no row",
+                 "adopted).", "",
+                 *naive_asks(), ""]
     text += ["## CPU-side costs (experts on the CPU)", "",
              "Every row of each set (the fit rows too: how far a changed cost moves what the fit matched), at",
              "its fit's values, then with one CPU-side cost changed (see the script's docstring).", ""]

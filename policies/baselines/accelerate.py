@@ -7,7 +7,13 @@ largest offloaded layer (``infer_auto_device_map``); the layers that do not fit 
 in pageable memory (the offload path never pins). At every forward pass, a hook copies each
 offloaded layer's weights, **all** its experts and its attention, to the GPU before the layer
 runs (``AlignDevicesHook.pre_forward``: ``set_module_tensor_to_device``, a blocking copy), and
-frees them after it (``post_forward``): no cache, no prefetch, nothing overlapped.
+frees them after it (``post_forward``): no cache, no prefetch, nothing overlapped. So in
+huggingface/accelerate v0.25.0 (2023-12-01, the release of Eliseev & Mazur's month) and on its
+main branch (16cb6eb8): one ``value.to(device)`` without ``non_blocking`` per tensor, from
+``dispatch_model``'s ``OffloadedWeightsLoader`` over the model's CPU ``state_dict``; nothing
+under ``src/`` pins memory but the DataLoader; each call ends with ``torch.cuda.empty_cache()``
+(``clear_device_cache()`` since mid-2024), host work priced here only by the runtime's
+``pageable_copy_us`` (0 unless set).
 
 In moesim: ``resident_layers`` (None: as many leading layers as fit beside one layer's room)
 are loaded with the model; for every other layer the routed experts load on demand and the

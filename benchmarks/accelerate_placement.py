@@ -62,12 +62,19 @@ CAP = 0.9
 
 def resident_layers(hardware: str, model: str, context_gib: float = USED_CONTEXT_GIB) -> int:
     """Decoder layers accelerate's ``device_map="auto"`` keeps on ``hardware`` for ``model``."""
+    return resident_for_budget(model, CAP * (VISIBLE_MIB[hardware] / 1024 * GIB - context_gib * GIB))
+
+
+def resident_for_budget(model: str, budget: float) -> int:
+    """Decoder layers ``infer_auto_device_map`` keeps for ``model`` in ``budget`` bytes of GPU
+    memory (step 3 of the module docstring): the whole model if it fits, else the layers that fit
+    beside the embeddings and room for one offloaded layer. A ``max_memory`` the user gives is
+    such a budget as it stands (``get_balanced_memory`` takes its 90% only when none is given)."""
     from moesim.sim.config.catalog import get_model
 
     m = get_model(model)
     embed = VOCAB * HIDDEN * 2
     layer = m.num_experts * m.expert_bytes + (m.non_expert_bytes - 2 * embed) / m.num_layers
-    budget = CAP * (VISIBLE_MIB[hardware] / 1024 * GIB - context_gib * GIB)
     if embed + m.num_layers * layer <= budget:
         return int(m.num_layers)
     return max(0, math.floor((budget - embed - layer) / layer))

@@ -27,9 +27,13 @@ Ablations (each a named, sourced field of the hardware, runtime or scenario):
   per-layer host work of runtime ``imp-offload`` removed, as if its layers replayed CUDA graphs
   as the resident arm does; imp's docs/PERF.md says graphs are blocked under offload).
 
-A last table is a diagnostic, not a fit (it reads held-out rows, so nothing in it may be
-adopted): the naive accelerate rows with more decoder layers resident than the sets assume (the
-paper gives no ``device_map``), the budget raised to hold them and one streamed layer.
+The last tables are diagnostics, not fits (they read held-out rows, so nothing in them may be
+adopted), of the naive accelerate rows, whose ``device_map`` the paper does not give: with more
+decoder layers resident than the sets assume, the budget raised to hold them and one streamed
+layer (:func:`resident_diagnostic`); what the two expert widths' steps ask of the copies
+(:func:`naive_pairs`); the streamed layers or the pageable rate each row asks for
+(:func:`naive_asks`); the A100's rows under the 16 GB caps its runs could have had
+(:func:`a100_caps`).
 
 On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransformers, llama.cpp
 ``--n-cpu-moe``), the CPU-side costs of the runtime catalog:

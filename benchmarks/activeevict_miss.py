@@ -23,8 +23,10 @@ benchmarks/results/fits/activeevict-table3-<set>/fitted.yaml) it prints:
   cache has none); variants: the set's parameters; Eq. 17 as printed (``boundary:
   literal``); r_max 0 (no redundancy slot) and a smaller tau; the score ablations of Fig. 7
   (prediction-only, hotness-only, LRU ranking); fixed top-k (Fig. 8); a lookahead that is the
-  next routing itself (``oracle``: the best a predictor can do); budgets one and three
-  experts larger;
+  next routing itself (``oracle``: the best a predictor can do), also without the redundancy
+  slot (r_max 0: what is left is the score's choice of victims against LRU's recency; with LRU
+  ranking it must equal lru); budgets one and three experts larger;
+- Belady's bytes against lru's at the set's budget: how far any eviction rule could go;
 - the fit's objective (rms log error over the fit rows only: the baselines) at each whole
   budget: a layer's pool holds whole experts, so it is flat between them;
 - the cache start and the trace's length: ActiveEvict / lru with an empty and a popular start
@@ -183,6 +185,9 @@ def report(name: str) -> None:
     print(f"Offload (lru) blocking / total I/O: pipelined swaps {lru_pipe['blocking_io_ms_per_token']:.2f} / "
           f"{lru_pipe['io_busy_ms_per_token']:.2f} ms per token; serial swaps (the set's) "
           f"{ref['blocking_io_ms_per_token']:.2f} / {ref['io_busy_ms_per_token']:.2f}")
+    bel, _ = run(base, values, "belady", trace=trace)
+    print(f"Belady (evict the expert used farthest ahead: the bound of any eviction rule) / lru H2D "
+          f"{bel['h2d_gb_per_token'] / ref['h2d_gb_per_token']:.3f}, hit {bel['hit_rate']:.3f}")
     refs: dict[tuple[float, bool], dict[str, Any]] = {(epl, False): ref}
     print(f"{'variant':<34} {'H2D':>6} {'block':>6} {'total':>6} {'hit':>6} {'lru hit':>7} "
           f"{'drop/tok':>8} {'reload%':>7} {'idle':>5}")
@@ -199,6 +204,8 @@ def report(name: str) -> None:
         ("fixed top-k", {"dynamic_topk": False}, {}, False),
         ("oracle lookahead", {}, {}, True),
         ("oracle lookahead, boundary literal", {"boundary": "literal"}, {}, True),
+        ("oracle lookahead, r_max 0", {"r_max": 0}, {}, True),
+        ("oracle lookahead, r_max 0, LRU ranking", {"r_max": 0, "score": "lru"}, {}, True),
     ]
     for step in (1, 3):
         variants.append((f"budget {epl + step:.2f}", {}, {"cache.experts_per_layer": epl + step}, False))

@@ -10,10 +10,10 @@ and the swap-out sensitivity (A1).
 
 Setups: scenarios/activeevict/ (H20 with the measured link, batch 1, decode, budgets 4 of 8
 (Mixtral) and 8 of 16 (LLaMA-MoE-3.5B 4-16) experts per layer, calibrated to the Offload
-volume of Table 3). Mixtral runs on the fitted routing preset (``mixtral-8x7b``, as its
-measurement set does) and, for comparison with the earlier figures, on ``mixtral-8x7b-legacy``
-(the scenarios' preset); LLaMA-MoE has no fitted preset (no published routing statistics were
-found), so its routing knobs stay the scenario's assumption. The paper's time columns have no unit: compare ratios. Its Alpaca and
+volume of Table 3). Each model runs on its fitted routing preset (``mixtral-8x7b``,
+``llama-moe-3.5b-4-16``, as the measurement sets do) and, for comparison with the earlier
+figures, on the ``-legacy`` preset it ran before (LLaMA-MoE's: the hand-set knobs without token
+identity). The paper's time columns have no unit: compare ratios. Its Alpaca and
 LongBench rows differ by prompt length, which synthetic decode routing does not model, so one
 row per model is shown. Redundant % = (unused prefetch bytes + pre-evicted experts loaded back)
 / H2D bytes. ActiveEvict's parameters are the spec sheet's recommended ones, not the paper's.
@@ -47,11 +47,10 @@ SETUPS = {
                 "model": "mixtral-8x7b", "experts_per_layer": 4},
     "mixtral-legacy": {"trace": {"synthetic": {"preset": "mixtral-8x7b-legacy", "prompt_len": 16, "seed": 0}},
                        "model": "mixtral-8x7b", "experts_per_layer": 4},
-    "llama": {"trace": {"synthetic": {"model": "llama-moe-3.5b-4-16", "popularity_skew": 0.3,
-                                      "token_locality": 0.25, "layer_correlation": 0.9,
-                                      "topic_strength": 0.45, "num_topics": 16, "prompt_len": 16,
-                                      "seed": 0}},
+    "llama": {"trace": {"synthetic": {"preset": "llama-moe-3.5b-4-16", "prompt_len": 16, "seed": 0}},
               "model": "llama-moe-3.5b-4-16", "experts_per_layer": 8},
+    "llama-legacy": {"trace": {"synthetic": {"preset": "llama-moe-3.5b-4-16-legacy", "prompt_len": 16, "seed": 0}},
+                     "model": "llama-moe-3.5b-4-16", "experts_per_layer": 8},
 }
 
 

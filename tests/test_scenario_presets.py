@@ -21,16 +21,25 @@ def _synthetic(path: Path) -> dict:
 
 
 def test_every_synthetic_paper_scenario_names_a_fitted_preset() -> None:
-    """Each paper scenario on synthetic routing names its model's fitted preset, unless the model
-    has none (LLaMA-MoE: hand-set knobs)."""
-    from moesim.traces.synthetic.presets import FITTED_PRESETS
-
+    """Each paper scenario on synthetic routing names its model's fitted preset (LLaMA-MoE's
+    included, since its preset was fitted)."""
     synthetic = [p for d in PAPER_DIRS for p in sorted((ROOT / "scenarios" / d).glob("*.yaml")) if _synthetic(p)]
-    presetless = [p for p in synthetic if "preset" not in _synthetic(p)]
-    assert [p.name for p in presetless] == ["llama-moe-h20-activeevict.yaml"]
-    assert not [p for p in presetless if _synthetic(p)["model"] in FITTED_PRESETS]
-    assert moved_scenarios() == [p for p in synthetic if p not in presetless]
-    assert len(moved_scenarios()) == 24
+    assert [p.name for p in synthetic if "preset" not in _synthetic(p)] == []
+    assert moved_scenarios() == synthetic
+    assert len(moved_scenarios()) == 25
+
+
+def test_llama_moe_legacy_preset_is_the_hand_set_trace_it_replaced() -> None:
+    """The ActiveEvict LLaMA-MoE scenario's legacy column runs the knobs it was committed with
+    before its preset was fitted, byte for byte."""
+    from moesim.traces.synthetic.generator import parse_params
+
+    path = ROOT / "scenarios" / "activeevict" / "llama-moe-h20-activeevict.yaml"
+    old = legacy_of(yaml.safe_load(path.read_text()), path)["trace"]["synthetic"]
+    hand = {"model": "llama-moe-3.5b-4-16", "popularity_skew": 0.3, "token_locality": 0.25,
+            "layer_correlation": 0.9, "topic_strength": 0.45, "num_topics": 16, "requests": 2,
+            "prompt_len": 16, "decode_len": 48, "seed": 0}
+    assert parse_params(old).model_dump(exclude={"preset"}) == parse_params(hand).model_dump(exclude={"preset"})
 
 
 def test_the_legacy_column_is_the_trace_the_scenario_ran_before() -> None:

@@ -56,10 +56,18 @@ LEGACY_PRESETS: dict[str, dict[str, Any]] = {
         "layer_correlation": 0.88, "router_temperature": 1.0, "topic_strength": 0.5,
         "num_topics": 16, "prompt_len": 128, "decode_len": 128, "requests": 8,
     },
+    # the hand-set knobs scenarios/activeevict/llama-moe-h20-activeevict.yaml ran before its
+    # preset was fitted (the ActiveEvict LLaMA-MoE setup), at the presets' workload
+    "llama-moe-3.5b-4-16-legacy": {
+        "model": "llama-moe-3.5b-4-16", "popularity_skew": 0.3, "token_locality": 0.25,
+        "layer_correlation": 0.9, "router_temperature": 1.0, "topic_strength": 0.45,
+        "num_topics": 16, "prompt_len": 128, "decode_len": 128, "requests": 8,
+    },
 }
 """The presets as they were before the fit to published statistics (generator version 1)."""
 
-VOCAB_SIZES = {"mixtral-8x7b": 32000, "qwen1.5-moe-a2.7b": 151936, "deepseek-v2-lite": 102400, "olmoe-1b-7b": 50304}
+VOCAB_SIZES = {"mixtral-8x7b": 32000, "qwen1.5-moe-a2.7b": 151936, "deepseek-v2-lite": 102400, "olmoe-1b-7b": 50304,
+               "llama-moe-3.5b-4-16": 32000}
 """``vocab_size`` of each model's config.json, the ids a fitted preset's token stream draws from."""
 
 # The fitted values: ``python benchmarks/fit_presets.py --refit`` (simctl trace fit from the
@@ -95,6 +103,14 @@ FITTED_PRESETS: dict[str, dict[str, Any]] = {
         "model": "olmoe-1b-7b", "popularity_skew": 0.3, "token_locality": 0.8279,
         "layer_correlation": 0.9092, "router_temperature": 1.0, "topic_strength": 0.5, "token_strength": 0.8077,
         "vocab_size": VOCAB_SIZES["olmoe-1b-7b"], "num_topics": 16, "prompt_len": 128, "decode_len": 128,
+        "requests": 8,
+    },
+    # two published-or-recorded targets only (next-layer lookahead, token identity): the other
+    # knobs keep the legacy, hand-set values
+    "llama-moe-3.5b-4-16": {
+        "model": "llama-moe-3.5b-4-16", "popularity_skew": 0.3, "token_locality": 0.25,
+        "layer_correlation": 0.9171, "router_temperature": 1.0, "topic_strength": 0.45, "token_strength": 0.8817,
+        "vocab_size": VOCAB_SIZES["llama-moe-3.5b-4-16"], "num_topics": 16, "prompt_len": 128, "decode_len": 128,
         "requests": 8,
     },
 }

@@ -258,21 +258,9 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
         st.demand_bytes += m_total * eb
         st.evictions += sum(evictions)
         if steps is not None:
-            ends = np.array(t_end, dtype=np.float64)
-            begins = np.empty(n, dtype=np.float64)
-            begins[1:] = ends[:-1]
-            begins[::L] = starts
             mm = np.array(n_miss, dtype=np.int64)
-            nn = np.array(sizes, dtype=np.int64)
-            zero = np.zeros(n, dtype=np.int64)
-            steps.extend({
-                "iteration": np.repeat(np.array(idxs, dtype=np.int64), L),
-                "layer": np.tile(np.arange(L, dtype=np.int64), len(block)),
-                "t_start": begins, "t_route": begins + np.repeat(np.array(step_of, dtype=np.float64), L),
-                "t_end": ends, "n_experts": nn, "hits": nn - mm, "late": zero, "partial": zero,
-                "misses": mm, "cpu_experts": zero, "stall_s": stalls, "demand_bytes": mm * eb,
-                "prefetch_bytes": zero, "evictions": evictions,
-            }, n)
+            steps.extend_layers(idxs, L, starts, step_of, t_end, np.array(sizes, dtype=np.int64) - mm, 0, mm,
+                                stalls, eb, evictions=evictions)
     st.gpu_busy_s = gpu
     st.overhead_s = ovh
     st.stall_s = stall_sum

@@ -72,7 +72,9 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
     n_iters = len(iters)
     experts = state.trace.experts
     kp = pf.experts_per_token
-    cross = bool(pf.cross_token)
+    # the layer whose guess each layer's after_layer prefetches (-1: none; after the last layer,
+    # the next token's first where guesses cross tokens)
+    targets = [*range(1, L), 0 if pf.cross_token else -1] if kp else [-1] * L
     guess = GuessMaker(source, state.trace, iters, L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
@@ -122,7 +124,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
     no_pins: set[int] = set()   # never filled
     pinned = no_pins   # experts of the current layer not yet computed
     gpu, ovh, stall_sum = st.gpu_busy_s, st.overhead_s, st.stall_s
-    n_refetch = n_demand = n_pf = n_ev = n_waste = 0   # bytes and units of the run (n_pf: of past blocks)
+    n_refetch = n_demand = n_pf = n_ev = n_waste = 0   # bytes and units of the run (n_pf, n_ev: of past blocks)
     n_hits = n_late = n_miss = n_needed = n_covered = 0
     now = 0.0
 
@@ -190,7 +192,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
 
     def evict_lru(p: int, protected: Any) -> bool:
         """Evict the LRU resident, unpinned (and unprotected) unit of pool ``p``; False if none."""
-        nonlocal total, space, n_ev, n_waste
+        nonlocal total, space, n_waste
         pool = pools[p]
         pin = pinned if p == cur_layer else ()
         for e, u in pool.items():   # least recently used first
@@ -199,7 +201,6 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
         else:
             return False
         del pool[e]
-        n_ev += 1
         ev_n[k] += 1
         free[p] += 1
         total -= eb
@@ -341,8 +342,8 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
                 waiting.extend(miss_units)
                 stall += grant()
             # after_layer: prefetch the lookahead's guess for the next layer
-            tgt = layer + 1 if layer + 1 < L else (0 if cross else -1)
-            if kp and tgt >= 0:
+            tgt = targets[layer]
+            if tgt >= 0:
                 tix = ti[layer]
                 tvx = tv[layer]
                 tpool = pools[tgt]
@@ -372,8 +373,13 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
             if single and not waiting:
                 rem = us
                 while rem:
-                    rest = [u for u in rem if u.state != RESIDENT]
-                    ready = len(rem) - len(rest)
+                    ready = 0
+                    rest = []
+                    for u in rem:
+                        if u.state == RESIDENT:
+                            ready += 1
+                        else:
+                            rest.append(u)
                     if ready:
                         dt = sums[ready]
                         T = now + dt
@@ -384,7 +390,13 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
                         rem = rest
                         continue
                     ts = now
-                    now = wait_for(rem)
+                    if len(rem) == 1:   # wait_for's first case, inline: resume right after its landing
+                        w = rem[0]
+                        now = land()
+                        while w.state != RESIDENT:
+                            now = land()
+                    else:
+                        now = wait_for(rem)
                     stall += now - ts
             else:
                 need: list[tuple[int, float, _U]] = []
@@ -452,6 +464,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
             for col in (idxs, starts, step_of, ends, hit_c, late_c, miss_c, stalls):
                 col.clear()
             n_pf += sum(pf_b)
+            n_ev += sum(ev_n)
             pf_b = [0] * (per * L + 1)
             ev_n = [0] * (per * L + 1)
         state.prev_iter = it
@@ -462,6 +475,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
         land()
     st.gpu_busy_s, st.overhead_s, st.stall_s = gpu, ovh, stall_sum
     n_pf += sum(pf_b)
+    n_ev += sum(ev_n)
     landed = n_demand + n_pf // eb - (cur is not None)   # every copy started has landed but the one in flight
     if landed:   # each landing adds the same copy time, one after another
         st.pcie_busy_s = float(np.add.accumulate(np.concatenate(([st.pcie_busy_s], np.full(landed, d))))[-1])

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 
 _NEVER = -(1 << 62)   # the iteration of the last eviction of a unit never evicted
+_IDLE = float("inf")   # the landing time of an idle lane
 
 
 class _U:
@@ -71,6 +72,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
     iters, progress = state.workload.iterations, state.progress
     n_iters = len(iters)
     experts = state.trace.experts
+    clean = not bool((experts < 0).any())   # no dropped routing slots (-1)
     kp = pf.experts_per_token
     # the layer whose guess each layer's after_layer prefetches (-1: none; after the last layer,
     # the next token's first where guesses cross tokens)
@@ -97,9 +99,9 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
         w0 = pools[key[0]][key[1]] = objs[key[0]][key[1]]
         w0.state, w0.demand, w0.used = RESIDENT, u0.demand, u0.used
 
-    # the copy lane: the transfer in flight (None: idle), its landing (time, creation order)
+    # the copy lane: the transfer in flight (None: idle, landing at _IDLE), its landing (time, creation order)
     cur: _U | None = None
-    t_land, q_land = 0.0, 0
+    t_land, q_land = _IDLE, 0
     lq: list[tuple[int, float, int, _U]] = []   # queued: (class, -priority, order, unit)
     fifo = not tx.lanes.can_withdraw   # pcie.order fifo: (0, 0.0, order, unit), issue order
     lseq, q = 0, 1   # queue order; creation order of the next event (SimPy's event ids, relative)
@@ -145,7 +147,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
 
     def land() -> float:
         """The transfer in flight lands; the lane starts the next. Returns the landing time."""
-        nonlocal cur, space
+        nonlocal cur, space, t_land
         t = t_land
         cur.state = RESIDENT   # type: ignore[union-attr]
         if waiting:
@@ -154,6 +156,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
             start(heappop(lq)[3], t)
         else:
             cur = None
+            t_land = _IDLE
         return t
 
     def advance(T: float) -> None:
@@ -161,7 +164,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
         nonlocal q
         g = q
         q += 1
-        while cur is not None and (t_land < T or (t_land == T and q_land < g)):
+        while t_land < T or (t_land == T and q_land < g):
             land()
 
     def wait_for(units: list[_U]) -> float:
@@ -297,14 +300,14 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
             cur_layer = layer
             k = k0 + layer
             T = now + step_s
-            if cur is not None and t_land <= T:   # else nothing is due first: no event needed
+            if t_land <= T:   # else nothing is due first: no event needed
                 advance(T)
             now = T
             gpu += layer_s
             ovh += over_s
             if single:
                 exps = ex_rows[layer]
-                if -1 in exps:
+                if not clean and -1 in exps:
                     exps = [x for x in exps if x >= 0]
             else:
                 flat = experts[it.rows0 + layer].reshape(-1)
@@ -332,9 +335,6 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
                         n_covered += 1
                     u.used = True
                 us.append(u)
-            n_hits += hits
-            n_late += late
-            n_miss += miss
             stall = 0.0
             # pins matter where this layer's pool may lose units (demand loads, a one-layer prefetch)
             pinned = set(exps) if miss_units or L == 1 or not single else no_pins
@@ -383,7 +383,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
                     if ready:
                         dt = sums[ready]
                         T = now + dt
-                        if cur is not None and t_land <= T:
+                        if t_land <= T:
                             advance(T)
                         now = T
                         gpu += dt
@@ -461,17 +461,20 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
             if steps is not None:
                 steps.extend_layers(idxs, L, starts, step_of, ends, hit_c, late_c, miss_c, stalls, eb,
                                     pf_b[:n], ev_n[:n])
-            for col in (idxs, starts, step_of, ends, hit_c, late_c, miss_c, stalls):
-                col.clear()
+            n_hits += sum(hit_c)
+            n_late += sum(late_c)
+            n_miss += sum(miss_c)
             n_pf += sum(pf_b)
             n_ev += sum(ev_n)
             pf_b = [0] * (per * L + 1)
             ev_n = [0] * (per * L + 1)
+            for col in (idxs, starts, step_of, ends, hit_c, late_c, miss_c, stalls):
+                col.clear()
         state.prev_iter = it
         if progress is not None:
             progress(it.index + 1, n_iters)
     # the GPU process ends at ``now``: SimPy processes every landing due by then first
-    while cur is not None and t_land <= now:
+    while t_land <= now:
         land()
     st.gpu_busy_s, st.overhead_s, st.stall_s = gpu, ovh, stall_sum
     n_pf += sum(pf_b)

@@ -185,14 +185,6 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
         advance(t)
         return t
 
-    def submit(u: _U, cls: int, prio: float) -> None:
-        nonlocal lseq
-        lseq += 1
-        u.state = QUEUED
-        heappush(lq, (0, 0.0, lseq, u) if fifo else (cls, -prio, lseq, u))
-        if cur is None:
-            start(heappop(lq)[3], now)
-
     def evict_lru(p: int, protected: Any) -> bool:
         """Evict the LRU resident, unpinned (and unprotected) unit of pool ``p``; False if none."""
         nonlocal total, space, n_waste
@@ -212,16 +204,6 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
             n_waste += eb
         u.out = it_index
         return True
-
-    def take(p: int) -> bool:
-        nonlocal total, peak
-        if free[p]:
-            free[p] -= 1
-            total += eb
-            if total > peak:
-                peak = total
-            return True
-        return False
 
     def cancel_pool(p: int) -> int:
         """Withdraw the queued prefetches of pool ``p`` (not pinned ones)."""
@@ -248,25 +230,24 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
         return n
 
     def grant() -> float:
-        """Room for waiting demand loads, in order (Transfers.grant_waiting), then the wait
-        for their delay and their queueing; returns the delay."""
-        nonlocal now
+        """Room for waiting demand loads, in order (Transfers.grant_waiting: an eviction, else
+        the pool's queued prefetches withdrawn), then the wait for their delay and their
+        queueing; returns the delay."""
+        nonlocal now, total, peak, lseq
         delay = 0.0
         granted = []
         while waiting:
             u = waiting[0]
             p = u.layer
-            n = 0
-            while not free[p] and evict_lru(p, ()):
-                n += 1
-            ok = take(p)
-            if not ok and cancel_pool(p):
-                while not free[p] and evict_lru(p, ()):
-                    n += 1
-                ok = take(p)
-            delay += n * evict_s
-            if not ok:
-                break
+            if not free[p]:   # one eviction, or one withdrawn prefetch, makes room
+                if evict_lru(p, ()):
+                    delay += evict_s
+                elif not cancel_pool(p):
+                    break
+            free[p] -= 1   # take its room (Vram.take_room)
+            total += eb
+            if total > peak:
+                peak = total
             waiting.pop(0)
             u.state = QUEUED
             granted.append(u)
@@ -276,8 +257,11 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
             T = now + delay
             advance(T)
             now = T
-        for u in granted:
-            submit(u, 0, 0.0)
+        for u in granted:   # queued as demand loads
+            lseq += 1
+            heappush(lq, (0, 0.0, lseq, u))
+            if cur is None:
+                start(heappop(lq)[3], now)
         return delay
 
     for pos, it in enumerate(iters):

@@ -2,8 +2,9 @@
 caches per layer and one copy lane, replayed without SimPy or policy objects, with the event
 loop's exact metrics and step records.
 
-State is kept flat: per layer the units present (:class:`_U`), least recently used first (the
-order of the rule's ``last_uses`` clocks, kept by moving a unit to the end when it is used); the lane's transfer in flight with its landing (time, creation order) and its queue
+State is kept flat: per layer the units present (:class:`_U`), least recently used first (in
+the order of the rule's ``last_uses`` clocks, a unit moved to the end when used); the lane's
+transfer in flight with its landing (time, creation order) and its queue
 ``(class, -priority, order, unit)`` (demand loads first, a prefetch's priority its score; under
 ``pcie.order: fifo`` issue order, nothing withdrawn). Each landing SimPy would process before
 the GPU resumes (by time, then creation order) is processed first, with the GPU's state of that

@@ -101,6 +101,32 @@ class StepRecords:
         for name, _ in STEP_FIELDS:
             self._cols[name][at:at + n] = columns[name]
 
+    def extend_layers(self, idxs: list[int], L: int, starts: list[float], step_s: list[float], ends: list[float],
+                      hits: Any, late: Any, misses: Any, stalls: list[float], eb: int,
+                      prefetch: Any = 0, evictions: Any = 0) -> None:
+        """Append whole iterations (``idxs``) of a replay that runs no expert on the CPU and
+        splits none, as columns: each iteration's start (its first layer's) and non-MoE step
+        (a layer is routed that long after it starts, and starts when the one before ends);
+        per step, iteration-major, its end, hit, late and missed experts (it runs their sum),
+        stall, prefetch bytes and evictions (0: none); ``eb`` demand bytes per miss."""
+        n = len(ends)
+        t_end = np.array(ends, dtype=np.float64)
+        t_start = np.empty(n, dtype=np.float64)
+        t_start[1:] = t_end[:-1]
+        t_start[::L] = starts
+        h = np.asarray(hits, dtype=np.int64)
+        lt = np.asarray(late, dtype=np.int64)
+        m = np.asarray(misses, dtype=np.int64)
+        zero = np.zeros(n, dtype=np.int64)
+        self.extend({
+            "iteration": np.repeat(np.array(idxs, dtype=np.int64), L),
+            "layer": np.tile(np.arange(L, dtype=np.int64), len(idxs)),
+            "t_start": t_start, "t_route": t_start + np.repeat(np.array(step_s, dtype=np.float64), L),
+            "t_end": t_end, "n_experts": h + lt + m, "hits": h, "late": lt, "partial": zero,
+            "misses": m, "cpu_experts": zero, "stall_s": stalls, "demand_bytes": m * eb,
+            "prefetch_bytes": prefetch, "evictions": evictions,
+        }, n)
+
     def __len__(self) -> int:
         return self._n + len(self.rows)
 

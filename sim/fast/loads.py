@@ -89,6 +89,15 @@ def one_lane_loads(now: float, stall: float, gpu: float, h: int, m: int, d: floa
     it lands at ``t_next``; it was issued before the GPU's current timeout unless a landing
     processed after that timeout was created issued it (then only an earlier time comes first)."""
     t_next = now + d
+    if m == 2 and not h and t_next + d != t_next:   # two loads landing apart, nothing resident: the loop below, unrolled
+        stall += t_next - now
+        now = t_next + sums[1]
+        gpu += sums[1]
+        t_next = t_next + d
+        if t_next > now:   # the second lands after the first computed: wait for it
+            stall += t_next - now
+            now = t_next
+        return now + sums[1], stall, gpu + sums[1]
     landed = 0
     done = 0
     if h:   # the resident experts compute while the first loads land

@@ -156,6 +156,7 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
         misses: list[Any] = [NO_MISS] * n
         evictions = [0] * n
         refetch += decider.plan(b.seqs, idxs, misses, evictions)
+        loads0 = loads
         sizes = [K] * n if b.sizes is None else b.sizes
         starts: list[float] = []     # each iteration's start (a step starts when the one before ends)
         step_of: list[float] = []    # each iteration's non-MoE step (routing is known after it)
@@ -249,8 +250,7 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
             if progress is not None:
                 progress(it.index + 1, n_iters)
         # the block's counters and step records
-        n_miss = [len(x) for x in misses]
-        m_total = sum(n_miss)
+        m_total = loads - loads0   # every missed expert is loaded
         n_total = sum(sizes)
         st.hits += n_total - m_total
         st.misses += m_total
@@ -258,21 +258,9 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
         st.demand_bytes += m_total * eb
         st.evictions += sum(evictions)
         if steps is not None:
-            ends = np.array(t_end, dtype=np.float64)
-            begins = np.empty(n, dtype=np.float64)
-            begins[1:] = ends[:-1]
-            begins[::L] = starts
-            mm = np.array(n_miss, dtype=np.int64)
-            nn = np.array(sizes, dtype=np.int64)
-            zero = np.zeros(n, dtype=np.int64)
-            steps.extend({
-                "iteration": np.repeat(np.array(idxs, dtype=np.int64), L),
-                "layer": np.tile(np.arange(L, dtype=np.int64), len(block)),
-                "t_start": begins, "t_route": begins + np.repeat(np.array(step_of, dtype=np.float64), L),
-                "t_end": ends, "n_experts": nn, "hits": nn - mm, "late": zero, "partial": zero,
-                "misses": mm, "cpu_experts": zero, "stall_s": stalls, "demand_bytes": mm * eb,
-                "prefetch_bytes": zero, "evictions": evictions,
-            }, n)
+            mm = np.array([len(x) for x in misses], dtype=np.int64)
+            steps.extend_layers(idxs, L, starts, step_of, t_end, np.array(sizes, dtype=np.int64) - mm, 0, mm,
+                                stalls, eb, evictions=evictions)
     st.gpu_busy_s = gpu
     st.overhead_s = ovh
     st.stall_s = stall_sum

@@ -6,8 +6,9 @@
 * ``lookahead`` (:class:`~moesim.policies.parts.predictors.LookaheadPredictor`): each trace
   row's top-k of ``lookahead_logits`` in one stable argsort over the trace (one row's
   :func:`~moesim.policies.parts.predictors.top_experts` is a stable descending sort: ties to
-  the lower expert, scores the logits' own floats); iterations of several tokens call
-  ``top_experts`` itself.
+  the lower expert, scores the logits' own floats); for top-1 and top-2 of finite logits, as
+  many argmax passes (each the first of the largest left, as that sort orders them);
+  iterations of several tokens call ``top_experts`` itself.
 * ``previous-token`` (:class:`~moesim.policies.parts.predictors.PreviousTokenPredictor`): the
   previous iteration's routing of the target layer ranked ``top_k .. 1`` (after the last layer,
   this iteration's layer 0), then unrouted experts at 0 in id order; irregular rows (several
@@ -38,7 +39,16 @@ class GuessMaker:
         if source == "lookahead" and k > 0:
             la = self.la
             la32 = la if la.dtype.char in "ef" else la.astype(np.float32)
-            self.top_idx = np.argsort(-la32, axis=1, kind="stable")[:, :k]
+            if k <= 2 and bool(np.isfinite(la32).all()):   # k argmax passes: the first largest, as the sort puts it
+                work = la32.copy()
+                rows = np.arange(len(work))
+                cols = []
+                for _ in range(min(k, work.shape[1])):
+                    cols.append(work.argmax(axis=1))
+                    work[rows, cols[-1]] = -np.inf
+                self.top_idx = np.stack(cols, axis=1)
+            else:
+                self.top_idx = np.argsort(-la32, axis=1, kind="stable")[:, :k]
             self.top_val = np.take_along_axis(la32, self.top_idx, axis=1)
 
     def guesses(self, pos: int) -> Guesses:

@@ -83,11 +83,14 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "mmap; driver-staged copies): runtime imp-offload (host_memory pageable, layer_us fitted)",
         "yes (runtime imp-offload: host_memory, layer_us)"),
     ("moepic-mixtral", "moepic"): (
-        "unresolved: the segment pipeline, not a CPU-side cost",
-        "MoEpic's TPOT is 1.57x slow (row 4) while its ablation TTFT row is 0.65x fast (row 11): opposite "
-        "directions, so no one per-layer or per-copy time moves both toward the paper; MoEpic's rows are the "
-        "only ones that copy expert segments (15% partial hits in the scoreboard's rerun), which is where the "
-        "model departs from whole-expert systems",
+        "a prefill cost per token (row 11, TTFT): no fit row measures prefill",
+        "every Table 3 TTFT row is predicted fast (0.66-0.77x) while its TPOT rows are 0.76-1.12x: the prefill "
+        "of HQQ Mixtral costs more than the per-layer time and the roofline of 64 prompt tokens give (HQQ's "
+        "dequantising kernels at many tokens; MMLU's prompt length is not stated, 64 assumed). The fit rows are "
+        "decode TPOT only (Fig. 7(b)'s Mixtral TTFT bars carry no numbers), so runtime.layer_us_per_token cannot "
+        "be fitted here. Row 4 (TPOT) is 1.36x since the copy-back of the Mixtral-offloading and AdapMoE rows "
+        "(cache.swap_out, their src/expert_cache.py) brought the per-layer time from 3290 to 2589 us; what is "
+        "left of it: benchmarks/results/moepic_floor.md (a runtime per-miss cost does not close it)",
         "no"),
 }
 """(set, policy) -> (the cost asked for, the evidence, whether a field of this branch closes it)."""

@@ -78,10 +78,12 @@ VARIANTS = {"eliseev-mazur-2023-table2-one-runtime": ("eliseev-mazur-2023-table2
 """Fits of the same rows under other free values (the sets whose rows they reuse): shown by set,
 counted once in the goals."""
 
-PAIR_KEYS_IGNORED = {"policy", "policy.params", "pcie.sync_prefetch"}
+PAIR_KEYS_IGNORED = {"policy", "policy.params", "pcie.sync_prefetch", "cache.swap_out", "cache.serial_swap"}
 """Keys that belong to the compared system, not to the setup: its policy and the policy's
-parameters (accelerate's resident layers, which its placement rule derives from the GPU's memory)
-and fMoE's baselines' synchronous prefetch."""
+parameters (accelerate's resident layers, which its placement rule derives from the GPU's memory),
+fMoE's baselines' synchronous prefetch, and the copy-back of evicted experts that a system's own
+code does (Mixtral-offloading's and AdapMoE's ``ExpertCache._swap``: fiddler-repo-baselines,
+moe-infinity-readme, the MoEpic Mixtral rows), which its rivals on the same testbed do not."""
 SELF_PLACING = {"accelerate"}
 """Policies whose GPU memory is set by their own placement rule rather than an expert-cache budget
 (accelerate keeps whole decoder layers, as many as its rule fits: ``benchmarks/accelerate_placement.py``),

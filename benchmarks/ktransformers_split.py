@@ -189,20 +189,21 @@ def report(with_what_if: bool = True) -> str:
         out.append(f"| {label} | {sr['G']:.0f} | {sr['R']:.0f} | {sr['c']:.1f} | {sr['s']:.2f} |")
     pm, pp = results["prefill", "measured"], results["prefill", "predicted"]
     sr_m = split_read({(_key(r)[1], _key(r)[2]): _step_ms(r, "measured") for r in rows if _key(r)[0] == "prefill"})
+    sr_p = split_read({(_key(r)[1], _key(r)[2]): _step_ms(r, "predicted") for r in rows if _key(r)[0] == "prefill"})
     out += ["", f"Prefill (500 tokens): the first split gives a fixed {pm['F']:.0f} ms measured against "
             f"{pp['F']:.0f} ms predicted, with two-socket speed-ups ({pm['s8']:.2f}, {pm['s6']:.2f}) that disagree "
             "with each other and exceed the decode's: part of that 'fixed' time scales with the sockets. The "
             "second split, solved exactly, puts it in a socket-independent part G and a k-independent, "
-            "socket-scaled part R. Both readings ask for 1.5 to 2.2 s more k-independent prefill time than the "
-            f"fit has. One candidate is named by the model's own structure: one read of every expert of the "
-            f"{layers} MoE layers at the fitted {mem:g} GB/s takes {read_all_ms:.0f} ms, and moesim's CPU expert "
-            "is a roofline (the larger of the read and the products, `sim/engine/cost.py` `cpu_expert_s`), so "
-            "at about 16 tokens an expert the read is hidden under the products; if V0.2's prefill kernels do "
-            "not overlap the weight stream with the products, the read adds. The four rows cannot settle it "
-            "(the exact split gives R = "
-            f"{sr_m['R']:.0f}"
-            " ms, not the one-read time, beside a G no GPU-side figure of the catalog explains), so nothing in "
-            "the model was changed for it.", "",
+            f"socket-scaled part R: G {sr_m['G']:.0f} ms measured against {sr_p['G']:.0f} ms in the fit. A cost "
+            "of the experts' side cannot be G, since a second socket shortens all of that side (each socket "
+            "reads its own copy); in particular the experts' weight read, which a 500-token prompt makes for "
+            f"all {model.num_experts} experts of a layer at k = 6 as at k = 8 ({read_all_ms:.0f} ms at the fitted "
+            "rate, hidden under the products by moesim's roofline, `sim/engine/cost.py` `cpu_expert_s`), would be "
+            f"R, and R is the smaller part missing ({sr_m['R'] - sr_p['R']:.0f} ms against G's "
+            f"{sr_m['G'] - sr_p['G']:.0f} ms). G is the GPU side's prefill (MLA attention, the shared expert, the "
+            f"dense blocks) or the step's own cost: about {(sr_m['G'] - sr_p['G']) / 500:.1f} ms more a prompt "
+            f"token, {(sr_m['G'] - sr_p['G']) / 500 / layers * 1e3:.0f} us a token and MoE layer, than the "
+            "catalog's GPU figures give. The decode what-if below leaves the prefill rows where they are.", "",
             "## The source's own spread", "",
             "The tutorial states the two-socket V0.2 figures twice: its summary ('Prefill Speed': '74.362 "
             "(dual-socket, 2x32 cores)'; 'Decode Speed': '11.26 (dual-socket, 2x32 cores)', and '13.69 "

@@ -93,10 +93,14 @@ class Clock:
         if wev is not ev and wev is not None and wev.callbacks is not None:
             wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
             self.q += 1
-        if lanes.queue:
-            lanes._next(lane)
-        else:   # nothing queued: the lane idles (lanes._next(lane) without the call)
-            lanes.idle.append(lane)
+        queue = lanes.queue   # lanes._next(lane) without the call: the next queued transfer starts
+        queued = lanes.QUEUED
+        while queue:
+            _, _, _, nu, ncls = heappop(queue)
+            if nu.state == queued:   # else withdrawn meanwhile
+                lanes._start(nu, ncls, lane)
+                return t, u
+        lanes.idle.append(lane)   # nothing queued: the lane idles
         return t, u
 
     def run_for(self, dt: float) -> None:

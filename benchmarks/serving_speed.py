@@ -1,6 +1,6 @@
 """Speed of a serving run (issue 33, goal 2): 1,000 requests of Mixtral-8x7B arriving as a
 Poisson process and continuously batched (``scenarios/serving/mixtral-continuous.yaml``),
-replayed by the event loop. Prints the layer-steps (iterations x MoE layers) per CPU second of
+replayed by the fast path's driver (the event loop's GPU stream without SimPy). Prints the layer-steps (iterations x MoE layers) per CPU second of
 the replay, and of the whole run (trace synthesis, workload, replay, metrics).
 
     python benchmarks/serving_speed.py [--requests 1000] [--set KEY=VALUE ...]

@@ -101,18 +101,6 @@ def charge(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
                 run.timeline.append(("CPU policy", "decision", t0 + issue, dt - issue, {}))
 
 
-def grant_demand(tx: Transfers, waits: Waits) -> Generator[Any, Any, float]:
-    """Room for the waiting demand loads that can have it now: the GPU stream pays their
-    eviction and demand-load costs, then they are queued. Returns that delay."""
-    granted, delay = tx.grant_waiting()
-    if delay > 0:
-        ev = waits.run_for(delay)
-        if ev is not None:
-            yield ev
-    tx.queue_demand(granted)
-    return delay
-
-
 def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
     """The GPU stream of ``run``, over the clock ``clk`` (its time in ``clk._now``) and a
     replay's ``waits`` (see the module docstring)."""
@@ -124,10 +112,15 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
     units = run.vram.units
     pinned = run.vram.pinned
     run_for = waits.run_for
+    # demand loads get room in order (grant_waiting: the eviction and demand-load costs the GPU
+    # waits out before they queue) and are queued (queue_demand); inline in the loop below, as a
+    # sub-generator per call would cost more than the call
+    grant_waiting, queue_demand = tx.grant_waiting, tx.queue_demand
     # the step's functions and flags bound once (the loop runs per layer)
     begin_layer, route, take_units, end_layer = step.begin_layer, step.route, step.take_units, step.end_layer
     has_before, has_outcome = step.has_before, step.has_access or step.has_after
     timeline = step.timeline
+    sync_prefetch = run.sync_prefetch
     for it in step.iterations():
         start = step.begin_iteration(it, clk._now)
         if start > clk._now:   # serving: the GPU idles until a request arrives
@@ -140,7 +133,7 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
         layer_s, over_s = step.non_moe_s(it)
         for layer in range(run.L):
             begin_layer(layer)
-            if run.sync_prefetch:   # the GPU waits for every prefetch issued so far
+            if sync_prefetch:   # the GPU waits for every prefetch issued so far
                 pending = [u for u in units.values() if not u.demand and u.state in (WAITING, QUEUED, INFLIGHT)]
                 if pending:
                     ts = clk._now
@@ -170,8 +163,14 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
             # demand loads for absent parts, ahead of queued prefetches
             if ls.miss_units:
                 tx.waiting.extend(ls.miss_units)
-            if tx.waiting:
-                ls.stall += yield from grant_demand(tx, waits)
+            if tx.waiting:   # room for the demand loads that can have it now: the GPU pays its costs
+                granted, delay = grant_waiting()
+                if delay > 0:
+                    ev = run_for(delay)
+                    if ev is not None:
+                        yield ev
+                queue_demand(granted)
+                ls.stall += delay
             if has_outcome:
                 step.notify(ls)
             if run.spent_s:
@@ -180,9 +179,20 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
             remaining = ls.need
             early = None
             while remaining:
-                if tx.waiting and early is None:
-                    early = step.early_of(ls)
-                ready, remaining, watch = ready_parts(remaining, early if tx.waiting else None)
+                if tx.waiting:   # one part at a time, in the fixed order
+                    if early is None:
+                        early = step.early_of(ls)
+                    ready, remaining, watch = ready_parts(remaining, early)
+                else:   # ready_parts(remaining, None) without the call (the loop's most frequent one)
+                    watch = remaining
+                    ready = []
+                    rest = []
+                    for x in remaining:
+                        if x[2].state == RESIDENT:
+                            ready.append(x)
+                        else:
+                            rest.append(x)
+                    remaining = rest
                 if ready:
                     dt = ready[0][1] if len(ready) == 1 else sum([x[1] for x in ready])   # 0 + a is a
                     tc = clk._now
@@ -198,8 +208,14 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
                         pinned.discard(bu.key)
                         if bu.in_buffer:
                             tx.settle(bu)
-                    if tx.waiting:
-                        ls.stall += yield from grant_demand(tx, waits)
+                    if tx.waiting:   # demand loads ask for room again (as above)
+                        granted, delay = grant_waiting()
+                        if delay > 0:
+                            ev = run_for(delay)
+                            if ev is not None:
+                                yield ev
+                        queue_demand(granted)
+                        ls.stall += delay
                     continue
                 # nothing ready: wait for a transfer, or for room
                 ts = clk._now
@@ -212,7 +228,11 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
                 elif tx.waiting:
                     if tx.space_event.triggered:   # room was freed since we last tried
                         tx.space_event = tx.env.event()
-                        yield from grant_demand(tx, waits)   # its wait is in the stall measured around
+                        granted, delay = grant_waiting()   # (as above) its wait is in the stall measured around
+                        ev = run_for(delay) if delay > 0 else None
+                        if ev is not None:
+                            yield ev
+                        queue_demand(granted)
                         ev = None
                     else:
                         tx.check_deadlock(layer)

@@ -307,7 +307,9 @@ class Stepper:
         miss_units = ls.miss_units
         hits = late = part = miss = miss_bytes = 0
         if nparts == 1:   # whole experts (most runs): the loop below without its inner loop
-            keys = [(layer, e, 0) for e in exps]
+            keys = []   # a plain loop: a comprehension is a call of its own, and the list is short
+            for e in exps:
+                keys.append((layer, e, 0))
             pinned.update(keys)
             nbytes = run.part_bytes(layer, 0)
             f0 = fr[0]

@@ -19,8 +19,8 @@ GPU's while it waits, None once processed), as SimPy's are.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from moesim.policies.contract.base import RESIDENT
@@ -36,12 +36,21 @@ LANE, GPU = "lane", "gpu"   # who waits on an event (its callbacks)
 
 
 class Ev:
-    """A landing's event: its waiters (``callbacks``; None once processed)."""
+    """A landing's event: its waiters (``callbacks``; None once processed). Made without an
+    ``__init__`` call (one per transfer): :func:`new_ev`, inline where a transfer starts."""
 
     __slots__ = ("callbacks",)
+    callbacks: list[str] | None
 
-    def __init__(self, callbacks: list[str]) -> None:
-        self.callbacks: list[str] | None = callbacks
+
+_new = object.__new__
+
+
+def new_ev(first: str) -> Ev:
+    """An :class:`Ev` whose first waiter is ``first`` (:data:`LANE` or :data:`GPU`)."""
+    ev: Ev = _new(Ev)
+    ev.callbacks = [first]
+    return ev
 
 
 class Clock:
@@ -67,7 +76,7 @@ class Clock:
         """Process the next landing (as the transfer's timeout callback does: its lane lands it
         and starts the next queued transfer); returns its time and unit (None: a transfer
         aborted meanwhile, whose timeout still fires, its lane having moved on)."""
-        t, _, lane, ev, lanes = heapq.heappop(self.heap)
+        t, _, lane, ev, lanes = heappop(self.heap)
         ev.callbacks = None
         self._now = t
         self.state.fast_now = t
@@ -84,10 +93,14 @@ class Clock:
         if wev is not ev and wev is not None and wev.callbacks is not None:
             wev.callbacks = None   # a waiter's event: succeeded now (scheduled behind this instant's landings)
             self.q += 1
-        if lanes.queue:
-            lanes._next(lane)
-        else:   # nothing queued: the lane idles (lanes._next(lane) without the call)
-            lanes.idle.append(lane)
+        queue = lanes.queue   # lanes._next(lane) without the call: the next queued transfer starts
+        queued = lanes.QUEUED
+        while queue:
+            _, _, _, nu, ncls = heappop(queue)
+            if nu.state == queued:   # else withdrawn meanwhile
+                lanes._start(nu, ncls, lane)
+                return t, u
+        lanes.idle.append(lane)   # nothing queued: the lane idles
         return t, u
 
     def run_for(self, dt: float) -> None:
@@ -128,7 +141,7 @@ class Clock:
         for u in units:
             ev = u.event
             if ev is None:
-                u.event = Ev([GPU])
+                u.event = new_ev(GPU)
             else:
                 ev.callbacks.append(GPU)
 
@@ -140,7 +153,7 @@ class Clock:
         # a unit waited for has not landed, so its event is not processed)
         if ev is None:
             direct = False
-            u.event = Ev([GPU])
+            u.event = new_ev(GPU)
         else:
             direct = ev.callbacks[0] is LANE
             ev.callbacks.append(GPU)
@@ -220,8 +233,8 @@ class FastLanes(CopyLanes):
         assert cur is not None
         u, cls, start, dur, sev = cur
         clock = self.clock
-        ev = Ev([LANE])
-        heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
+        ev = new_ev(LANE)
+        heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
         clock.q += 1
         self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
         if u.event is sev:
@@ -238,8 +251,9 @@ class FastLanes(CopyLanes):
         start = clock._now
         self.inflight_count += 1
         self.on_start(u, cls, lane)
-        ev = Ev([LANE])
-        heapq.heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
+        ev = _new(Ev)   # new_ev(LANE) without the call (once per transfer)
+        ev.callbacks = [LANE]
+        heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
         clock.q += 1
         self.current[lane] = (u, cls, start, dur, ev)   # type: ignore[assignment]  # an Ev for the timeout
         if u.event is None:

@@ -7,7 +7,9 @@ aborts), policy and view, and the lanes' landings ordered by (time, creation ord
 orders them. Every wait is over when the clock returns, so the stream never suspends.
 
 It takes every policy, prefetching ones included, on the runs the fast path accepts
-(:func:`~moesim.sim.fast.path.fast_path_refusal`: every option and field declared); the cache
+(:func:`~moesim.sim.fast.path.fast_path_refusal`: every option and field declared), serving
+runs included (the run's scheduler forms each iteration at the driver's clock, and an idle GPU
+waits for the next arrival with the stream's ``run_for``: ``tests/test_fastdriver_serving.py``); the cache
 kernels (:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.prefetch`) stand in for it where a
 policy is one of their rules. ``tests/test_fastdriver.py`` compares it with the event loop for
 every shipped policy.

@@ -8,8 +8,8 @@ to the event loop until someone declares it, after checking that the fast replay
 :func:`undeclared` is the check every fast replay makes (the driver, :mod:`moesim.sim.fast.driver`,
 needs no other); :func:`kernel_refusal` adds what only the driver handles (the kernels of
 :mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.static` and :mod:`moesim.sim.fast.prefetch`
-model per-layer pools, lossless runs of whole experts without decision time, and no timeline,
-transfer buffer or synchronous prefetch).
+model per-layer pools, lossless runs of whole experts without decision time, a fixed list of
+iterations (no serving run), and no timeline, transfer buffer or synchronous prefetch).
 """
 
 from __future__ import annotations
@@ -102,15 +102,19 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
 """The fields of the cost model's specs the fast replays declare."""
 
 WORKLOAD_FIELDS = frozenset({"trace", "iterations", "batches", "requests", "decode_tokens", "context_tokens",
-                             "peak_kv_tokens", "_future", "_token_rows"})
+                             "peak_kv_tokens", "_future", "_token_rows", "serving"})
 """The workload's fields the fast replays declare (the context's KV reads are in each
-iteration's ``kv_tokens`` and ``attn_pairs``, which only Stepper.non_moe_s reads)."""
+iteration's ``kv_tokens`` and ``attn_pairs``, which only Stepper.non_moe_s reads). ``serving``
+(requests arriving over time): the driver runs the scheduler as the event loop does, through the
+same Stepper (``iterations``, ``begin_iteration``: the idle GPU waits for the next arrival with
+the GPU stream's ``run_for``; ``end_iteration``), on the run's clock (``RunState.now``, the
+driver's ``fast_now``); ``tests/test_fastdriver_serving.py`` compares the two; the kernels
+refuse it (:data:`KERNEL_WORKLOAD`)."""
 
-
-WORKLOAD_REFUSED: dict[str, Check] = {
-    "serving": _off("requests arrive over time (workload.arrivals): only the event loop schedules them"),
+KERNEL_WORKLOAD: dict[str, Check] = {
+    "serving": _off("requests arrive over time (workload.arrivals): the kernels replay a fixed list of iterations"),
 }
-"""The workload's fields the fast replays declare but take only when off (absent, None)."""
+"""The workload's fields the kernels take only when off (absent, None); the driver takes them."""
 
 
 def undeclared(state: RunState[Transfers]) -> str | None:
@@ -134,23 +138,24 @@ def undeclared(state: RunState[Transfers]) -> str | None:
         extra = sorted(set(type(spec).model_fields) - SPEC_FIELDS[where])
         if extra:
             return f"{where} field {extra[0]!r} is not declared by the fast replays"
-    extra = sorted({f.name for f in dataclasses.fields(state.workload)} - WORKLOAD_FIELDS - set(WORKLOAD_REFUSED))
+    extra = sorted({f.name for f in dataclasses.fields(state.workload)} - WORKLOAD_FIELDS)
     if extra:
         return f"workload field {extra[0]!r} is not declared by the fast replays"
-    for name, check in WORKLOAD_REFUSED.items():
-        why = check(getattr(state.workload, name))
-        if why is not None:
-            return why
     return None
 
 
 def kernel_refusal(state: RunState[Transfers]) -> str | None:
     """Why no kernel can replay ``state``'s run, or None: an option or field not declared
-    (:func:`undeclared`) or one of :data:`KERNEL_OPTIONS` on, decision time, experts split into
+    (:func:`undeclared`) or one of :data:`KERNEL_OPTIONS` on, a serving workload
+    (:data:`KERNEL_WORKLOAD`), decision time, experts split into
     parts, a lossy policy (its plans), or one global pool. (Aborted copies need no check: the
     kernels take only parts that never abort.)"""
     for name, check in KERNEL_OPTIONS.items():
         why = check(state.options[name]) if name in state.options else None
+        if why is not None:
+            return why
+    for name, check in KERNEL_WORKLOAD.items():
+        why = check(getattr(state.workload, name))
         if why is not None:
             return why
     if state.policy.decision_us:

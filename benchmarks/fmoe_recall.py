@@ -12,9 +12,10 @@ experts the mass rule (Eqs. 6-8) picked per target layer, and the median semanti
 trajectory (Eq. 5) scores that set its threshold.
 
 Part 2, offline on the same traces (and on the two recorded traces in ``traces/samples/``): the
-decode tokens of the evaluated requests matched against a store of the profile's iteration maps
-(one per prefill, one per decode token, the policy's maps; the store does not grow and is not
-capped here), per target layer ``t >= d``:
+decode tokens of the evaluated requests matched against a store of the profile's maps (one per
+token, prompt tokens included, as the policy stores them, each with its iteration's embedding;
+the store does not grow and is not capped here, where the policy's holds ``C`` = 1,000 and
+replaces the most redundant), per target layer ``t >= d``:
 
 - ``trajectory``: the top-k of the stored map whose layers ``0..t-d`` are most cosine-similar to
   the token's own (fMoE's Eq. 5), against the routed experts;
@@ -157,9 +158,10 @@ def map_structure(r: Routing, profile_requests: int, d: int = 3) -> dict[str, fl
     L, E, k = r.num_layers, r.num_experts, r.top_k
     prof = set(list(dict.fromkeys(r.request.tolist()))[:profile_requests])
     its = _iterations(r)
-    stored = [(a, b, pre) for a, b, pre in its if r.request[a] in prof]
-    maps = np.stack([r.probs[a:b].mean(axis=0) for a, b, _ in stored]).astype(np.float64)   # [M, L, E]
-    ids = np.array([-1 if pre or r.token_id is None else r.token_id[a] for a, _, pre in stored])
+    # one stored map per profile token (as the policy stores them), with its iteration's first row
+    stored = [(t, a) for a, b, _ in its if r.request[a] in prof for t in range(a, b)]
+    maps = np.stack([r.probs[t] for t, _ in stored]).astype(np.float64)   # [M, L, E]
+    ids = np.array([-1 if r.token_id is None else r.token_id[t] for t, _ in stored])
     evals = np.array([a for a, _, pre in its if not pre and r.request[a] not in prof])
     top = np.argsort(-maps, axis=2, kind="stable")[:, :, :k]   # [M, L, k]
     seen = np.isin(r.token_id[evals], ids[ids >= 0]) if r.token_id is not None else np.zeros(len(evals), bool)
@@ -184,7 +186,7 @@ def map_structure(r: Routing, profile_requests: int, d: int = 3) -> dict[str, fl
     out["same_id_map"] = float(np.nanmean(np.stack(same))) if same and seen.any() else float("nan")
     if r.embedding is not None:
         emb = r.embedding
-        sem = np.stack([emb[a] for a, _, _ in stored])
+        sem = np.stack([emb[a] for _, a in stored])
         cs = (emb[evals] @ sem.T) / np.maximum(np.linalg.norm(emb[evals], axis=1)[:, None]
                                                * np.linalg.norm(sem, axis=1)[None], 1e-30)
         y = np.argmax(cs, axis=1)

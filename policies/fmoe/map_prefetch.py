@@ -148,18 +148,23 @@ class ExpertMapPrefetcher(Prefetcher):
                 want[e] = p
 
     def _remember(self, x: int, y: int) -> None:
-        """Token ``x`` (a row of the iteration) matched stored map ``y``: ``p_map`` is the
-        maximum of the tokens' latest maps (``_p_slots``: each token's slot), computed again only
-        when a slot or the store changed (else it would be the same array: it is kept, and with
-        it the cache's keys)."""
+        """Token ``x`` (a row of the iteration) matched stored map ``y`` (``_p_slots``: each
+        token's slot); :meth:`_settle_p` makes ``p_map`` of the slots once a search is done."""
+        self._p_slots[x] = y
+
+    def _settle_p(self) -> None:
+        """``p_map``: the maximum of the tokens' latest maps, computed again only when a slot or
+        the store changed (else it would be the same array: it is kept, and with it the cache's
+        keys)."""
         slots = self._p_slots
-        slots[x] = y
+        if not slots:
+            return
         now = (self.store.version, *slots.items())
         if now != self._p_of:
             self._p_of = now
             maps = self.store.maps
             if len(slots) == 1:   # the maximum of one map is that map (a copy: slots are rewritten)
-                self.p_map = maps[y].copy()
+                self.p_map = maps[next(iter(slots.values()))].copy()
             else:
                 self.p_map = np.max(np.stack([maps[s] for s in slots.values()]), axis=0)
 
@@ -193,6 +198,7 @@ class ExpertMapPrefetcher(Prefetcher):
             for u in self._units:
                 if self._req_of[u] == x:
                     self._remember(u, y)
+        self._settle_p()
         self.issue(view, -1)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
@@ -226,6 +232,7 @@ class ExpertMapPrefetcher(Prefetcher):
                 y, s = store.trajectory(layer, dots[u], tsq[u])
                 self._add(target, rows[y].tolist(), s)
                 self._remember(u, y)
+            self._settle_p()
         self.issue(view, layer)
 
     def window(self) -> frozenset[UnitKey]:

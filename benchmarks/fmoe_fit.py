@@ -123,6 +123,8 @@ def report(budgets_more: list[float]) -> str:
     """The tables as Markdown (``budgets_more``: other budgets for the section 6.2 comparison)."""
     doc = yaml.safe_load(SET.read_text())
     base, rows = doc["base"], doc["rows"]
+    if isinstance(base.get("runtime"), str):   # a profile file, named relative to the set's folder
+        base["runtime"] = str((SET.parent / base["runtime"]).resolve())
     setups = rows[0]["mean_over"]
     models = [s["model"] for s in setups]
     runs: dict[tuple[str, str, str], dict[str, float]] = {}   # (row set + reference json, model) -> metrics

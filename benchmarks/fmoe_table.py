@@ -8,7 +8,9 @@ d = 3), as ratios baseline / fMoE; then the matcher and cache ablations of Fig. 
     python benchmarks/fmoe_table.py --preset mixtral-8x7b-legacy --requests 10 --profile 7   # before issue 32
 
 Setup: as measurements/fmoe-end-to-end.yaml for Mixtral-8x7B (6 x RTX 3090 approximated as one
-device with 6 copy engines; the fitted synthetic Mixtral routing, issue 32 item 4, with logits
+device with 6 copy engines; every system on the MoE-Infinity codebase's runtime, the runtime
+section of benchmarks/results/fits/moe-infinity-readme/fitted.yaml; the fitted synthetic Mixtral
+routing, issue 32 item 4, with logits
 and embeddings; the store and MoE-Infinity's collection pre-filled from the first 32 of 35
 requests, a full 1K-map store as section 6.3 says the offline runs had; the other 3 replayed,
 prefill and decode, batch 1). The paper reports averages over three models and two datasets;
@@ -37,6 +39,9 @@ from moesim.sim.config.catalog import get_model  # noqa: E402
 from moesim.traces.synthetic.presets import PRESETS  # noqa: E402
 
 GIB = 2**30
+RUNTIME = ROOT / "benchmarks" / "results" / "fits" / "moe-infinity-readme" / "fitted.yaml"
+"""The MoE-Infinity codebase's runtime every system runs on, as in measurements/fmoe-end-to-end.yaml
+(fMoE sections 5 and 6.2: fMoE and every baseline are built on that codebase)."""
 
 # section 6.2: fMoE's reductions vs each baseline, as ratios baseline / fMoE
 PAPER = {  # (TTFT ratio, TPOT ratio, hit-rate ratio baseline / fMoE)
@@ -63,7 +68,7 @@ def scenario(policy: str, params: dict[str, Any], sync: bool, gib: float, *, pre
             "trace": {"synthetic": {"preset": preset, "requests": requests, "prompt_len": tokens,
                                     "decode_len": tokens, "seed": 0}},
             "profile": {"requests": profile}, "model": "mixtral-8x7b",
-            "hardware": {"base": "rtx-3090", "vram_gib": 144, "copy_engines": 6},
+            "hardware": {"base": "rtx-3090", "vram_gib": 144, "copy_engines": 6}, "runtime": str(RUNTIME),
             "cache": {"gib": gib, "scope": "global"}, "pcie": {"sync_prefetch": sync},
             "policy": {"name": policy, "params": params},
             "workload": {"batch_size": 1, "phases": ["prefill", "decode"]}, "seed": 0}

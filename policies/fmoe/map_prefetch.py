@@ -2,9 +2,15 @@
 
 * Before an iteration (``on_iteration_start``), each request's embedding finds the stored map
   of most similar semantics (Eq. 4); its layers ``0..d-1`` are prefetched.
-* After layer ``l`` is routed (``after_layer``), each request's probabilities of layers
-  ``0..l`` (mean over its tokens of the softmax of ``view.logits``, [rec] B2) find the stored
-  map of most similar trajectory (Eq. 5); its layer ``l + d`` is prefetched ([rec] B1).
+* After layer ``l`` is routed (``after_layer``), each token's probabilities of layers
+  ``0..l`` (the softmax of ``view.logits``) find the stored map of most similar trajectory
+  (Eq. 5); its layer ``l + d`` is prefetched ([rec] B1).
+* A prompt (an iteration of several tokens of one request) is matched token by token and
+  stored as one map per token, as the authors' code does (IntelliSys-Lab/FineMoE-EuroSys26:
+  ``ExpertMapMatcher.embed_prefetch`` / ``traj_prefetch`` match every row of a prefill, and
+  ``ExpertTracer`` stores one map per prompt token); the paper is silent (spec B2, whose
+  earlier reading, one mean map per prompt, prefetched about K of a prompt's experts per layer).
+  The embedding of a prompt token is its request's (the trace records one per iteration).
 * How many: experts in descending probability until their mass reaches
   ``delta = clip(1 - score, 0, 1)`` and at least K (Eqs. 6-8, ``dynamic_threshold``; without
   it exactly the top-K, the Map(T+S) ablation of Fig. 12a).
@@ -12,13 +18,13 @@
   (``reprioritize``, [rec] G4); queued prefetches of a layer just routed are withdrawn
   (``cancel_stale``, [rec] B7). A demand miss goes ahead of every queued prefetch (the engine's
   priority order: "pause all prefetching"); a copy in flight is not preempted.
-* Requests of a batch search separately; their sets are united at the highest priority
-  ([rec] B4). After the iteration each request's map goes into the store (Step 5, redundancy
+* Tokens of a batch search separately; their sets are united at the highest priority
+  ([rec] B4). After the iteration each token's map goes into the store (Step 5, redundancy
   replacement). The store is pre-filled from the profiling split (``ctx.profile``: the paper's
-  70 % history); without one it starts empty and nothing is prefetched until a map is stored
-  ([rec] B9; a warning says so).
+  70 % history), one map per token; without one it starts empty and nothing is prefetched until
+  a map is stored ([rec] B9; a warning says so).
 * ``match_us``: CPU time of one match, charged on the critical path (``view.spend_cpu``).
-* The latest matched map of every request is the eviction ``p`` of :class:`MapPriorityCache`
+* The latest matched map of every token is the eviction ``p`` of :class:`MapPriorityCache`
   (:meth:`p_evict`), and the target layers ``l_now+1..l_now+d`` its protected window.
 
 A trace without ``logits`` gives sparse maps from the top-k ``weights`` (the mass rule then
@@ -92,7 +98,8 @@ class ExpertMapPrefetcher(Prefetcher):
         self._l_now = -1
         self._window: frozenset[UnitKey] | None = None
         self._p_slots: dict[int, int] = {}
-        self._one: dict[int, int] = {}
+        self._units: list[int] = []
+        self._req_of: list[int] = []
         self._p_of: tuple[object, ...] | None = None
 
     def _probs(self, experts: np.ndarray, weights: np.ndarray | None, logits: np.ndarray | None
@@ -110,15 +117,17 @@ class ExpertMapPrefetcher(Prefetcher):
 
     def _prefill(self, experts: np.ndarray, weights: np.ndarray | None, logits: np.ndarray | None,
                  iteration: np.ndarray, embedding: np.ndarray | None) -> None:
-        """Insert one map per (iteration, request) of the profile, in order."""
+        """Insert one map per token of the profile, in order, with its iteration's embedding."""
         h = embedding.shape[1] if embedding is not None else 1
         for it in dict.fromkeys(iteration.tolist()):
             rows = np.nonzero(iteration == it)[0]
-            emap = np.stack([self._probs(experts[rows, lay], None if weights is None else weights[rows, lay],
-                                         None if logits is None else logits[rows, lay]).mean(axis=0)
-                             for lay in range(self._L)])
+            # ``[tokens, L, J]``; ``+ 0.0`` as the mean of one row was (a -0.0 becomes 0.0)
+            maps = np.stack([self._probs(experts[rows, lay], None if weights is None else weights[rows, lay],
+                                         None if logits is None else logits[rows, lay])
+                             for lay in range(self._L)], axis=1) + 0.0
             sem = embedding[it] if embedding is not None else np.zeros(h)
-            self.store.insert(sem, emap)
+            for emap in maps:
+                self.store.insert(sem, emap)
 
     # -- matching ---------------------------------------------------------------------------------
     def _charge(self, view: View, n: int) -> None:
@@ -139,33 +148,38 @@ class ExpertMapPrefetcher(Prefetcher):
                 want[e] = p
 
     def _remember(self, x: int, y: int) -> None:
-        """Request ``x`` matched stored map ``y``: ``p_map`` is the maximum of the requests'
-        latest maps (``_p_slots``: each request's slot), computed again only when a slot or the
-        store changed (else it would be the same array: it is kept, and with it the cache's
+        """Token ``x`` (a row of the iteration) matched stored map ``y`` (``_p_slots``: each
+        token's slot); :meth:`_settle_p` makes ``p_map`` of the slots once a search is done."""
+        self._p_slots[x] = y
+
+    def _settle_p(self) -> None:
+        """``p_map``: the maximum of the tokens' latest maps, computed again only when a slot or
+        the store changed (else it would be the same array: it is kept, and with it the cache's
         keys)."""
         slots = self._p_slots
-        slots[x] = y
+        if not slots:
+            return
         now = (self.store.version, *slots.items())
         if now != self._p_of:
             self._p_of = now
             maps = self.store.maps
             if len(slots) == 1:   # the maximum of one map is that map (a copy: slots are rewritten)
-                self.p_map = maps[y].copy()
+                self.p_map = maps[next(iter(slots.values()))].copy()
             else:
                 self.p_map = np.max(np.stack([maps[s] for s in slots.values()]), axis=0)
 
     def on_iteration_start(self, view: View) -> None:
         """Semantic matching for layers ``0..d-1``."""
         ids = view.iteration.request_ids
-        self._reqs = list(dict.fromkeys(int(r) for r in ids.tolist()))
-        self._rows = {x: np.nonzero(ids == x)[0] for x in self._reqs}
-        # the row of a request with one token: its mean probabilities are that row plus 0.0 (what
-        # numpy's mean of one row is, -0.0 included)
-        self._one = {x: int(r[0]) for x, r in self._rows.items() if len(r) == 1}
+        req_of = [int(r) for r in ids.tolist()]
+        self._reqs = list(dict.fromkeys(req_of))
+        # the matching units: the iteration's tokens (row indices), each with its request
+        self._units = list(range(len(req_of)))
+        self._req_of = req_of
         n = self.store.n
-        self._traj = {x: np.zeros((self._L, self._J)) for x in self._reqs}
-        self._dots = {x: np.zeros(n) for x in self._reqs}
-        self._tsq = dict.fromkeys(self._reqs, 0.0)
+        self._traj = {u: np.zeros((self._L, self._J)) for u in self._units}
+        self._dots = {u: np.zeros(n) for u in self._units}
+        self._tsq = dict.fromkeys(self._units, 0.0)
         self._p_slots = {}
         self._want = {}
         self._l_now = -1
@@ -176,12 +190,15 @@ class ExpertMapPrefetcher(Prefetcher):
         h = None if self.store.sem is None else self.store.sem.shape[1]
         if not (self._sem_on and n and self._sems) or any(len(v) != h for v in self._sems.values()):
             return
-        self._charge(view, len(self._reqs))
-        for x in self._reqs:
+        self._charge(view, len(self._reqs))   # one (batched) search per request
+        for x in self._reqs:   # a request's tokens share its embedding, hence its match
             y, s = self.store.semantic(self._sems[x])
             for t in range(min(self.prefetch_distance, self._L)):
                 self._add(t, self.store.layer_list(y, t), s)
-            self._remember(x, y)
+            for u in self._units:
+                if self._req_of[u] == x:
+                    self._remember(u, y)
+        self._settle_p()
         self.issue(view, -1)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
@@ -194,18 +211,14 @@ class ExpertMapPrefetcher(Prefetcher):
             probs, plus = self._probs(routing.experts, routing.weights, None), True
         store = self.store
         n = store.n
-        one, traj, tsq, dots = self._one, self._traj, self._tsq, self._dots
+        traj, tsq, dots = self._traj, self._tsq, self._dots
         stored = store.by_layer[layer, :n]   # what ``store.layer_dots`` multiplies (p is float64)
-        for x in self._reqs:
-            r = one.get(x)
-            if r is None:
-                p = probs[self._rows[x]].mean(axis=0)
-            else:
-                p = probs[r] + 0.0 if plus else probs[r]
-            traj[x][layer] = p
-            tsq[x] += float(p @ p)
+        for u in self._units:
+            p = probs[u] + 0.0 if plus else probs[u]   # ``+ 0.0``: a sparse row's -0.0 becomes 0.0
+            traj[u][layer] = p
+            tsq[u] += float(p @ p)
             if n:
-                dots[x] += stored @ p
+                dots[u] += stored @ p
         if self.cancel_stale:
             view.cancel_prefetches(layer)
         self._want.pop(layer, None)
@@ -213,12 +226,13 @@ class ExpertMapPrefetcher(Prefetcher):
         self._window = None
         target = layer + self.prefetch_distance
         if self.trajectory and n and target < self._L:
-            self._charge(view, len(self._reqs))
+            self._charge(view, len(self._reqs))   # one (batched) search per request
             rows = store.by_layer[target]
-            for x in self._reqs:
-                y, s = store.trajectory(layer, dots[x], tsq[x])
+            for u in self._units:
+                y, s = store.trajectory(layer, dots[u], tsq[u])
                 self._add(target, rows[y].tolist(), s)
-                self._remember(x, y)
+                self._remember(u, y)
+            self._settle_p()
         self.issue(view, layer)
 
     def window(self) -> frozenset[UnitKey]:
@@ -274,15 +288,15 @@ class ExpertMapPrefetcher(Prefetcher):
                 cache.protected = frozenset()
 
     def on_iteration_end(self, view: View) -> None:
-        """Store each request's map of this iteration (Step 5)."""
+        """Store each token's map of this iteration (Step 5), with its request's embedding."""
         if not self._reqs or self._l_now != self._L - 1:
             return
         h = None if self.store.sem is None else self.store.sem.shape[1]
-        for x in self._reqs:
-            sem = self._sems.get(x)
+        for u in self._units:
+            sem = self._sems.get(self._req_of[u])
             if sem is None or (h is not None and len(sem) != h):
                 sem = np.zeros(1 if h is None else h)
-            self.store.insert(sem, self._traj[x])
+            self.store.insert(sem, self._traj[u])
         silent = "fmoe: no map-guided prefetch was issued in this run"
         if self.issued == 0:
             self._ctx.warn(silent)

@@ -7,12 +7,18 @@ transfer buffer (``cache.buffer_experts``). With ``swap_out`` an evicted unit's 
 counted as *draining* until its copy back to the host lands. A prefetch that waits for draining
 room *claims* it, so that a later allocation does not count on the same bytes.
 
+Each pool also keeps its *victims*: its resident units outside the buffer (pinned or not), in
+the order they came into the pool, kept current as units land, move in from the buffer and
+leave, so that room is made without a scan of the pool (:meth:`Vram.candidates`).
+
 Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and ``claimed <= draining``;
-the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains.
+the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains;
+the victims are the pool's resident units outside the buffer, in pool order.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from moesim.policies.contract.base import RESIDENT, WAITING, UnitKey
@@ -22,7 +28,7 @@ class Unit:
     """An expert (or a segment of one) that is waiting for room, queued, in flight or resident;
     also, after eviction with swap-out, one whose bytes drain back to the host."""
 
-    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer", "refetched")
+    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer", "refetched", "seq")
 
     def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool) -> None:
         self.key = key
@@ -34,6 +40,7 @@ class Unit:
         self.used = False           # accessed since it was brought in
         self.in_buffer = False      # holds room in the transfer buffer, not in its pool
         self.refetched = False      # its transfer counted as a refetch (soon after its eviction)
+        self.seq = 0                # when it came into its pool (Vram.add): its place among the victims
 
 
 class VramError(AssertionError):
@@ -55,25 +62,75 @@ class Vram:
         self.units: dict[UnitKey, Unit] = {}
         self.pool_units: list[dict[UnitKey, Unit]] = [{} for _ in self.capacity]
         self.pinned: set[UnitKey] = set()
+        # per pool, its resident units outside the buffer in pool order: their ``seq`` (sorted)
+        # and keys, side by side (see the module docstring)
+        self.victim_seqs: list[list[int]] = [[] for _ in self.capacity]
+        self.victim_keys: list[list[UnitKey]] = [[] for _ in self.capacity]
+        self.next_seq = 0   # the ``seq`` of the next unit added
         self.peak = 0
         self.total = 0   # bytes held in all pools and the buffer: sum(used) + buffer_used, kept as it changes
 
     # -- units -----------------------------------------------------------------------------------
     def add(self, u: Unit) -> None:
         """``u`` is present (issued or resident)."""
+        u.seq = seq = self.next_seq
+        self.next_seq = seq + 1
         self.units[u.key] = u
         self.pool_units[u.pool][u.key] = u
+        if u.state == RESIDENT and not u.in_buffer:   # placed resident: the pool's newest victim
+            self.victim_seqs[u.pool].append(seq)
+            self.victim_keys[u.pool].append(u.key)
 
     def remove(self, u: Unit) -> None:
         """``u`` is no longer present (its room is released or drains separately)."""
         del self.units[u.key]
         del self.pool_units[u.pool][u.key]
+        if u.state == RESIDENT and not u.in_buffer:
+            self.unlist(u)
+
+    def landed(self, u: Unit) -> None:
+        """``u``'s transfer landed: it is resident (a victim, unless it is in the buffer)."""
+        u.state = RESIDENT
+        if not u.in_buffer:
+            self.enlist(u)
+
+    def enlist(self, u: Unit) -> None:
+        """``u`` (present in its pool) became resident outside the buffer: a victim, at its
+        place in pool order."""
+        seqs = self.victim_seqs[u.pool]
+        seq = u.seq
+        if not seqs or seqs[-1] < seq:   # the newest (often)
+            seqs.append(seq)
+            self.victim_keys[u.pool].append(u.key)
+        else:
+            i = bisect_left(seqs, seq)
+            seqs.insert(i, seq)
+            self.victim_keys[u.pool].insert(i, u.key)
+
+    def unlist(self, u: Unit) -> None:
+        """``u``, a victim, leaves the pool."""
+        seqs = self.victim_seqs[u.pool]
+        i = bisect_left(seqs, u.seq)
+        del seqs[i]
+        del self.victim_keys[u.pool][i]
 
     def candidates(self, pool: int) -> list[UnitKey]:
-        """Resident, unpinned units of ``pool`` outside the buffer: the possible victims."""
+        """Resident, unpinned units of ``pool`` outside the buffer, in pool order: the possible
+        victims (a new list)."""
+        cands = self.victim_keys[pool][:]
         pinned = self.pinned
-        return [k for k, u in self.pool_units[pool].items()
-                if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+        if pinned and cands:
+            units, seqs = self.units, self.victim_seqs[pool]
+            drop = []
+            for k in pinned:
+                u = units.get(k)
+                if u is not None and u.pool == pool and u.state == RESIDENT and not u.in_buffer:
+                    drop.append(bisect_left(seqs, u.seq))
+            if drop:
+                drop.sort(reverse=True)
+                for i in drop:
+                    del cands[i]
+        return cands
 
     # -- room ------------------------------------------------------------------------------------
     def free(self, pool: int) -> int:
@@ -123,6 +180,8 @@ class Vram:
         self.buffer_used -= u.nbytes
         self.used[u.pool] += u.nbytes
         u.in_buffer = False
+        if u.state == RESIDENT:
+            self.enlist(u)
         return True
 
     def release(self, u: Unit) -> None:
@@ -198,3 +257,7 @@ class Vram:
             raise VramError(f"running total {self.total} != pools {sum(self.used)} + buffer {self.buffer_used}")
         if buf + self.buffer_draining != self.buffer_used:
             raise VramError(f"buffer: units hold {buf} + draining {self.buffer_draining} != used {self.buffer_used}")
+        for p, pool_units in enumerate(self.pool_units):
+            want = [k for k, u in pool_units.items() if u.state == RESIDENT and not u.in_buffer]
+            if self.victim_keys[p] != want or self.victim_seqs[p] != [pool_units[k].seq for k in want]:
+                raise VramError(f"pool {p}: victims {self.victim_keys[p]} are not its resident units {want}")

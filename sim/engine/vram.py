@@ -7,13 +7,15 @@ transfer buffer (``cache.buffer_experts``). With ``swap_out`` an evicted unit's 
 counted as *draining* until its copy back to the host lands. A prefetch that waits for draining
 room *claims* it, so that a later allocation does not count on the same bytes.
 
-Each pool also keeps its *victims*: its resident units outside the buffer (pinned or not), in
-the order they came into the pool, kept current as units land, move in from the buffer and
-leave, so that room is made without a scan of the pool (:meth:`Vram.candidates`).
+One global pool (every layer's units in one pool, whose scan per eviction would be long) also
+keeps its *victims*: its resident units outside the buffer (pinned or not), in the order they
+came into the pool, kept current as units land, move in from the buffer and leave, so that room
+is made without a scan of the pool (:meth:`Vram.candidates`; ``Vram.tracked``). A layer's pool
+holds a handful of units: it is scanned, which costs less than keeping the list.
 
 Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and ``claimed <= draining``;
 the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains;
-the victims are the pool's resident units outside the buffer, in pool order.
+a tracked pool's victims are its resident units outside the buffer, in pool order.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Vram:
         self.units: dict[UnitKey, Unit] = {}
         self.pool_units: list[dict[UnitKey, Unit]] = [{} for _ in self.capacity]
         self.pinned: set[UnitKey] = set()
+        self.tracked = len(self.capacity) == 1   # one pool: its victims are kept (module docstring)
         # per pool, its resident units outside the buffer in pool order: their ``seq`` (sorted)
         # and keys, side by side (see the module docstring)
         self.victim_seqs: list[list[int]] = [[] for _ in self.capacity]
@@ -77,7 +80,7 @@ class Vram:
         self.next_seq = seq + 1
         self.units[u.key] = u
         self.pool_units[u.pool][u.key] = u
-        if u.state == RESIDENT and not u.in_buffer:   # placed resident: the pool's newest victim
+        if self.tracked and u.state == RESIDENT and not u.in_buffer:   # placed resident: the newest victim
             self.victim_seqs[u.pool].append(seq)
             self.victim_keys[u.pool].append(u.key)
 
@@ -85,18 +88,18 @@ class Vram:
         """``u`` is no longer present (its room is released or drains separately)."""
         del self.units[u.key]
         del self.pool_units[u.pool][u.key]
-        if u.state == RESIDENT and not u.in_buffer:
+        if self.tracked and u.state == RESIDENT and not u.in_buffer:
             self.unlist(u)
 
     def landed(self, u: Unit) -> None:
         """``u``'s transfer landed: it is resident (a victim, unless it is in the buffer)."""
         u.state = RESIDENT
-        if not u.in_buffer:
+        if self.tracked and not u.in_buffer:
             self.enlist(u)
 
     def enlist(self, u: Unit) -> None:
-        """``u`` (present in its pool) became resident outside the buffer: a victim, at its
-        place in pool order."""
+        """``u`` (present in a tracked pool) became resident outside the buffer: a victim, at
+        its place in pool order."""
         seqs = self.victim_seqs[u.pool]
         seq = u.seq
         if not seqs or seqs[-1] < seq:   # the newest (often)
@@ -108,7 +111,7 @@ class Vram:
             self.victim_keys[u.pool].insert(i, u.key)
 
     def unlist(self, u: Unit) -> None:
-        """``u``, a victim, leaves the pool."""
+        """``u``, a victim of a tracked pool, leaves it."""
         seqs = self.victim_seqs[u.pool]
         i = bisect_left(seqs, u.seq)
         del seqs[i]
@@ -117,9 +120,21 @@ class Vram:
     def candidates(self, pool: int) -> list[UnitKey]:
         """Resident, unpinned units of ``pool`` outside the buffer, in pool order: the possible
         victims (a new list)."""
-        cands = self.victim_keys[pool][:]
         pinned = self.pinned
-        if pinned and cands:
+        if not self.tracked:
+            return [k for k, u in self.pool_units[pool].items()
+                    if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+        victims = self.victim_keys[pool]
+        if not pinned:
+            return victims[:]
+        if len(victims) <= 2 * len(pinned):   # few victims (a layer's pool): look each up
+            cands = []   # a plain loop: a comprehension is a call of its own, and the list is short
+            for k in victims:
+                if k not in pinned:
+                    cands.append(k)
+            return cands
+        cands = victims[:]   # many (a global pool): take out the pinned ones, found by seq
+        if cands:
             units, seqs = self.units, self.victim_seqs[pool]
             drop = []
             for k in pinned:
@@ -180,7 +195,7 @@ class Vram:
         self.buffer_used -= u.nbytes
         self.used[u.pool] += u.nbytes
         u.in_buffer = False
-        if u.state == RESIDENT:
+        if self.tracked and u.state == RESIDENT:
             self.enlist(u)
         return True
 
@@ -230,11 +245,21 @@ class Vram:
     def set_capacities(self, capacities: list[int]) -> None:
         """New pool sizes (the caller checked that usage fits)."""
         self.capacity = [int(c) for c in capacities]
-        self.check()
+        self.check_room()
 
     def check(self) -> None:
-        """The invariant: no pool or buffer over its capacity, claims within draining room, and
-        usage equal to the room held by present units plus what drains. Raises :class:`VramError`."""
+        """The invariant (see the module docstring): :meth:`check_room`, and a tracked pool's
+        victims are its resident units outside the buffer, in pool order. Raises :class:`VramError`."""
+        self.check_room()
+        for p, pool_units in enumerate(self.pool_units):
+            want = [k for k, u in pool_units.items() if u.state == RESIDENT and not u.in_buffer] if self.tracked else []
+            if self.victim_keys[p] != want or self.victim_seqs[p] != [pool_units[k].seq for k in want]:
+                raise VramError(f"pool {p}: victims {self.victim_keys[p]} are not its resident units {want}")
+
+    def check_room(self) -> None:
+        """The invariant's bytes: no pool or buffer over its capacity, claims within draining
+        room, and usage equal to the room held by present units plus what drains. Raises
+        :class:`VramError`."""
         held = [0] * len(self.capacity)
         buf = 0
         for u in self.units.values():
@@ -257,7 +282,3 @@ class Vram:
             raise VramError(f"running total {self.total} != pools {sum(self.used)} + buffer {self.buffer_used}")
         if buf + self.buffer_draining != self.buffer_used:
             raise VramError(f"buffer: units hold {buf} + draining {self.buffer_draining} != used {self.buffer_used}")
-        for p, pool_units in enumerate(self.pool_units):
-            want = [k for k, u in pool_units.items() if u.state == RESIDENT and not u.in_buffer]
-            if self.victim_keys[p] != want or self.victim_seqs[p] != [pool_units[k].seq for k in want]:
-                raise VramError(f"pool {p}: victims {self.victim_keys[p]} are not its resident units {want}")

@@ -353,8 +353,9 @@ class Transfers(Withdrawals):
             tot = vram.total = vram.total + nbytes
             if tot > vram.peak:
                 vram.peak = tot
-        u.seq = vram.next_seq   # vram.add(u), inlined (once per prefetch; u is not resident)
-        vram.next_seq += 1
+        if vram.tracked:   # vram.add(u), inlined (once per prefetch; u is not resident)
+            u.seq = vram.next_seq
+            vram.next_seq += 1
         vram.units[key] = u
         vram.pool_units[pool][key] = u
         self.lanes.submit(u, PREFETCH_CLASS, priority)

@@ -32,6 +32,8 @@ class Unit:
 
     __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer", "refetched", "seq")
 
+    seq: int   # when it came into a tracked pool (set by Vram.add): its place among the victims
+
     def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool) -> None:
         self.key = key
         self.nbytes = nbytes
@@ -42,7 +44,6 @@ class Unit:
         self.used = False           # accessed since it was brought in
         self.in_buffer = False      # holds room in the transfer buffer, not in its pool
         self.refetched = False      # its transfer counted as a refetch (soon after its eviction)
-        self.seq = 0                # when it came into its pool (Vram.add): its place among the victims
 
 
 class VramError(AssertionError):
@@ -76,13 +77,14 @@ class Vram:
     # -- units -----------------------------------------------------------------------------------
     def add(self, u: Unit) -> None:
         """``u`` is present (issued or resident)."""
-        u.seq = seq = self.next_seq
-        self.next_seq = seq + 1
         self.units[u.key] = u
         self.pool_units[u.pool][u.key] = u
-        if self.tracked and u.state == RESIDENT and not u.in_buffer:   # placed resident: the newest victim
-            self.victim_seqs[u.pool].append(seq)
-            self.victim_keys[u.pool].append(u.key)
+        if self.tracked:
+            u.seq = seq = self.next_seq
+            self.next_seq = seq + 1
+            if u.state == RESIDENT and not u.in_buffer:   # placed resident: the newest victim
+                self.victim_seqs[u.pool].append(seq)
+                self.victim_keys[u.pool].append(u.key)
 
     def remove(self, u: Unit) -> None:
         """``u`` is no longer present (its room is released or drains separately)."""

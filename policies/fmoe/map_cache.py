@@ -118,19 +118,16 @@ class MapPriorityCache(CacheRule):
 
     def _best(self, cands: Sequence[UnitKey]) -> UnitKey:
         """The candidate of highest key (keyed first where needed: all of them after the keys
-        were cleared, else one by one, as the few that came in since are met)."""
+        were cleared, else those that came in since, as :meth:`_key` keys them)."""
         keys = self._keys
-        get = keys.__getitem__
         if self._cleared:
             self._fill(cands)
-        for _ in range(4):
-            try:
-                return max(cands, key=get)
-            except KeyError as exc:
-                k = exc.args[0]
-                keys[k] = self._key(k, self._keys_p)
-        self._fill(cands)
-        return max(cands, key=get)
+        else:
+            rows, key_of = self._keys_p, self._key
+            for k in cands:
+                if k not in keys:
+                    keys[k] = key_of(k, rows)
+        return max(cands, key=keys.__getitem__)
 
     def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """The candidate of highest eviction priority that is neither ``protected`` nor (with

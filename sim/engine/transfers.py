@@ -14,6 +14,7 @@ each says so where it does, and ``vram.check()`` verifies the books on runs with
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 import simpy
@@ -127,6 +128,11 @@ class Transfers(Withdrawals):
         key = u.key
         del vram.units[key]   # vram.remove(u), inlined (once per eviction)
         del vram.pool_units[u.pool][key]
+        if vram.tracked and u.state == RESIDENT and not u.in_buffer:   # vram.unlist(u), inlined
+            seqs = vram.victim_seqs[u.pool]
+            i = bisect_left(seqs, u.seq)
+            del seqs[i]
+            del vram.victim_keys[u.pool][i]
         if self.d2h is None:
             nbytes = u.nbytes   # vram.release(u), inlined
             if u.in_buffer:
@@ -187,22 +193,27 @@ class Transfers(Withdrawals):
         """Evict policy-chosen victims until ``nbytes`` fit in ``pool``, counting room still
         draining to the host as coming; returns (fits now, evictions)."""
         vram = self.vram
-        used, draining, claimed = vram.used, vram.draining, vram.claimed
-        # room_to_come, free, candidates and evict_key inlined: this runs for every prefetch and
-        # demand load
+        used, draining, claimed, pinned = vram.used, vram.draining, vram.claimed, vram.pinned
+        # room_to_come, free, candidates (for a pool it does not track) and evict_key inlined:
+        # this runs for every prefetch and demand load
         n = 0
+        tracked = vram.tracked
         while vram.capacity[pool] - used[pool] + draining[pool] - claimed[pool] < nbytes:
-            pinned = vram.pinned
-            units = vram.pool_units[pool]
-            if len(units) <= len(pinned) and pinned.issuperset(units):
-                break   # every unit is pinned (often, while demand loads wait): no candidate, at C speed
-            if len(units) > 8:   # a large (global) pool: the comprehension's own frame pays off
-                cands = [k for k, u in units.items() if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+            if tracked:   # the global pool: its victims are kept
+                if not vram.victim_keys[pool]:
+                    break
+                cands = vram.candidates(pool)
             else:
-                cands = []   # a plain loop: a comprehension is a call of its own, and pools are small
-                for k, u in units.items():
-                    if u.state == RESIDENT and not u.in_buffer and k not in pinned:
-                        cands.append(k)
+                units = vram.pool_units[pool]
+                if len(units) <= len(pinned) and pinned.issuperset(units):
+                    break   # every unit is pinned (often, while demand loads wait): no candidate, at C speed
+                if len(units) > 8:   # a large pool: the comprehension's own frame pays off
+                    cands = [k for k, u in units.items() if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+                else:
+                    cands = []   # a plain loop: a comprehension is a call of its own, and pools are small
+                    for k, u in units.items():
+                        if u.state == RESIDENT and not u.in_buffer and k not in pinned:
+                            cands.append(k)
             if not cands:
                 break
             req = new_request(reason, key, pool, nbytes - (vram.capacity[pool] - used[pool]), cands)
@@ -249,7 +260,14 @@ class Transfers(Withdrawals):
         return f"L{key[0]} E{key[1]}" + (f".{key[2]}" if len(self.fractions[key[0]]) > 1 else "")
 
     def _on_transfer_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
-        u.state = RESIDENT
+        u.state = RESIDENT   # vram.landed(u), inlined (once per transfer)
+        if self.vram.tracked and not u.in_buffer:   # a victim of the global pool now
+            seqs = self.vram.victim_seqs[u.pool]
+            if not seqs or seqs[-1] < u.seq:   # the pool's newest (vram.enlist's common case)
+                seqs.append(u.seq)
+                self.vram.victim_keys[u.pool].append(u.key)
+            else:
+                self.vram.enlist(u)
         if cls == DEMAND_CLASS and self.demand_pending:
             self.demand_pending -= 1
         self.stats.pcie_busy_s += dur
@@ -335,7 +353,10 @@ class Transfers(Withdrawals):
             tot = vram.total = vram.total + nbytes
             if tot > vram.peak:
                 vram.peak = tot
-        vram.units[key] = u   # vram.add(u), inlined (once per prefetch)
+        if vram.tracked:   # vram.add(u), inlined (once per prefetch; u is not resident)
+            u.seq = vram.next_seq
+            vram.next_seq += 1
+        vram.units[key] = u
         vram.pool_units[pool][key] = u
         self.lanes.submit(u, PREFETCH_CLASS, priority)
         issue_s = self.issue_s

@@ -7,12 +7,20 @@ transfer buffer (``cache.buffer_experts``). With ``swap_out`` an evicted unit's 
 counted as *draining* until its copy back to the host lands. A prefetch that waits for draining
 room *claims* it, so that a later allocation does not count on the same bytes.
 
+One global pool (every layer's units in one pool, whose scan per eviction would be long) also
+keeps its *victims*: its resident units outside the buffer (pinned or not), in the order they
+came into the pool, kept current as units land, move in from the buffer and leave, so that room
+is made without a scan of the pool (:meth:`Vram.candidates`; ``Vram.tracked``). A layer's pool
+holds a handful of units: it is scanned, which costs less than keeping the list.
+
 Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and ``claimed <= draining``;
-the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains.
+the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains;
+a tracked pool's victims are its resident units outside the buffer, in pool order.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from moesim.policies.contract.base import RESIDENT, WAITING, UnitKey
@@ -22,7 +30,9 @@ class Unit:
     """An expert (or a segment of one) that is waiting for room, queued, in flight or resident;
     also, after eviction with swap-out, one whose bytes drain back to the host."""
 
-    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer", "refetched")
+    __slots__ = ("key", "nbytes", "pool", "state", "event", "demand", "used", "in_buffer", "refetched", "seq")
+
+    seq: int   # when it came into a tracked pool (set by Vram.add): its place among the victims
 
     def __init__(self, key: UnitKey, nbytes: int, pool: int, demand: bool) -> None:
         self.key = key
@@ -55,6 +65,12 @@ class Vram:
         self.units: dict[UnitKey, Unit] = {}
         self.pool_units: list[dict[UnitKey, Unit]] = [{} for _ in self.capacity]
         self.pinned: set[UnitKey] = set()
+        self.tracked = len(self.capacity) == 1   # one pool: its victims are kept (module docstring)
+        # per pool, its resident units outside the buffer in pool order: their ``seq`` (sorted)
+        # and keys, side by side (see the module docstring)
+        self.victim_seqs: list[list[int]] = [[] for _ in self.capacity]
+        self.victim_keys: list[list[UnitKey]] = [[] for _ in self.capacity]
+        self.next_seq = 0   # the ``seq`` of the next unit added
         self.peak = 0
         self.total = 0   # bytes held in all pools and the buffer: sum(used) + buffer_used, kept as it changes
 
@@ -63,17 +79,75 @@ class Vram:
         """``u`` is present (issued or resident)."""
         self.units[u.key] = u
         self.pool_units[u.pool][u.key] = u
+        if self.tracked:
+            u.seq = seq = self.next_seq
+            self.next_seq = seq + 1
+            if u.state == RESIDENT and not u.in_buffer:   # placed resident: the newest victim
+                self.victim_seqs[u.pool].append(seq)
+                self.victim_keys[u.pool].append(u.key)
 
     def remove(self, u: Unit) -> None:
         """``u`` is no longer present (its room is released or drains separately)."""
         del self.units[u.key]
         del self.pool_units[u.pool][u.key]
+        if self.tracked and u.state == RESIDENT and not u.in_buffer:
+            self.unlist(u)
+
+    def landed(self, u: Unit) -> None:
+        """``u``'s transfer landed: it is resident (a victim, unless it is in the buffer)."""
+        u.state = RESIDENT
+        if self.tracked and not u.in_buffer:
+            self.enlist(u)
+
+    def enlist(self, u: Unit) -> None:
+        """``u`` (present in a tracked pool) became resident outside the buffer: a victim, at
+        its place in pool order."""
+        seqs = self.victim_seqs[u.pool]
+        seq = u.seq
+        if not seqs or seqs[-1] < seq:   # the newest (often)
+            seqs.append(seq)
+            self.victim_keys[u.pool].append(u.key)
+        else:
+            i = bisect_left(seqs, seq)
+            seqs.insert(i, seq)
+            self.victim_keys[u.pool].insert(i, u.key)
+
+    def unlist(self, u: Unit) -> None:
+        """``u``, a victim of a tracked pool, leaves it."""
+        seqs = self.victim_seqs[u.pool]
+        i = bisect_left(seqs, u.seq)
+        del seqs[i]
+        del self.victim_keys[u.pool][i]
 
     def candidates(self, pool: int) -> list[UnitKey]:
-        """Resident, unpinned units of ``pool`` outside the buffer: the possible victims."""
+        """Resident, unpinned units of ``pool`` outside the buffer, in pool order: the possible
+        victims (a new list)."""
         pinned = self.pinned
-        return [k for k, u in self.pool_units[pool].items()
-                if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+        if not self.tracked:
+            return [k for k, u in self.pool_units[pool].items()
+                    if u.state == RESIDENT and not u.in_buffer and k not in pinned]
+        victims = self.victim_keys[pool]
+        if not pinned:
+            return victims[:]
+        if len(victims) <= 2 * len(pinned):   # few victims (a layer's pool): look each up
+            cands = []   # a plain loop: a comprehension is a call of its own, and the list is short
+            for k in victims:
+                if k not in pinned:
+                    cands.append(k)
+            return cands
+        cands = victims[:]   # many (a global pool): take out the pinned ones, found by seq
+        if cands:
+            units, seqs = self.units, self.victim_seqs[pool]
+            drop = []
+            for k in pinned:
+                u = units.get(k)
+                if u is not None and u.pool == pool and u.state == RESIDENT and not u.in_buffer:
+                    drop.append(bisect_left(seqs, u.seq))
+            if drop:
+                drop.sort(reverse=True)
+                for i in drop:
+                    del cands[i]
+        return cands
 
     # -- room ------------------------------------------------------------------------------------
     def free(self, pool: int) -> int:
@@ -123,6 +197,8 @@ class Vram:
         self.buffer_used -= u.nbytes
         self.used[u.pool] += u.nbytes
         u.in_buffer = False
+        if self.tracked and u.state == RESIDENT:
+            self.enlist(u)
         return True
 
     def release(self, u: Unit) -> None:
@@ -171,11 +247,21 @@ class Vram:
     def set_capacities(self, capacities: list[int]) -> None:
         """New pool sizes (the caller checked that usage fits)."""
         self.capacity = [int(c) for c in capacities]
-        self.check()
+        self.check_room()
 
     def check(self) -> None:
-        """The invariant: no pool or buffer over its capacity, claims within draining room, and
-        usage equal to the room held by present units plus what drains. Raises :class:`VramError`."""
+        """The invariant (see the module docstring): :meth:`check_room`, and a tracked pool's
+        victims are its resident units outside the buffer, in pool order. Raises :class:`VramError`."""
+        self.check_room()
+        for p, pool_units in enumerate(self.pool_units):
+            want = [k for k, u in pool_units.items() if u.state == RESIDENT and not u.in_buffer] if self.tracked else []
+            if self.victim_keys[p] != want or self.victim_seqs[p] != [pool_units[k].seq for k in want]:
+                raise VramError(f"pool {p}: victims {self.victim_keys[p]} are not its resident units {want}")
+
+    def check_room(self) -> None:
+        """The invariant's bytes: no pool or buffer over its capacity, claims within draining
+        room, and usage equal to the room held by present units plus what drains. Raises
+        :class:`VramError`."""
         held = [0] * len(self.capacity)
         buf = 0
         for u in self.units.values():

@@ -63,7 +63,7 @@ class Residency:
             if self.copier.done(job):
                 if u.state == QUEUED:
                     st.count_start(u)
-                u.state = RESIDENT
+                self.vram.landed(u)   # resident: one of its pool's victims
                 del self.jobs[key]
                 self.policy.on_loaded(view, key, u.demand)
 

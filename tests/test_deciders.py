@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 
 from moesim.policies.contract.registry import make_policy
@@ -17,7 +16,7 @@ from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
-from tests.util import random_trace, tiny_hw, tiny_model
+from tests.util import assert_same_replays, random_trace, tiny_hw, tiny_model
 
 RULES = ("lru", "fifo", "lfu", "random", "belady", "static")
 
@@ -44,10 +43,5 @@ def test_each_decider_on_the_kernel_equals_the_event_loop(rule: str, batch: int,
     slow, ms = _run(rule, fast=False, batch=batch, lanes=lanes)
     fast, mf = _run(rule, fast=True, batch=batch, lanes=lanes)
     assert fast.state.path == f"fast ({rule} kernel)", fast.state.path_reason
-    for m in (ms, mf):
-        m.pop("engine_path")
-        m.pop("engine_path_reason")
-    assert mf == ms and mf["evictions"] > 0
-    cs, cf = slow.state.steps.columns(), fast.state.steps.columns()
-    for name in cs:
-        np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+    assert_same_replays(slow, ms, fast, mf)
+    assert mf["evictions"] > 0

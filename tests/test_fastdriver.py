@@ -23,7 +23,7 @@ from moesim.sim.engine.workload import build_workload
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from moesim.traces.format.trace_file import DECODE, PREFILL
-from tests.util import make_trace, tiny_hw, tiny_model
+from tests.util import assert_same_replays, make_trace, tiny_hw, tiny_model
 
 POLICIES = sorted(policy_names())
 EXAMPLES = int(os.environ.get("MOESIM_FASTDRIVER_EXAMPLES", "120"))
@@ -88,11 +88,5 @@ def test_driver_equals_event_loop(policy: str, layers: int, experts: int, top_k:
     (se, ms), (fe, mf) = slow, fast
     assert se.state.path == "event"
     assert fe.state.path.startswith("fast"), fe.state.path_reason   # copies issued by warm() included
-    for m in (ms, mf):
-        m.pop("engine_path")
-        m.pop("engine_path_reason")
-    assert mf == ms, {k: (ms[k], mf.get(k)) for k in ms if ms[k] != mf.get(k)}
-    cs, cf = se.state.steps.columns(), fe.state.steps.columns()
-    for name in cs:
-        np.testing.assert_array_equal(cf[name], cs[name], err_msg=f"{policy}: {name}")
+    assert_same_replays(se, ms, fe, mf, what=f"{policy}: ")
     assert fe.state.timeline == se.state.timeline

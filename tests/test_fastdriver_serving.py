@@ -26,7 +26,7 @@ from moesim.sim.engine.serving_workload import serving_workload
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from tests.test_context import attn_model
-from tests.util import random_trace, tiny_hw, tiny_model
+from tests.util import assert_same_replays, random_trace, tiny_hw, tiny_model
 
 POLICIES = sorted(p for p in policy_names() if not make_policy(p).oracle)
 EXAMPLES = int(os.environ.get("MOESIM_FASTDRIVER_EXAMPLES", "120"))
@@ -73,13 +73,7 @@ def _same(slow: tuple[Engine, dict[str, Any]] | str, fast: tuple[Engine, dict[st
     (se, ms), (fe, mf) = slow, fast
     assert se.state.path == "event"
     assert fe.state.path == "fast", fe.state.path_reason   # the driver: no kernel takes a serving run
-    for m in (ms, mf):
-        m.pop("engine_path")
-        m.pop("engine_path_reason")
-    assert mf == ms, {k: (ms[k], mf.get(k)) for k in ms if ms[k] != mf.get(k)}
-    cs, cf = se.state.steps.columns(), fe.state.steps.columns()
-    for name in cs:
-        np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+    assert_same_replays(se, ms, fe, mf)
     assert fe.state.timeline == se.state.timeline
     a, b = se.state.scheduler, fe.state.scheduler
     assert a is not None and b is not None

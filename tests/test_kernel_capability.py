@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pytest
 
 from moesim.policies.baselines.pregated import PreGatePrefetcher
@@ -36,7 +35,7 @@ from moesim.sim.engine.workload import build_workload
 from moesim.sim.fast.capability import next_layer_parts, sole_rule
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
-from tests.util import random_trace, tiny_hw, tiny_model
+from tests.util import assert_same_replays, random_trace, tiny_hw, tiny_model
 
 
 class _MyLRU(LRUCache):
@@ -145,13 +144,8 @@ def test_any_plain_composition_of_declared_parts_takes_the_kernel_exactly() -> N
     fast, mf = _run(_OracleNextLayer(), fast=True)
     assert slow.state.path == "event"
     assert fast.state.path == "fast (my-oracle-next-layer kernel)", fast.state.path_reason
-    for m in (ms, mf):
-        m.pop("engine_path")
-        m.pop("engine_path_reason")
-    assert mf == ms and mf["prefetch_gb"] > 0
-    cs, cf = slow.state.steps.columns(), fast.state.steps.columns()
-    for name in cs:
-        np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+    assert_same_replays(slow, ms, fast, mf)
+    assert mf["prefetch_gb"] > 0
 
 
 def test_a_composition_with_a_hook_of_its_own_takes_the_driver() -> None:
@@ -181,13 +175,8 @@ def test_a_rule_brings_its_own_decider_and_the_kernel_replays_it_exactly() -> No
     slow, ms = _run(_MRU(), fast=False, budget=9)
     fast, mf = _run(_MRU(), fast=True, budget=9)
     assert fast.state.path == "fast (test-mru kernel)", fast.state.path_reason
-    for m in (ms, mf):
-        m.pop("engine_path")
-        m.pop("engine_path_reason")
-    assert mf == ms and mf["evictions"] > 0
-    cs, cf = slow.state.steps.columns(), fast.state.steps.columns()
-    for name in cs:
-        np.testing.assert_array_equal(cf[name], cs[name], err_msg=name)
+    assert_same_replays(slow, ms, fast, mf)
+    assert mf["evictions"] > 0
 
 
 def test_a_cache_rule_declares_a_decider_not_a_kernel_name() -> None:

@@ -22,7 +22,7 @@ from moesim.testing.fixtures import (
 )
 from moesim.traces.format.trace_file import DECODE, PREFILL, Trace
 
-__all__ = ["DECODE", "EXPERT_BYTES", "PREFILL", "ROOT", "Step", "assert_same_trace", "make_trace", "random_trace", "run_engine",
+__all__ = ["DECODE", "EXPERT_BYTES", "PREFILL", "ROOT", "Step", "assert_same_replays", "assert_same_trace", "make_trace", "random_trace", "run_engine",
            "step_us", "steps", "swap_last_tokens", "tiny_hw", "tiny_model"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,3 +51,18 @@ def assert_same_trace(a: Trace, b: Trace) -> None:
         assert other is not None, name
         np.testing.assert_array_equal(col, other, err_msg=name)
     assert set(a.columns()) == set(b.columns())
+
+
+def assert_same_replays(slow: Engine, ms: dict[str, Any], fast: Engine, mf: dict[str, Any],
+                        what: str = "") -> None:
+    """Two replays of one run (the event loop's and a fast one's) computed the same: equal metrics
+    once ``engine_path`` and ``engine_path_reason`` (which replay ran, and why) are popped from both
+    dicts, in place, and equal step records, column by column (``what`` prefixes the column named
+    in a failure)."""
+    for m in (ms, mf):
+        m.pop("engine_path")
+        m.pop("engine_path_reason")
+    assert mf == ms, {k: (ms[k], mf.get(k)) for k in ms if ms[k] != mf.get(k)}
+    cs, cf = slow.state.steps.columns(), fast.state.steps.columns()
+    for name in cs:
+        np.testing.assert_array_equal(cf[name], cs[name], err_msg=f"{what}{name}")

@@ -32,6 +32,14 @@ The A100: the rule keeps all 32 layers (the 2-bit model is 17.5 GiB of 72 GiB), 
 be streamed, yet the paper's naive A100 row (1.392 tokens/s) is slower than its own offloading
 rows on the same GPU (3.061): the naive A100 run had a memory cap the paper does not state. No
 count is derived for it; the sets keep their older assumption there (see their notes).
+
+What the rule stands on: it prices the quantised bytes as if accelerate could see them. With the
+hqq the authors' code pins (dvmazur/mixtral-offloading requirements.txt: mobiusml/hqq@37502bea,
+v0.1.1) it could not: an ``HQQLinear`` keeps ``W_q`` and ``meta`` as plain attributes, not
+parameters or buffers, and its ``.to()`` does nothing, while accelerate's
+``compute_module_sizes`` and ``AlignDevicesHook`` see only parameters and buffers
+(``named_module_tensors``). So the naive runs' loader is not stock accelerate, and these counts
+are an assumption about it, the same at both widths only if that loader placed layers by bytes.
 """
 
 from __future__ import annotations

@@ -247,7 +247,11 @@ def naive_asks() -> list[str]:
     bytes over ``R``). ``c`` and ``T0`` come from two runs (the set's placement and
     :data:`ASK_STEP` more layers streamed); the measured step ``t`` then asks for
     ``S = (t - T0) / c`` streamed layers at ``R``, or, at the set's placement, for the rate
-    ``R x S_set x c / (t - T0)``: one equation, two unknowns, so a row fixes only ``S / R``."""
+    ``R x S_set x c / (t - T0)``: one equation, two unknowns, so a row fixes only ``S / R``.
+    The fastest copies the host could make are pinned ones at its link as fitted (``P``,
+    ``hardware.pcie_gbps`` from the set's fit rows), so ``(t - T0) / (c x R / P)`` is the most
+    layers the run can have streamed, whatever its copy path: its 32 less that is the fewest
+    it can have kept on the GPU."""
     from moesim.sim.config.catalog import get_hardware
     from moesim.sim.study.fit_runs import row_jobs
     from moesim.sim.study.fit_spec import load_measurements
@@ -256,7 +260,8 @@ def naive_asks() -> list[str]:
     params = _fitted(NAIVE_SET)["parameters"]
     lines = ["| row | hardware | experts | measured step ms | set's step ms | step, all resident ms | streamed (set) "
              "| catalog pageable GB/s | streamed the row asks for at that rate | rate the row asks for at the "
-             "set's placement GB/s | pinned link as fitted GB/s |", "| --- " * 11 + "|"]
+             "set's placement GB/s | pinned link as fitted GB/s | most streamed (pinned, at that link) "
+             "| fewest resident |", "| --- " * 13 + "|"]
     for row, job in zip(ms.rows, row_jobs(ms), strict=True):
         if row.role != "test" or row.set.get("policy") != "accelerate":
             continue
@@ -268,14 +273,16 @@ def naive_asks() -> list[str]:
         rate = get_hardware(str(row.set["hardware"])).pageable_rate_gbps
         head = f"| {row.index} | {row.set['hardware']} | {str(row.set['model'])[-1]}-bit | {1000 * measured:.0f} | "
         if t_set is None or t_more is None:
-            lines.append(head + " | ".join("-" * 7) + " |")
+            lines.append(head + " | ".join("-" * 9) + " |")
             continue
         per_layer = (t_more - t_set) / ASK_STEP
         streamed = 32 - resident
         t0 = t_set - streamed * per_layer
+        pinned = values.get("hardware.pcie_gbps", get_hardware(str(row.set["hardware"])).pcie_gbps)
+        most = (measured - t0) / (per_layer * rate / pinned)
         lines.append(head + f"{1000 * t_set:.0f} | {1000 * t0:.0f} | {streamed} | {rate:g} | "
                      f"{(measured - t0) / per_layer:.1f} | {rate * streamed * per_layer / (measured - t0):.1f} | "
-                     f"{values.get('hardware.pcie_gbps', get_hardware(str(row.set['hardware'])).pcie_gbps):.1f} |")
+                     f"{pinned:.1f} | {most:.1f} | {32 - most:.1f} |")
     return lines
 
 
@@ -364,8 +371,9 @@ def main() -> None:
                  f"## Diagnostic: what each naive row asks of the placement and the pageable rate ({NAIVE_SET})", "",
                  "The paper gives neither the naive runs' `device_map` nor their hosts' pageable rate, and one row",
                  "fixes only their ratio (see `naive_asks`): per row, the streamed layers it asks for at the",
-                 "catalog's pageable rate, and the rate it asks for at the set's placement (fit values, no row",
-                 "adopted).", "",
+                 "catalog's pageable rate, the rate it asks for at the set's placement, and the most layers it",
+                 "can have streamed with pinned copies at the link as fitted, whatever its loader (so the fewest",
+                 "it kept on the GPU); fit values, no row adopted.", "",
                  *naive_asks(), "",
                  f"## Diagnostic: the A100's naive rows under a 16 GB reference cap ({NAIVE_SET}; held-out rows)", "",
                  "Predicted / measured with the resident layers (`n:`) accelerate's rule gives under caps a",

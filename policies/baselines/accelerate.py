@@ -13,7 +13,10 @@ main branch (16cb6eb8): one ``value.to(device)`` without ``non_blocking`` per te
 ``dispatch_model``'s ``OffloadedWeightsLoader`` over the model's CPU ``state_dict``; nothing
 under ``src/`` pins memory but the DataLoader; each call ends with ``torch.cuda.empty_cache()``
 (``clear_device_cache()`` since mid-2024), host work priced here only by the runtime's
-``pageable_copy_us`` (0 unless set).
+``pageable_copy_us`` (0 unless set). accelerate sizes and moves only a module's parameters and
+buffers: modules that keep their weights as plain attributes (hqq v0.1.1's ``HQQLinear``, which
+Eliseev & Mazur's code pins) are neither placed nor streamed by it, so on their naive rows this
+policy models a whole-layer loader the paper does not publish (see the set's notes).
 
 In moesim: ``resident_layers`` (None: as many leading layers as fit beside one layer's room)
 are loaded with the model; for every other layer the routed experts load on demand and the

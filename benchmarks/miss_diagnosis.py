@@ -41,12 +41,16 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "per-layer or per-copy time changes no byte count (h2d_gb_per_token, io_busy: copies only)",
         "no"),
     ("commitmoe-fig5", "commitmoe"): (
-        "the baseline's copies (vLLM v0.7.0 --cpu-offload-gb), not a framework time",
+        "CommitMoE's own time on the paper's hosts (about 2x), not the baseline's copies",
         "in the scoreboard's rerun of row 0 vllm-offload copies 25.2 GB a token (whole offloaded layers every "
-        "pass) against CommitMoE's 7.3: the speed-up is mostly the ratio of copy volumes. The eager/graph launch cost, run here "
-        "(table below), lowers the ratios by at most 15% (row 2: 7.25x to 6.22x off): the miss is in how much vLLM's offload "
-        "copies (its offloaded share, cpu_offload_gb, is not stated) or in CommitMoE's hits",
-        "no (checked: launch cost below)"),
+        "pass) against CommitMoE's 7.3: the speed-up is mostly the ratio of copy volumes. But vLLM v0.7.0 cannot copy "
+        "less (commitmoe_sides.md: each pass copies at least the bf16 model beyond 0.9 of the GPU): row 0 asks a vLLM "
+        "of 1534 ms a token, below its 2229 ms copy floor at PCIe 4.0's theoretical rate; row 2 asks 261 ms, exactly "
+        "its floor with no KV cache. On CommitMoE's side the rows ask 36.2 (row 0) and 8.7 ms (row 2) per layer of "
+        "its MoE-Infinity runtime against the fitted 4.6 (rows 1, 3, 4: 5.9-8.2; row 5: none): no one runtime cost "
+        "closes the Mixtral pair. The eager/graph launch cost, run here (table below), lowers the ratios by at most "
+        "15% (row 2: 7.25x to 6.22x off)",
+        "no (checked: launch cost below; commitmoe_sides.md)"),
     ("eliseev-mazur-2023-table2", "accelerate"): (
         "the naive runs' device_map (not stated in the paper), not a copy cost",
         "cost_ablations.md, 'the naive rows' two expert widths' (measured numbers and catalog bytes only): on "
@@ -85,8 +89,10 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
     ("moepic-mixtral", "moepic"): (
         "a prefill cost per token (row 11, TTFT): no fit row measures prefill",
         "every Table 3 TTFT row is predicted fast (0.66-0.77x) while its TPOT rows are 0.76-1.12x: the prefill "
-        "of HQQ Mixtral costs more than the per-layer time and the roofline of 64 prompt tokens give (HQQ's "
-        "dequantising kernels at many tokens; MMLU's prompt length is not stated, 64 assumed). The fit rows are "
+        "of HQQ Mixtral costs more than the per-layer time and the roofline of 64 prompt tokens give "
+        "(moepic_floor.md, section 6: measured TTFTs lie 209-353 ms above the 511 ms copy floor, the predicted "
+        "33-58 ms, at 64 or 768 prompt tokens; the Mixtral-offloading code's HQQ kernels, BLOCK_SIZE_M 16, re-read "
+        "an expert's weights per 16 tokens; MMLU's prompt length is not stated, 64 assumed). The fit rows are "
         "decode TPOT only (Fig. 7(b)'s Mixtral TTFT bars carry no numbers), so runtime.layer_us_per_token cannot "
         "be fitted here. Row 4 (TPOT) is 1.36x since the copy-back of the Mixtral-offloading and AdapMoE rows "
         "(cache.swap_out, their src/expert_cache.py) brought the per-layer time from 3290 to 2589 us; what is "

@@ -28,6 +28,10 @@ KNOWN_MISSES = {
     ("qwen1.5-moe-a2.7b", "top@10"): 0.09,
     ("qwen1.5-moe-a2.7b", "top@20"): 0.10,
     ("qwen1.5-moe-a2.7b", "top@30"): 0.10,
+    # the same limit as Mixtral's: with the token at 48% of the variance and the topic at 25%,
+    # locality at 0.99 leaves reuse 0.06 under imp's 45% on the mean, 0.11 at the worst layer
+    # (the LRU target is met)
+    ("qwen3-30b-a3b", "reuse"): 0.12,
 }
 """(preset, statistic) -> the largest error allowed for the targets the fit cannot meet."""
 

@@ -1,10 +1,10 @@
 """pydantic's plugin scan, skipped while a ``simctl`` command runs.
 
 The first time a process builds a pydantic model or adapter, pydantic looks for plugins: it
-imports :mod:`importlib.metadata` and reads the entry points of every installed distribution
-(the ``pydantic`` group). That costs about 20 ms of CPU a process (on a venv of ~130
-distributions), more than a tenth of what ``simctl run`` spends before its engine starts,
-for plugins (observability hooks such as logfire's) that moesim's models do not use.
+reads the entry points of every installed distribution (the ``pydantic`` group). That costs
+about 5 ms of CPU a process (on a venv of ~130 distributions; :mod:`importlib.metadata` itself
+is imported by pydantic either way), for plugins (observability hooks such as logfire's) that
+moesim's models do not use.
 ``PYDANTIC_DISABLE_PLUGINS=__all__`` (pydantic's documented switch) skips the scan; a value the
 user set, to any value (``PYDANTIC_DISABLE_PLUGINS=`` with none keeps every plugin), is kept.
 Validation and every result are unchanged.

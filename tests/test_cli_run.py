@@ -191,3 +191,10 @@ def test_an_internal_error_keeps_its_traceback_and_exits_1(tmp_path: Path, capsy
     code, _, err = run_cli(["run", str(small_scenario(tmp_path))], capsys)
     assert code == 1
     assert "Traceback" in err and "KeyError" in err and "this is a bug" in err
+
+
+def test_a_name_with_an_emoji_code_is_printed_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scen = small_scenario(tmp_path, name="a:fire:b")
+    code, out, _ = run_cli(["run", str(scen), "--no-progress"], capsys)
+    assert code == 0
+    assert "a:fire:b" in out and "\N{FIRE}" not in out

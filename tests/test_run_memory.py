@@ -105,8 +105,16 @@ def test_steps_file_is_written_one_row_group_at_a_time(tmp_path: Path, monkeypat
     steps = {name: np.array([_row(i)[j] for i in range(n)], dtype=dt) for j, (name, dt) in enumerate(STEP_FIELDS)}
 
     res = cast(RunResult, SimpleNamespace(steps=steps))   # only the steps are read
-    pq.write_table(outputs.steps_table(res), tmp_path / "whole.parquet", compression="zstd", row_group_size=1000)
+    table = outputs.steps_table(res)
+    dictionary = [c for c in table.column_names if c not in outputs.STEPS_NO_DICTIONARY]
+    pq.write_table(table, tmp_path / "whole.parquet", compression="zstd", row_group_size=1000,
+                   use_dictionary=dictionary)
     monkeypatch.setattr(outputs, "STEPS_ROW_GROUP", 1000)
     outputs.write_steps(res, tmp_path / "parts.parquet")
     assert (tmp_path / "parts.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
-    assert pq.ParquetFile(tmp_path / "parts.parquet").metadata.num_row_groups == 3
+    parts = pq.ParquetFile(tmp_path / "parts.parquet")
+    assert parts.metadata.num_row_groups == 3
+    assert parts.read().equals(table)   # the table read back is the one converted
+    group = parts.metadata.row_group(0)
+    encodings = {group.column(j).path_in_schema: group.column(j).encodings for j in range(group.num_columns)}
+    assert all(("RLE_DICTIONARY" in e) == (c not in outputs.STEPS_NO_DICTIONARY) for c, e in encodings.items())

@@ -108,3 +108,23 @@ def test_blas_setting_of_the_user_or_a_loaded_numpy_is_kept(monkeypatch: pytest.
     env = {**os.environ, "OPENBLAS_THREAD_TIMEOUT": "20"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.strip() == "False"
+
+
+def test_importing_the_cli_leaves_the_collector_as_it_was() -> None:
+    code = ("import gc\n{}\nimport moesim.sim.cli.main\nprint(gc.isenabled())")
+    for before, expect in (("", "True"), ("gc.disable()", "False")):
+        out = subprocess.run([sys.executable, "-c", code.format(before)], capture_output=True, text=True,
+                             check=True).stdout
+        assert out.strip() == expect
+
+
+def test_a_command_scans_no_pydantic_plugins_unless_the_user_set_the_switch() -> None:
+    code = ("import os\nfrom moesim.sim.cli.main import main\nassert main(['models']) == 0\n"
+            "import pydantic.plugin._loader as loader\n"
+            "print(loader._plugins is None, repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')))")
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.splitlines()[-1] == "True None"      # never scanned; the switch taken back after the command
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**env, "PYDANTIC_DISABLE_PLUGINS": ""}).stdout
+    assert out.splitlines()[-1] == "False ''"       # the user's setting (every plugin) kept: scanned

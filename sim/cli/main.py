@@ -7,23 +7,28 @@ line on stderr and exit status 2; never a traceback.
 from __future__ import annotations
 
 import gc
-import json
-import sys
-import time
-import traceback
-from pathlib import Path
-from typing import Annotated
 
-import typer
-from rich.console import Console
-from rich.table import Table
+from moesim.sim.cli.gc_pause import collector_paused
 
-from moesim.sim.cli.blas_spin import quiet_blas_workers
-from moesim.sim.cli.lazy_commands import LazyCommand, lazy_group
-from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
-from moesim.sim.core.atomic import Terminated
-from moesim.sim.core.errors import MoesimError
-from moesim.sim.core.escape import terminal, visible
+with collector_paused():   # the command tree's imports: no garbage, ~10 ms of collector passes
+    import json
+    import sys
+    import time
+    from pathlib import Path
+    from typing import Annotated
+
+    import typer
+    from rich.console import Console
+    from rich.table import Table
+
+    from moesim.sim.cli.blas_spin import quiet_blas_workers
+    from moesim.sim.cli.lazy_commands import LazyCommand, lazy_group
+    from moesim.sim.cli.plugin_option import ALLOW_PLUGINS, grant_plugins
+    from moesim.sim.cli.pydantic_plugins import restore as restore_plugin_scan
+    from moesim.sim.cli.pydantic_plugins import skip_plugin_scan
+    from moesim.sim.core.atomic import Terminated
+    from moesim.sim.core.errors import MoesimError
+    from moesim.sim.core.escape import terminal, visible
 
 # Commands of other modules, imported and built only when named (simctl run never needs them);
 # `simctl --help` lists them where they were registered: quality first, the others last.
@@ -275,8 +280,10 @@ def _print_runtime_section(path: str) -> None:
 
 
 def _console() -> Console:
-    """stdout console; wide when piped, so tables are not cut to 80 columns."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    """stdout console; wide when piped, so tables are not cut to 80 columns. Emoji codes are
+    printed as written: a name of the user's such as ``a:fire:b`` is shown, not turned into an
+    emoji (and rich's emoji table, ~2 ms to load, is not loaded for the summary)."""
+    return Console(emoji=False) if sys.stdout.isatty() else Console(width=200, emoji=False)
 
 
 _gc_paused = False
@@ -300,9 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``simctl`` console script. The cyclic collector pauses while the
     command line is parsed and the command's modules load (hundreds of thousands of objects, no
     garbage; its passes cost a tenth of a short run) and resumes before the command works;
-    numpy's BLAS workers, not yet started, will sleep instead of spinning (:mod:`.blas_spin`)."""
+    numpy's BLAS workers, not yet started, will sleep instead of spinning (:mod:`.blas_spin`),
+    and pydantic looks for no plugins (:mod:`.pydantic_plugins`)."""
     global _gc_paused
     quiet_blas_workers(sys.argv[1:] if argv is None else argv)
+    skipped_scan = skip_plugin_scan()
     if gc.isenabled():
         gc.disable()
         _gc_paused = True
@@ -343,12 +352,15 @@ def main(argv: list[str] | None = None) -> int:
             return int(exc.exit_code)
         # anything else is a bug in moesim (or in a policy's code), never bad input: keep the
         # traceback so that it can be fixed
+        import traceback
+
         traceback.print_exc()
         print(f"simctl: internal error ({type(exc).__name__}): this is a bug; please report it with "
               "the traceback above", file=sys.stderr)
         return 1
     finally:
         _resume_gc()
+        restore_plugin_scan(skipped_scan)
     return int(rv) if isinstance(rv, int) else 0
 
 

@@ -80,9 +80,12 @@ class FMoEPerfectMaps(FMoE):
     oracle = True
     summary = "diagnostic: fMoE whose matched maps are the recorded routing (benchmarks/fmoe_fit.py)"
 
-    def __init__(self, *, prefetch_distance: int = 3, store_capacity: int = 1000) -> None:
-        super().__init__(prefetch_distance=prefetch_distance, store_capacity=store_capacity)
-        maps = _PerfectMaps(prefetch_distance=prefetch_distance, store_capacity=store_capacity)
+    def __init__(self, *, prefetch_distance: int = 3, store_capacity: int = 1000,
+                 trajectory_span: str = "target") -> None:
+        super().__init__(prefetch_distance=prefetch_distance, store_capacity=store_capacity,
+                         trajectory_span=trajectory_span)
+        maps = _PerfectMaps(prefetch_distance=prefetch_distance, store_capacity=store_capacity,
+                            trajectory_span=trajectory_span)
         self.assemble(cache=MapPriorityCache(self.freq_smoothing, self.protect_window, maps=maps), prefetcher=maps)
 
 
@@ -139,7 +142,7 @@ def report(budgets_more: list[float]) -> str:
         own = next(r for r in rows if r["set"]["cache.gib"] == gib)["set"]
         systems[gib] = {"fmoe": {}, **{_label(r["relative_to"]["policy"]): r["relative_to"] for r in rows
                                        if r["set"]["cache.gib"] == gib}}
-        systems[gib]["fmoe-perfect-maps"] = {"policy": {"name": "fmoe-perfect-maps", "params": {"prefetch_distance": 3}}}
+        systems[gib]["fmoe-perfect-maps"] = {"policy": {"name": "fmoe-perfect-maps", "params": own["policy"]["params"]}}
         out += [f"## {gib:g} GB expert cache, per model", "",
                 "| model | system | TTFT ms | TPOT ms | hit | late | miss | prefetch recall |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- |"]

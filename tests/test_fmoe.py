@@ -70,6 +70,24 @@ def test_spec1_priority_p_over_distance_and_its_flip() -> None:
     assert view.calls == [("rerank", 4, 2, 0.5), ("rerank", 5, 1, 0.45)]
 
 
+
+def test_trajectory_span_rest_prefetches_every_later_layer_of_the_match() -> None:
+    """``trajectory_span: rest`` (the authors' code, ExpertMapMatcher.traj_prefetch: layers
+    ``l + d .. L - 1`` of the matched map): issue and the protected window reach past
+    ``l_now + d``; ``target`` (the paper's text, the default) stops at ``l_now + d``."""
+    for span, want in (("target", [("prefetch", 3, 5, 0.2)]),
+                       ("rest", [("prefetch", 5, 1, 0.3), ("prefetch", 4, 2, 0.25), ("prefetch", 3, 5, 0.2)])):
+        pf = ExpertMapPrefetcher(prefetch_distance=1, trajectory_span=span)
+        pf._L, pf._window, pf.cache = 6, None, None
+        pf._want = {3: {5: 0.2}, 4: {2: 0.5}, 5: {1: 0.9}}
+        pf._l_now = 2
+        view = RecordingView()
+        pf.issued = 0
+        pf.issue(view, 2)  # type: ignore[arg-type]
+        assert view.calls == want
+        assert pf.window() == {(t, e, 0) for _, t, e, _ in want}
+
+
 def test_p_rows_follow_p_map_when_it_is_replaced() -> None:
     pf = ExpertMapPrefetcher(prefetch_distance=2)
     pf._p_rows_of = None
@@ -85,7 +103,7 @@ B = np.array([[.1, .7, .1, .1], [.1, .1, .1, .7], [.7, .1, .1, .1]])
 NEW = np.array([[.1, .7, .1, .1], [.1, .1, .2, .6], [.6, .2, .1, .1]])
 
 
-def _spec2_run(layer_us: float = 5000) -> tuple[Any, dict[str, Any], FMoE]:
+def _spec2_run(layer_us: float = 5000, pol: FMoE | None = None) -> tuple[Any, dict[str, Any], FMoE]:
     L, J = 3, 4
     cols = {"request_id": np.zeros(L, dtype=np.int32), "token_idx": np.zeros(L, dtype=np.int32),
             "phase": np.full(L, DECODE, dtype=np.int8), "layer": np.arange(L, dtype=np.int16),
@@ -99,7 +117,7 @@ def _spec2_run(layer_us: float = 5000) -> tuple[Any, dict[str, Any], FMoE]:
                       request_id=np.array([10, 11]), phase=np.array([DECODE, DECODE]),
                       iteration=np.array([0, 1]), embedding=np.array([[1.0, 0.0], [0.0, 1.0]]),
                       source="test")
-    pol = FMoE(prefetch_distance=1, store_capacity=2, match_us=0.0)
+    pol = pol or FMoE(prefetch_distance=1, store_capacity=2, match_us=0.0)
     eng, m = run_engine(tr, pol, tiny_model(L, J, 1), tiny_hw(layer_us=layer_us), budget_experts=8,
                         profile=profile)
     return eng, m, pol
@@ -115,6 +133,26 @@ def test_spec2_semantic_then_trajectory_prefetches() -> None:
     assert m["prefetch_gb"] == pytest.approx(3 * 0.003) and m["fetch_precision"] == pytest.approx(2 / 3)
     assert pf.matches == 3
 
+
+def test_trajectory_span_rest_adds_the_matched_maps_later_layers() -> None:
+    """In the spec-2 run (d = 1, three layers), the trajectory match after layer 0 (map B) also
+    wants layer 2's e0 under ``rest``, one layer earlier than ``target`` does: three prefetches
+    either way, the same hits and misses."""
+    class Recording(ExpertMapPrefetcher):
+        seen: list[dict[int, list[int]]]
+
+        def after_layer(self, view: Any, layer: int, outcome: Any) -> None:
+            super().after_layer(view, layer, outcome)
+            self.seen.append({t: sorted(w) for t, w in self._want.items()})
+
+    for span in ("target", "rest"):
+        pol = FMoE(prefetch_distance=1, store_capacity=2, match_us=0.0, trajectory_span=span)
+        maps = Recording(prefetch_distance=1, store_capacity=2, match_us=0.0, trajectory_span=span)
+        maps.seen = []
+        pol.assemble(cache=MapPriorityCache(maps=maps), prefetcher=maps)
+        _, m, _ = _spec2_run(pol=pol)
+        assert m["misses"] == 1 and m["hits"] == 2 and m["prefetch_gb"] == pytest.approx(3 * 0.003)
+        assert maps.seen[0] == ({1: [3]} if span == "target" else {1: [3], 2: [0]})
 
 def test_spec2_store_replaces_the_most_redundant_map() -> None:
     store = ExpertMapStore(2, 3, 4, 1)
@@ -240,7 +278,8 @@ def test_cold_store_warns_and_fills_online() -> None:
 
 
 @pytest.mark.parametrize("params", [{"prefetch_distance": 0}, {"store_capacity": 0}, {"matcher": "x"},
-                                    {"eviction": "x"}, {"freq_smoothing": -1}, {"match_us": -1}])
+                                    {"eviction": "x"}, {"freq_smoothing": -1}, {"match_us": -1},
+                                    {"trajectory_span": "x"}])
 def test_bad_parameters_are_refused(params: dict) -> None:  # type: ignore[type-arg]
     with pytest.raises(PolicyError):
         make_policy("fmoe", params)

@@ -4,7 +4,14 @@
   of most similar semantics (Eq. 4); its layers ``0..d-1`` are prefetched.
 * After layer ``l`` is routed (``after_layer``), each token's probabilities of layers
   ``0..l`` (the softmax of ``view.logits``) find the stored map of most similar trajectory
-  (Eq. 5); its layer ``l + d`` is prefetched ([rec] B1).
+  (Eq. 5); its layer ``l + d`` is prefetched ([rec] B1), or with ``trajectory_span: rest`` its
+  layers ``l + d .. L - 1``, as the authors' code does (IntelliSys-Lab/FineMoE-EuroSys26,
+  ``ExpertMapMatcher.traj_prefetch``: ``layer_start = num_layers_obs + prefetch_distance``,
+  ``layer_end = num_layers``; the paper's text names ``P_{l+d}`` only, hence the default
+  ``target``). Each later match adds to what earlier ones wanted for a layer (the code's queued
+  prefetch tasks stay until their layer runs), every wanted layer is issued at ``p / (t - l_now)``
+  and protected from eviction (the code's cache candidates, ``replace_cache_candidates``, which
+  a prefetch never evicts: it is dropped instead).
 * A prompt (an iteration of several tokens of one request) is matched token by token and
   stored as one map per token, as the authors' code does (IntelliSys-Lab/FineMoE-EuroSys26:
   ``ExpertMapMatcher.embed_prefetch`` / ``traj_prefetch`` match every row of a prefill, and
@@ -41,19 +48,23 @@ from moesim.policies.fmoe.expert_maps import ExpertMapStore, select_floats
 from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.parts.prefetchers import Prefetcher
 
+SPANS = ("target", "rest")   # what one trajectory match prefetches: layer l + d, or l + d .. L - 1
+
 
 class ExpertMapPrefetcher(Prefetcher):
     """Semantic and trajectory matching against an :class:`ExpertMapStore` (module docstring)."""
 
     def __init__(self, *, prefetch_distance: int = 3, store_capacity: int = 1000, semantic: bool = True,
                  trajectory: bool = True, dynamic_threshold: bool = True, cancel_stale: bool = True,
-                 reprioritize: bool = True, match_us: float = 50.0) -> None:
+                 reprioritize: bool = True, match_us: float = 50.0, trajectory_span: str = "target") -> None:
         if prefetch_distance < 1:
             raise ValueError(f"prefetch_distance must be >= 1, got {prefetch_distance}")
         if store_capacity < 1:
             raise ValueError(f"store_capacity must be >= 1, got {store_capacity}")
         if match_us < 0:
             raise ValueError(f"match_us must be >= 0, got {match_us}")
+        if trajectory_span not in SPANS:
+            raise ValueError(f"trajectory_span must be one of {', '.join(SPANS)}, got {trajectory_span!r}")
         self.prefetch_distance = prefetch_distance
         self.store_capacity = store_capacity
         self.semantic = semantic
@@ -62,6 +73,7 @@ class ExpertMapPrefetcher(Prefetcher):
         self.cancel_stale = cancel_stale
         self.reprioritize = reprioritize
         self.match_us = match_us
+        self.trajectory_span = trajectory_span
 
     def read_columns(self) -> frozenset[str]:
         """Reads logits, embeddings and (as a fallback) weights."""
@@ -202,7 +214,8 @@ class ExpertMapPrefetcher(Prefetcher):
         self.issue(view, -1)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
-        """Record the layer's probabilities; trajectory matching for layer ``layer + d``."""
+        """Record the layer's probabilities; trajectory matching for layer ``layer + d``
+        (``rest``: layers ``layer + d .. L - 1``)."""
         routing = outcome.routing
         lg = view.logits(layer) if self._logits else None
         if lg is not None:   # a softmax has no -0.0 (exp gives +0.0): ``p + 0.0`` below is ``p``
@@ -227,20 +240,24 @@ class ExpertMapPrefetcher(Prefetcher):
         target = layer + self.prefetch_distance
         if self.trajectory and n and target < self._L:
             self._charge(view, len(self._reqs))   # one (batched) search per request
-            rows = store.by_layer[target]
+            targets = range(target, self._L if self.trajectory_span == "rest" else target + 1)
+            by_layer = store.by_layer
             for u in self._units:
                 y, s = store.trajectory(layer, dots[u], tsq[u])
-                self._add(target, rows[y].tolist(), s)
+                for t in targets:
+                    self._add(t, by_layer[t][y].tolist(), s)
                 self._remember(u, y)
             self._settle_p()
         self.issue(view, layer)
 
     def window(self) -> frozenset[UnitKey]:
-        """Units wanted for layers ``l_now + 1 .. l_now + d`` (protected from eviction); the
-        same set until the wanted experts or ``l_now`` change."""
+        """Units wanted for layers ``l_now + 1 .. l_now + d`` (``trajectory_span: rest``: every
+        later layer), protected from eviction; the same set until the wanted experts or ``l_now``
+        change."""
         win = self._window
         if win is None:
-            lo, hi = self._l_now + 1, self._l_now + self.prefetch_distance
+            lo = self._l_now + 1
+            hi = self._L - 1 if self.trajectory_span == "rest" else self._l_now + self.prefetch_distance
             win = self._window = frozenset((t, e, 0) for t, want in self._want.items() if lo <= t <= hi
                                            for e in want)
         return win
@@ -261,11 +278,12 @@ class ExpertMapPrefetcher(Prefetcher):
         return self._p_rows
 
     def issue(self, view: View, l_now: int) -> None:
-        """Prefetch (or re-rank) every wanted expert of layers ``l_now+1..l_now+d`` at priority
-        ``p / (t - l_now)``, highest first."""
+        """Prefetch (or re-rank) every wanted expert of layers ``l_now+1..l_now+d`` (``rest``:
+        every later layer) at priority ``p / (t - l_now)``, highest first."""
         # sorted by (-priority, t, e): the priority is negated back exactly (a sign flip)
+        hi = self._L if self.trajectory_span == "rest" else l_now + self.prefetch_distance
         todo = sorted((-(p / (t - l_now)), t, e) for t, want in self._want.items()
-                      if l_now < t <= l_now + self.prefetch_distance for e, p in want.items())
+                      if l_now < t <= hi for e, p in want.items())
         if not todo:
             return
         cache = self.cache

@@ -19,6 +19,9 @@ MoE-Infinity's matcher); with ``map``, ``semantic=False`` is Map(T), ``dynamic_t
 Map(T+S), both on the full Map(T+S+delta). ``eviction`` = ``fmoe``, ``lru`` or ``lfu`` (Fig. 12b).
 ``match_us`` is the CPU time of one map search, charged on the critical path (the paper runs it
 in a thread; Fig. 15 counts it outside the synchronous overhead), 0 to leave it out.
+``trajectory_span``: ``target`` (default, the paper's text: a trajectory match prefetches layer
+``l + d``) or ``rest`` (the authors' code: layers ``l + d .. L - 1``; see
+:mod:`moesim.policies.fmoe.map_prefetch`).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class FMoE(Composed):
     def __init__(self, *, prefetch_distance: int = 3, store_capacity: int = 1000, semantic: bool = True,
                  trajectory: bool = True, dynamic_threshold: bool = True, matcher: str = "map",
                  eviction: str = "fmoe", freq_smoothing: float = 1.0, protect_window: bool = True,
-                 cancel_stale: bool = True, reprioritize: bool = True, match_us: float = 50.0) -> None:
+                 cancel_stale: bool = True, reprioritize: bool = True, match_us: float = 50.0,
+                 trajectory_span: str = "target") -> None:
         if matcher not in MATCHERS:
             raise ValueError(f"matcher must be one of {', '.join(MATCHERS)}, got {matcher!r}")
         if eviction not in EVICTIONS:
@@ -69,10 +73,11 @@ class FMoE(Composed):
         self.cancel_stale = cancel_stale
         self.reprioritize = reprioritize
         self.match_us = match_us
+        self.trajectory_span = trajectory_span
         maps = ExpertMapPrefetcher(
             prefetch_distance=prefetch_distance, store_capacity=store_capacity, semantic=semantic,
             trajectory=trajectory, dynamic_threshold=dynamic_threshold, cancel_stale=cancel_stale,
-            reprioritize=reprioritize, match_us=match_us)
+            reprioritize=reprioritize, match_us=match_us, trajectory_span=trajectory_span)
         prefetcher: Prefetcher
         if matcher == "map":
             prefetcher = maps

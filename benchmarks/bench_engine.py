@@ -1,10 +1,12 @@
 """Engine speed: simulated layer-steps per second and simulated time / wall time.
 
 Mixtral-8x7B, batch 1, mixtral-offloading, on a synthetic trace of the generator's Mixtral
-preset (decode tokens only). Prints figures; asserts nothing.
+preset (decode tokens only, unless ``--prompt-len`` adds a prompt to each request: its prefill
+iteration runs too). Prints figures; asserts nothing.
 
     python benchmarks/bench_engine.py [--tokens 2000] [--policy mixtral-offloading] [--profile]
                                       [--event-loop | --driver] [--model mixtral-8x7b] [--initial popular]
+                                      [--prompt-len 256]
 
 Demand-only policies (lru, lfu, fifo, random, belady; static started warm with
 ``--initial popular``) and the next-layer prefetchers mixtral-offloading and oracle-prefetch
@@ -35,6 +37,8 @@ from moesim.traces.synthetic.generator import SynthParams, generate
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=2000, help="decode tokens (4 requests)")
+    ap.add_argument("--prompt-len", type=int, default=0,
+                    help="prompt tokens per request (0: decode only); prefill iterations run too")
     ap.add_argument("--policy", default="mixtral-offloading")
     ap.add_argument("--hardware", default="rtx-4090")
     ap.add_argument("--experts-per-layer", type=float, default=2)
@@ -51,7 +55,7 @@ def main() -> None:
         path.kernel_of = lambda state: None
 
     requests = 4
-    params = SynthParams.from_preset(args.preset, requests=requests, prompt_len=0,
+    params = SynthParams.from_preset(args.preset, requests=requests, prompt_len=args.prompt_len,
                                      decode_len=args.tokens // requests, seed=0,
                                      **({"model": args.model} if args.model else {}))
     t0 = time.perf_counter()
@@ -59,7 +63,7 @@ def main() -> None:
     trace = trace_from_columns(cols, meta)
     t_gen = time.perf_counter() - t0
     model, hw = get_model(trace.model.name), get_hardware(args.hardware)
-    wl = build_workload(trace, batch_size=1, phases=["decode"])
+    wl = build_workload(trace, batch_size=1, phases=["prefill", "decode"] if args.prompt_len else ["decode"])
     budget = int(args.experts_per_layer * model.num_layers) * model.expert_bytes
     engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget,
                     initial=args.initial, fast_replay=None if args.event_loop else FAST_PATH)
@@ -73,7 +77,8 @@ def main() -> None:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     m = compute_metrics(engine.state)
     steps = len(engine.state.steps)
-    print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens x {model.num_layers} layers), "
+    print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens"
+          + (f", {requests} prompts of {args.prompt_len}" if args.prompt_len else "") + f" x {model.num_layers} layers), "
           f"generated and validated in {t_gen:.2f} s")
     print(f"policy {args.policy} on {hw.name}, {args.experts_per_layer:g} experts/layer: "
           f"hit {m['hit_rate']:.3f}, late {m['late_rate']:.3f}, TPOT {m['tpot_ms']['mean']:.1f} ms")

@@ -183,6 +183,7 @@ def test_spec2_trajectory_scores() -> None:
 class FakeMaps:
     def __init__(self) -> None:
         self.p = {(0, 1): .7, (1, 3): .6, (2, 0): .7}
+        self.p_map = object()   # what the cache rule watches: replaced when p changes
 
     def p_evict(self, layer: int, expert: int) -> float:
         return self.p[(layer, expert)]

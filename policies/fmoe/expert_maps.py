@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_min = np.minimum.reduce   # what ndarray.min reduces with
+
 
 def select_by_mass(p: np.ndarray | list[float], delta: float, k: int, dynamic: bool = True
                    ) -> list[tuple[int, float]]:
@@ -182,9 +184,11 @@ class ExpertMapStore:
         given their running dot products ``dots`` and the observed squared norm ``traj_sq``."""
         den = self._prefix_t[layer, : self.n] * traj_sq
         np.sqrt(den, out=den)
-        if den.size and den.min() > 0:   # no zero (nor NaN) norm: the plain quotient is the one below
+        # the reductions are the ufuncs' own (``ndarray.min`` and ``np.argmax`` reach the same
+        # through Python wrappers; this runs once per routed layer and token)
+        if den.size and _min(den) > 0:   # no zero (nor NaN) norm: the plain quotient is the one below
             cs = np.divide(dots, den, out=den)
         else:
             cs = np.divide(dots, den, out=np.zeros_like(dots), where=den > 0)
-        y = int(np.argmax(cs))
+        y = int(cs.argmax())
         return y, float(cs[y])

@@ -28,6 +28,10 @@ from moesim.policies.contract.base import (
 from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher
 from moesim.policies.parts.caches import CacheRule
 
+_STALE = (0.0, 0, 0, 0)
+"""The key of a unit that came in while every key is stale: a placeholder (stale keys are
+made again before they are read)."""
+
 
 class MapPriorityCache(CacheRule):
     """Evict the highest ``1 / (p * (freq + freq_smoothing))`` (see the module docstring)."""
@@ -41,24 +45,35 @@ class MapPriorityCache(CacheRule):
         self.protect_window = protect_window
         self.maps = maps
         self.freq: dict[UnitKey, int] = {}
-        # each unit's victim key (priority, -layer, -expert, -part), kept until its count or the
-        # maps' p change (``_keys_p``: the p rows the keys were computed from)
+        # each known unit's victim key (priority, -layer, -expert, -part): every unit the rule was
+        # told of (executed, issued, or a candidate) until it leaves; keyed again, all of them,
+        # at the first eviction after the maps' ``p_map`` changed (``_stale``; ``_pm``: the
+        # ``p_map`` seen last); ``_keys_p``: the p rows of the latest keys
         self._keys: dict[UnitKey, tuple[float, int, int, int]] = {}
         self._keys_p: list[list[float]] | None = None
-        self._cleared = True   # the keys were cleared since the last eviction keyed every candidate
+        self._pm: object = None
+        self._stale = False
 
     def setup(self, ctx: Context) -> None:
         """Forget all counts."""
         self.freq = {}
         self._keys = {}
         self._keys_p = None
-        self._cleared = True
+        self._pm = None
+        self._stale = False
         self._J = ctx.num_experts
 
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """One visit per executed expert (and its victim key again)."""
         self._sync()
-        freq, keys, key_of, rows = self.freq, self._keys, self._key, self._keys_p
+        freq, keys = self.freq, self._keys
+        if self._stale:   # the keys are made again before they are read: known is enough
+            for e in outcome.experts:
+                key = (layer, e, 0)
+                freq[key] = freq.get(key, 0) + 1
+                keys[key] = _STALE
+            return
+        key_of, rows = self._key, self._keys_p
         for e in outcome.experts:
             key = (layer, e, 0)
             freq[key] = freq.get(key, 0) + 1
@@ -68,7 +83,7 @@ class MapPriorityCache(CacheRule):
         """A unit the prefetcher issued: its victim key now (its count does not change: fMoE
         counts executions only)."""
         self._sync()
-        self._keys[key] = self._key(key, self._keys_p)
+        self._keys[key] = _STALE if self._stale else self._key(key, self._keys_p)
 
     def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """Counts are forgotten when the unit leaves."""
@@ -87,18 +102,19 @@ class MapPriorityCache(CacheRule):
         return 1.0 / den if den > 0 else float("inf")
 
     # -- victim keys ------------------------------------------------------------------------------
-    # Each unit's victim key ``(priority, -layer, -expert, -part)`` (``priority`` inlined) is kept
-    # in ``_keys`` until its count or the maps' p change (``_keys_p``: the p rows the keys were
-    # computed from; the maps hand out the same rows object while p is unchanged). The keys of
-    # distinct units differ, so the highest key is the same whatever the candidates' order.
+    # Each known unit's victim key ``(priority, -layer, -expert, -part)`` (``priority`` inlined)
+    # is kept in ``_keys``: computed when the unit is executed or issued (from its new count),
+    # and for every known unit again at the first eviction after the maps' p changed (a key is
+    # a function of the current p and count, so every kept key is the one :meth:`_key` gives
+    # now). The keys of distinct units differ, so the highest key is the same whatever the
+    # candidates' order.
     def _sync(self) -> None:
-        """Make the kept keys those of the maps' current p (``_keys_p`` their rows): cleared
-        when p changed."""
-        rows = self.maps.p_rows() if self.maps is not None else None
-        if rows is not self._keys_p:   # a new match: every p may have changed
-            self._keys.clear()
-            self._keys_p = rows
-            self._cleared = True
+        """Follow the maps' p: when their ``p_map`` was replaced (a new match: every p may have
+        changed), every kept key is stale (its rows are taken when the keys are made again)."""
+        maps = self.maps
+        if maps is not None and maps.p_map is not self._pm:
+            self._pm = maps.p_map
+            self._stale = True
 
     def _key(self, k: UnitKey, rows: list[list[float]] | None) -> tuple[float, int, int, int]:
         """The victim key of unit ``k`` under p ``rows`` (uniform for None)."""
@@ -106,28 +122,29 @@ class MapPriorityCache(CacheRule):
         den = p * (self.freq.get(k, 0) + self.freq_smoothing)
         return (1.0 / den if den > 0 else float("inf"), -k[0], -k[1], -k[2])
 
-    def _fill(self, cands: Sequence[UnitKey]) -> None:
-        """Key every candidate (again: a key is a function of the current p and count)."""
-        rows = self._keys_p
+    def _rekey(self) -> None:
+        """Key every known unit again under the maps' current p rows (stale keys made current)."""
+        assert self.maps is not None   # stale only with maps
+        rows = self._keys_p = self.maps.p_rows()
         fget, smooth, inf = self.freq.get, self.freq_smoothing, float("inf")
-        if rows is None:
-            rows = [[1.0 / self._J] * self._J] * (1 + max(k[0] for k in cands))
-        self._keys.update({k: (1.0 / den if (den := rows[k[0]][k[1]] * (fget(k, 0) + smooth)) > 0 else inf,
-                               -k[0], -k[1], -k[2]) for k in cands})
-        self._cleared = False
+        self._keys = {k: (1.0 / den if (den := rows[k[0]][k[1]] * (fget(k, 0) + smooth)) > 0 else inf,
+                          -k[0], -k[1], -k[2]) for k in self._keys}
+        self._stale = False
 
     def _best(self, cands: Sequence[UnitKey]) -> UnitKey:
-        """The candidate of highest key (keyed first where needed: all of them after the keys
-        were cleared, else those that came in since, as :meth:`_key` keys them)."""
+        """The candidate of highest key (the kept keys made current first, and the candidates
+        not known yet keyed, as :meth:`_key` keys them)."""
+        if self._stale:
+            self._rekey()
         keys = self._keys
-        if self._cleared:
-            self._fill(cands)
-        else:
+        try:
+            return max(cands, key=keys.__getitem__)
+        except KeyError:   # a candidate not known yet
             rows, key_of = self._keys_p, self._key
             for k in cands:
                 if k not in keys:
                     keys[k] = key_of(k, rows)
-        return max(cands, key=keys.__getitem__)
+            return max(cands, key=keys.__getitem__)
 
     def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:
         """The candidate of highest eviction priority that is neither ``protected`` nor (with
@@ -138,13 +155,13 @@ class MapPriorityCache(CacheRule):
         if not cands:
             return request.decline
         maps = self.maps
-        if maps is not None and maps.p_rows() is not self._keys_p:
+        if maps is not None and maps.p_map is not self._pm:
             self._sync()
-        if self._cleared:
-            self._fill(cands)
+        if self._stale:
+            self._rekey()
         try:   # _best, its common case inlined (this runs for every eviction)
             best = max(cands, key=self._keys.__getitem__)
-        except KeyError:
+        except KeyError:   # a candidate not known yet
             best = self._best(cands)
         if best not in self.protected and (maps is None or not self.protect_window
                                            or best not in maps.window()):

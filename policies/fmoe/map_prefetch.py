@@ -131,12 +131,18 @@ class ExpertMapPrefetcher(Prefetcher):
                  iteration: np.ndarray, embedding: np.ndarray | None) -> None:
         """Insert one map per token of the profile, in order, with its iteration's embedding."""
         h = embedding.shape[1] if embedding is not None else 1
+        every = None
+        if logits is not None and self._logits:   # every row's softmax at once: ``_probs`` of each
+            # iteration's rows gives the same numbers (a row's softmax does not depend on the rows
+            # beside it, see ``softmax_rows``)
+            n, L, J = logits.shape
+            every = softmax_rows(logits.reshape(n * L, J)).astype(np.float64).reshape(n, L, J) + 0.0
         for it in dict.fromkeys(iteration.tolist()):
             rows = np.nonzero(iteration == it)[0]
             # ``[tokens, L, J]``; ``+ 0.0`` as the mean of one row was (a -0.0 becomes 0.0)
-            maps = np.stack([self._probs(experts[rows, lay], None if weights is None else weights[rows, lay],
-                                         None if logits is None else logits[rows, lay])
-                             for lay in range(self._L)], axis=1) + 0.0
+            maps = every[rows] if every is not None else np.stack(
+                [self._probs(experts[rows, lay], None if weights is None else weights[rows, lay], None)
+                 for lay in range(self._L)], axis=1) + 0.0
             sem = embedding[it] if embedding is not None else np.zeros(h)
             for emap in maps:
                 self.store.insert(sem, emap)

@@ -178,6 +178,7 @@ class CommitPlanner(Planner):
         self.accuracy: dict[int, int] = {}
         self.owa_triggered = 0
         self.committed = 0
+        self._pct: dict[tuple[int, int], int] = {}   # commit_accuracy(correct, k), as computed
 
     def setup(self, ctx: Context) -> None:
         """Resolve the trigger set; reset the counters."""
@@ -198,9 +199,10 @@ class CommitPlanner(Planner):
         plan_rows = rows[:]                      # rows are replaced, never changed in place
         w_rows = None if tw is None else tw.tolist()
         take = self.commitments.take
+        pct_of = self._pct
         changed = unweighted = False
         for t in range(routing.n_tokens):
-            got = take(int(reqs[t]), layer)
+            got = take(reqs[t], layer)   # request ids as Python ints (tolist)
             if got is None:
                 continue
             experts, probs = got
@@ -208,7 +210,9 @@ class CommitPlanner(Planner):
             experts = experts[:k]
             true = rows[t]
             c = len(set(experts) & set(true))
-            pct = commit_accuracy(c, len(true))
+            pct = pct_of.get((c, len(true)))
+            if pct is None:   # Eq. (3), once per (correct, k)
+                pct = pct_of[(c, len(true))] = commit_accuracy(c, len(true))
             self.accuracy[pct] = self.accuracy.get(pct, 0) + 1
             self.committed += 1
             plan_rows[t] = experts + [-1] * (width - k)
@@ -217,7 +221,7 @@ class CommitPlanner(Planner):
             elif w_rows is not None and tw is not None:
                 w = probs[:k]
                 if self.owa and c in self._trigger:
-                    w = owa_weight_list(true, tw[t].tolist(), experts, probs,
+                    w = owa_weight_list(true, w_rows[t], experts, probs,   # row t: not yet replaced
                                         alpha1=self.alpha1, alpha2=self.alpha2)
                     self.owa_triggered += 1
                 w_rows[t] = w + [0.0] * (width - k)

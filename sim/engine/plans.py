@@ -9,6 +9,7 @@ the top-1 routed expert runs, and how many slots run (the effective top-k).
 
 from __future__ import annotations
 
+from struct import Struct
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,9 @@ def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, n
     if ex.shape[0] != routing.n_tokens:
         raise PolicyError(f"policy {policy_name!r} planned {ex.shape[0]} tokens at iteration {iteration}, layer {layer}; the iteration has {routing.n_tokens}")
     rows = ex.tolist()   # Python lists: a plan has a few short rows
-    if ex.size <= 64:   # a few slots: Python's min and max are quicker than two numpy reductions
+    if len(rows) == 1 and rows[0]:   # one token (batch 1): its row's own min and max
+        lo, hi = min(rows[0]), max(rows[0])
+    elif ex.size <= 64:   # a few slots: Python's min and max are quicker than two numpy reductions
         lo = min([min(row) for row in rows if row], default=0)
         hi = max([max(row) for row in rows if row], default=0)
     else:
@@ -34,7 +37,7 @@ def check_plan(plan: Plan, routing: Routing, *, policy_name: str, lossy: bool, n
     if lo < -1 or hi >= num_experts:
         raise PolicyError(f"policy {policy_name!r} planned an expert outside -1..{num_experts - 1} at iteration {iteration}, layer {layer}")
     for row in rows:
-        valid = [x for x in row if x >= 0]
+        valid = row if lo >= 0 else [x for x in row if x >= 0]   # lo >= 0: no row drops a slot
         if len(set(valid)) != len(valid):
             raise PolicyError(f"policy {policy_name!r} planned one expert twice for a token at iteration {iteration}, layer {layer}: {row}")
     if not lossy and not _same_experts(ex, rows, routing.experts):
@@ -60,7 +63,8 @@ def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None
     The mass kept of a token is the routed weights that still run over all its routed weights,
     each sum taken in the weights' own type (a float32 trace: float32 sums, numpy's for the
     whole row); the shortcuts below give those same floats without numpy calls where the sum
-    is exact in any type: no weight or one weight kept, or both of two."""
+    is exact in any type: no weight or one weight kept, or both of two. A row of two float32
+    or float64 weights is summed in Python (:func:`_pair_sum`); other rows by numpy."""
     orig = routing.experts
     n, k = orig.shape
     st.token_layers += n
@@ -70,22 +74,40 @@ def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None
         st.slots_run += n * k
         return
     w = routing.weights
+    # two float32/float64 weights per token: their rows as Python floats (the same values)
+    pair = None if w is None or k != 2 else _PAIR_SUM.get(w.dtype.char)
+    w_rows = None if pair is None else w.tolist()   # type: ignore[union-attr]
     routed_rows = orig.tolist()
     plan_rows = plan.tolist()
+    subs_n = dropped = slots = top1 = lossy_n = 0   # integer counts: summed here, added once
     for t in range(n):
         routed = routed_rows[t]
-        ran = [x for x in plan_rows[t] if x >= 0]
+        ran = []   # plain loops: a comprehension or generator is a call of its own, and rows are short
+        for x in plan_rows[t]:
+            if x >= 0:
+                ran.append(x)
         ran_set = set(ran)
-        subs = sum(1 for x in ran if x not in routed)
-        missing = sum(1 for x in routed if x not in ran_set)
-        st.substitutions += subs
-        st.dropped += max(0, missing - subs)
-        st.slots_run += len(ran)
-        st.top1_kept += routed[0] in ran_set
-        keep = [j for j in range(k) if routed[j] in ran_set]
+        subs = 0
+        for x in ran:
+            if x not in routed:
+                subs += 1
+        keep = []
+        for j in range(k):
+            if routed[j] in ran_set:
+                keep.append(j)
+        missing = k - len(keep)   # routed experts that do not run (a row holds k distinct ones)
+        subs_n += subs
+        dropped += max(0, missing - subs)
+        slots += len(ran)
+        top1 += routed[0] in ran_set
         if w is None:   # equal weights: sums of ones are exact
             tot = float(k)
             kept = float(len(keep))
+        elif w_rows is not None:
+            assert pair is not None
+            wr = w_rows[t]
+            tot = pair(wr[0], wr[1])
+            kept = 0.0 if not keep else wr[keep[0]] if len(keep) == 1 else tot
         else:
             wt = w[t]
             tot = float(wt.sum())
@@ -97,8 +119,34 @@ def count_lossy(st: RunStats, routing: Routing, plan: np.ndarray | None) -> None
                 kept = tot                  # w0 + w1, one rounding in the weights' type either way
             else:
                 kept = float(sum(wt[j] for j in keep))
-        st.mass_kept_sum += kept / tot if tot > 0 else 1.0
-        st.lossy_layers += bool(subs or missing)
+        st.mass_kept_sum += kept / tot if tot > 0 else 1.0   # per token: the float sum's order
+        lossy_n += bool(subs or missing)
+    st.substitutions += subs_n
+    st.dropped += dropped
+    st.slots_run += slots
+    st.top1_kept += top1
+    st.lossy_layers += lossy_n
+
+
+_F32 = Struct("f")
+
+
+def _f32_pair_sum(a: float, b: float, _pack: Any = _F32.pack, _unpack: Any = _F32.unpack) -> float:
+    """numpy's float32 sum of the float32 values ``a`` and ``b`` (one float32 rounding of
+    ``a + b``): their sum in float64, rounded to float32. Rounding twice gives the same float,
+    as float64 holds more than twice float32's precision plus two bits (a float64 sum of two
+    float32 values rounds to float32 as the exact sum does)."""
+    s: float = _unpack(_pack(a + b))[0]
+    return s
+
+
+def _f64_pair_sum(a: float, b: float) -> float:
+    """numpy's float64 sum of two values: the plain sum."""
+    return a + b
+
+
+_PAIR_SUM = {"f": _f32_pair_sum, "d": _f64_pair_sum}
+"""Per weight dtype (its ``char``), the sum of a row of two weights as numpy's ``sum`` gives it."""
 
 
 ONE_HOT_CELLS = 16384

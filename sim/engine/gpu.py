@@ -25,18 +25,14 @@ class SimPyWaits:
     """The GPU stream's waits (:class:`~moesim.sim.engine.layer_loop.Waits`) as SimPy events on
     ``env``, the copies' landings those of the transfers ``tx``."""
 
-    __slots__ = ("env", "tx", "landing", "run_for")
+    __slots__ = ("env", "tx", "landing", "land_one", "run_for")
 
     def __init__(self, env: simpy.Environment, tx: Transfers) -> None:
         self.env = env
         self.tx = tx
-        self.landing = tx.landing
+        self.landing = self.land_one = tx.landing   # a unit's landing event
         # a timeout of dt, or None when the clock moved there alone (a partial: one call per wait)
         self.run_for: Callable[[float], simpy.Event | None] = partial(timeout_unless_alone, env)
-
-    def land_one(self, u: Unit) -> simpy.Event:
-        """``u``'s landing event."""
-        return self.landing(u)
 
     def land_any(self, units: list[Unit]) -> simpy.Event:
         """An event the first landing of ``units`` succeeds (:func:`any_of`)."""

@@ -128,6 +128,7 @@ class Clock:
         self.state.fast_now = t
 
     def _next_landing(self) -> tuple[float, Any]:
+        """:meth:`land` while the GPU waits for a landing (one is due)."""
         if not self.heap:   # nothing is scheduled while the GPU waits: as the event loop reports it
             from moesim.sim.engine.transfers import PolicyError
             st = self.state
@@ -158,9 +159,8 @@ class Clock:
             direct = ev.callbacks[0] is LANE
             ev.callbacks.append(GPU)
         t = self._now
-        heap = self.heap
         while u.state != RESIDENT:
-            t, _ = self.land() if heap else self._next_landing()
+            t, _ = self._next_landing()
         if direct:
             self._now = t
             self.state.fast_now = t
@@ -171,9 +171,8 @@ class Clock:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
         self._await(units)
-        heap = self.heap
         while True:
-            t, v = self.land() if heap else self._next_landing()
+            t, v = self._next_landing()
             if v is not None and v in units:   # by identity (a Unit has no __eq__)
                 break
         self.flush(t)
@@ -196,14 +195,6 @@ class Clock:
             t, _ = self._next_landing()
         self.flush(t)
 
-    def finish(self) -> None:
-        """The GPU stream ends now: SimPy processes every landing due by then first."""
-        now = self._now
-        heap = self.heap
-        while heap and heap[0][0] <= now:
-            self.land()
-        self._now = now
-        self.state.fast_now = now
 
 
 class FastLanes(CopyLanes):

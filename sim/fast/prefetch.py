@@ -17,7 +17,7 @@ unpinned units, withdrawing queued prefetches of the pool, else wait (computing 
 the guess (:mod:`moesim.sim.fast.prefetch_guess`) is refreshed where present, else prefetched,
 never evicting a member of the set nor into a pool where a demand load waits.
 
-Which runs it takes: :mod:`moesim.sim.fast.prefetch_check`; ``tests/test_fastprefetch.py``
+Which runs it takes: :mod:`moesim.sim.fast.kernel_choice`; ``tests/test_fastprefetch.py``
 compares the kernel with the event loop on random traces.
 """
 
@@ -33,7 +33,7 @@ from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.step import Stepper, early_parts, ready_parts
-from moesim.sim.fast.capability import next_layer_parts
+from moesim.sim.fast.kernel_choice import next_layer_parts, predictor_source
 from moesim.sim.fast.prefetch_guess import GuessMaker
 
 if TYPE_CHECKING:
@@ -59,15 +59,17 @@ class _U:
         self.out = _NEVER
 
 
-def replay_prefetch(state: RunState[Transfers], source: str) -> None:
+def replay_prefetch(state: RunState[Transfers]) -> None:
     """Replay ``state``'s workload with the kernel (see the module docstring), the prefetcher
-    guessing from ``source`` (:class:`~moesim.sim.fast.prefetch_guess.GuessMaker`); leaves the
-    counters, step records and clock as the event loop would."""
+    guessing from its predictor's source (:class:`~moesim.sim.fast.prefetch_guess.GuessMaker`);
+    leaves the counters, step records and clock as the event loop would."""
     cost, st, tx, vram = state.cost, state.stats, state.transfers, state.vram
     L, E = state.L, state.E
     parts = next_layer_parts(state.policy)
-    assert parts is not None, "not a policy of the prefetch kernel (sim/fast/prefetch_check.py)"
+    assert parts is not None, "not a policy of the prefetch kernel (sim/fast/kernel_choice.py)"
     cache, pf = parts
+    source = predictor_source(pf)
+    assert source is not None, "a predictor the kernel does not reproduce"
     eb = state.expert_bytes
     steps = state.steps if state.record_steps else None
     iters, progress = state.workload.iterations, state.progress

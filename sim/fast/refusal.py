@@ -7,7 +7,7 @@ to the event loop until someone declares it, after checking that the fast replay
 
 :func:`undeclared` is the check every fast replay makes (the driver, :mod:`moesim.sim.fast.driver`,
 needs no other); :func:`kernel_refusal` adds what only the driver handles (the kernels of
-:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.static` and :mod:`moesim.sim.fast.prefetch`
+:mod:`moesim.sim.fast.order` and :mod:`moesim.sim.fast.prefetch`
 model per-layer pools, lossless runs of whole experts without decision time, a fixed list of
 iterations (no serving run), and no timeline, transfer buffer or synchronous prefetch).
 """
@@ -145,8 +145,8 @@ def undeclared(state: RunState[Transfers]) -> str | None:
 
 
 def kernel_refusal(state: RunState[Transfers]) -> str | None:
-    """Why no kernel can replay ``state``'s run, or None: an option or field not declared
-    (:func:`undeclared`) or one of :data:`KERNEL_OPTIONS` on, a serving workload
+    """Why no kernel can replay ``state``'s run (accepted by :func:`undeclared`), or None: one
+    of :data:`KERNEL_OPTIONS` on, a serving workload
     (:data:`KERNEL_WORKLOAD`), decision time, experts split into
     parts, a lossy policy (its plans), or one global pool. (Aborted copies need no check: the
     kernels take only parts that never abort.)"""
@@ -160,9 +160,6 @@ def kernel_refusal(state: RunState[Transfers]) -> str | None:
             return why
     if state.policy.decision_us:
         return "the policy spends decision time"
-    why = undeclared(state)
-    if why is not None:
-        return why
     if any(len(fr) != 1 for fr in state.fractions):
         return "experts are split into parts"
     if state.policy.lossy:

@@ -65,12 +65,22 @@ class Clock:
         self.heap: list[tuple[float, int, int, Ev, FastLanes]] = []         # (time, creation order, lane, event, lanes)
 
     def adopt(self, env: simpy.Environment, pairs: list[tuple[CopyLanes, FastLanes]]) -> None:
-        """Take over the transfers the SimPy lanes of ``pairs`` hold (none has landed: the clock
-        is at 0), their landings in the order of their SimPy event ids."""
+        """Take over the queues and transfers in flight of the SimPy lanes of ``pairs`` (copies
+        issued before the first iteration, as a policy's ``warm`` may issue them, on the SimPy
+        clock at 0: none has landed), their landings scheduled in the order of their SimPy event ids."""
         eid = {id(e[3]): e[2] for e in env._queue}
-        order = sorted((n, lane, fast) for slow, fast in pairs for n, lane in fast.adopt(slow, eid))
-        for _, lane, fast in order:
-            fast.schedule(lane)
+        flying = []
+        for slow, fast in pairs:
+            fast.queue, fast.idle, fast._seq = list(slow.queue), list(slow.idle), slow._seq
+            fast.busy_s, fast.inflight_count = slow.busy_s, slow.inflight_count
+            flying += [(eid[id(cur[4])], lane, fast, cur) for lane, cur in enumerate(slow.current) if cur is not None]
+        for _, lane, fast, (u, cls, start, dur, sev) in sorted(flying, key=lambda f: f[0]):
+            ev = new_ev(LANE)
+            heappush(self.heap, (start + dur, self.q, lane, ev, fast))
+            self.q += 1
+            fast.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
+            if u.event is sev:
+                u.event = ev
 
     def land(self) -> tuple[float, Any]:
         """Process the next landing (as the transfer's timeout callback does: its lane lands it
@@ -206,30 +216,6 @@ class FastLanes(CopyLanes):
         super().__init__(cast("simpy.Environment", clock), n_lanes, duration, on_start, on_land, queued=queued,
                          inflight=inflight, order=order)
         self.clock = clock
-
-    def adopt(self, lanes: CopyLanes, eid: dict[int, int]) -> list[tuple[int, int]]:
-        """Take over ``lanes``' queue and transfers in flight (copies issued before the first
-        iteration, as a policy's ``warm`` may issue them, on the SimPy clock at 0); returns, per
-        transfer in flight, its SimPy event id (``eid``: by the event's id()) and lane, for
-        :meth:`Clock.adopt` to schedule in SimPy's order."""
-        self.queue, self.idle, self._seq = list(lanes.queue), list(lanes.idle), lanes._seq
-        self.busy_s, self.inflight_count = lanes.busy_s, lanes.inflight_count
-        self._adopted = list(lanes.current)
-        return [(eid[id(cur[4])], lane) for lane, cur in enumerate(lanes.current) if cur is not None]
-
-    def schedule(self, lane: int) -> None:
-        """Schedule the landing of the adopted transfer on ``lane`` (in SimPy's order: see
-        :meth:`Clock.adopt`)."""
-        cur = self._adopted[lane]
-        assert cur is not None
-        u, cls, start, dur, sev = cur
-        clock = self.clock
-        ev = new_ev(LANE)
-        heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
-        clock.q += 1
-        self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
-        if u.event is sev:
-            u.event = ev
 
     def _start(self, u: Any, cls: int, lane: int) -> None:
         """``u``'s transfer starts on ``lane`` now: its landing is scheduled."""

@@ -33,12 +33,12 @@ Guesses = tuple[list[list[int]], list[list[float]]]   # per layer: experts, and 
 
 class GuessMaker:
     """The guesses of a run's prefetcher, an iteration at a time (see the module docstring).
-    ``source`` is ``lookahead``, ``previous-token`` or ``oracle``; ``rows`` each iteration's
-    trace rows of its first layer (one per token; a layer's are ``rows + layer``); ``k`` the
-    experts per token."""
+    ``source`` is ``lookahead``, ``previous-token`` or ``oracle``; ``first_rows`` each
+    iteration's trace rows of its first layer (one per token; a layer's are those ``+ layer``);
+    ``k`` the experts per token."""
 
-    def __init__(self, source: str, trace: Any, rows: list[np.ndarray], L: int, E: int, k: int) -> None:
-        self.source, self.rows, self.L, self.E, self.k = source, rows, L, E, k
+    def __init__(self, source: str, trace: Any, first_rows: list[np.ndarray], L: int, E: int, k: int) -> None:
+        self.source, self.rows, self.L, self.E, self.k = source, first_rows, L, E, k
         self.experts = trace.experts
         self.la = trace.lookahead_logits
         if source == "lookahead" and k > 0:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moesim.policies.contract.base import RESIDENT, Policy
+from moesim.policies.contract.base import Policy
 from moesim.policies.parts.caches import CacheRule, RecencyCache, StaticCache
 from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import AutoPredictor
@@ -112,14 +112,12 @@ def prefetch_refusal(state: RunState[Transfers]) -> str | None:
     why = kernel_refusal(state)
     if why is not None:
         return why
-    if state.check_invariants:
-        return "the VRAM invariant is checked"
     if state.cost.prefetch_issue_s():
         return "runtime.prefetch_issue_us is set (the kernel does not charge it)"
     if int(state.cost.hardware.copy_engines) != 1:
         return "the kernel models one copy engine"
-    if any(u.state != RESIDENT or not u.used for u in state.vram.units.values()):
-        return "the run starts with transfers under way"
+    if not all(u.used for u in state.vram.units.values()):
+        return "the run starts with units never used since they came"
     return None
 
 
@@ -138,12 +136,10 @@ def _stages_in_room(state: RunState[Transfers], rule: StaticCache) -> bool:
 def kernel_of(state: RunState[Transfers]) -> str | None:
     """The kernel that replays ``state``'s run (accepted by the fast path): its name (a cache
     rule's decider's, e.g. ``lru`` or ``static``; ``next-layer``), or None for the driver."""
-    if any(u.state != RESIDENT for u in state.vram.units.values()) or state.vram.draining_any():
-        return None   # the run starts with copies under way: the kernels start from rest
     policy = state.policy
     if next_layer_parts(policy) is not None:
         return "next-layer" if prefetch_refusal(state) is None else None
-    if state.check_invariants or policy.uses_hook("on_loaded"):
+    if policy.uses_hook("on_loaded"):
         return None
     kind = ordered_kind(state)
     rule = sole_rule(policy)

@@ -21,6 +21,7 @@ the VRAM invariant.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -123,9 +124,7 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
     # sums[c]: c one-token experts, summed as the event loop sums a batch of ready experts
     width = max(K, max(slots_ for slots_ in (c // eb for c in state.vram.capacity))) + 1
     sums: list[Any] = [sum([e1] * c) for c in range(width)]
-    delays = [0.0]   # delays[n]: n evictions' cost, added one at a time
-    for _ in range(width):
-        delays.append(delays[-1] + evict_s)
+    delays = list(accumulate([evict_s] * width, initial=0.0))   # delays[n]: n evictions' cost, added one at a time
     one_lane = n_lanes == 1
     exp_cost: dict[int, float] = {}
     now = 0.0

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from moesim.policies.contract.base import RESIDENT
+
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
     from moesim.sim.engine.transfers import Transfers
@@ -51,12 +53,13 @@ ENGINE_OPTIONS: dict[str, Check] = {
     "seed": _any,
     "profile": _any,
     "record_steps": _any,
-    "check_invariants": _any,     # the kernels that keep their own books refuse it themselves
+    "check_invariants": _any,     # the driver checks it as the event loop does; the kernels keep their own books (KERNEL_OPTIONS)
     "progress": _any,
 }
 """The engine's options (``Engine.__init__``'s keyword parameters) the fast replays declare."""
 
 KERNEL_OPTIONS: dict[str, Check] = {
+    "check_invariants": _off("the VRAM invariant is checked"),
     "swap_out": _off("cache.swap_out is on"),
     "record_timeline": _off("the timeline is recorded"),
     "buffer_bytes": lambda v: "a transfer buffer is set" if int(v) else None,
@@ -146,10 +149,10 @@ def undeclared(state: RunState[Transfers]) -> str | None:
 
 def kernel_refusal(state: RunState[Transfers]) -> str | None:
     """Why no kernel can replay ``state``'s run (accepted by :func:`undeclared`), or None: one
-    of :data:`KERNEL_OPTIONS` on, a serving workload
-    (:data:`KERNEL_WORKLOAD`), decision time, experts split into
-    parts, a lossy policy (its plans), or one global pool. (Aborted copies need no check: the
-    kernels take only parts that never abort.)"""
+    of :data:`KERNEL_OPTIONS` on, a serving workload (:data:`KERNEL_WORKLOAD`), decision time,
+    experts split into parts, a lossy policy (its plans), one global pool, or copies under way
+    at the start (the kernels start from rest). (Aborted copies need no check: the kernels take
+    only parts that never abort.)"""
     for name, check in KERNEL_OPTIONS.items():
         why = check(state.options[name]) if name in state.options else None
         if why is not None:
@@ -166,4 +169,6 @@ def kernel_refusal(state: RunState[Transfers]) -> str | None:
         return "the policy plans (lossy)"
     if state.global_pool:
         return "the policy uses one global pool"
+    if any(u.state != RESIDENT for u in state.vram.units.values()) or state.vram.draining_any():
+        return "the run starts with transfers under way (the kernels start from rest)"
     return None

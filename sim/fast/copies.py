@@ -162,18 +162,13 @@ class Clock:
         ev = u.event
         # in flight, and this is its transfer's timeout (a waiter's event is made with [GPU];
         # a unit waited for has not landed, so its event is not processed)
-        if ev is None:
-            direct = False
-            u.event = new_ev(GPU)
-        else:
-            direct = ev.callbacks[0] is LANE
-            ev.callbacks.append(GPU)
+        direct = ev is not None and ev.callbacks[0] is LANE
+        self._await([u])
         t = self._now
         while u.state != RESIDENT:
             t, _ = self._next_landing()
         if direct:
-            self._now = t
-            self.state.fast_now = t
+            self._now = self.state.fast_now = t
         else:
             self.flush(t)
 

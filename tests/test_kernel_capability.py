@@ -32,7 +32,7 @@ from moesim.policies.parts.prefetchers import NextLayerPrefetcher
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
-from moesim.sim.fast.capability import next_layer_parts, sole_rule
+from moesim.sim.fast.kernel_choice import next_layer_parts, sole_rule
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
 from tests.util import assert_same_replays, random_trace, tiny_hw, tiny_model

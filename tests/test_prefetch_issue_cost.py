@@ -13,8 +13,8 @@ from moesim.sim.config.catalog import RuntimeSpec
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.kernel_choice import prefetch_refusal
 from moesim.sim.fast.path import FAST_PATH
-from moesim.sim.fast.prefetch_check import prefetch_refusal
 from moesim.sim.run.metrics import compute_metrics
 from tests.util import make_trace, tiny_hw, tiny_model
 

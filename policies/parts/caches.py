@@ -339,7 +339,7 @@ class StaticCache(CacheRule):
 
     def new_decider(self, start: PoolStart) -> Decider | None:
         """FIFO beside the static set, which the kernel takes only when it is resident at the
-        start (:mod:`moesim.sim.fast.static`)."""
+        start (:mod:`moesim.sim.fast.kernel_choice`)."""
         if self.decider is not StaticDecider:
             return super().new_decider(start)
         return StaticDecider(start, self.static_experts(len(start.slots)))

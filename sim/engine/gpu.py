@@ -25,23 +25,31 @@ class SimPyWaits:
     """The GPU stream's waits (:class:`~moesim.sim.engine.layer_loop.Waits`) as SimPy events on
     ``env``, the copies' landings those of the transfers ``tx``."""
 
-    __slots__ = ("env", "tx", "landing", "run_for")
+    __slots__ = ("env", "tx", "landing", "land_one", "run_for")
 
     def __init__(self, env: simpy.Environment, tx: Transfers) -> None:
         self.env = env
         self.tx = tx
-        self.landing = tx.landing
+        self.landing = self.land_one = tx.landing   # a unit's landing event
         # a timeout of dt, or None when the clock moved there alone (a partial: one call per wait)
         self.run_for: Callable[[float], simpy.Event | None] = partial(timeout_unless_alone, env)
 
-    def land_one(self, u: Unit) -> simpy.Event:
-        """``u``'s landing event."""
-        return self.landing(u)
-
     def land_any(self, units: list[Unit]) -> simpy.Event:
-        """An event the first landing of ``units`` succeeds (:func:`any_of`)."""
+        """An event that succeeds when the first landing of ``units`` (untriggered) is processed:
+        what ``env.any_of`` gives, scheduled at the same instant and in the same order (one
+        ``succeed`` from the first callback), without building a condition value."""
+        any_ev = self.env.event()
+
+        def fire(_ev: simpy.Event) -> None:
+            if not any_ev.triggered:
+                any_ev.succeed()
+
         landing = self.landing
-        return any_of(self.env, [landing(u) for u in units])
+        for u in units:
+            ev = landing(u)
+            assert ev.callbacks is not None   # not yet processed: the unit is queued or in flight
+            ev.callbacks.append(fire)
+        return any_ev
 
     def land_all(self, units: list[Unit]) -> simpy.Event:
         """``env.all_of`` the landings of ``units``."""
@@ -57,18 +65,3 @@ def gpu_process(run: RunState[Transfers], env: simpy.Environment) -> Stream:
     """The GPU stream of ``run`` on ``env``, as a SimPy process (``env.process`` takes it)."""
     return gpu_stream(run, env, SimPyWaits(env, run.transfers))
 
-
-def any_of(env: simpy.Environment, events: list[simpy.Event]) -> simpy.Event:
-    """An event that succeeds when the first of ``events`` (untriggered landings) is
-    processed: what ``env.any_of`` gives, scheduled at the same instant and in the same order
-    (one ``succeed`` from the first callback), without building a condition value."""
-    any_ev = env.event()
-
-    def fire(_ev: simpy.Event) -> None:
-        if not any_ev.triggered:
-            any_ev.succeed()
-
-    for ev in events:
-        assert ev.callbacks is not None   # not yet processed: the unit is queued or in flight
-        ev.callbacks.append(fire)
-    return any_ev

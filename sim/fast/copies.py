@@ -65,12 +65,22 @@ class Clock:
         self.heap: list[tuple[float, int, int, Ev, FastLanes]] = []         # (time, creation order, lane, event, lanes)
 
     def adopt(self, env: simpy.Environment, pairs: list[tuple[CopyLanes, FastLanes]]) -> None:
-        """Take over the transfers the SimPy lanes of ``pairs`` hold (none has landed: the clock
-        is at 0), their landings in the order of their SimPy event ids."""
+        """Take over the queues and transfers in flight of the SimPy lanes of ``pairs`` (copies
+        issued before the first iteration, as a policy's ``warm`` may issue them, on the SimPy
+        clock at 0: none has landed), their landings scheduled in the order of their SimPy event ids."""
         eid = {id(e[3]): e[2] for e in env._queue}
-        order = sorted((n, lane, fast) for slow, fast in pairs for n, lane in fast.adopt(slow, eid))
-        for _, lane, fast in order:
-            fast.schedule(lane)
+        flying = []
+        for slow, fast in pairs:
+            fast.queue, fast.idle, fast._seq = list(slow.queue), list(slow.idle), slow._seq
+            fast.busy_s, fast.inflight_count = slow.busy_s, slow.inflight_count
+            flying += [(eid[id(cur[4])], lane, fast, cur) for lane, cur in enumerate(slow.current) if cur is not None]
+        for _, lane, fast, (u, cls, start, dur, sev) in sorted(flying, key=lambda f: f[0]):
+            ev = new_ev(LANE)
+            heappush(self.heap, (start + dur, self.q, lane, ev, fast))
+            self.q += 1
+            fast.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
+            if u.event is sev:
+                u.event = ev
 
     def land(self) -> tuple[float, Any]:
         """Process the next landing (as the transfer's timeout callback does: its lane lands it
@@ -128,6 +138,7 @@ class Clock:
         self.state.fast_now = t
 
     def _next_landing(self) -> tuple[float, Any]:
+        """:meth:`land` while the GPU waits for a landing (one is due)."""
         if not self.heap:   # nothing is scheduled while the GPU waits: as the event loop reports it
             from moesim.sim.engine.transfers import PolicyError
             st = self.state
@@ -151,19 +162,13 @@ class Clock:
         ev = u.event
         # in flight, and this is its transfer's timeout (a waiter's event is made with [GPU];
         # a unit waited for has not landed, so its event is not processed)
-        if ev is None:
-            direct = False
-            u.event = new_ev(GPU)
-        else:
-            direct = ev.callbacks[0] is LANE
-            ev.callbacks.append(GPU)
+        direct = ev is not None and ev.callbacks[0] is LANE
+        self._await([u])
         t = self._now
-        heap = self.heap
         while u.state != RESIDENT:
-            t, _ = self.land() if heap else self._next_landing()
+            t, _ = self._next_landing()
         if direct:
-            self._now = t
-            self.state.fast_now = t
+            self._now = self.state.fast_now = t
         else:
             self.flush(t)
 
@@ -171,9 +176,8 @@ class Clock:
         """The GPU waits for the first of ``units`` (several, queued or in flight) to land,
         through an event scheduled after that landing."""
         self._await(units)
-        heap = self.heap
         while True:
-            t, v = self.land() if heap else self._next_landing()
+            t, v = self._next_landing()
             if v is not None and v in units:   # by identity (a Unit has no __eq__)
                 break
         self.flush(t)
@@ -196,14 +200,6 @@ class Clock:
             t, _ = self._next_landing()
         self.flush(t)
 
-    def finish(self) -> None:
-        """The GPU stream ends now: SimPy processes every landing due by then first."""
-        now = self._now
-        heap = self.heap
-        while heap and heap[0][0] <= now:
-            self.land()
-        self._now = now
-        self.state.fast_now = now
 
 
 class FastLanes(CopyLanes):
@@ -215,30 +211,6 @@ class FastLanes(CopyLanes):
         super().__init__(cast("simpy.Environment", clock), n_lanes, duration, on_start, on_land, queued=queued,
                          inflight=inflight, order=order)
         self.clock = clock
-
-    def adopt(self, lanes: CopyLanes, eid: dict[int, int]) -> list[tuple[int, int]]:
-        """Take over ``lanes``' queue and transfers in flight (copies issued before the first
-        iteration, as a policy's ``warm`` may issue them, on the SimPy clock at 0); returns, per
-        transfer in flight, its SimPy event id (``eid``: by the event's id()) and lane, for
-        :meth:`Clock.adopt` to schedule in SimPy's order."""
-        self.queue, self.idle, self._seq = list(lanes.queue), list(lanes.idle), lanes._seq
-        self.busy_s, self.inflight_count = lanes.busy_s, lanes.inflight_count
-        self._adopted = list(lanes.current)
-        return [(eid[id(cur[4])], lane) for lane, cur in enumerate(lanes.current) if cur is not None]
-
-    def schedule(self, lane: int) -> None:
-        """Schedule the landing of the adopted transfer on ``lane`` (in SimPy's order: see
-        :meth:`Clock.adopt`)."""
-        cur = self._adopted[lane]
-        assert cur is not None
-        u, cls, start, dur, sev = cur
-        clock = self.clock
-        ev = new_ev(LANE)
-        heappush(clock.heap, (start + dur, clock.q, lane, ev, self))
-        clock.q += 1
-        self.current[lane] = (u, cls, start, dur, cast("simpy.Event", ev))
-        if u.event is sev:
-            u.event = ev
 
     def _start(self, u: Any, cls: int, lane: int) -> None:
         """``u``'s transfer starts on ``lane`` now: its landing is scheduled."""

@@ -7,7 +7,7 @@ aborts), policy and view, and the lanes' landings ordered by (time, creation ord
 orders them. Every wait is over when the clock returns, so the stream never suspends.
 
 It takes every policy, prefetching ones included, on the runs the fast path accepts
-(:func:`~moesim.sim.fast.path.fast_path_refusal`: every option and field declared), serving
+(:meth:`~moesim.sim.fast.path.FastPath.refusal`: every option and field declared), serving
 runs included (the run's scheduler forms each iteration at the driver's clock, and an idle GPU
 waits for the next arrival with the stream's ``run_for``: ``tests/test_fastdriver_serving.py``); the cache
 kernels (:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.prefetch`) stand in for it where a
@@ -48,4 +48,4 @@ def drive(run: RunState[Transfers]) -> None:
     run.fast_now = 0.0
     for _ in gpu_stream(run, clock, clock):   # the fast lanes stay the run's: they hold its state at the end
         raise AssertionError("the SimPy-free clock waits at once: the GPU stream never suspends")
-    clock.finish()
+    clock.flush(clock._now)   # the stream ends: SimPy processes every landing due by then first

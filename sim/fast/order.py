@@ -13,14 +13,15 @@ candidate lists or unit objects, in two passes over blocks of iterations.
 
 The kernel keeps its own books (not :class:`~moesim.sim.engine.vram.Vram`'s): used only for a
 policy that is one cache rule declaring a decider (``static`` only started with its static set
-resident, :mod:`moesim.sim.fast.static`), alone or in a composition that adds no hook
-(:mod:`moesim.sim.fast.capability`), on runs that the fast path accepts and that do not check
+resident), alone or in a composition that adds no hook
+(:mod:`moesim.sim.fast.kernel_choice`), on runs that the fast path accepts and that do not check
 the VRAM invariant.
 ``tests/test_fastpath.py`` checks it against the event loop.
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,28 +30,13 @@ from moesim.policies.parts.deciders.base import NO_MISS, Decider, PoolStart
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.step import Stepper
-from moesim.sim.fast.capability import sole_rule
+from moesim.sim.fast.kernel_choice import sole_rule
 from moesim.sim.fast.loads import compute_while_loading, one_lane_loads
-from moesim.sim.fast.refusal import kernel_refusal
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
     from moesim.sim.engine.transfers import Transfers
     from moesim.sim.engine.workload import Iteration
-
-def ordered_kind(state: RunState[Transfers]) -> str | None:
-    """The name of the decider (:mod:`moesim.policies.parts.deciders`) that replays
-    ``state``'s policy when it is one cache rule that declares one (alone, or in a composition
-    of nothing else that overrides no hook: :mod:`moesim.sim.fast.capability`), else None (call
-    on runs the fast path accepted; None too with a ``runtime.demand_load_us``, which the
-    driver charges, and for a lossy policy or one global pool, which only the driver handles)."""
-    if state.cost.demand_load_s():   # the kernel times demand loads without it; the driver charges it
-        return None
-    if kernel_refusal(state) is not None:   # a lossy policy or one global pool: the driver
-        return None
-    rule = sole_rule(state.policy)
-    return None if rule is None or rule.decider is None else rule.decider.name
-
 
 class _Block:
     """The accesses of a block of iterations, per layer, in access order: ``seqs[l][s]`` the
@@ -138,9 +124,7 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
     # sums[c]: c one-token experts, summed as the event loop sums a batch of ready experts
     width = max(K, max(slots_ for slots_ in (c // eb for c in state.vram.capacity))) + 1
     sums: list[Any] = [sum([e1] * c) for c in range(width)]
-    delays = [0.0]   # delays[n]: n evictions' cost, added one at a time
-    for _ in range(width):
-        delays.append(delays[-1] + evict_s)
+    delays = list(accumulate([evict_s] * width, initial=0.0))   # delays[n]: n evictions' cost, added one at a time
     one_lane = n_lanes == 1
     exp_cost: dict[int, float] = {}
     now = 0.0
@@ -171,77 +155,55 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
             step_s = layer_s + over_s
             step_of.append(step_s)
             head, over = step.tail_s(it)
-            if it.n_tokens == 1:
-                for _layer in range(L):
-                    miss = misses[k]
-                    now = now + step_s
-                    gpu += layer_s
-                    ovh += over_s
-                    if miss:
-                        m = len(miss)
-                        stall = delays[evictions[k]]
-                        if stall > 0:
-                            now = now + stall
-                        h = sizes[k] - m
-                        if m == 1:
-                            landed = now + d
-                            if h:
-                                dt = sums[h]
-                                now = now + dt
-                                gpu += dt
-                            if landed > now:
-                                stall += landed - now
-                                now = landed
-                            gpu += e1
-                            now = now + e1
-                        elif one_lane:
-                            now, stall, gpu = one_lane_loads(now, stall, gpu, h, m, d, sums)
-                        else:
-                            now, stall, gpu = compute_while_loading(now, stall, gpu, h, m, n_lanes, d, sums)
-                        loads += m
-                        stall_sum += stall
-                        a_stall(stall)
-                    else:
-                        dt = sums[sizes[k]]
-                        now = now + dt
-                        gpu += dt
-                        a_stall(0.0)
-                    a_end(now)
-                    k += 1
-            else:
-                for layer in range(L):
-                    exps = b.seqs[layer][s]
-                    counts = b.counts[(s, layer)]
-                    miss = misses[k]
-                    now = now + step_s
-                    gpu += layer_s
-                    ovh += over_s
+            single = it.n_tokens == 1
+            for layer in range(L):
+                miss = misses[k]
+                now = now + step_s
+                gpu += layer_s
+                ovh += over_s
+                if not single:   # each expert's cost by its tokens, access order, hits apart
                     missing = set(miss)
-                    hit_c: list[float] = []    # the experts' costs, access order
+                    hit_c: list[float] = []
                     miss_c: list[float] = []
-                    for i, e in enumerate(exps):
-                        c = counts[i]
+                    for e, c in zip(b.seqs[layer][s], b.counts[(s, layer)], strict=True):
                         t_exp = exp_cost.get(c)
                         if t_exp is None:
                             t_exp = exp_cost[c] = cost.expert_s(c)
                         (miss_c if e in missing else hit_c).append(t_exp)
-                    if miss_c:
-                        stall = delays[evictions[k]]
-                        if stall > 0:
-                            now = now + stall
-                        m = len(miss_c)
-                        now, stall, gpu = compute_while_loading(now, stall, gpu, len(hit_c), m, n_lanes, d, sums,
+                if miss:
+                    m = len(miss)
+                    stall = delays[evictions[k]]
+                    if stall > 0:
+                        now = now + stall
+                    h = sizes[k] - m
+                    if not single:
+                        now, stall, gpu = compute_while_loading(now, stall, gpu, h, m, n_lanes, d, sums,
                                                                 sum(hit_c), miss_c)
-                        loads += m
+                    elif m == 1:   # compute_while_loading of one load, inline (the common case)
+                        landed = now + d
+                        if h:
+                            dt = sums[h]
+                            now = now + dt
+                            gpu += dt
+                        if landed > now:
+                            stall += landed - now
+                            now = landed
+                        gpu += e1
+                        now = now + e1
+                    elif one_lane:
+                        now, stall, gpu = one_lane_loads(now, stall, gpu, h, m, d, sums)
                     else:
-                        stall = 0.0
-                        dt = sum(hit_c)
-                        now = now + dt
-                        gpu += dt
+                        now, stall, gpu = compute_while_loading(now, stall, gpu, h, m, n_lanes, d, sums)
+                    loads += m
                     stall_sum += stall
                     a_stall(stall)
-                    a_end(now)
-                    k += 1
+                else:
+                    dt = sums[sizes[k]] if single else sum(hit_c)
+                    now = now + dt
+                    gpu += dt
+                    a_stall(0.0)
+                a_end(now)
+                k += 1
             if head + over > 0:
                 now = now + (head + over)
                 gpu += head

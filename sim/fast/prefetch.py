@@ -14,10 +14,10 @@ landing resumes right after it, for several (a condition event) or for room as
 or in flight) and misses; demand loads get room in access order from LRU victims among resident,
 unpinned units, withdrawing queued prefetches of the pool, else wait (computing then in
 :func:`~moesim.sim.engine.plans.next_in_fixed_order`), delayed by ``evict_us`` and ``demand_load_us``;
-the guess (:mod:`moesim.sim.fast.prefetch_guess`) is refreshed where present, else prefetched,
+the guess (:mod:`moesim.policies.parts.guesses`) is refreshed where present, else prefetched,
 never evicting a member of the set nor into a pool where a demand load waits.
 
-Which runs it takes: :mod:`moesim.sim.fast.prefetch_check`; ``tests/test_fastprefetch.py``
+Which runs it takes: :mod:`moesim.sim.fast.kernel_choice`; ``tests/test_fastprefetch.py``
 compares the kernel with the event loop on random traces.
 """
 
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
+from moesim.policies.parts.guesses import GuessMaker
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
 from moesim.sim.engine.step import Stepper, early_parts, ready_parts
-from moesim.sim.fast.capability import next_layer_parts
-from moesim.sim.fast.prefetch_guess import GuessMaker
+from moesim.sim.fast.kernel_choice import next_layer_parts, predictor_source
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
@@ -59,15 +59,17 @@ class _U:
         self.out = _NEVER
 
 
-def replay_prefetch(state: RunState[Transfers], source: str) -> None:
+def replay_prefetch(state: RunState[Transfers]) -> None:
     """Replay ``state``'s workload with the kernel (see the module docstring), the prefetcher
-    guessing from ``source`` (:class:`~moesim.sim.fast.prefetch_guess.GuessMaker`); leaves the
-    counters, step records and clock as the event loop would."""
+    guessing from its predictor's source (:class:`~moesim.policies.parts.guesses.GuessMaker`);
+    leaves the counters, step records and clock as the event loop would."""
     cost, st, tx, vram = state.cost, state.stats, state.transfers, state.vram
     L, E = state.L, state.E
     parts = next_layer_parts(state.policy)
-    assert parts is not None, "not a policy of the prefetch kernel (sim/fast/prefetch_check.py)"
+    assert parts is not None, "not a policy of the prefetch kernel (sim/fast/kernel_choice.py)"
     cache, pf = parts
+    source = predictor_source(pf)
+    assert source is not None, "a predictor the kernel does not reproduce"
     eb = state.expert_bytes
     steps = state.steps if state.record_steps else None
     iters, progress = state.workload.iterations, state.progress
@@ -78,7 +80,7 @@ def replay_prefetch(state: RunState[Transfers], source: str) -> None:
     # the layer whose guess each layer's after_layer prefetches (-1: none; after the last layer,
     # the next token's first where guesses cross tokens)
     targets = [*range(1, L), 0 if pf.cross_token else -1] if kp else [-1] * L
-    guess = GuessMaker(source, state.trace, iters, L, E, kp)
+    guess = GuessMaker(source, state.trace, [it.rows0 for it in iters], L, E, kp)
     evict_s = cost.hardware.evict_us * 1e-6
     demand_s = cost.demand_load_s()
     step = Stepper(state)   # the iterations' start, non-MoE and tail costs, as every replay has them

@@ -7,7 +7,7 @@ to the event loop until someone declares it, after checking that the fast replay
 
 :func:`undeclared` is the check every fast replay makes (the driver, :mod:`moesim.sim.fast.driver`,
 needs no other); :func:`kernel_refusal` adds what only the driver handles (the kernels of
-:mod:`moesim.sim.fast.order`, :mod:`moesim.sim.fast.static` and :mod:`moesim.sim.fast.prefetch`
+:mod:`moesim.sim.fast.order` and :mod:`moesim.sim.fast.prefetch`
 model per-layer pools, lossless runs of whole experts without decision time, a fixed list of
 iterations (no serving run), and no timeline, transfer buffer or synchronous prefetch).
 """
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+from moesim.policies.contract.base import RESIDENT
 
 if TYPE_CHECKING:
     from moesim.sim.engine.state import RunState
@@ -51,12 +53,13 @@ ENGINE_OPTIONS: dict[str, Check] = {
     "seed": _any,
     "profile": _any,
     "record_steps": _any,
-    "check_invariants": _any,     # the kernels that keep their own books refuse it themselves
+    "check_invariants": _any,     # the driver checks it as the event loop does; the kernels keep their own books (KERNEL_OPTIONS)
     "progress": _any,
 }
 """The engine's options (``Engine.__init__``'s keyword parameters) the fast replays declare."""
 
 KERNEL_OPTIONS: dict[str, Check] = {
+    "check_invariants": _off("the VRAM invariant is checked"),
     "swap_out": _off("cache.swap_out is on"),
     "record_timeline": _off("the timeline is recorded"),
     "buffer_bytes": lambda v: "a transfer buffer is set" if int(v) else None,
@@ -145,11 +148,11 @@ def undeclared(state: RunState[Transfers]) -> str | None:
 
 
 def kernel_refusal(state: RunState[Transfers]) -> str | None:
-    """Why no kernel can replay ``state``'s run, or None: an option or field not declared
-    (:func:`undeclared`) or one of :data:`KERNEL_OPTIONS` on, a serving workload
-    (:data:`KERNEL_WORKLOAD`), decision time, experts split into
-    parts, a lossy policy (its plans), or one global pool. (Aborted copies need no check: the
-    kernels take only parts that never abort.)"""
+    """Why no kernel can replay ``state``'s run (accepted by :func:`undeclared`), or None: one
+    of :data:`KERNEL_OPTIONS` on, a serving workload (:data:`KERNEL_WORKLOAD`), decision time,
+    experts split into parts, a lossy policy (its plans), one global pool, or copies under way
+    at the start (the kernels start from rest). (Aborted copies need no check: the kernels take
+    only parts that never abort.)"""
     for name, check in KERNEL_OPTIONS.items():
         why = check(state.options[name]) if name in state.options else None
         if why is not None:
@@ -160,13 +163,12 @@ def kernel_refusal(state: RunState[Transfers]) -> str | None:
             return why
     if state.policy.decision_us:
         return "the policy spends decision time"
-    why = undeclared(state)
-    if why is not None:
-        return why
     if any(len(fr) != 1 for fr in state.fractions):
         return "experts are split into parts"
     if state.policy.lossy:
         return "the policy plans (lossy)"
     if state.global_pool:
         return "the policy uses one global pool"
+    if any(u.state != RESIDENT for u in state.vram.units.values()) or state.vram.draining_any():
+        return "the run starts with transfers under way (the kernels start from rest)"
     return None

@@ -21,7 +21,7 @@ from moesim.sim.core.errors import MoesimError
 from moesim.sim.engine.state import RunState
 from moesim.sim.engine.transfers import Transfers
 from moesim.sim.engine.workload import Workload
-from moesim.sim.fast.order import ordered_kind
+from moesim.sim.fast.kernel_choice import ordered_kind
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.runner import RunResult, prepare_run
 from moesim.traces.format.trace_file import Trace

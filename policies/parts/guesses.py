@@ -1,7 +1,10 @@
-"""What the next-layer prefetcher guesses at each step, for the mixtral-offloading kernel
-(:mod:`moesim.sim.fast.prefetch`): the ``(expert, score)`` pairs
-:meth:`~moesim.policies.parts.prefetchers.NextLayerPrefetcher.after_layer` would pass to
+"""The predictors' vectorised form: what a next-layer prefetcher guesses at each step, for the
+next-layer prefetch kernel of the fast path (:mod:`moesim.sim.fast.prefetch`), as a cache
+rule's decider (:mod:`moesim.policies.parts.deciders`) is its rule's: the ``(expert, score)``
+pairs :meth:`~moesim.policies.parts.prefetchers.NextLayerPrefetcher.after_layer` would pass to
 ``prefetch_set``, computed a whole iteration at a time, exactly as the predictors compute them.
+A predictor is replayed here under the ``kernel`` name it declares
+(:mod:`moesim.policies.parts.kernel`); a change to one of them is a change here too.
 
 * ``lookahead`` (:class:`~moesim.policies.parts.predictors.LookaheadPredictor`): each trace
   row's top-k of ``lookahead_logits`` in one stable argsort over the trace (one row's
@@ -30,10 +33,12 @@ Guesses = tuple[list[list[int]], list[list[float]]]   # per layer: experts, and 
 
 class GuessMaker:
     """The guesses of a run's prefetcher, an iteration at a time (see the module docstring).
-    ``source`` is ``lookahead``, ``previous-token`` or ``oracle``; ``k`` the experts per token."""
+    ``source`` is ``lookahead``, ``previous-token`` or ``oracle``; ``first_rows`` each
+    iteration's trace rows of its first layer (one per token; a layer's are those ``+ layer``);
+    ``k`` the experts per token."""
 
-    def __init__(self, source: str, trace: Any, iters: list[Any], L: int, E: int, k: int) -> None:
-        self.source, self.iters, self.L, self.E, self.k = source, iters, L, E, k
+    def __init__(self, source: str, trace: Any, first_rows: list[np.ndarray], L: int, E: int, k: int) -> None:
+        self.source, self.rows, self.L, self.E, self.k = source, first_rows, L, E, k
         self.experts = trace.experts
         self.la = trace.lookahead_logits
         if source == "lookahead" and k > 0:
@@ -52,37 +57,37 @@ class GuessMaker:
             self.top_val = np.take_along_axis(la32, self.top_idx, axis=1)
 
     def guesses(self, pos: int) -> Guesses:
-        """Per layer ``l`` of iteration ``iters[pos]``: the guess made after ``l`` is routed."""
+        """Per layer ``l`` of iteration ``pos``: the guess made after ``l`` is routed."""
         if self.source == "lookahead":
-            return self._lookahead(self.iters[pos])
+            return self._lookahead(self.rows[pos])
         if self.source == "oracle":
             return self._oracle(pos)
         return self._previous(pos)
 
-    def _lookahead(self, it: Any) -> Guesses:
+    def _lookahead(self, rows0: np.ndarray) -> Guesses:
         L = self.L
-        if it.rows0.shape[0] == 1:
-            r = int(it.rows0[0])
+        if rows0.shape[0] == 1:
+            r = int(rows0[0])
             return self.top_idx[r:r + L].tolist(), self.top_val[r:r + L].tolist()
         ti: list[list[int]] = []
         tv: list[list[float]] = []
         for layer in range(L):
-            pairs = top_experts(self.la[it.rows0 + layer], self.k)
+            pairs = top_experts(self.la[rows0 + layer], self.k)
             ti.append([p[0] for p in pairs])
             tv.append([p[1] for p in pairs])
         return ti, tv
 
     def _oracle(self, pos: int) -> Guesses:
-        it = self.iters[pos]
-        if it.rows0.shape[0] == 1:   # one token: this iteration's next rows as lists, at once
-            r = int(it.rows0[0])
-            nxt = self.iters[pos + 1].rows0 if pos + 1 < len(self.iters) else None
+        rows0 = self.rows[pos]
+        nxt = self.rows[pos + 1] if pos + 1 < len(self.rows) else None
+        if rows0.shape[0] == 1:   # one token: this iteration's next rows as lists, at once
+            r = int(rows0[0])
             rows = self.experts[r + 1:r + self.L].tolist()
             rows.append([] if nxt is None else self.experts[nxt].reshape(-1).tolist())
             orders = [list(dict.fromkeys(x)) for x in rows]
             return orders, [[float(-rank) for rank in range(len(x))] for x in orders]
-        steps: list[Any] = [it.rows0 + layer for layer in range(1, self.L)]
-        steps.append(self.iters[pos + 1].rows0 if pos + 1 < len(self.iters) else None)
+        steps: list[Any] = [rows0 + layer for layer in range(1, self.L)]
+        steps.append(nxt)
         ti: list[list[int]] = []
         tv: list[list[float]] = []
         for rows in steps:   # after the last iteration's last layer: no next step, no guess
@@ -93,22 +98,22 @@ class GuessMaker:
 
     def _previous(self, pos: int) -> Guesses:
         L = self.L
-        it = self.iters[pos]
-        prev = self.iters[pos - 1] if pos > 0 else None
+        cur = self.rows[pos]
+        prev = self.rows[pos - 1] if pos > 0 else None
         one = None   # the previous iteration's rows as lists, when it ran one token
-        if prev is not None and prev.rows0.shape[0] == 1:
-            r = int(prev.rows0[0])
+        if prev is not None and prev.shape[0] == 1:
+            r = int(prev[0])
             one = self.experts[r:r + L].tolist()
         ti: list[list[int]] = []
         tv: list[list[float]] = []
         for layer in range(L):
-            src = it if layer + 1 == L else prev   # after the last layer: this iteration's layer 0
+            src = cur if layer + 1 == L else prev   # after the last layer: this iteration's layer 0
             if src is None:
                 ti.append([])
                 tv.append([])
                 continue
-            rows = src.rows0 + (layer + 1) % L
-            if src is prev and one is not None:
+            rows = src + (layer + 1) % L
+            if layer + 1 < L and one is not None:   # src is prev
                 pairs = self._ranked(one[layer + 1])
             else:
                 pairs = self._ranked(self.experts[rows[0]].tolist() if len(rows) == 1 else self.experts[rows])

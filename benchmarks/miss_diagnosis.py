@@ -226,25 +226,24 @@ def ktransformers_split() -> list[str]:
         pc, pf = _socket_split(step(rows[one], "predicted"), step(rows[two], "predicted"))
         out.append(f"- {label}: measured C = {mc:.1f} {unit}, F = {mf:.1f} {unit}; predicted at the fit C = "
                    f"{pc:.1f} {unit}, F = {pf:.1f} {unit} (two sockets {rows[two]['ratio']:.2f}x of the measured "
-                   f"{rows[two]['metric']}): {mf - pf:.1f} {unit} of the step that no socket count moves is missing.")
+                   f"{rows[two]['metric']}): F measured minus predicted {mf - pf:+.1f} {unit}.")
     h = doc["fit"]["held_out"]
-    return [f"kTransformers (`{KT_SET}`) fits the host's two expert rates per socket on its single-socket",
-            f"rows: `hardware.cpu.mem_gbps` {values['hardware.cpu.mem_gbps']:.1f} GB/s (of the 307.2 its 8 x "
-            f"DDR5-4800 carry) and `hardware.cpu.tflops` {values['hardware.cpu.tflops']:.2f}",
-            "(of its cores' 27.85 int8 VNNI peak); the hand-off `runtime.cpu_switch_us` keeps the sourced 52 us",
-            f"and `call_us` its 20 us. Held out: {h['rows']} rows, median |error| {h['median_abs_error_pct']:.1f}%, "
-            f"max {h['max_ratio']:.2f}x. Each step of the",
+    switch = values["runtime.cpu_switch_us"]
+    return [f"kTransformers (`{KT_SET}`) reads its experts at the host's sourced 242.4 GB/s a socket and 26 us",
+            "a call (CPUInfer's own per-layer times on this CPU, kTransformers' `doc/en/operators/llamafile.md`;",
+            "`sim/config/catalog/hosts.yaml`) and fits two values on its single-socket rows: the decode's time",
+            f"outside the kernel, `runtime.cpu_switch_us` {switch:.0f} us a layer (bounded below by the derived",
+            f"52 us hand-off: {switch - 52:.0f} us of it has no source), and the prefill's `hardware.cpu.tflops`",
+            f"{values['hardware.cpu.tflops']:.2f} (of its cores' 27.85 int8 VNNI peak). Held out: {h['rows']} rows,",
+            f"median |error| {h['median_abs_error_pct']:.1f}%, max {h['max_ratio']:.2f}x. Each step of the",
             "published rows is F + C on one socket and F + C / 2 on two (C: what the sockets share out, the",
             "expert reads at decode, the expert products at prefill):", "",
             *out, "",
-            "The single-socket fit rows cannot tell F from C, so the rates absorb the missing F (at decode",
-            f"the published split gives {token_gb:.1f} GB of experts a token in C = {decode_c:.1f} ms, "
-            f"{token_gb / decode_c * 1000:.0f} GB/s a socket, where",
-            "the fit, carrying F's shortfall, reads slower). The cost asked for is one per step or per layer",
-            "that a second socket does not shorten: a hand-off of several hundred us a layer (kTransformers",
-            "V0.2's CPU/GPU coordination beyond two copies) or a serial part of the CPU backend; in prefill",
-            "seconds of it, more than any per-layer sync. No sourced figure gives it, so none is added and",
-            "none is fitted (two fit rows fit two values).", ""]
+            f"At decode the published split gives {token_gb:.1f} GB of experts a token in C = {decode_c:.1f} ms,",
+            f"{token_gb / decode_c * 1000:.0f} GB/s a socket. The fitted hand-off stands for the step's part that",
+            "a second socket does not shorten (kTransformers V0.2's CPU/GPU coordination beyond two copies, or a",
+            "serial part of the CPU backend); no published figure names it. Prefill's F is GPU-side prefill time,",
+            "which moesim does not model for a CPU-expert run.", ""]
 
 
 def main() -> None:

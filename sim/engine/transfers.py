@@ -391,10 +391,16 @@ class Transfers(Withdrawals):
         for); an expert outside the model, or one that a slot runs, breaks the contract."""
         out = []
         units = self.vram.units
+        E = self.E
         for e in experts:
-            if not 0 <= e < self.E or e in running:
+            if not 0 <= e < E or e in running:
                 raise PolicyError(f"policy {policy_name!r} waits for expert {e} of layer {layer}, which "
-                                  + ("a slot of the plan runs" if 0 <= e < self.E else "the model does not have"))
+                                  + ("a slot of the plan runs" if 0 <= e < E else "the model does not have"))
+            if nparts == 1:   # whole experts (most runs): no loop over parts
+                u = units.get((layer, e, 0))
+                if u is not None:
+                    out.append(u)
+                continue
             for p in range(nparts):
                 u = units.get((layer, e, p))
                 if u is not None:

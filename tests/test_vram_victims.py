@@ -1,5 +1,5 @@
 """Each pool's victims (resident units outside the buffer) kept current by Vram, in pool order,
-whatever order the units land in; Vram.check verifies them."""
+whatever order the units land in, and the global pool's units per layer; Vram.check verifies them."""
 
 from __future__ import annotations
 
@@ -60,6 +60,33 @@ def test_check_finds_a_victim_list_out_of_date() -> None:
     u = _issued(vram, (0, 0, 0))
     u.state = RESIDENT   # set behind Vram's back: not listed
     with pytest.raises(VramError, match="victims"):
+        vram.check()
+
+
+def test_global_pool_keeps_its_units_per_layer_in_pool_order() -> None:
+    vram = Vram([60], buffer_bytes=0)
+    a, b, c, d = (_issued(vram, key) for key in [(1, 0, 0), (0, 3, 0), (1, 2, 0), (0, 1, 0)])
+    vram.landed(c)
+    assert {layer: list(units) for layer, units in vram.layer_units.items()} == {
+        1: [(1, 0, 0), (1, 2, 0)], 0: [(0, 3, 0), (0, 1, 0)]}
+    vram.remove(a)
+    vram.release(a)
+    vram.remove(c)
+    vram.release(c)
+    e = _issued(vram, (1, 0, 0))   # back: the newest of its layer
+    assert list(vram.layer_units[1]) == [(1, 0, 0)]
+    assert list(vram.layer_units[0]) == [(0, 3, 0), (0, 1, 0)]
+    assert e is vram.layer_units[1][(1, 0, 0)] and b is vram.layer_units[0][(0, 3, 0)] and d.key in vram.units
+    vram.check()
+
+
+def test_check_finds_a_layer_index_out_of_date() -> None:
+    vram = Vram([20], buffer_bytes=0)
+    u = _issued(vram, (0, 0, 0))
+    del vram.units[u.key]   # removed behind Vram's back: still indexed by layer
+    del vram.pool_units[0][u.key]
+    vram.release(u)
+    with pytest.raises(VramError, match="units per layer"):
         vram.check()
 
 

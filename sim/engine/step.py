@@ -343,6 +343,8 @@ class Stepper:
                     u.used = True
                 need.append((i, t_exp * f0, u))
         else:
+            run.part_bytes(layer, 0)   # makes the split's sizes once
+            sizes = run.part_sizes[fr]   # bytes of each part, looked up once per layer
             for e in exps:
                 for p in range(nparts):
                     pinned.add((layer, e, p))
@@ -361,7 +363,7 @@ class Stepper:
                         u = None
                     if u is None:
                         n_abs += 1
-                        u = Unit(key, run.part_bytes(layer, p), pool, True)
+                        u = Unit(key, sizes[p], pool, True)
                         vram.add(u)
                         miss_units.append(u)
                         miss_bytes += u.nbytes

@@ -128,11 +128,13 @@ class Transfers(Withdrawals):
         key = u.key
         del vram.units[key]   # vram.remove(u), inlined (once per eviction)
         del vram.pool_units[u.pool][key]
-        if vram.tracked and u.state == RESIDENT and not u.in_buffer:   # vram.unlist(u), inlined
-            seqs = vram.victim_seqs[u.pool]
-            i = bisect_left(seqs, u.seq)
-            del seqs[i]
-            del vram.victim_keys[u.pool][i]
+        if vram.tracked:
+            del vram.layer_units[key[0]][key]
+            if u.state == RESIDENT and not u.in_buffer:   # vram.unlist(u), inlined
+                seqs = vram.victim_seqs[u.pool]
+                i = bisect_left(seqs, u.seq)
+                del seqs[i]
+                del vram.victim_keys[u.pool][i]
         if self.d2h is None:
             nbytes = u.nbytes   # vram.release(u), inlined
             if u.in_buffer:
@@ -181,8 +183,9 @@ class Transfers(Withdrawals):
 
     def evict_key(self, key: UnitKey) -> bool:
         """Evict a resident, unpinned unit; False if ``key`` is not one."""
-        u = self.vram.units.get(key)
-        if u is None or u.state != RESIDENT or key in self.vram.pinned:
+        vram = self.vram
+        u = vram.units.get(key)
+        if u is None or u.state != RESIDENT or key in vram.pinned:
             return False
         self.stats.evictions += 1
         self.layer_evictions += 1
@@ -244,16 +247,17 @@ class Transfers(Withdrawals):
         """A copy of ``u`` (of class ``cls``) starts on ``lane``: count its bytes (demand,
         prefetch, refetch) and the layer's prefetch bytes."""
         st = self.stats
+        nbytes = u.nbytes
         refetched = self.last_evict_iter.get(u.key)
         if refetched is not None and self.iteration - refetched <= 1:
-            st.refetch_bytes += u.nbytes
+            st.refetch_bytes += nbytes
             u.refetched = True
         if cls == DEMAND_CLASS:
-            st.demand_bytes += u.nbytes
+            st.demand_bytes += nbytes
         else:
-            st.prefetch_bytes += u.nbytes
+            st.prefetch_bytes += nbytes
             st.prefetch_units += 1
-            self.layer_prefetch_bytes += u.nbytes
+            self.layer_prefetch_bytes += nbytes
 
     def _label(self, key: UnitKey) -> str:
         """A transfer's name on the timeline: ``L3 E5``, or ``L3 E5.1`` for a segment."""
@@ -261,13 +265,17 @@ class Transfers(Withdrawals):
 
     def _on_transfer_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
         u.state = RESIDENT   # vram.landed(u), inlined (once per transfer)
-        if self.vram.tracked and not u.in_buffer:   # a victim of the global pool now
-            seqs = self.vram.victim_seqs[u.pool]
-            if not seqs or seqs[-1] < u.seq:   # the pool's newest (vram.enlist's common case)
-                seqs.append(u.seq)
-                self.vram.victim_keys[u.pool].append(u.key)
+        vram = self.vram
+        if vram.tracked and not u.in_buffer:   # a victim of the global pool now: vram.enlist(u), inlined
+            seqs = vram.victim_seqs[u.pool]
+            seq = u.seq
+            if not seqs or seqs[-1] < seq:   # the pool's newest (the common case)
+                seqs.append(seq)
+                vram.victim_keys[u.pool].append(u.key)
             else:
-                self.vram.enlist(u)
+                i = bisect_left(seqs, seq)
+                seqs.insert(i, seq)
+                vram.victim_keys[u.pool].insert(i, u.key)
         if cls == DEMAND_CLASS and self.demand_pending:
             self.demand_pending -= 1
         self.stats.pcie_busy_s += dur
@@ -319,8 +327,11 @@ class Transfers(Withdrawals):
         sizes = self._sizes.get(self.fractions[layer])
         nbytes = sizes[part] if sizes is not None and 0 <= part < len(sizes) else self.state.part_bytes(layer, part)
         pool = 0 if self.global_pool else layer
-        if self.waiting and any(w.pool == pool for w in self.waiting):
-            return False  # demand loads waiting for room in this pool come first
+        waiting = self.waiting
+        if waiting:   # a plain loop: any() over a generator costs a call and a frame
+            for w in waiting:
+                if w.pool == pool:
+                    return False  # demand loads waiting for room in this pool come first
         # the unit is made once it has room (a prefetch refused for room makes none)
         if into_buffer:
             if vram.buffer_capacity - vram.buffer_used < nbytes:
@@ -356,6 +367,7 @@ class Transfers(Withdrawals):
         if vram.tracked:   # vram.add(u), inlined (once per prefetch; u is not resident)
             u.seq = vram.next_seq
             vram.next_seq += 1
+            vram.layer_units[layer][key] = u
         vram.units[key] = u
         vram.pool_units[pool][key] = u
         self.lanes.submit(u, PREFETCH_CLASS, priority)
@@ -379,10 +391,16 @@ class Transfers(Withdrawals):
         for); an expert outside the model, or one that a slot runs, breaks the contract."""
         out = []
         units = self.vram.units
+        E = self.E
         for e in experts:
-            if not 0 <= e < self.E or e in running:
+            if not 0 <= e < E or e in running:
                 raise PolicyError(f"policy {policy_name!r} waits for expert {e} of layer {layer}, which "
-                                  + ("a slot of the plan runs" if 0 <= e < self.E else "the model does not have"))
+                                  + ("a slot of the plan runs" if 0 <= e < E else "the model does not have"))
+            if nparts == 1:   # whole experts (most runs): no loop over parts
+                u = units.get((layer, e, 0))
+                if u is not None:
+                    out.append(u)
+                continue
             for p in range(nparts):
                 u = units.get((layer, e, p))
                 if u is not None:

@@ -198,7 +198,8 @@ class EngineView:
         e = self._e
         if not e.global_pool:   # the layer's own pool holds them, in the same (insertion) order
             return list(e.vram.pool_units[layer])
-        return [k for k in e.vram.units if k[0] == layer]
+        units = e.vram.layer_units.get(layer)   # the global pool's, kept per layer
+        return list(units) if units is not None else []
 
     def pinned(self, layer: int, expert: int) -> bool:
         """Some part of the expert is pinned: planned for the current layer, not yet computed."""

@@ -11,16 +11,20 @@ One global pool (every layer's units in one pool, whose scan per eviction would 
 keeps its *victims*: its resident units outside the buffer (pinned or not), in the order they
 came into the pool, kept current as units land, move in from the buffer and leave, so that room
 is made without a scan of the pool (:meth:`Vram.candidates`; ``Vram.tracked``). A layer's pool
-holds a handful of units: it is scanned, which costs less than keeping the list.
+holds a handful of units: it is scanned, which costs less than keeping the list. The global pool
+also keeps its present units per layer (``Vram.layer_units``), so that a layer's units are found
+without a scan of every layer's.
 
 Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and ``claimed <= draining``;
 the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains;
-a tracked pool's victims are its resident units outside the buffer, in pool order.
+a tracked pool's victims are its resident units outside the buffer, in pool order, and its
+units per layer are its present units of that layer, in pool order.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import defaultdict
 from typing import Any
 
 from moesim.policies.contract.base import RESIDENT, WAITING, UnitKey
@@ -71,6 +75,8 @@ class Vram:
         self.victim_seqs: list[list[int]] = [[] for _ in self.capacity]
         self.victim_keys: list[list[UnitKey]] = [[] for _ in self.capacity]
         self.next_seq = 0   # the ``seq`` of the next unit added
+        # a tracked pool's present units by layer, each in pool order (see the module docstring)
+        self.layer_units: defaultdict[int, dict[UnitKey, Unit]] = defaultdict(dict)
         self.peak = 0
         self.total = 0   # bytes held in all pools and the buffer: sum(used) + buffer_used, kept as it changes
 
@@ -80,6 +86,7 @@ class Vram:
         self.units[u.key] = u
         self.pool_units[u.pool][u.key] = u
         if self.tracked:
+            self.layer_units[u.key[0]][u.key] = u
             u.seq = seq = self.next_seq
             self.next_seq = seq + 1
             if u.state == RESIDENT and not u.in_buffer:   # placed resident: the newest victim
@@ -90,8 +97,10 @@ class Vram:
         """``u`` is no longer present (its room is released or drains separately)."""
         del self.units[u.key]
         del self.pool_units[u.pool][u.key]
-        if self.tracked and u.state == RESIDENT and not u.in_buffer:
-            self.unlist(u)
+        if self.tracked:
+            del self.layer_units[u.key[0]][u.key]
+            if u.state == RESIDENT and not u.in_buffer:
+                self.unlist(u)
 
     def landed(self, u: Unit) -> None:
         """``u``'s transfer landed: it is resident (a victim, unless it is in the buffer)."""
@@ -251,8 +260,16 @@ class Vram:
 
     def check(self) -> None:
         """The invariant (see the module docstring): :meth:`check_room`, and a tracked pool's
-        victims are its resident units outside the buffer, in pool order. Raises :class:`VramError`."""
+        victims are its resident units outside the buffer, and its units per layer its present
+        units of that layer, in pool order. Raises :class:`VramError`."""
         self.check_room()
+        by_layer: dict[int, list[UnitKey]] = {}
+        if self.tracked:
+            for k in self.units:
+                by_layer.setdefault(k[0], []).append(k)
+        kept = {layer: list(units) for layer, units in self.layer_units.items() if units}
+        if kept != by_layer:
+            raise VramError(f"units per layer {kept} are not the present units {by_layer}")
         for p, pool_units in enumerate(self.pool_units):
             want = [k for k, u in pool_units.items() if u.state == RESIDENT and not u.in_buffer] if self.tracked else []
             if self.victim_keys[p] != want or self.victim_seqs[p] != [pool_units[k].seq for k in want]:

@@ -246,7 +246,7 @@ class ExpertMapPrefetcher(Prefetcher):
         target = layer + self.prefetch_distance
         if self.trajectory and n and target < self._L:
             self._charge(view, len(self._reqs))   # one (batched) search per request
-            targets = range(target, self._L if self.trajectory_span == "rest" else target + 1)
+            targets = range(target, self._last(layer) + 1)
             by_layer = store.by_layer
             for u in self._units:
                 y, s = store.trajectory(layer, dots[u], tsq[u])
@@ -256,14 +256,18 @@ class ExpertMapPrefetcher(Prefetcher):
             self._settle_p()
         self.issue(view, layer)
 
+    def _last(self, l_now: int) -> int:
+        """The last layer wanted once layer ``l_now`` ran: ``l_now + d``, or (``trajectory_span:
+        rest``) the model's last layer."""
+        return self._L - 1 if self.trajectory_span == "rest" else l_now + self.prefetch_distance
+
     def window(self) -> frozenset[UnitKey]:
         """Units wanted for layers ``l_now + 1 .. l_now + d`` (``trajectory_span: rest``: every
         later layer), protected from eviction; the same set until the wanted experts or ``l_now``
         change."""
         win = self._window
         if win is None:
-            lo = self._l_now + 1
-            hi = self._L - 1 if self.trajectory_span == "rest" else self._l_now + self.prefetch_distance
+            lo, hi = self._l_now + 1, self._last(self._l_now)
             win = self._window = frozenset((t, e, 0) for t, want in self._want.items() if lo <= t <= hi
                                            for e in want)
         return win
@@ -287,7 +291,7 @@ class ExpertMapPrefetcher(Prefetcher):
         """Prefetch (or re-rank) every wanted expert of layers ``l_now+1..l_now+d`` (``rest``:
         every later layer) at priority ``p / (t - l_now)``, highest first."""
         # sorted by (-priority, t, e): the priority is negated back exactly (a sign flip)
-        hi = self._L if self.trajectory_span == "rest" else l_now + self.prefetch_distance
+        hi = self._last(l_now)
         todo = sorted((-(p / (t - l_now)), t, e) for t, want in self._want.items()
                       if l_now < t <= hi for e, p in want.items())
         if not todo:

@@ -168,14 +168,20 @@ class RunState(Generic[A]):
         """The pool of ``layer``'s units."""
         return 0 if self.global_pool else layer
 
-    def part_bytes(self, layer: int, part: int) -> int:
-        """Bytes of part ``part`` of an expert of ``layer``."""
+    def sizes_of(self, layer: int) -> tuple[int, ...]:
+        """Bytes of each part of an expert of ``layer`` (made once per distinct split: the
+        fractions change only between iterations)."""
         fr = self.fractions[layer]
         sizes = self.part_sizes.get(fr)
-        if sizes is None:   # once per distinct split (the fractions change only between iterations)
+        if sizes is None:
             sizes = self.part_sizes[fr] = tuple(int(round(f * self.expert_bytes)) for f in fr)
+        return sizes
+
+    def part_bytes(self, layer: int, part: int) -> int:
+        """Bytes of part ``part`` of an expert of ``layer``."""
+        sizes = self.sizes_of(layer)
         if not 0 <= part < len(sizes):
-            raise ValueError(f"layer {layer} has {len(fr)} part(s); no part {part}")
+            raise ValueError(f"layer {layer} has {len(sizes)} part(s); no part {part}")
         return sizes[part]
 
     @staticmethod

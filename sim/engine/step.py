@@ -343,8 +343,7 @@ class Stepper:
                     u.used = True
                 need.append((i, t_exp * f0, u))
         else:
-            run.part_bytes(layer, 0)   # makes the split's sizes once
-            sizes = run.part_sizes[fr]   # bytes of each part, looked up once per layer
+            sizes = run.sizes_of(layer)   # bytes of each part, looked up once per layer
             for e in exps:
                 for p in range(nparts):
                     pinned.add((layer, e, p))

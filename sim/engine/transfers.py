@@ -266,16 +266,14 @@ class Transfers(Withdrawals):
     def _on_transfer_land(self, u: Unit, cls: int, lane: int, start: float, dur: float) -> None:
         u.state = RESIDENT   # vram.landed(u), inlined (once per transfer)
         vram = self.vram
-        if vram.tracked and not u.in_buffer:   # a victim of the global pool now: vram.enlist(u), inlined
+        if vram.tracked and not u.in_buffer:   # a victim of the global pool now: vram.enlist(u), its common case inlined
             seqs = vram.victim_seqs[u.pool]
             seq = u.seq
             if not seqs or seqs[-1] < seq:   # the pool's newest (the common case)
                 seqs.append(seq)
                 vram.victim_keys[u.pool].append(u.key)
             else:
-                i = bisect_left(seqs, seq)
-                seqs.insert(i, seq)
-                vram.victim_keys[u.pool].insert(i, u.key)
+                vram.enlist(u)
         if cls == DEMAND_CLASS and self.demand_pending:
             self.demand_pending -= 1
         self.stats.pcie_busy_s += dur

@@ -29,7 +29,6 @@ changed.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,16 +121,12 @@ def report() -> list[str]:
     return out
 
 
-def main() -> None:
-    """Print (and with --out write) the report."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, help="also write the Markdown here")
-    args = ap.parse_args()
-    text = "\n".join(report()) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        args.out.write_text(text)
+def main(argv: list[str] | None = None) -> int:
+    """Print the report, and write it with ``--out``."""
+    from results_file import report_main  # this folder is on sys.path when run as a script
+
+    return report_main(lambda: "\n".join(report()) + "\n", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -31,7 +31,6 @@ the report prints how much of ``F`` that is.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -181,16 +180,9 @@ def report() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the report, and write it with ``--out``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="also write the Markdown here")
-    args = ap.parse_args(argv)
-    text = report()
-    print(text)
-    if args.out:
-        from results_file import write_result
+    from results_file import report_main
 
-        write_result(args.out, text)
-    return 0
+    return report_main(report, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

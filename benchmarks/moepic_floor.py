@@ -296,7 +296,9 @@ def main() -> None:
     text = "\n".join(report(args.layer_us)) + "\n"
     sys.stdout.write(text)
     if args.out:
-        args.out.write_text(text)
+        from results_file import write_result  # this folder is on sys.path when run as a script
+
+        write_result(args.out, text)
 
 
 if __name__ == "__main__":

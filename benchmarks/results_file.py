@@ -4,6 +4,7 @@ refused as any moesim output is: :func:`moesim.sim.core.atomic.atomic_file`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -17,3 +18,18 @@ def write_result(path: Path, text: str) -> None:
 
     with atomic_file(path, option="--out", force=True, owned=lambda p: p.resolve().is_relative_to(RESULTS)) as tmp:
         tmp.write_text(text)
+
+
+def report_main(report: Callable[[], str], description: str, argv: list[str] | None = None) -> int:
+    """The command line of a report script with no option but ``--out``: print ``report()``'s
+    Markdown, and write it to ``--out`` too (:func:`write_result`)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", type=Path, help="also write the Markdown here")
+    args = ap.parse_args(argv)
+    text = report()
+    print(text)
+    if args.out:
+        write_result(args.out, text)
+    return 0

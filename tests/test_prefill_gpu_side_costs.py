@@ -1,7 +1,8 @@
 """The GPU side of a CPU-expert runtime's prefill (issue 32 item 2): eager attention that
 scores a static KV cache whole (``runtime.eager_score_bytes``, ``static_cache_pad_tokens``) and
 the activation copies of each CPU-expert layer by their bytes (``runtime.activation_copies``),
-on an exact timeline and on kTransformers V0.2's DeepSeek-V3 prompt; both off by default."""
+on an exact timeline and on kTransformers V0.2's DeepSeek-V3 prompt, the fast replay charging
+them as the event loop does; both off by default."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 from moesim.policies.contract.registry import make_policy
 from moesim.sim.config.catalog import RuntimeSpec, get_hardware, get_model, get_runtime
 from moesim.sim.engine.cost import CostModel
-from tests.util import PREFILL, make_trace, run_engine, steps, tiny_hw
+from moesim.sim.engine.event_loop import Engine
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
+from tests.util import DECODE, PREFILL, assert_same_replays, make_trace, run_engine, steps, tiny_hw
 
 US = 1e-6
 
@@ -68,3 +73,23 @@ def test_ktransformers_v02_prompt_of_500_tokens() -> None:
     assert cost.activation_copy_s(500) == pytest.approx(2 * 500 * 7168 * 2 / 7.5e9)
     # fused attention (every other runtime) charges none of it
     assert CostModel(model, hw, get_runtime("llama-cpp-like")).eager_attention_s(500, 0) == 0.0
+
+
+def test_fast_replay_charges_eager_attention_as_the_event_loop_does() -> None:
+    tr = make_trace([[[0], [2]], [[1], [2]], [[3], [0]], [[2], [1]], [[0], [3]]], num_experts=4,
+                    phases=[PREFILL] * 3 + [DECODE] * 2)
+    model, hw = _model(), _hw()
+    rt = RuntimeSpec(name="kt", eager_score_bytes=25, static_cache_pad_tokens=996)
+    runs = []
+    for fast in (False, True):
+        eng = Engine(build_workload(tr, phases=["prefill", "decode"]), make_policy("lru"), CostModel(model, hw, rt),
+                     budget_bytes=2 * model.expert_bytes, check_invariants=True, fast_replay=FAST_PATH if fast else None)
+        eng.run()
+        runs.append((eng, compute_metrics(eng.state)))
+    (slow, ms), (quick, mf) = runs
+    assert mf["engine_path"] != ms["engine_path"]   # the fast replay took the run
+    assert_same_replays(slow, ms, quick, mf)
+    # a layer of the 3-token prompt: 3 queries x (3 + 996) keys, 1 ns of products and 2.5 ns of passes a pair
+    plain = CostModel(model, hw, RuntimeSpec(name="plain"))
+    assert CostModel(model, hw, rt).eager_attention_s(3, 0) == pytest.approx(
+        3 * 999 * (100_000 / 100e12 + 100 * 25 / 1000e9)) and plain.eager_attention_s(3, 0) == 0.0

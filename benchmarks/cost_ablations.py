@@ -42,7 +42,11 @@ On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransfo
 - ``hand-off 52 us``: ``runtime.cpu_switch_us`` at llama-cpp-like's derived figure (two
   device<->host round trips of 26 us) in place of the set's own (fitted or catalog) value;
 - ``graphs``: ``runtime.cuda_graphs`` on (an eager runtime's per-layer launches,
-  ``layer_kernels x launch_us``, removed).
+  ``layer_kernels x launch_us``, removed);
+- ``fused attention``: ``runtime.eager_score_bytes`` off (kTransformers V0.2.0's eager MLA over its
+  whole static cache charged as fused attention, i.e. not at all without a modelled context);
+- ``no copy bytes``: ``runtime.activation_copies`` off (a CPU-expert layer's activation copies
+  charged by ``cpu_switch_us`` alone, not by their bytes).
 """
 
 from __future__ import annotations
@@ -65,11 +69,13 @@ expert-cache sets whose misses a per-miss cost and a warm start would move."""
 CPU_SETS = ("ktransformers-deepseek-v3", "llmfit-rtx2080-llamacpp-moe")
 """The sets ablated for the CPU-side costs: systems that compute experts on the CPU."""
 
-CPU_ABLATIONS: dict[str, dict[str, float | bool]] = {
+CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
     "as fitted": {},
     "no hand-off": {"runtime.cpu_switch_us": 0.0},
     "hand-off 52 us": {"runtime.cpu_switch_us": 52.0},
     "graphs": {"runtime.cuda_graphs": True},
+    "fused attention": {"runtime.eager_score_bytes": None},
+    "no copy bytes": {"runtime.activation_copies": None},
 }
 """The CPU-side ablations, each the keys changed on top of the fitted values."""
 

@@ -44,6 +44,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 SET = "ktransformers-deepseek-v3"
 """The measurement set read."""
 
+PROMPT = 500
+"""The prompt of the prefill rows (tokens)."""
+
+PAD = 1000
+"""The static cache's slots beyond the prompt (the tutorial's --max_new_tokens; the set's
+runtime.static_cache_pad_tokens)."""
+
 MODEL = "deepseek-v3-q4km"
 """The set's model (catalog entry): its expert bytes and MoE layer count."""
 
@@ -86,6 +93,20 @@ def split_read(steps: dict[tuple[int, int], float]) -> dict[str, float]:
     return {"G": gr - r, "R": r, "c": c, "s": s}
 
 
+def _gpu_side_ms(model: Any) -> dict[str, float]:
+    """The 500-token prompt's GPU-side costs in ms over the MoE layers, as the set's runtime
+    charges them (catalog ktransformers-v0.2 with the set's 1000 padded cache slots, rtx-4090d):
+    the roofline of the non-expert weights, the eager attention, the activation copies."""
+    from moesim.sim.config.catalog import get_hardware, get_runtime
+    from moesim.sim.engine.cost import CostModel
+
+    rt = get_runtime({"base": "ktransformers-v0.2", "static_cache_pad_tokens": PAD})
+    cost = CostModel(model, get_hardware("rtx-4090d"), rt)
+    n = model.num_layers * 1e3
+    return {"weights": cost.layer_s(PROMPT) * n, "attention": cost.eager_attention_s(PROMPT, 0) * n,
+            "copies": cost.activation_copy_s(PROMPT) * n}
+
+
 def report() -> str:
     """The Markdown report."""
     from moesim.sim.config.catalog import get_cpu, get_model
@@ -98,6 +119,7 @@ def report() -> str:
     sourced_switch = 52.0  # the hand-off's two device<->host round trips, the fit's lower bound
     layers = model.num_layers
     read_all_ms = layers * model.num_experts * model.expert_bytes / (mem * 1e9) * 1e3
+    gpu = _gpu_side_ms(model)
     out = [f"# What `{SET}` asks of the model", "",
            f"Written by `python benchmarks/ktransformers_split.py` from `benchmarks/results/fits/{SET}/fitted.yaml` "
            f"(fitted `runtime.cpu_switch_us` {switch:.0f} us, `hardware.cpu.tflops` {values['hardware.cpu.tflops']:g}; "
@@ -158,12 +180,23 @@ def report() -> str:
             "reads its own copy); in particular the experts' weight read, which a 500-token prompt makes for "
             f"all {model.num_experts} experts of a layer at k = 6 as at k = 8 ({read_all_ms:.0f} ms at the measured "
             "rate, hidden under the products by moesim's roofline, `sim/engine/cost.py` `cpu_expert_s`), would be "
-            f"R, and R is the smaller part missing ({sr_m['R'] - sr_p['R']:.0f} ms against G's "
-            f"{sr_m['G'] - sr_p['G']:.0f} ms). G is the GPU side's prefill (MLA attention, the shared expert, the "
-            f"dense blocks) or the step's own cost: about {(sr_m['G'] - sr_p['G']) / 500:.1f} ms more a prompt "
-            f"token, {(sr_m['G'] - sr_p['G']) / 500 / layers * 1e3:.0f} us a token and MoE layer, than the "
-            "catalog's GPU figures give. A per-layer cost such as the fitted hand-off is paid once per layer of "
-            "a 500-token forward, so it leaves the prefill rows where they were.", "",
+            f"R, and R is the {'smaller' if sr_m['R'] - sr_p['R'] < sr_m['G'] - sr_p['G'] else 'larger'} part "
+            f"missing ({sr_m['R'] - sr_p['R']:.0f} ms against G's {sr_m['G'] - sr_p['G']:.0f} ms). G is the GPU "
+            "side's prefill (MLA attention, the shared expert, the dense blocks), the copies between the two sides "
+            f"or the step's own cost. Of the fit's {sr_p['G']:.0f} ms, the roofline of the non-expert weights at the "
+            f"catalog's GPU figures is {gpu['weights']:.0f} ms; kTransformers V0.2.0's eager MLA is "
+            f"{gpu['attention']:.0f} ms (`runtime.eager_score_bytes` 26 B a score in five element-wise passes, "
+            f"`static_cache_pad_tokens` 1000: each of the 500 queries scores the whole static cache of prompt + "
+            "max_new_tokens, masked slots too; `ktransformers/operators/attention.py` "
+            "`KDeepseekV2Attention.forward_chunck` at tag v0.2.0); its unpinned copies of the prompt's hidden "
+            f"states to the host and back are {gpu['copies']:.0f} ms (`runtime.activation_copies: pageable`, "
+            "`KExpertsCPU.forward`'s `.cpu()` and `.to(device)`). Still missing from G: "
+            f"{sr_m['G'] - sr_p['G']:.0f} ms, {(sr_m['G'] - sr_p['G']) / 500:.1f} ms a prompt token "
+            f"({(sr_m['G'] - sr_p['G']) / 500 / layers * 1e3:.0f} us a token and MoE layer), which no source found "
+            "sizes: the eager prefill's kernel launches (V0.2 captures CUDA graphs for decode only) and Marlin's "
+            "int4 products at 500 rows short of the tensor peak are candidates. A per-layer cost such as the "
+            "fitted hand-off is paid once per layer of a 500-token forward, so it leaves the prefill rows where "
+            "they were.", "",
             "## The source's own spread", "",
             "The tutorial states the two-socket V0.2 figures twice: its summary ('Prefill Speed': '74.362 "
             "(dual-socket, 2x32 cores)'; 'Decode Speed': '11.26 (dual-socket, 2x32 cores)', and '13.69 "

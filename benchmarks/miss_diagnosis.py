@@ -242,8 +242,11 @@ def ktransformers_split() -> list[str]:
             f"At decode the published split gives {token_gb:.1f} GB of experts a token in C = {decode_c:.1f} ms,",
             f"{token_gb / decode_c * 1000:.0f} GB/s a socket. The fitted hand-off stands for the step's part that",
             "a second socket does not shorten (kTransformers V0.2's CPU/GPU coordination beyond two copies, or a",
-            "serial part of the CPU backend); no published figure names it. Prefill's F is GPU-side prefill time,",
-            "which moesim does not model for a CPU-expert run.", ""]
+            "serial part of the CPU backend); no published figure names it. Prefill's F now holds the GPU side's",
+            "prefill as kTransformers V0.2.0's code runs it: its eager MLA scoring the whole static cache",
+            "(`runtime.eager_score_bytes`, `static_cache_pad_tokens`) and the unpinned copies of the prompt's",
+            "hidden states (`runtime.activation_copies`), 238 + 111 ms a 500-token prompt",
+            "(`benchmarks/results/ktransformers_split.md`); the rest of the prefill's F has no sourced cost.", ""]
 
 
 def main() -> None:

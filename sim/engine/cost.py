@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from moesim.sim.config.catalog import HardwareSpec, ModelSpec, RuntimeSpec
 
 US = 1e-6
+ACTIVATION_BYTES = 2
+"""Bytes of one activation element copied between the GPU and CPU experts (16-bit hidden states)."""
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
                          prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
-                         pageable_copy_us=0.0, host_memory=None,
-                         source="no overhead")
+                         pageable_copy_us=0.0, host_memory=None, activation_copies=None, eager_score_bytes=None,
+                         static_cache_pad_tokens=None, source="no overhead")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,45 @@ class CostModel:
         compute = attn_pairs * flops / (hw.attn_tflops * 1e12)
         return max(read, compute) * m.attention_blocks / m.num_layers
 
+    def eager_attention_s(self, n_tokens: int, kv_tokens: int) -> float:
+        """Attention of one MoE layer for a runtime whose attention is eager (``eager_score_bytes``:
+        the score matrix written to memory and passed over before the value product), for an
+        iteration of ``n_tokens`` queries: each query scores ``keys`` cache slots, the context
+        (``kv_tokens``, or without a modelled context the iteration's own tokens, a prompt's) and
+        the ``static_cache_pad_tokens`` slots allocated beyond it, masked but computed. Time is the
+        products' ``pairs x attention_flops_per_pair / attention TFLOP/s`` plus the element-wise
+        passes' ``attention_heads x pairs x eager_score_bytes / hbm_gbps`` (one kernel after the
+        other), scaled by ``attention_blocks / num_layers`` as :meth:`context_s`. The iteration's
+        queries are taken as one sequence (exact for one request). 0 without eager attention."""
+        rt = self.runtime
+        if rt.eager_score_bytes is None or n_tokens <= 0:
+            return 0.0
+        m = self.model
+        hw = self.hardware
+        flops = m.attention_flops_per_pair
+        if flops is None or m.attention_heads is None:
+            raise ValueError(f"model {m.name!r} gives no attention shape (attention_heads with head_dim or "
+                             "kv_lora_rank): its eager attention cannot be modelled")
+        keys = (kv_tokens if kv_tokens > 0 else n_tokens) + (rt.static_cache_pad_tokens or 0)
+        pairs = n_tokens * keys
+        compute = pairs * flops / (hw.attn_tflops * 1e12)
+        passes = m.attention_heads * pairs * rt.eager_score_bytes / (hw.hbm_gbps * 1e9)
+        return (compute + passes) * m.attention_blocks / m.num_layers
+
+    def activation_copy_s(self, n_tokens: int) -> float:
+        """The bytes of a CPU-expert layer's activation copies for ``n_tokens`` tokens (runtime
+        ``activation_copies``): ``n_tokens x hidden_size x 2`` bytes to the host and as many back,
+        at ``d2h_gbps`` and ``pcie_gbps`` (pinned) or the hardware's pageable rate both ways
+        (pageable); their fixed cost is in ``cpu_switch_us``. 0 when the runtime does not model them."""
+        how = self.runtime.activation_copies
+        if how is None or n_tokens <= 0:
+            return 0.0
+        hw = self.hardware
+        nbytes = n_tokens * self.model.hidden_size * ACTIVATION_BYTES
+        if how == "pageable":
+            return 2.0 * nbytes / (hw.pageable_rate_gbps * 1e9)
+        return nbytes / ((hw.d2h_gbps or hw.pcie_gbps) * 1e9) + nbytes / (hw.pcie_gbps * 1e9)
+
     def expert_s(self, n_tokens: int) -> float:
         """One routed expert applied to ``n_tokens`` tokens."""
         if n_tokens <= 0:
@@ -141,10 +182,12 @@ class CostModel:
         rt = self.runtime
         return 0.0 if rt.cuda_graphs else rt.layer_kernels * rt.launch_us
 
-    def cpu_switch_s(self) -> float:
+    def cpu_switch_s(self, n_tokens: int = 1) -> float:
         """The runtime's hand-off between the GPU and the CPU experts, once per MoE layer that
-        computes experts on the CPU (see :attr:`RuntimeSpec.cpu_switch_us`)."""
-        return self.runtime.cpu_switch_us * US
+        computes experts on the CPU, in an iteration of ``n_tokens`` tokens: its fixed
+        :attr:`RuntimeSpec.cpu_switch_us` and the bytes of the activation copies
+        (:meth:`activation_copy_s`, when the runtime models them)."""
+        return self.runtime.cpu_switch_us * US + self.activation_copy_s(n_tokens)
 
     def demand_load_s(self) -> float:
         """The runtime's host-side cost of one demand load on the critical path (beyond the

@@ -140,6 +140,8 @@ class Stepper:
         self.decision_s = float(policy.decision_us) * 1e-6
         self.overhead_layer = run.cost.overhead_layer_s()
         self.cpu_switch = run.cost.cpu_switch_s()
+        self.copies = run.cost.runtime.activation_copies is not None   # the hand-off grows with the tokens
+        self.eager = run.cost.runtime.eager_score_bytes is not None
         self.step_rows = run.steps.rows if run.record_steps else None   # appended inline (see StepRecords)
         self.timeline = run.timeline if run.record_timeline else None
         plan = run.workload.serving
@@ -224,8 +226,12 @@ class Stepper:
         sum. The same for every layer of ``it`` (the kernels ask once per iteration); without a
         context, the cost model's, kept per token count (it depends on nothing else). With a
         modelled context (``it.kv_tokens`` > 0) attention's reads of the KV cache add
-        :meth:`~moesim.sim.engine.cost.CostModel.context_s`."""
+        :meth:`~moesim.sim.engine.cost.CostModel.context_s`; a runtime with eager attention
+        (``eager_score_bytes``) charges :meth:`~moesim.sim.engine.cost.CostModel.eager_attention_s`
+        instead, with or without a context."""
         n_tok = it.n_tokens
+        if self.eager:
+            return self.cost.layer_s(n_tok) + self.cost.eager_attention_s(n_tok, it.kv_tokens), self.overhead_layer
         if it.kv_tokens:
             return self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs), self.overhead_layer
         got = self._non_moe.get(n_tok)
@@ -418,7 +424,7 @@ class Stepper:
         start = max(now, run.cpu_free_at)
         tc = start
         timeline = self.timeline
-        switch = self.cpu_switch
+        switch = self.cost.cpu_switch_s(ls.it.n_tokens) if self.copies else self.cpu_switch
         if switch:
             if timeline is not None:
                 timeline.append(("CPU experts", f"L{ls.layer} hand-off", tc, switch, {}))

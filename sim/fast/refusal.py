@@ -97,8 +97,12 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     # host_memory: read only by the event loop, which sets the cost model's host_memory from it before any
     # replay starts; every replay's copies go through CostModel.transfer_s, which reads that
     # cpu_switch_us: paid only by Stepper.cpu_experts, for a layer with CPU experts; no fast replay
-    # runs CPU experts (path.py and the kernels refuse such plans), so none has it to reproduce
-    "runtime": frozenset({"cpu_switch_us", "cuda_graphs", "demand_load_us", "iteration_us", "launch_us",
+    # runs CPU experts (path.py and the kernels refuse such plans), so none has it to reproduce;
+    # activation_copies likewise (read only by CostModel.cpu_switch_s, through Stepper.cpu_experts)
+    # eager_score_bytes, static_cache_pad_tokens: read only by CostModel.eager_attention_s, through
+    # Stepper.non_moe_s, which every replay calls
+    "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us",
+                          "eager_score_bytes", "iteration_us", "launch_us", "static_cache_pad_tokens",
                           "host_memory", "layer_kernels", "layer_us", "name", "pageable_copy_us", "prefetch_issue_us", "source",
                           "token_us"}),
 }

@@ -195,6 +195,24 @@ class RuntimeSpec(BaseModel):
         "file, a CPU state dict), so every expert copy is a driver-staged copy at the hardware's pageable rate "
         "plus pageable_copy_us; None: the policy's choice (pinned for every policy but accelerate's)")
     cpu_switch_us: float = Field(0.0, ge=0, description="hand-off between the GPU and the host CPU, once per MoE layer that computes experts on the CPU (sync the GPU stream, copy the layer's activations to the host and the CPU experts' output back, wake the CPU threads); paid on the CPU experts' lane before they start, so the layer waits for it")
+    activation_copies: Literal["pinned", "pageable"] | None = Field(
+        None, description="the per-layer copies of a CPU-expert layer's activations, by their bytes: "
+        "every token's hidden state (hidden_size x 2 bytes, 16-bit) to the host and the CPU experts' output back, "
+        "at the link's pinned rates (pcie_gbps, d2h_gbps) or, 'pageable', at the hardware's pageable rate both ways "
+        "(a runtime that copies with tensor.cpu() and .to(device) into memory it has not page-locked); paid on the "
+        "CPU experts' lane with cpu_switch_us; None: not modelled (cpu_switch_us holds a decode's small copies)")
+    eager_score_bytes: PositiveFloat | None = Field(
+        None, description="bytes of GPU memory traffic per attention score in the element-wise passes of a "
+        "runtime that materialises the score matrix between its score and value products (eager, unfused "
+        "attention: the partial scores added, scaled, masked, a softmax upcast to fp32 and cast back); with it each "
+        "layer's attention scores every (query, cache slot) pair of each head, masked ones too, at "
+        "pairs x the model's attention FLOPs per pair / attention TFLOP/s plus heads x pairs x eager_score_bytes / "
+        "hbm_gbps, in place of context_s (see CostModel.eager_attention_s); None: fused attention (context_s with a "
+        "modelled context)")
+    static_cache_pad_tokens: NonNegativeInt | None = Field(
+        None, description="slots of a static KV cache beyond the tokens written so far that eager "
+        "attention scores and masks rather than skips (a cache allocated for the prompt and max_new_tokens and "
+        "scored whole): added to each query's keys; only with eager_score_bytes (None: 0)")
     launch_us: float = Field(0.0, ge=0, description="host time to launch one kernel outside a captured graph (the framework's dispatch and the driver's launch)")
     layer_kernels: NonNegativeInt = Field(0, description="kernels one MoE layer launches outside its experts in eager mode; with launch_us, a per-layer launch cost of layer_kernels x launch_us, unless cuda_graphs")
     cuda_graphs: bool = Field(False, description="the runtime replays captured CUDA graphs for decode: no per-kernel launch cost (layer_kernels x launch_us is not paid)")

@@ -26,8 +26,9 @@ Definitions:
 - **Ranking pairs**: two rows of one set, at least one held out, same metric, same setup apart
   from the policy (and a ratio row's reference policy; a self-placing policy's cache budget is its
   own, see :data:`SELF_PLACING`), different policies, measured values more
-  than 1% apart; right when predicted and measured order agree (never with an undefined
-  prediction). **Held-out-only pairs** are those of two held-out rows: a fit row's prediction
+  than 1% apart (the larger over the smaller, whichever row comes first); right when predicted and measured order agree (never with an undefined
+  prediction, nor with two equal predictions: a tie orders nothing, and scoring it by which row
+  comes first in the file would count it right or wrong by file order). **Held-out-only pairs** are those of two held-out rows: a fit row's prediction
   was fitted, so a pair with one is partly fitted.
 - **Own policy fitted**: a set whose fit rows include the paper's own policy is listed as such;
   its headlines are not a prediction from baselines alone.
@@ -251,9 +252,10 @@ def ranking_pairs(rows: list[Row], held_out_only: bool = False) -> list[tuple[Ro
                 continue
             if a.policy == b.policy and json.dumps(a.relative_to, sort_keys=True) == json.dumps(b.relative_to, sort_keys=True):
                 continue
-            if abs(a.measured / b.measured - 1) <= 0.01:
+            if max(a.measured, b.measured) / min(a.measured, b.measured) - 1 <= 0.01:
                 continue
-            ok = defined(a.predicted) and defined(b.predicted) and (a.measured > b.measured) == (a.predicted > b.predicted)
+            ok = (defined(a.predicted) and defined(b.predicted) and a.predicted != b.predicted
+                  and (a.measured > b.measured) == (a.predicted > b.predicted))
             out.append((a, b, ok))
     return out
 

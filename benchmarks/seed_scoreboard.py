@@ -429,12 +429,33 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
         lines += ["", "Headlines with the wrong sign:", ""]
         lines += [f"- {h.stem} row {h.own.index} vs {h.baseline} ({h.metric}): published {_fmt(h.published)}, "
                   f"predicted {_fmt(h.predicted)}" for h in wrong]
+    wrong_pairs = [(a, b) for a, b, ok in held_pairs if not ok]
+    if wrong_pairs:
+        lines += ["", "Held-out-only ranking pairs the prediction orders wrong (measured and predicted "
+                  "ratio of the first row to the second; `tie`: equal predictions):", ""]
+        lines += [f"- {a.stem} rows {a.index} ({_row_label(a)}) / {b.index} ({_row_label(b)}), {a.metric}: measured "
+                  f"{a.measured:.4g} / {b.measured:.4g} = {a.measured / b.measured:.3f}, predicted "
+                  + (_pair_ratio(a.predicted, b.predicted)) for a, b in wrong_pairs]
     if beyond:
         lines += ["", "Held-out rows beyond 1.5x:", ""]
         lines += [f"- {r.stem} row {r.index} ({r.policy}, {r.metric}): measured {r.measured:.4g}, "
                   + (f"predicted {r.predicted:.4g} ({r.predicted / r.measured:.2f}x)" if defined(r.predicted)
                      else "no prediction (undefined: counted as a miss)") for r in beyond]
     return "\n".join(lines) + "\n", goals
+
+
+def _row_label(r: Row) -> str:
+    """A row's policy, and for a ratio row the reference policy it is over."""
+    if r.relative_to is None:
+        return r.policy
+    return f"{r.policy} over {_policy_label(r.relative_to.get('policy', '?'))}"
+
+
+def _pair_ratio(a: float, b: float) -> str:
+    """Two predictions of a wrong pair as text: their ratio, ``tie`` or ``undefined``."""
+    if not (defined(a) and defined(b)):
+        return "undefined"
+    return f"{a:.4g} / {b:.4g} = " + ("tie" if a == b else f"{a / b:.3f}")
 
 
 def _fitted_only(all_rows: dict[str, list[Row]], counted: list[str]) -> list[str]:

@@ -171,3 +171,15 @@ def test_scoreboard_lists_sets_fitting_own_policy_and_cache_start() -> None:
     assert cache_start("eliseev-mazur-2023-table2") == "cold (empty)"
     assert cache_start("moepic-mixtral").startswith("warm")
     assert cache_start("no-such-set") == "?"
+
+
+def test_scoreboard_wrong_pair_text() -> None:
+    from benchmarks.seed_scoreboard import _pair_ratio, _row_label
+
+    assert _pair_ratio(38.82, 38.82) == "38.82 / 38.82 = tie"
+    assert _pair_ratio(2.0, 1.0) == "2 / 1 = 2.000"
+    assert _pair_ratio(2.0, math.nan) == "undefined"
+    ratio = _row(4, "test", "fmoe", 0.3, 0.7)
+    ratio.relative_to = {"policy": {"name": "moe-infinity", "params": {"prefetch_distance": 3}}}
+    assert _row_label(ratio) == "fmoe over moe-infinity(prefetch_distance=3)"
+    assert _row_label(_row(1, "test", "lru", 1.0, 1.0)) == "lru"

@@ -26,8 +26,9 @@ Definitions:
 - **Ranking pairs**: two rows of one set, at least one held out, same metric, same setup apart
   from the policy (and a ratio row's reference policy; a self-placing policy's cache budget is its
   own, see :data:`SELF_PLACING`), different policies, measured values more
-  than 1% apart; right when predicted and measured order agree (never with an undefined
-  prediction). **Held-out-only pairs** are those of two held-out rows: a fit row's prediction
+  than 1% apart (the larger over the smaller, whichever row comes first); right when predicted and measured order agree (never with an undefined
+  prediction, nor with two equal predictions: a tie orders nothing, and scoring it by which row
+  comes first in the file would count it right or wrong by file order). **Held-out-only pairs** are those of two held-out rows: a fit row's prediction
   was fitted, so a pair with one is partly fitted.
 - **Own policy fitted**: a set whose fit rows include the paper's own policy is listed as such;
   its headlines are not a prediction from baselines alone.
@@ -251,9 +252,10 @@ def ranking_pairs(rows: list[Row], held_out_only: bool = False) -> list[tuple[Ro
                 continue
             if a.policy == b.policy and json.dumps(a.relative_to, sort_keys=True) == json.dumps(b.relative_to, sort_keys=True):
                 continue
-            if abs(a.measured / b.measured - 1) <= 0.01:
+            if max(a.measured, b.measured) / min(a.measured, b.measured) - 1 <= 0.01:
                 continue
-            ok = defined(a.predicted) and defined(b.predicted) and (a.measured > b.measured) == (a.predicted > b.predicted)
+            ok = (defined(a.predicted) and defined(b.predicted) and a.predicted != b.predicted
+                  and (a.measured > b.measured) == (a.predicted > b.predicted))
             out.append((a, b, ok))
     return out
 
@@ -427,12 +429,33 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
         lines += ["", "Headlines with the wrong sign:", ""]
         lines += [f"- {h.stem} row {h.own.index} vs {h.baseline} ({h.metric}): published {_fmt(h.published)}, "
                   f"predicted {_fmt(h.predicted)}" for h in wrong]
+    wrong_pairs = [(a, b) for a, b, ok in held_pairs if not ok]
+    if wrong_pairs:
+        lines += ["", "Held-out-only ranking pairs the prediction orders wrong (measured and predicted "
+                  "ratio of the first row to the second; `tie`: equal predictions):", ""]
+        lines += [f"- {a.stem} rows {a.index} ({_row_label(a)}) / {b.index} ({_row_label(b)}), {a.metric}: measured "
+                  f"{a.measured:.4g} / {b.measured:.4g} = {a.measured / b.measured:.3f}, predicted "
+                  + (_pair_ratio(a.predicted, b.predicted)) for a, b in wrong_pairs]
     if beyond:
         lines += ["", "Held-out rows beyond 1.5x:", ""]
         lines += [f"- {r.stem} row {r.index} ({r.policy}, {r.metric}): measured {r.measured:.4g}, "
                   + (f"predicted {r.predicted:.4g} ({r.predicted / r.measured:.2f}x)" if defined(r.predicted)
                      else "no prediction (undefined: counted as a miss)") for r in beyond]
     return "\n".join(lines) + "\n", goals
+
+
+def _row_label(r: Row) -> str:
+    """A row's policy, and for a ratio row the reference policy it is over."""
+    if r.relative_to is None:
+        return r.policy
+    return f"{r.policy} over {_policy_label(r.relative_to.get('policy', '?'))}"
+
+
+def _pair_ratio(a: float, b: float) -> str:
+    """Two predictions of a wrong pair as text: their ratio, ``tie`` or ``undefined``."""
+    if not (defined(a) and defined(b)):
+        return "undefined"
+    return f"{a:.4g} / {b:.4g} = " + ("tie" if a == b else f"{a / b:.3f}")
 
 
 def _fitted_only(all_rows: dict[str, list[Row]], counted: list[str]) -> list[str]:

@@ -138,6 +138,27 @@ def test_scoreboard_pairs_and_undefined() -> None:
     assert rows[3].off == math.inf and rows[3].abs_error == math.inf
 
 
+def test_scoreboard_tied_prediction_is_wrong_either_way_round() -> None:
+    # two held-out rows predicted equal (BuddyMoE's rho = 3 and unlimited rows when rho never
+    # binds): the tie orders nothing, so the pair is wrong whichever row comes first
+    for lo_first in (True, False):
+        lo, hi = _row(1, "test", "a", 36.75, 38.8), _row(2, "test", "b", 37.42, 38.8)
+        rows = [lo, hi] if lo_first else [hi, lo]
+        assert [ok for _, _, ok in ranking_pairs(rows, held_out_only=True)] == [False]
+        hi.predicted = 38.9
+        assert [ok for _, _, ok in ranking_pairs(rows, held_out_only=True)] == [True]
+
+
+def test_scoreboard_one_percent_apart_either_way_round() -> None:
+    # 37.12 / 36.75 = 1.0101 is more than 1% apart, 36.75 / 37.12 = 0.9900 was not: the test
+    # of "more than 1% apart" no longer depends on which row the file lists first
+    for order in ((36.75, 37.12), (37.12, 36.75)):
+        rows = [_row(1, "test", "a", order[0], 1.0), _row(2, "test", "b", order[1], 2.0)]
+        assert len(ranking_pairs(rows)) == 1
+    rows = [_row(1, "test", "a", 100.0, 1.0), _row(2, "test", "b", 100.9, 2.0)]
+    assert ranking_pairs(rows) == []
+
+
 def test_scoreboard_lists_sets_fitting_own_policy_and_cache_start() -> None:
     from benchmarks.seed_scoreboard import cache_start, own_policy_fitted
 
@@ -150,3 +171,15 @@ def test_scoreboard_lists_sets_fitting_own_policy_and_cache_start() -> None:
     assert cache_start("eliseev-mazur-2023-table2") == "cold (empty)"
     assert cache_start("moepic-mixtral").startswith("warm")
     assert cache_start("no-such-set") == "?"
+
+
+def test_scoreboard_wrong_pair_text() -> None:
+    from benchmarks.seed_scoreboard import _pair_ratio, _row_label
+
+    assert _pair_ratio(38.82, 38.82) == "38.82 / 38.82 = tie"
+    assert _pair_ratio(2.0, 1.0) == "2 / 1 = 2.000"
+    assert _pair_ratio(2.0, math.nan) == "undefined"
+    ratio = _row(4, "test", "fmoe", 0.3, 0.7)
+    ratio.relative_to = {"policy": {"name": "moe-infinity", "params": {"prefetch_distance": 3}}}
+    assert _row_label(ratio) == "fmoe over moe-infinity(prefetch_distance=3)"
+    assert _row_label(_row(1, "test", "lru", 1.0, 1.0)) == "lru"

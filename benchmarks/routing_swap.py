@@ -55,7 +55,8 @@ def report(path: Path, fit: Path, sets: dict[str, Any], drops: list[str]) -> str
     ms = load_measurements(path)
     values = fitted_values(fit)
     change = ", ".join([f"drop {k}" for k in drops] + [f"{k}: {v}" for k, v in sets.items()])
-    lines = [f"# {path.name}: routing swap at the fitted values of {fit}", "",
+    shown = fit.resolve().relative_to(ROOT) if fit.resolve().is_relative_to(ROOT) else fit
+    lines = [f"# {path.name}: routing swap at the fitted values of {shown}", "",
              f"Trace change: {change}. Fitted values: "
              + ", ".join(f"{k} = {v:.6g}" for k, v in values) + ".", "",
              "| row | role | metric | measured | as the file | swapped | swapped / as the file - 1 |",

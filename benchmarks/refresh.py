@@ -210,7 +210,9 @@ def main() -> None:
         "or reproduce papers' tables (`*_table.py`, `paper_runs.py`, `crosscheck_libcachesim.py`); "
         "`fit_presets.py` and `routing_rankings.py` compare the synthetic presets with published routing "
         "statistics and rank policies on recorded and fitted routing, and `scenario_presets.py` runs each "
-        "paper scenario on its fitted preset beside the `-legacy` one it ran before (outputs in `results/`). The speed "
+        "paper scenario on its fitted preset beside the `-legacy` one it ran before, and `routing_swap.py` runs a "
+        "measurement set's rows at its committed fit on the set's trace and on a changed one (outputs in `results/`, "
+        "`results/routing_swap/`). The speed "
         "figures above use the `-legacy` presets.",
         "",
     ]

@@ -22,6 +22,16 @@ class MixtralOffloading(Composed):
     ``lookahead`` needs ``lookahead_logits``; ``previous-token`` guesses the previous token's
     routing of layer ``l + 1``; ``auto`` takes lookahead when the trace has it (and warns when it
     has not). ``cross_token`` also prefetches layer 0 of the next iteration from the last layer.
+
+    The paper's text is the source of the speculative part: the authors' released code
+    (github.com/dvmazur/mixtral-offloading, every branch) has none, its README listing
+    "Speculative expert prefetching" as not yet available. Its LRU part follows that code
+    (src/expert_cache.py, src/build_model.py): one eviction group per layer, the experts a layer
+    routes marked used before a victim is chosen (a layer never evicts its own), a loaded expert
+    entering its group as the most recent; a guessed set here enters its layer's pool the same
+    way and never evicts its own members. Not taken as the default: there a miss swaps, the
+    evicted expert copied back to a pinned host slot on the same stream (``cache.swap_out`` with
+    ``serial_swap``, a scenario's choice).
     """
 
     name = "mixtral-offloading"

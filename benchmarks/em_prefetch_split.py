@@ -18,7 +18,6 @@ adopted; runs are cold-start, as the fits.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -103,11 +102,8 @@ def table(case: tuple[str, str]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    """Print (and with --out write) the tables."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, help="also write the Markdown here")
-    args = ap.parse_args()
+def report() -> str:
+    """The report as Markdown: every case's table."""
     text = ["# Eliseev & Mazur: the full algorithm against the compute / copy split", "",
             "Written by `python benchmarks/em_prefetch_split.py` (see its docstring). Each line: a per-layer",
             "time, the link rate at which the LRU row is exact, and there the full algorithm over LRU, its hit",
@@ -116,11 +112,16 @@ def main() -> None:
             "LRU hit rate and at 3 and 6 points more (see `_split_by_hit_rate`).", ""]
     for case in CASES:
         text += [*table(case), ""]
-    out = "\n".join(text)
-    sys.stdout.write(out)
-    if args.out:
-        args.out.write_text(out)
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the tables; ``--out`` also writes them (:func:`results_file.write_result`, which never
+    replaces a file moesim did not write)."""
+    from results_file import report_main
+
+    return report_main(report, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -111,9 +111,10 @@ def main() -> None:
             print(row, flush=True)
             lines.append(row)
     if args.out:
-        Path(args.out).write_text("# Whole-process speed per policy\n\nWritten by `python benchmarks/"
-                                  f"bench_policies_process.py{' --vs DIR' if args.vs else ''}`.\n\n"
-                                  + "\n".join(lines) + "\n")
+        from results_file import write_result
+
+        write_result(Path(args.out), "# Whole-process speed per policy\n\nWritten by `python benchmarks/"
+                     f"bench_policies_process.py{' --vs DIR' if args.vs else ''}`.\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

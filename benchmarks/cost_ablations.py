@@ -393,7 +393,9 @@ def main() -> None:
     out = "\n".join(text)
     sys.stdout.write(out)
     if args.out:
-        args.out.write_text(out)
+        from results_file import write_result
+
+        write_result(args.out, out)
 
 
 if __name__ == "__main__":

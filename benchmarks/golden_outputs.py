@@ -103,7 +103,9 @@ def main() -> int:
         print(f"{len(set(a) | set(b)) - len(diff)} equal, {len(diff)} differ")
         return 1 if diff else 0
     root = Path(args.paths[1] if len(args.paths) > 1 else ".").resolve()
-    Path(args.paths[0]).write_text(json.dumps(golden(root, os.environ.get("GOLDEN_SCEN"),
+    from results_file import write_result
+
+    write_result(Path(args.paths[0]), json.dumps(golden(root, os.environ.get("GOLDEN_SCEN"),
                                                      [p for p in os.environ.get("GOLDEN_POLICIES", "").split(",") if p]), indent=1, sort_keys=True))
     return 0
 

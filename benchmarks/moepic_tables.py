@@ -318,7 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     if "fig4" in parts:
         print_fig4(res)
     if args.json:
-        args.json.write_text(json.dumps(res, indent=1, default=float))
+        from results_file import write_result
+
+        write_result(args.json, json.dumps(res, indent=1, default=float))
 
 
 if __name__ == "__main__":

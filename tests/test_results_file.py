@@ -31,3 +31,29 @@ def test_report_main_never_replaces_a_users_file(tmp_path: Path) -> None:
         report_main(lambda: "# report\n", "a report", ["--out", str(mine)])
     assert mine.read_text() == "my own notes\n"
     assert [p.name for p in tmp_path.iterdir()] == ["notes.md"]   # no temporary left behind
+
+
+def _writes_an_option_path_directly(source: str) -> list[int]:
+    """Lines where a script calls ``write_text``/``write_bytes`` on a path built from its command
+    line (``args.out``, ``Path(args.json)``...), bypassing :func:`write_result`."""
+    import ast
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"write_text", "write_bytes"}
+                and any(isinstance(n, ast.Name) and n.id == "args" for n in ast.walk(node.func.value))):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_scan_finds_a_direct_write() -> None:
+    assert _writes_an_option_path_directly("args.out.write_text(x)\nPath(args.json).write_bytes(b)\n") == [1, 2]
+    assert _writes_an_option_path_directly("write_result(args.out, x)\ntmp.write_text(x)\n") == []
+
+
+def test_no_benchmark_script_writes_its_output_option_directly() -> None:
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    found = {p.name: lines for p in sorted(here.glob("*.py"))
+             if (lines := _writes_an_option_path_directly(p.read_text()))}
+    assert found == {}, f"write these through results_file.write_result: {found}"

@@ -118,6 +118,16 @@ def test_importing_the_cli_leaves_the_collector_as_it_was() -> None:
         assert out.strip() == expect
 
 
+def test_importing_the_cli_freezes_what_it_imported_unless_the_collector_was_off() -> None:
+    # the import's ~30,000 objects are not left for the first young-generation pass to go over
+    code = ("import gc\n{}\nimport moesim.sim.cli.main\nprint(gc.get_freeze_count())")
+    for before in ("", "gc.disable()"):
+        out = subprocess.run([sys.executable, "-c", code.format(before)], capture_output=True, text=True,
+                             check=True).stdout
+        frozen = int(out.strip())
+        assert (frozen > 10_000) if not before else (frozen == 0), (before, frozen)
+
+
 def test_a_command_scans_no_pydantic_plugins_unless_the_user_set_the_switch() -> None:
     code = ("import os\nfrom moesim.sim.cli.main import main\nassert main(['models']) == 0\n"
             "import pydantic.plugin._loader as loader\n"

@@ -43,9 +43,13 @@ class GuessMaker:
         self.la = trace.lookahead_logits
         if source == "lookahead" and k > 0:
             la = self.la
-            la32 = la if la.dtype.char in "ef" else la.astype(np.float32)
+            # compared as float32 (float16, the trace's type, converts exactly: the same order and
+            # ties, and numpy's float32 passes are vectorised, its float16 ones not: 18 -> 11 ms
+            # for 128,000 rows of 8); the scores stay the logits' own floats
+            la32 = la if la.dtype.char == "f" else la.astype(np.float32)
+            scores = la if la.dtype.char in "ef" else la32
             if k <= 2 and bool(np.isfinite(la32).all()):   # k argmax passes: the first largest, as the sort puts it
-                work = la32.copy()
+                work = la32 if scores is not la32 else la32.copy()   # a float16 trace's own copy, spent
                 rows = np.arange(len(work))
                 cols = []
                 for _ in range(min(k, work.shape[1])):
@@ -54,7 +58,7 @@ class GuessMaker:
                 self.top_idx = np.stack(cols, axis=1)
             else:
                 self.top_idx = np.argsort(-la32, axis=1, kind="stable")[:, :k]
-            self.top_val = np.take_along_axis(la32, self.top_idx, axis=1)
+            self.top_val = np.take_along_axis(scores, self.top_idx, axis=1)
 
     def guesses(self, pos: int) -> Guesses:
         """Per layer ``l`` of iteration ``pos``: the guess made after ``l`` is routed."""

@@ -15,7 +15,7 @@ each says so where it does, and ``vram.check()`` verifies the books on runs with
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import simpy
 from simpy.events import PENDING
@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.engine.state import RunState
 
 SWAP_QUEUED, SWAPPING = 5, 6   # an evicted unit being copied back to the host (not in vram.units)
+
+LanesT = TypeVar("LanesT", bound=CopyLanes)
+"""The class of a run's copy lanes (:meth:`Transfers.new_lanes`)."""
 
 new_request = slot_maker(EvictionRequest)   # EvictionRequest(...) at a third of the cost
 
@@ -69,12 +72,7 @@ class Transfers(Withdrawals):
         self.expert_bytes = state.expert_bytes
         self.waiting: list[Unit] = []                         # demand units waiting for room, in order
         self.waiting_prefetch: list[tuple[Unit, float]] = []   # prefetches waiting for draining room
-        self.lanes: CopyLanes = CopyLanes(
-            env, cost.hardware.copy_engines, cost.transfer_s, self.count_start, self._on_transfer_land,
-            queued=QUEUED, inflight=INFLIGHT, order=pcie_order)  # type: ignore[arg-type]
-        self.d2h = (CopyLanes(env, 1, cost.d2h_transfer_s, lambda u, c, lane: None,
-                              self._on_swap_land, queued=SWAP_QUEUED, inflight=SWAPPING, order="fifo")
-                    if swap_out else None)
+        self.lanes, self.d2h = self.new_lanes(CopyLanes, env, pcie_order, swap_out)  # type: ignore[arg-type]
         self.space_event = env.event()
         # cache.serial_swap: demand loads queued or in flight; while there is one, no eviction
         # for the next waiting demand load starts (evict-then-fetch, one miss at a time)
@@ -92,6 +90,17 @@ class Transfers(Withdrawals):
         self._evict_s = cost.hardware.evict_us * 1e-6   # per eviction a demand load waits for
         self._demand_s = cost.demand_load_s()           # runtime.demand_load_us, per demand load
         self._sizes = state.part_sizes   # part split -> bytes of each part (the state's cache)
+
+    def new_lanes(self, make: type[LanesT], env: Any, order: Literal["priority", "fifo"], swap_out: bool) -> tuple[LanesT, LanesT | None]:
+        """The run's copy lanes, built by ``make`` (:class:`CopyLanes`, or a subclass on another
+        clock ``env``): the host-to-device lanes in ``order`` and, with ``swap_out``, the one
+        device-to-host lane, each keeping these transfers' books."""
+        cost = self.cost
+        h2d = make(env, int(cost.hardware.copy_engines), cost.transfer_s, self.count_start, self._on_transfer_land,
+                   queued=QUEUED, inflight=INFLIGHT, order=order)
+        d2h = (make(env, 1, cost.d2h_transfer_s, lambda u, c, lane: None, self._on_swap_land, queued=SWAP_QUEUED,
+                    inflight=SWAPPING, order="fifo") if swap_out else None)
+        return h2d, d2h
 
     def landing(self, u: Unit) -> simpy.Event:
         """The event that fires when ``u``'s transfer lands (made on first demand)."""
@@ -349,7 +358,7 @@ class Transfers(Withdrawals):
                 u = Unit(key, nbytes, pool, False)
                 u.in_buffer = True
             else:
-                if vram.room_to_come(pool) < nbytes:
+                if self.d2h is None or vram.room_to_come(pool) < nbytes:   # nothing drains without swap_out
                     return False
                 u = Unit(key, nbytes, pool, False)
                 # its room is being copied back to the host (swap_out): claim it and wait

@@ -19,12 +19,12 @@ GPU's while it waits, None once processed), as SimPy's are.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from moesim.policies.contract.base import RESIDENT
 from moesim.sim.engine.lanes import CopyLanes
+from moesim.sim.engine.transfers import PolicyError
 
 if TYPE_CHECKING:
     import simpy
@@ -86,7 +86,12 @@ class Clock:
         """Process the next landing (as the transfer's timeout callback does: its lane lands it
         and starts the next queued transfer); returns its time and unit (None: a transfer
         aborted meanwhile, whose timeout still fires, its lane having moved on)."""
-        t, _, lane, ev, lanes = heappop(self.heap)
+        try:
+            t, _, lane, ev, lanes = heappop(self.heap)
+        except IndexError:   # nothing is scheduled while the GPU waits: as the event loop reports it
+            st = self.state
+            raise PolicyError(f"the simulation stalled at iteration {st.cur_iter.index}, layer {st.cur_layer}: the GPU"
+                              f" waits for an event that nothing will trigger (policy {st.policy.name!r})") from None
         ev.callbacks = None
         self._now = t
         self.state.fast_now = t
@@ -134,17 +139,7 @@ class Clock:
         self.q += 1
         while heap and heap[0][0] <= t:
             self.land()
-        self._now = t
-        self.state.fast_now = t
-
-    def _next_landing(self) -> tuple[float, Any]:
-        """:meth:`land` while the GPU waits for a landing (one is due)."""
-        if not self.heap:   # nothing is scheduled while the GPU waits: as the event loop reports it
-            from moesim.sim.engine.transfers import PolicyError
-            st = self.state
-            raise PolicyError(f"the simulation stalled at iteration {st.cur_iter.index}, layer {st.cur_layer}: "
-                              f"the GPU waits for an event that nothing will trigger (policy {st.policy.name!r})")
-        return self.land()
+        self._now = self.state.fast_now = t
 
     @staticmethod
     def _await(units: list[Any]) -> None:
@@ -160,13 +155,15 @@ class Clock:
         """The GPU waits for ``u`` (queued or in flight) to land: right after the landing when
         it waits on the transfer's own timeout, else through an event behind that instant's."""
         ev = u.event
-        # in flight, and this is its transfer's timeout (a waiter's event is made with [GPU];
-        # a unit waited for has not landed, so its event is not processed)
-        direct = ev is not None and ev.callbacks[0] is LANE
-        self._await([u])
+        if ev is None:   # queued: the GPU waits on an event of its own
+            u.event = new_ev(GPU)
+            direct = False
+        else:   # its transfer's timeout (in flight: resume right after it), or a waiter's made while it was queued
+            direct = ev.callbacks[0] is LANE   # (a unit waited for has not landed: its event is not processed)
+            ev.callbacks.append(GPU)
         t = self._now
         while u.state != RESIDENT:
-            t, _ = self._next_landing()
+            t, _ = self.land()
         if direct:
             self._now = self.state.fast_now = t
         else:
@@ -177,7 +174,7 @@ class Clock:
         through an event scheduled after that landing."""
         self._await(units)
         while True:
-            t, v = self._next_landing()
+            t, v = self.land()
             if v is not None and v in units:   # by identity (a Unit has no __eq__)
                 break
         self.flush(t)
@@ -187,8 +184,9 @@ class Clock:
         ``env.all_of``)."""
         self._await(units)
         t = self._now
-        while any(u.state != RESIDENT for u in units):
-            t, _ = self._next_landing()
+        for u in units:   # each lands once (a condition event fires once all have)
+            while u.state != RESIDENT:
+                t, _ = self.land()
         self.flush(t)
 
     def room(self) -> None:
@@ -197,19 +195,17 @@ class Clock:
         tx = self.state.transfers
         t = self._now
         while not tx.space_event.triggered:
-            t, _ = self._next_landing()
+            t, _ = self.land()
         self.flush(t)
 
 
 
 class FastLanes(CopyLanes):
-    """Copy lanes (as :class:`~moesim.sim.engine.lanes.CopyLanes` is built) on ``clock``."""
+    """Copy lanes (as :class:`~moesim.sim.engine.lanes.CopyLanes` is built) on a :class:`Clock`
+    in place of SimPy's environment (``env``)."""
 
-    def __init__(self, clock: Clock, n_lanes: int, duration: Callable[[int], float],
-                 on_start: Callable[[Any, int, int], None], on_land: Callable[[Any, int, int, float, float], None],
-                 *, queued: int, inflight: int, order: Literal["priority", "fifo"]) -> None:
-        super().__init__(cast("simpy.Environment", clock), n_lanes, duration, on_start, on_land, queued=queued,
-                         inflight=inflight, order=order)
+    def __init__(self, clock: Clock, *args: Any, **kwargs: Any) -> None:
+        super().__init__(cast("simpy.Environment", clock), *args, **kwargs)
         self.clock = clock
 
     def _start(self, u: Any, cls: int, lane: int) -> None:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moesim.policies.contract.base import INFLIGHT, QUEUED
 from moesim.sim.engine.layer_loop import gpu_stream
-from moesim.sim.engine.transfers import SWAP_QUEUED, SWAPPING
 from moesim.sim.fast.copies import Clock, FastLanes
 
 if TYPE_CHECKING:
@@ -33,16 +31,12 @@ def drive(run: RunState[Transfers]) -> None:
     """Replay ``run``'s whole workload (see the module docstring); leaves its counters, step
     records and clock (``run.fast_now``) as the event loop would, its transfers on the fast lanes."""
     tx = run.transfers
-    cost = run.cost
     saved, saved_d2h = tx.lanes, tx.d2h
     clock = Clock(run)
-    tx.lanes = FastLanes(clock, int(cost.hardware.copy_engines), cost.transfer_s, tx.count_start,
-                         tx._on_transfer_land, queued=QUEUED, inflight=INFLIGHT,
-                         order="priority" if saved.can_withdraw else "fifo")
+    tx.lanes, tx.d2h = tx.new_lanes(FastLanes, clock, "priority" if saved.can_withdraw else "fifo",
+                                    saved_d2h is not None)   # cache.swap_out: a device-to-host lane
     pairs = [(saved, tx.lanes)]
-    if saved_d2h is not None:   # cache.swap_out: evicted units copy back to the host first
-        tx.d2h = FastLanes(clock, 1, cost.d2h_transfer_s, lambda u, c, lane: None, tx._on_swap_land,
-                           queued=SWAP_QUEUED, inflight=SWAPPING, order="fifo")
+    if saved_d2h is not None and tx.d2h is not None:
         pairs.append((saved_d2h, tx.d2h))
     clock.adopt(tx.env, pairs)   # copies a policy issued while it warmed up
     run.fast_now = 0.0

@@ -121,14 +121,13 @@ def prefetch_refusal(state: RunState[Transfers]) -> str | None:
     return None
 
 
-def _stages_in_room(state: RunState[Transfers], rule: StaticCache) -> bool:
+def _stages_in_room(state: RunState[Transfers], rule: StaticCache, widest: int) -> bool:
     """A ``static`` run is demand-only (see the module docstring): its static set resident and
-    each layer's staging room holding what one step can miss."""
+    each layer's staging room holding what one step of at most ``widest`` tokens can miss."""
     sets = rule.static_experts(state.L)
     units = state.vram.units
     if any(units.get((layer, e, 0)) is None for layer, static in enumerate(sets) for e in static):
         return False   # it loads its static set at the first iteration (cache.initial: popular starts warm)
-    widest = max((it.n_tokens for it in state.workload.iterations), default=0)
     return all(min(widest * state.K, state.E - len(static)) <= state.vram.capacity[layer] // state.expert_bytes
                - len(static) for layer, static in enumerate(sets))
 
@@ -145,11 +144,11 @@ def kernel_of(state: RunState[Transfers]) -> str | None:
     rule = sole_rule(policy)
     if kind is None or rule is None:
         return None
+    widest = max((it.n_tokens for it in state.workload.iterations), default=0)
     if rule.kernel == "static" and isinstance(rule, StaticCache):
-        if not _stages_in_room(state, rule):
+        if not _stages_in_room(state, rule, widest):
             return None
     elif not policy.demand_only():
         return None
     per_pool = min(state.vram.capacity) // state.expert_bytes
-    widest = max((it.n_tokens for it in state.workload.iterations), default=0)
     return kind if min(widest * state.K, state.E) <= per_pool else None

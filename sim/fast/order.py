@@ -223,15 +223,12 @@ def replay_ordered(state: RunState[Transfers], n_lanes: int) -> None:
             mm = np.array([len(x) for x in misses], dtype=np.int64)
             steps.extend_layers(idxs, L, starts, step_of, t_end, np.array(sizes, dtype=np.int64) - mm, 0, mm,
                                 stalls, eb, evictions=evictions)
-    st.gpu_busy_s = gpu
-    st.overhead_s = ovh
-    st.stall_s = stall_sum
+    st.gpu_busy_s, st.overhead_s, st.stall_s = gpu, ovh, stall_sum
     st.refetch_bytes += refetch * eb
     if loads:   # every landing adds the same copy time, one after another
         st.pcie_busy_s = float(np.add.accumulate(np.concatenate(([st.pcie_busy_s], np.full(loads, d))))[-1])
     decider.finish(state.transfers.last_evict_iter)
     state.vram.peak = max(state.vram.peak, decider.resident() * eb)
-    state.cur_iter = iters[-1]
-    state.prev_iter = iters[-1]
+    state.cur_iter = state.prev_iter = iters[-1]
     state.cur_layer = L
     state.fast_now = now

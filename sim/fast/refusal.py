@@ -79,10 +79,8 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
                         "num_experts", "num_layers", "num_shared_experts", "shared_expert_intermediate_size",
                         "top_k"}),
     "hardware": frozenset({"attention_tflops", "copy_engines", "costs", "cpu", "d2h_gbps", "device", "evict_us",
-                           "hbm_gbps",
-                           "kernel_us", "kv_read_gbps", "name", "pageable_gbps", "pcie_gbps", "pcie_gen", "pcie_lanes", "pcie_latency_us",
-                           "peak_tflops",
-                           "source", "sources", "vram_gib"}),
+                           "hbm_gbps", "kernel_us", "kv_read_gbps", "name", "pageable_gbps", "pcie_gbps", "pcie_gen",
+                           "pcie_lanes", "pcie_latency_us", "peak_tflops", "source", "sources", "vram_gib"}),
     "hardware.costs": frozenset({"expert_us", "expert_us_per_token", "head_us", "layer_us", "layer_us_per_token",
                                  "layer_us_per_context_token"}),
     # sockets, peak_gbps, peak_tflops: sockets read only by CpuSpec.read_gbps/compute_tflops (CostModel.cpu_expert_s),
@@ -92,19 +90,16 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
                                "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
     # pageable_copy_us: read only by CostModel.transfer_s, which every replay calls for its copies
-    # launch_us, layer_kernels, cuda_graphs: read only by CostModel.overhead_layer_s, through
-    # Stepper.non_moe_s, which every replay calls
+    # launch_us, layer_kernels, cuda_graphs: read only by CostModel.overhead_layer_s, and eager_score_bytes,
+    # static_cache_pad_tokens only by CostModel.eager_attention_s, both through Stepper.non_moe_s, which
+    # every replay calls
     # host_memory: read only by the event loop, which sets the cost model's host_memory from it before any
     # replay starts; every replay's copies go through CostModel.transfer_s, which reads that
-    # cpu_switch_us: paid only by Stepper.cpu_experts, for a layer with CPU experts; no fast replay
-    # runs CPU experts (path.py and the kernels refuse such plans), so none has it to reproduce;
-    # activation_copies likewise (read only by CostModel.cpu_switch_s, through Stepper.cpu_experts)
-    # eager_score_bytes, static_cache_pad_tokens: read only by CostModel.eager_attention_s, through
-    # Stepper.non_moe_s, which every replay calls
-    "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us",
-                          "eager_score_bytes", "iteration_us", "launch_us", "static_cache_pad_tokens",
-                          "host_memory", "layer_kernels", "layer_us", "name", "pageable_copy_us", "prefetch_issue_us", "source",
-                          "token_us"}),
+    # cpu_switch_us and activation_copies: paid only by Stepper.cpu_experts (CostModel.cpu_switch_s), for a
+    # layer with CPU experts; no fast replay runs CPU experts (path.py and the kernels refuse such plans)
+    "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us", "eager_score_bytes",
+                          "host_memory", "iteration_us", "launch_us", "layer_kernels", "layer_us", "name",
+                          "pageable_copy_us", "prefetch_issue_us", "source", "static_cache_pad_tokens", "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""
 

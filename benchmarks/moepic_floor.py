@@ -34,7 +34,8 @@ prints:
    (section 4.1; no request count, prompt or output length), so the rows are replayed at the
    committed fit with 48 requests at the set's tau 64 and with 200 requests at the paper's tau
    5000 (22,400 routed tokens: the configurator fires 4 times), prompts and decode as the set's,
-   with the ranking pairs of those rows.
+   with the ranking pairs of those rows; then the same rows of moepic-a6000-joint at its own
+   committed fit.
 
 The variants (each a field the engine has, applied only to the systems whose code shows it):
 
@@ -241,6 +242,24 @@ REPLAYS: tuple[tuple[int, int], ...] = ((2, 64), (48, 64), (200, 5000))
 """Section 7: (replayed requests, MoEpic's tau); the first is the set's (2 more are the profile)."""
 
 
+JOINT = "moepic-a6000-joint"
+"""The set that fits this set's rows again with the Qwen rows (its rows 0-12 are this set's, in order)."""
+
+
+def joint_setup() -> tuple[Any, list[Any], dict[str, float]]:
+    """:data:`JOINT`'s measurements, row jobs and the committed fitted values that apply to its
+    Mixtral rows (the shared ones and those of the Mixtral model's group)."""
+    from moesim.sim.study.fit_runs import row_jobs
+    from moesim.sim.study.fit_spec import load_measurements
+
+    ms = load_measurements(ROOT / "measurements" / f"{JOINT}.yaml")
+    fitted = yaml.safe_load((ROOT / "benchmarks" / "results" / "fits" / JOINT / "fitted.yaml").read_text())
+    jobs = row_jobs(ms)
+    model = jobs[TPOT_ROWS[0]].data["model"]
+    values = {p["key"]: float(p["value"]) for p in fitted["parameters"] if p["group"] in (None, model)}
+    return ms, jobs, values
+
+
 def longer_replay(ms: Any, jobs: list[Any], values: dict[str, float]) -> list[str]:
     """Section 7: Markdown lines for :data:`TPOT_ROWS` at each of :data:`REPLAYS`."""
     measured = [ms.rows[i].measured["tpot_ms"] for i in TPOT_ROWS]
@@ -323,6 +342,10 @@ def report(sweep: list[float]) -> list[str]:
             "configurations: routed tokens // tau, the times the configurator is due (it runs at the next",
             "idle point). Each cell: predicted TPOT (ms) and its ratio to the measured.", "",
             *longer_replay(ms, jobs, fitted)]
+    jms, jjobs, jvalues = joint_setup()
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(jvalues.items()))
+    out += ["", f"The same rows in `{JOINT}` at its committed fit for Mixtral ({shown}):", "",
+            *longer_replay(jms, jjobs, jvalues)]
     return out
 
 

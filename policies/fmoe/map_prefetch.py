@@ -54,6 +54,21 @@ _F32 = np.dtype(np.float32)
 _max, _sum = np.maximum.reduce, np.add.reduce   # what softmax_rows reduces a row with
 
 
+def softmax_row32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``softmax_rows(x[None])[0]`` of one float16 or float32 row ``x``, the same float32 numbers
+    computed into ``out`` (float32, of ``x``'s length), which it returns: the same operations
+    (the maximum subtracted, exp, the division by numpy's pairwise sum) on a reused row. The
+    maximum is Python's of the row's few floats when none is NaN (their sum is not NaN), else
+    numpy's (NaN); a zero maximum's sign may differ, which ``exp(x - m)`` undoes."""
+    np.copyto(out, x)
+    vals = out.tolist()
+    tot = sum(vals)
+    out -= max(vals) if tot == tot else _max(out)
+    np.exp(out, out=out)
+    out /= _sum(out)
+    return out
+
+
 class ExpertMapPrefetcher(Prefetcher):
     """Semantic and trajectory matching against an :class:`ExpertMapStore` (module docstring)."""
 
@@ -245,13 +260,8 @@ class ExpertMapPrefetcher(Prefetcher):
         if lg is not None and lg.shape[0] == 1 and lg.dtype.char in "ef":
             # one token (a decode step): softmax_rows(lg) (float16/32: computed in float32), the
             # same operations on one reused row, written into the token's map
-            row = self._row32
-            np.copyto(row, lg[0])
-            row -= _max(row)
-            np.exp(row, out=row)
-            row /= _sum(row)
             p = traj[0, layer]
-            np.copyto(p, row)
+            np.copyto(p, softmax_row32(lg[0], self._row32))
             # ``dot``: the products ``@`` makes (the same BLAS ddot / dgemv), with less set-up
             tsq[0] += float(p.dot(p))
             if n:

@@ -103,6 +103,9 @@ class ExpertMapStore:
         # the same norms layer-major (``_prefix_t[l, :n]`` contiguous): what ``trajectory`` reads
         # every layer (written only by insert, with ``prefix_sq``)
         self._prefix_t = np.zeros((num_layers, capacity))
+        # per layer, the least of the stored maps' norms (``_prefix_t[l, :n].min()``, NaN if one
+        # is NaN), as Python floats: tells ``trajectory`` whether a norm can be zero
+        self._prefix_min: list[float] = [0.0] * num_layers
         self.replaced = 0
         self.version = 0   # stored maps written so far (a slot's content changes only then)
 
@@ -136,6 +139,7 @@ class ExpertMapStore:
             self.replaced += 1
         self.maps[slot], self.sem[slot], self.prefix_sq[slot] = row, sem, sq
         self._prefix_t[:, slot] = sq
+        self._prefix_min = _min(self._prefix_t[:, : self.n], axis=1).tolist()
         if slot >= self.by_layer.shape[1]:
             grown = np.zeros((self.L, min(self.capacity, 2 * self.by_layer.shape[1]), self.J))
             grown[:, : self.by_layer.shape[1]] = self.by_layer
@@ -184,11 +188,13 @@ class ExpertMapStore:
         given their running dot products ``dots`` and the observed squared norm ``traj_sq``."""
         den = self._prefix_t[layer, : self.n] * traj_sq
         np.sqrt(den, out=den)
-        # the reductions are the ufuncs' own (``ndarray.min`` and ``np.argmax`` reach the same
-        # through Python wrappers; this runs once per routed layer and token)
-        if den.size and _min(den) > 0:   # no zero (nor NaN) norm: the plain quotient is the one below
+        # no zero (nor NaN) norm: the plain quotient is the one below. Each ``den`` is
+        # ``sqrt(prefix * traj_sq)``, and a product with ``traj_sq`` is monotone in ``prefix``
+        # (rounding included), so the least of them is ``sqrt(least prefix * traj_sq)``: positive
+        # exactly when ``den.min() > 0`` is (NaN either way when a norm is NaN)
+        if self._prefix_min[layer] * traj_sq > 0:
             cs = np.divide(dots, den, out=den)
         else:
             cs = np.divide(dots, den, out=np.zeros_like(dots), where=den > 0)
         y = int(cs.argmax())
-        return y, float(cs[y])
+        return y, cs.item(y)

@@ -65,7 +65,9 @@ class MapPriorityCache(CacheRule):
 
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """One visit per executed expert (and its victim key again)."""
-        self._sync()
+        maps = self.maps
+        if maps is not None and maps.p_map is not self._pm:   # _sync, its test inlined (once per layer)
+            self._sync()
         freq, keys = self.freq, self._keys
         if self._stale:   # the keys are made again before they are read: known is enough
             for e in outcome.experts:
@@ -127,8 +129,9 @@ class MapPriorityCache(CacheRule):
         assert self.maps is not None   # stale only with maps
         rows = self._keys_p = self.maps.p_rows()
         fget, smooth, inf = self.freq.get, self.freq_smoothing, float("inf")
-        self._keys = {k: (1.0 / den if (den := rows[k[0]][k[1]] * (fget(k, 0) + smooth)) > 0 else inf,
-                          -k[0], -k[1], -k[2]) for k in self._keys}
+        # ``for t, e, p in (k,)``: the unit's members unpacked once (an assignment in a comprehension)
+        self._keys = {k: (1.0 / den if (den := rows[t][e] * (fget(k, 0) + smooth)) > 0 else inf, -t, -e, -p)
+                      for k in self._keys for t, e, p in (k,)}
         self._stale = False
 
     def _best(self, cands: Sequence[UnitKey]) -> UnitKey:

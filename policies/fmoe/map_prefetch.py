@@ -43,12 +43,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.policies.contract.base import QUEUED, Context, Outcome, UnitKey, View
+from moesim.policies.contract.base import ABSENT, QUEUED, Context, Outcome, UnitKey, View
 from moesim.policies.fmoe.expert_maps import ExpertMapStore, select_floats
 from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.parts.prefetchers import Prefetcher
 
 SPANS = ("target", "rest")   # what one trajectory match prefetches: layer l + d, or l + d .. L - 1
+
+_F32 = np.dtype(np.float32)
+_max, _sum = np.maximum.reduce, np.add.reduce   # what softmax_rows reduces a row with
+
+
+def softmax_row32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``softmax_rows(x[None])[0]`` of one float16 or float32 row ``x``, the same float32 numbers
+    computed into ``out`` (float32, of ``x``'s length), which it returns: the same operations
+    (the maximum subtracted, exp, the division by numpy's pairwise sum) on a reused row. The
+    maximum is Python's of the row's few floats when none is NaN (their sum is not NaN), else
+    numpy's (NaN); a zero maximum's sign may differ, which ``exp(x - m)`` undoes."""
+    np.copyto(out, x)
+    vals = out.tolist()
+    tot = sum(vals)
+    out -= max(vals) if tot == tot else _max(out)
+    np.exp(out, out=out)
+    out /= _sum(out)
+    return out
 
 
 class ExpertMapPrefetcher(Prefetcher):
@@ -113,6 +131,12 @@ class ExpertMapPrefetcher(Prefetcher):
         self._units: list[int] = []
         self._req_of: list[int] = []
         self._p_of: tuple[object, ...] | None = None
+        # each token's probabilities so far ``[tokens, L, J]``, their running dot products with
+        # the stored maps' ``[tokens, n]`` and squared norms; ``_row32``: one token's softmax
+        self._traj = np.zeros((0, self._L, self._J))
+        self._dots = np.zeros((0, 0))
+        self._tsq: list[float] = []
+        self._row32 = np.zeros(self._J, dtype=_F32)
 
     def _probs(self, experts: np.ndarray, weights: np.ndarray | None, logits: np.ndarray | None
                ) -> np.ndarray:
@@ -195,9 +219,16 @@ class ExpertMapPrefetcher(Prefetcher):
         self._units = list(range(len(req_of)))
         self._req_of = req_of
         n = self.store.n
-        self._traj = {u: np.zeros((self._L, self._J)) for u in self._units}
-        self._dots = {u: np.zeros(n) for u in self._units}
-        self._tsq = dict.fromkeys(self._units, 0.0)
+        traj, dots = self._traj, self._dots
+        if traj.shape[0] == len(req_of):   # the last iteration's arrays, cleared (the store copied its maps)
+            traj.fill(0.0)
+        else:
+            self._traj = np.zeros((len(req_of), self._L, self._J))
+        if dots.shape == (len(req_of), n):
+            dots.fill(0.0)
+        else:
+            self._dots = np.zeros((len(req_of), n))
+        self._tsq = [0.0] * len(req_of)
         self._p_slots = {}
         self._want = {}
         self._l_now = -1
@@ -222,22 +253,32 @@ class ExpertMapPrefetcher(Prefetcher):
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Record the layer's probabilities; trajectory matching for layer ``layer + d``
         (``rest``: layers ``layer + d .. L - 1``)."""
-        routing = outcome.routing
-        lg = view.logits(layer) if self._logits else None
-        if lg is not None:   # a softmax has no -0.0 (exp gives +0.0): ``p + 0.0`` below is ``p``
-            probs, plus = softmax_rows(lg).astype(np.float64), False
-        else:
-            probs, plus = self._probs(routing.experts, routing.weights, None), True
         store = self.store
         n = store.n
         traj, tsq, dots = self._traj, self._tsq, self._dots
-        stored = store.by_layer[layer, :n]   # what ``store.layer_dots`` multiplies (p is float64)
-        for u in self._units:
-            p = probs[u] + 0.0 if plus else probs[u]   # ``+ 0.0``: a sparse row's -0.0 becomes 0.0
-            traj[u][layer] = p
-            tsq[u] += float(p @ p)
+        lg = view.logits(layer) if self._logits else None
+        if lg is not None and lg.shape[0] == 1 and lg.dtype.char in "ef":
+            # one token (a decode step): softmax_rows(lg) (float16/32: computed in float32), the
+            # same operations on one reused row, written into the token's map
+            p = traj[0, layer]
+            np.copyto(p, softmax_row32(lg[0], self._row32))
+            # ``dot``: the products ``@`` makes (the same BLAS ddot / dgemv), with less set-up
+            tsq[0] += float(p.dot(p))
             if n:
-                dots[u] += stored @ p
+                dots[0] += store.by_layer[layer, :n].dot(p)
+        else:
+            if lg is not None:   # a softmax has no -0.0 (exp gives +0.0): ``p + 0.0`` below is ``p``
+                probs, plus = softmax_rows(lg).astype(np.float64), False
+            else:
+                routing = outcome.routing
+                probs, plus = self._probs(routing.experts, routing.weights, None), True
+            stored = store.by_layer[layer, :n]   # what ``store.layer_dots`` multiplies (p is float64)
+            for u in self._units:
+                p = probs[u] + 0.0 if plus else probs[u]   # ``+ 0.0``: a sparse row's -0.0 becomes 0.0
+                traj[u, layer] = p
+                tsq[u] += float(p @ p)
+                if n:
+                    dots[u] += stored @ p
         if self.cancel_stale:
             view.cancel_prefetches(layer)
         self._want.pop(layer, None)
@@ -246,13 +287,13 @@ class ExpertMapPrefetcher(Prefetcher):
         target = layer + self.prefetch_distance
         if self.trajectory and n and target < self._L:
             self._charge(view, len(self._reqs))   # one (batched) search per request
-            targets = range(target, self._last(layer) + 1)
-            by_layer = store.by_layer
+            last = self._L - 1 if self.trajectory_span == "rest" else target   # _last(layer)
+            by_layer, add, trajectory, slots = store.by_layer, self._add, store.trajectory, self._p_slots
             for u in self._units:
-                y, s = store.trajectory(layer, dots[u], tsq[u])
-                for t in targets:
-                    self._add(t, by_layer[t][y].tolist(), s)
-                self._remember(u, y)
+                y, s = trajectory(layer, dots[u], tsq[u])
+                for t in range(target, last + 1):
+                    add(t, by_layer[t, y].tolist(), s)
+                slots[u] = y   # _remember(u, y)
             self._settle_p()
         self.issue(view, layer)
 
@@ -292,22 +333,25 @@ class ExpertMapPrefetcher(Prefetcher):
         every later layer) at priority ``p / (t - l_now)``, highest first."""
         # sorted by (-priority, t, e): the priority is negated back exactly (a sign flip)
         hi = self._last(l_now)
-        todo = sorted((-(p / (t - l_now)), t, e) for t, want in self._want.items()
-                      if l_now < t <= hi for e, p in want.items())
+        todo = sorted([(-(p / (t - l_now)), t, e) for t, want in self._want.items()
+                       if l_now < t <= hi for e, p in want.items()])
         if not todo:
             return
         cache = self.cache
         if cache is not None:
-            cache.protected = self.window()
-        state_of, present, reprioritize = view.state, view.is_present, self.reprioritize
+            if l_now == self._l_now:   # window(): the units of ``todo``, the same filter
+                win = self._window = frozenset([(t, e, 0) for _, t, e in todo])
+            else:
+                win = self.window()
+            cache.protected = win
+        state_of, reprioritize = view.state, self.reprioritize
         try:
             for neg, t, e in todo:
-                pri = -neg
                 state = state_of(t, e)
                 if state == QUEUED:
                     if reprioritize:
-                        view.reprioritize(t, e, 0, pri)
-                elif not present(t, e) and view.prefetch(t, e, priority=pri):
+                        view.reprioritize(t, e, 0, -neg)
+                elif state == ABSENT and view.prefetch(t, e, priority=-neg):   # ABSENT: not present
                     self.issued += 1
                     if cache is not None:
                         cache.refresh((t, e, 0))

@@ -63,6 +63,11 @@ class Vram:
         self.used = [0] * len(self.capacity)
         self.draining = [0] * len(self.capacity)
         self.claimed = [0] * len(self.capacity)
+        # a re-split whose shrinking pools still drain evicted bytes (:meth:`set_capacities`):
+        # per pool, the draining room it keeps for the shrink (counted in ``claimed``) and the
+        # room owed to a pool that grows, which it gets as those drains land
+        self.reserved = [0] * len(self.capacity)
+        self.owed = [0] * len(self.capacity)
         self.buffer_capacity = int(buffer_bytes)
         self.buffer_used = 0
         self.buffer_draining = 0
@@ -231,7 +236,25 @@ class Vram:
             self.buffer_draining -= u.nbytes
         else:
             self.draining[u.pool] -= u.nbytes
+            if self.reserved[u.pool]:
+                self._shrink(u.pool, u.nbytes)
         self.release(u)
+
+    def _shrink(self, pool: int, nbytes: int) -> None:
+        """``nbytes`` of ``pool`` landed on the host while it shrinks: its capacity falls by
+        what it reserved, and that room goes to the pools owed some, in pool order."""
+        take = min(nbytes, self.reserved[pool])
+        self.reserved[pool] -= take
+        self.claimed[pool] -= take
+        self.capacity[pool] -= take
+        owed = self.owed
+        for p, due in enumerate(owed):
+            if take == 0:
+                break
+            give = min(take, due)
+            owed[p] -= give
+            self.capacity[p] += give
+            take -= give
 
     def claim(self, u: Unit) -> None:
         """A prefetch waits for draining room of its pool."""
@@ -253,9 +276,33 @@ class Vram:
         if self.total > self.peak:
             self.peak = self.total
 
-    def set_capacities(self, capacities: list[int]) -> None:
-        """New pool sizes (the caller checked that usage fits)."""
-        self.capacity = [int(c) for c in capacities]
+    def set_capacities(self, capacities: list[int], total: int | None = None) -> None:
+        """New pool sizes, summing to at most ``total`` bytes (default their sum). The caller
+        checked that each pool's room held (not draining) and claimed fits its new size. A pool
+        over its new size only by bytes still draining back to the host keeps that room,
+        reserved as a claim, and shrinks as they land (:meth:`end_drain`); pools that grow wait
+        for the room they would take from it, so that no more than ``total`` is ever held."""
+        if any(self.reserved) or any(self.owed):   # a shrink still under way: start afresh
+            for p, r in enumerate(self.reserved):
+                self.claimed[p] -= r
+            self.reserved = [0] * len(self.capacity)
+            self.owed = [0] * len(self.capacity)
+        caps = [int(c) for c in capacities]
+        over = [max(0, u - c) for u, c in zip(self.used, caps, strict=True)]
+        if any(over):
+            short = sum(caps) + sum(over) - (sum(caps) if total is None else total)
+            for p, c in enumerate(caps):   # the growing pools give up what is still draining
+                cut = min(short, c - self.used[p]) if short > 0 and not over[p] else 0
+                caps[p] -= cut
+                self.owed[p] = cut
+                short -= cut
+            if short > 0:
+                raise VramError(f"pools hold {sum(self.used)} bytes, over the total {total}")
+            for p, o in enumerate(over):
+                caps[p] += o
+                self.reserved[p] = o
+                self.claimed[p] += o
+        self.capacity = caps
         self.check_room()
 
     def check(self) -> None:
@@ -291,7 +338,7 @@ class Vram:
         for p, cap in enumerate(self.capacity):
             if self.used[p] > cap:
                 raise VramError(f"pool {p} holds {self.used[p]} bytes, over its {cap}")
-            if self.claimed[p] > self.draining[p] or self.claimed[p] < 0:
+            if self.claimed[p] > self.draining[p] or self.claimed[p] < self.reserved[p] or self.reserved[p] < 0:
                 raise VramError(f"pool {p} claims {self.claimed[p]} of {self.draining[p]} draining bytes")
             if held[p] + self.draining[p] != self.used[p]:
                 raise VramError(f"pool {p}: units hold {held[p]} + draining {self.draining[p]} != used {self.used[p]}")

@@ -18,10 +18,22 @@ import pytest
 from moesim.policies.baselines.adapmoe import AdapMoE
 from moesim.policies.contract.base import RESIDENT
 from moesim.policies.contract.registry import make_policy
+from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
 from moesim.sim.engine.vram import Unit, Vram, VramError
+from moesim.sim.engine.workload import build_workload
+from moesim.sim.fast.path import FAST_PATH
+from moesim.sim.run.metrics import compute_metrics
 from tests.util import EXPERT_BYTES as MB
-from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
+from tests.util import (
+    assert_same_replays,
+    make_trace,
+    random_trace,
+    run_engine,
+    steps,
+    tiny_hw,
+    tiny_model,
+)
 
 LAYER0 = [0, 1, 0, 0, 0, 0, 0, 0]
 LAYER1 = [0, 1, 2, 0, 1, 2, 0, 1]
@@ -130,3 +142,19 @@ def test_moepic_reconfigures_with_swap_out() -> None:
     assert sum(eng.state.vram.capacity) <= 9 * MB and eng.state.vram.owed == [0, 0, 0]
     assert (m["evictions"], eng.state.stats.d2h_bytes) == (137, 461_385_006)   # golden counts
     assert all(u.state == RESIDENT for u in eng.state.vram.units.values())
+
+
+@pytest.mark.parametrize("policy, params", [("adapmoe", {"realloc_tokens": 8}), ("moepic", {"tau": 8})])
+def test_the_event_loop_and_the_fast_driver_shrink_alike(policy: str, params: dict[str, int]) -> None:
+    tr = random_trace(15, layers=3, experts=8, top_k=2, requests=2, decode=20)
+    model = tiny_model(3, 8, 2)
+    runs = []
+    for fast in (None, FAST_PATH):
+        eng = Engine(build_workload(tr, batch_size=1, phases=("decode",)), make_policy(policy, params),
+                     CostModel(model, tiny_hw()), budget_bytes=9 * MB, buffer_bytes=2 * MB, swap_out=True,
+                     check_invariants=True, fast_replay=fast)
+        eng.run()
+        runs.append((eng, compute_metrics(eng.state)))
+    (slow, ms), (quick, mf) = runs
+    assert (ms["engine_path"], mf["engine_path"]) == ("event", "fast")
+    assert_same_replays(slow, ms, quick, mf)

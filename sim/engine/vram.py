@@ -5,7 +5,10 @@ A :class:`Unit` (an expert, or a segment of one) holds its bytes from the moment
 issued until it leaves VRAM: in its pool (one per layer, or one global pool), or in the shared
 transfer buffer (``cache.buffer_experts``). With ``swap_out`` an evicted unit's bytes stay
 counted as *draining* until its copy back to the host lands. A prefetch that waits for draining
-room *claims* it, so that a later allocation does not count on the same bytes.
+room *claims* it, so that a later allocation does not count on the same bytes. A re-split of the
+pools (:meth:`Vram.set_capacities`) that shrinks a pool below bytes still draining *reserves*
+them (a claim): the pool shrinks as they land, and the pools that grow are *owed* that room
+until then.
 
 One global pool (every layer's units in one pool, whose scan per eviction would be long) also
 keeps its *victims*: its resident units outside the buffer (pinned or not), in the order they
@@ -15,7 +18,8 @@ holds a handful of units: it is scanned, which costs less than keeping the list.
 also keeps its present units per layer (``Vram.layer_units``), so that a layer's units are found
 without a scan of every layer's.
 
-Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and ``claimed <= draining``;
+Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and
+``reserved <= claimed <= draining``;
 the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains;
 a tracked pool's victims are its resident units outside the buffer, in pool order, and its
 units per layer are its present units of that layer, in pool order.

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moesim.policies.baselines.adapmoe import AdapMoE
 from moesim.policies.contract.base import RESIDENT
@@ -158,3 +160,20 @@ def test_the_event_loop_and_the_fast_driver_shrink_alike(policy: str, params: di
     (slow, ms), (quick, mf) = runs
     assert (ms["engine_path"], mf["engine_path"]) == ("event", "fast")
     assert_same_replays(slow, ms, quick, mf)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.integers(3, 12), period=st.integers(2, 10),
+       policy=st.sampled_from(["adapmoe", "moepic"]), serial=st.booleans())
+def test_re_splits_under_swap_out_keep_the_invariant(seed: int, budget: int, period: int, policy: str,
+                                                      serial: bool) -> None:
+    """Any re-split under swap_out: the VRAM invariant after every step (run_engine checks it),
+    never more than the budget in the pools, and a finished shrink leaves nothing reserved or owed."""
+    tr = random_trace(seed, layers=3, experts=6, top_k=2, requests=2, decode=12)
+    params = {"realloc_tokens": period} if policy == "adapmoe" else {"tau": period}
+    eng, _ = run_engine(tr, make_policy(policy, params), tiny_model(3, 6, 2), tiny_hw(), budget_experts=budget,
+                        buffer_experts=2, swap_out=True, serial_swap=serial)
+    vram = eng.state.vram
+    assert sum(vram.capacity) <= budget * MB
+    if not vram.draining_any():
+        assert vram.reserved == [0, 0, 0] and vram.owed == [0, 0, 0]

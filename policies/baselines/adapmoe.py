@@ -176,7 +176,7 @@ class AdapMoE(MixtralOffloading):
         caps = [int(c) * self._eb for c in sizes]
         for layer in range(L):
             pool = view.pool_of(layer)
-            while view.used(pool) > caps[layer]:
+            while view.used(pool) - view.draining(pool) > caps[layer]:   # draining room leaves as it lands
                 cands = [k for k in view.resident_units(pool) if not view.in_buffer(*k)]
                 cache = self.cache
                 assert isinstance(cache, LRUCache)

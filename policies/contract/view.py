@@ -214,7 +214,9 @@ class ActionView(Protocol):
         ...
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
-        """Re-split the budget among layers (bytes), at an idle point, usage fitting."""
+        """Re-split the budget among layers (bytes), at an idle point, each layer's held and
+        claimed bytes fitting its new budget (evict first); bytes still draining back to the
+        host leave as they land, and a growing layer gets that room then."""
         ...
 
     def spend_cpu(self, seconds: float) -> None:

@@ -123,10 +123,12 @@ class Transfers(Withdrawals):
         total = sum(st.ctx.pool_capacity)
         if sum(int(b) for b in budgets) > total:
             raise PolicyError(f"layer budgets sum to {sum(budgets)} bytes, over the total {total}")
-        for layer, b in enumerate(budgets):
-            if self.vram.used[layer] > int(b):
-                raise PolicyError(f"layer {layer} uses {self.vram.used[layer]} bytes, over its new budget {int(b)}: evict first")
-        self.vram.set_capacities([int(b) for b in budgets])
+        vram = self.vram
+        for layer, b in enumerate(budgets):   # what drains back to the host leaves as it lands
+            held = vram.used[layer] - vram.draining[layer] + vram.claimed[layer] - vram.reserved[layer]
+            if held > int(b):
+                raise PolicyError(f"layer {layer} uses {held} bytes, over its new budget {int(b)}: evict first")
+        vram.set_capacities([int(b) for b in budgets], total)
 
     # ------------------------------------------------------------------------------------------
     # room and eviction

@@ -282,7 +282,10 @@ class EngineView:
 
     def set_layer_budgets(self, budgets: list[int]) -> None:
         """Re-split the expert budget among layers (bytes per layer; the sum may not exceed the
-        total), at an idle point and only when each layer's usage fits its new budget."""
+        total), at an idle point and only when each layer's held and claimed bytes fit its new
+        budget (evict first). Bytes still draining back to the host (``cache.swap_out``) do not
+        count: a layer over its new budget by them shrinks as they land, and the layers that
+        grow get that room then (never more than the total is held)."""
         self._e.transfers.set_layer_budgets(budgets)
 
     def spend_cpu(self, seconds: float) -> None:

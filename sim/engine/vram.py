@@ -5,7 +5,10 @@ A :class:`Unit` (an expert, or a segment of one) holds its bytes from the moment
 issued until it leaves VRAM: in its pool (one per layer, or one global pool), or in the shared
 transfer buffer (``cache.buffer_experts``). With ``swap_out`` an evicted unit's bytes stay
 counted as *draining* until its copy back to the host lands. A prefetch that waits for draining
-room *claims* it, so that a later allocation does not count on the same bytes.
+room *claims* it, so that a later allocation does not count on the same bytes. A re-split of the
+pools (:meth:`Vram.set_capacities`) that shrinks a pool below bytes still draining *reserves*
+them (a claim): the pool shrinks as they land, and the pools that grow are *owed* that room
+until then.
 
 One global pool (every layer's units in one pool, whose scan per eviction would be long) also
 keeps its *victims*: its resident units outside the buffer (pinned or not), in the order they
@@ -15,7 +18,8 @@ holds a handful of units: it is scanned, which costs less than keeping the list.
 also keeps its present units per layer (``Vram.layer_units``), so that a layer's units are found
 without a scan of every layer's.
 
-Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and ``claimed <= draining``;
+Invariant (:meth:`Vram.check`): for every pool ``used <= capacity`` and
+``reserved <= claimed <= draining``;
 the buffer likewise; ``used`` equals the bytes of the units that hold room plus what drains;
 a tracked pool's victims are its resident units outside the buffer, in pool order, and its
 units per layer are its present units of that layer, in pool order.
@@ -63,6 +67,11 @@ class Vram:
         self.used = [0] * len(self.capacity)
         self.draining = [0] * len(self.capacity)
         self.claimed = [0] * len(self.capacity)
+        # a re-split whose shrinking pools still drain evicted bytes (:meth:`set_capacities`):
+        # per pool, the draining room it keeps for the shrink (counted in ``claimed``) and the
+        # room owed to a pool that grows, which it gets as those drains land
+        self.reserved = [0] * len(self.capacity)
+        self.owed = [0] * len(self.capacity)
         self.buffer_capacity = int(buffer_bytes)
         self.buffer_used = 0
         self.buffer_draining = 0
@@ -231,7 +240,25 @@ class Vram:
             self.buffer_draining -= u.nbytes
         else:
             self.draining[u.pool] -= u.nbytes
+            if self.reserved[u.pool]:
+                self._shrink(u.pool, u.nbytes)
         self.release(u)
+
+    def _shrink(self, pool: int, nbytes: int) -> None:
+        """``nbytes`` of ``pool`` landed on the host while it shrinks: its capacity falls by
+        what it reserved, and that room goes to the pools owed some, in pool order."""
+        take = min(nbytes, self.reserved[pool])
+        self.reserved[pool] -= take
+        self.claimed[pool] -= take
+        self.capacity[pool] -= take
+        owed = self.owed
+        for p, due in enumerate(owed):
+            if take == 0:
+                break
+            give = min(take, due)
+            owed[p] -= give
+            self.capacity[p] += give
+            take -= give
 
     def claim(self, u: Unit) -> None:
         """A prefetch waits for draining room of its pool."""
@@ -253,9 +280,33 @@ class Vram:
         if self.total > self.peak:
             self.peak = self.total
 
-    def set_capacities(self, capacities: list[int]) -> None:
-        """New pool sizes (the caller checked that usage fits)."""
-        self.capacity = [int(c) for c in capacities]
+    def set_capacities(self, capacities: list[int], total: int | None = None) -> None:
+        """New pool sizes, summing to at most ``total`` bytes (default their sum). The caller
+        checked that each pool's room held (not draining) and claimed fits its new size. A pool
+        over its new size only by bytes still draining back to the host keeps that room,
+        reserved as a claim, and shrinks as they land (:meth:`end_drain`); pools that grow wait
+        for the room they would take from it, so that no more than ``total`` is ever held."""
+        if any(self.reserved) or any(self.owed):   # a shrink still under way: start afresh
+            for p, r in enumerate(self.reserved):
+                self.claimed[p] -= r
+            self.reserved = [0] * len(self.capacity)
+            self.owed = [0] * len(self.capacity)
+        caps = [int(c) for c in capacities]
+        over = [max(0, u - c) for u, c in zip(self.used, caps, strict=True)]
+        if any(over):
+            short = sum(caps) + sum(over) - (sum(caps) if total is None else total)
+            for p, c in enumerate(caps):   # the growing pools give up what is still draining
+                cut = min(short, c - self.used[p]) if short > 0 and not over[p] else 0
+                caps[p] -= cut
+                self.owed[p] = cut
+                short -= cut
+            if short > 0:
+                raise VramError(f"pools hold {sum(self.used)} bytes, over the total {total}")
+            for p, o in enumerate(over):
+                caps[p] += o
+                self.reserved[p] = o
+                self.claimed[p] += o
+        self.capacity = caps
         self.check_room()
 
     def check(self) -> None:
@@ -291,7 +342,7 @@ class Vram:
         for p, cap in enumerate(self.capacity):
             if self.used[p] > cap:
                 raise VramError(f"pool {p} holds {self.used[p]} bytes, over its {cap}")
-            if self.claimed[p] > self.draining[p] or self.claimed[p] < 0:
+            if self.claimed[p] > self.draining[p] or self.claimed[p] < self.reserved[p] or self.reserved[p] < 0:
                 raise VramError(f"pool {p} claims {self.claimed[p]} of {self.draining[p]} draining bytes")
             if held[p] + self.draining[p] != self.used[p]:
                 raise VramError(f"pool {p}: units hold {held[p]} + draining {self.draining[p]} != used {self.used[p]}")

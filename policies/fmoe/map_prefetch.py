@@ -287,13 +287,13 @@ class ExpertMapPrefetcher(Prefetcher):
         target = layer + self.prefetch_distance
         if self.trajectory and n and target < self._L:
             self._charge(view, len(self._reqs))   # one (batched) search per request
-            last = self._L - 1 if self.trajectory_span == "rest" else target   # _last(layer)
-            by_layer, add, trajectory, slots = store.by_layer, self._add, store.trajectory, self._p_slots
+            targets = range(target, self._last(layer) + 1)
+            by_layer, add, trajectory = store.by_layer, self._add, store.trajectory
             for u in self._units:
                 y, s = trajectory(layer, dots[u], tsq[u])
-                for t in range(target, last + 1):
+                for t in targets:
                     add(t, by_layer[t, y].tolist(), s)
-                slots[u] = y   # _remember(u, y)
+                self._remember(u, y)
             self._settle_p()
         self.issue(view, layer)
 
@@ -339,11 +339,7 @@ class ExpertMapPrefetcher(Prefetcher):
             return
         cache = self.cache
         if cache is not None:
-            if l_now == self._l_now:   # window(): the units of ``todo``, the same filter
-                win = self._window = frozenset([(t, e, 0) for _, t, e in todo])
-            else:
-                win = self.window()
-            cache.protected = win
+            cache.protected = self.window()
         state_of, reprioritize = view.state, self.reprioritize
         try:
             for neg, t, e in todo:

@@ -155,12 +155,10 @@ class Clock:
         """The GPU waits for ``u`` (queued or in flight) to land: right after the landing when
         it waits on the transfer's own timeout, else through an event behind that instant's."""
         ev = u.event
-        if ev is None:   # queued: the GPU waits on an event of its own
-            u.event = new_ev(GPU)
-            direct = False
-        else:   # its transfer's timeout (in flight: resume right after it), or a waiter's made while it was queued
-            direct = ev.callbacks[0] is LANE   # (a unit waited for has not landed: its event is not processed)
-            ev.callbacks.append(GPU)
+        # in flight, and this is its transfer's timeout (a waiter's event is made with [GPU];
+        # a unit waited for has not landed, so its event is not processed)
+        direct = ev is not None and ev.callbacks[0] is LANE
+        self._await([u])
         t = self._now
         while u.state != RESIDENT:
             t, _ = self.land()

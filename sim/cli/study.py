@@ -229,7 +229,8 @@ def plot_cmd(
     """Paper-style figures from a sweep table, or the timeline view of one run."""
     from moesim.sim.core.atomic import OutputError, atomic_folder, own_folder
     from moesim.sim.study.figure_files import FORMATS, save
-    from moesim.sim.study.plot import KINDS, figure_title, load_table, sweep_figures
+    from moesim.sim.study.figure_notes import figure_title
+    from moesim.sim.study.plot import KINDS, load_table, sweep_figures
     from moesim.sim.study.serving_plot import (
         SERVING_KIND,
         is_serving_table,

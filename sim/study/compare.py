@@ -121,14 +121,11 @@ def rank(df: pd.DataFrame, *, metric: str = "tpot", baseline: str | None = None,
 def comparison_figure(comp: Comparison) -> Any:
     """TPOT and hit rate against cache rate per policy, or ranked bars at a single rate; titled
     with the model, hardware and trace, naming the policies without a result."""
+    from moesim.sim.study.figure_notes import caption, figure_title, interval_note, missing_note
     from moesim.sim.study.plot import (
-        caption,
         draw_lines,
-        figure_title,
         greyed_note,
         highlight,
-        interval_note,
-        missing_note,
         outlier_note,
         plain_log_axis,
         print_style,

@@ -103,10 +103,10 @@ def _figure(cols: dict[str, np.ndarray], path: Path, title: str) -> Path:
 
     from moesim.policies.contract.registry import policy_class
     from moesim.sim.study.figure_files import png_dpi
+    from moesim.sim.study.figure_notes import caption
     from moesim.sim.study.plot import (
         GREY,
         KINDS,
-        caption,
         greyed_note,
         print_style,
         series_label,

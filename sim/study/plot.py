@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moesim.sim.study.figure_files import FORMATS, PlotError, save
+from moesim.sim.study.figure_notes import caption, figure_title, interval_note, missing_note
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -266,15 +267,6 @@ def plain_log_axis(ax: Axes, axis: str = "y") -> None:
     which.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
-def caption(fig: Figure, lines: Sequence[str | None], width_in: float) -> None:
-    """Notes under the figure (below the axes and their labels, wrapped to its width)."""
-    import textwrap
-
-    text = "\n".join(textwrap.fill(ln, width=max(40, int(width_in * 17))) for ln in lines if ln)
-    if text:
-        fig.text(0.0, -0.02, text, ha="left", va="top", fontsize=6.5, color="0.3")
-
-
 def greyed_note(names: Sequence[str], shown: Sequence[str] | None, kind: Kind) -> str | None:
     """The caption line naming the series drawn grey."""
     if shown is None:
@@ -285,57 +277,12 @@ def greyed_note(names: Sequence[str], shown: Sequence[str] | None, kind: Kind) -
             f"in grey: {', '.join(rest)}.")
 
 
-def interval_note(summary: pd.DataFrame) -> str | None:
-    """The caption line saying what error bars mean, when any were drawn."""
-    n = int(summary["count"].max()) if len(summary) else 0
-    return f"Error bars: 95% interval of the mean over {n} points (seeds or other swept keys)." if n > 1 else None
-
-
 def series_styles(names: Sequence[str], *, policies: bool = True) -> dict[str, tuple[Any, str]]:
     """A colour and a marker per series: a policy's own, the same in every figure of every
     command (:mod:`moesim.sim.study.palette`), or by order for other series."""
     from moesim.sim.study.palette import styles
 
     return dict(styles(names, policies=policies))
-
-
-TITLE_COLUMNS = (("model_name", "model"), ("hardware_name", "hardware"), ("trace_name", "trace"))
-"""The join keys a figure's title names (:data:`moesim.sim.run.runner.JOIN_KEYS`)."""
-
-
-def figure_title(df: pd.DataFrame) -> str | None:
-    """``flame-moe-290m on rtx-4090, trace flame-moe-290m.parquet``: the model, hardware and
-    trace of a table's finished points (several values joined with ``/``); None for a table
-    written before runs carried them."""
-    ok = df[df["status"] == "ok"] if "status" in df.columns else df
-    parts = {}
-    for col, what in TITLE_COLUMNS:
-        if col in ok.columns:
-            vals = [str(v) for v in dict.fromkeys(ok[col].dropna())]
-            if vals:
-                parts[what] = " / ".join(vals)
-    if not parts:
-        return None
-    head = parts.get("model", "")
-    if "hardware" in parts:
-        head = f"{head} on {parts['hardware']}" if head else parts["hardware"]
-    if "trace" in parts:
-        head = f"{head}, trace {parts['trace']}" if head else f"trace {parts['trace']}"
-    return head
-
-
-def missing_note(df: pd.DataFrame, hue: str, shown: Sequence[str]) -> str | None:
-    """``no result: moepic (n/a), fmoe (failed)``: the series of the table with no finished
-    point, so that none vanishes from a figure without a word."""
-    if hue not in df.columns:
-        return None
-    gone = []
-    for name, g in df.groupby(hue, sort=False):
-        if str(name) in shown:
-            continue
-        status = "n/a" if (g["status"] == "n/a").all() else "failed"
-        gone.append(f"{name} ({status})")
-    return ("no result: " + ", ".join(gone)) if gone else None
 
 
 def pick_policies(df: pd.DataFrame, policies: Sequence[str] | None) -> pd.DataFrame:

@@ -152,7 +152,8 @@ def build_report(folder: str | Path, *, metric: str = "tpot", baseline: str | No
     """Read a sweep's or comparison's folder and gather its :class:`Report`."""
     from moesim.sim.study.compare import rank
     from moesim.sim.study.compare_table import group_tables
-    from moesim.sim.study.plot import figure_title, load_table
+    from moesim.sim.study.figure_notes import figure_title
+    from moesim.sim.study.plot import load_table
     from moesim.sim.study.study_record import read_study
 
     path = Path(folder)

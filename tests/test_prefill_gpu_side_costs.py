@@ -93,3 +93,19 @@ def test_fast_replay_charges_eager_attention_as_the_event_loop_does() -> None:
     plain = CostModel(model, hw, RuntimeSpec(name="plain"))
     assert CostModel(model, hw, rt).eager_attention_s(3, 0) == pytest.approx(
         3 * 999 * (100_000 / 100e12 + 100 * 25 / 1000e9)) and plain.eager_attention_s(3, 0) == 0.0
+
+
+def test_eager_attention_on_a_model_without_an_attention_shape_is_one_line() -> None:
+    from pathlib import Path
+
+    from moesim.sim.config.scenario import load_scenario
+    from moesim.sim.config.scenario_error import ScenarioError
+    from moesim.sim.run.runner import run_loaded
+
+    scen = Path(__file__).resolve().parent.parent / "scenarios" / "mixtral-4090-lru.yaml"
+    bare = ("{name: bare, num_layers: 32, num_experts: 8, top_k: 2, hidden_size: 4096, "
+            "expert_intermediate_size: 14336, dtype_bytes: 0.5}")
+    with pytest.raises(ScenarioError, match="runtime.eager_score_bytes: model bare gives no attention shape") as exc:
+        run_loaded(load_scenario(scen, [f"model={bare}", "runtime={base: hf-eager, eager_score_bytes: 26}",
+                                        "workload.requests=1"]))
+    assert "\n" not in str(exc.value)

@@ -66,7 +66,7 @@ SETS = ("eliseev-mazur-2023-table2", "eliseev-mazur-2023-table2-one-runtime", "m
 """The sets ablated: those with rows of a system that copies from pageable memory, and the
 expert-cache sets whose misses a per-miss cost and a warm start would move."""
 
-CPU_SETS = ("ktransformers-deepseek-v3", "llmfit-rtx2080-llamacpp-moe")
+CPU_SETS = ("ktransformers-deepseek-v3", "llmfit-rtx2080-llamacpp-moe", "ktransformers-epyc9654-deepseek-r1")
 """The sets ablated for the CPU-side costs: systems that compute experts on the CPU."""
 
 CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {

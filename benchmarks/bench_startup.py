@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {n:18s} {v * 1e3:8.1f} ms")
     rest = med["wall"] - sum(v for n, v in med.items() if n != "wall")
     print(f"  {'(rest)':18s} {rest * 1e3:8.1f} ms   (this script's own set-up in the process; noise)")
-    per = "per CPU second" if args.cpu else "/s"
-    print(f"  {'cpu' if args.cpu else 'wall':18s} {med['wall'] * 1e3:8.1f} ms   = {steps / med['wall']:,.0f} layer-steps {per}")
+    per = " per CPU second" if args.cpu else "/s"
+    print(f"  {'cpu' if args.cpu else 'wall':18s} {med['wall'] * 1e3:8.1f} ms   = {steps / med['wall']:,.0f} layer-steps{per}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Where the time of one ``simctl run --out`` process goes: the phase breakdown of the whole
 process (the fixed, per-process cost around the engine).
 
-Run: ``python benchmarks/bench_startup.py [--policy lru] [--runs 5] [--tokens 2000]``.
+Run: ``python benchmarks/bench_startup.py [--policy lru] [--runs 5] [--tokens 2000] [--cpu]``.
 
 The benchmark trace is the one of the engine speed figures: a Mixtral-8x7B batch-1 decode
 trace (``--tokens`` tokens x 32 layers, 4 requests, no prompt), replayed on an A100 with
@@ -26,6 +26,11 @@ modules load, nothing else changes):
 - ``wall``: the whole process, timed from outside (the medians of the phases need not add
   up to it exactly).
 
+With ``--cpu`` every figure is CPU time (user + system, every thread) instead: the phases on
+the process's own clock, ``start-up`` the CPU time before the first line, and ``exit`` and
+the total (``cpu``) from the process's resource usage as its parent reads it (``os.wait4``),
+as ``benchmarks/refresh.py`` times whole processes.
+
 Each figure is the median over ``--runs`` runs; the 1-minute load average is printed with them
 (the machine is shared: compare figures taken at the same moment).
 """
@@ -43,11 +48,12 @@ import time
 from pathlib import Path
 
 _DRIVER = r"""
-import time
+import os, time
 w0 = time.time()
-t0 = time.perf_counter()
+clock = getattr(time, os.environ.get("BENCH_CLOCK", "perf_counter"))
+t0 = clock()
 import moesim.sim.cli.main as cli
-t1 = time.perf_counter()
+t1 = clock()
 import functools, importlib.abc, importlib.util, json, sys
 marks = {"start": t0, "imported": t1}
 
@@ -56,11 +62,11 @@ def wrap(obj, name, after, before=None):
     @functools.wraps(fn)
     def wrapper(*a, **k):
         if before is not None:
-            marks.setdefault(before, time.perf_counter())
+            marks.setdefault(before, clock())
         try:
             return fn(*a, **k)
         finally:
-            marks.setdefault(after, time.perf_counter())   # the first call: the run's own, not a baseline's
+            marks.setdefault(after, clock())   # the first call: the run's own, not a baseline's
     setattr(obj, name, wrapper)
 
 # the run path's functions are wrapped as their modules load (simctl run imports them itself)
@@ -91,14 +97,14 @@ sys.meta_path.insert(0, Hook())
 for info in cli.app.registered_commands:
     if info.name is None and info.callback.__name__ == "run":
         wrap(info, "callback", "done", before="parsed")
-t2 = time.perf_counter()
+t2 = clock()
 rc = cli.main(sys.argv[1:])
-t3 = time.perf_counter()
+t3 = clock()
 sys.stdout.flush()
 import os
 pyc = bool(cli.__cached__) and os.path.exists(cli.__cached__)
 print(json.dumps({"marks": marks, "t_main": t2, "t_end": t3, "rc": rc, "w0": w0, "w_end": time.time(),
-                  "pyc": pyc}), file=sys.stderr)
+                  "c0": t0, "c_end": clock(), "pyc": pyc}), file=sys.stderr)
 """
 
 
@@ -106,18 +112,28 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def _run_once(python: str, scenario: Path, out: Path) -> dict[str, float]:
-    """One fresh process: its phases in seconds."""
+def _run_once(python: str, scenario: Path, out: Path, cpu: bool = False) -> dict[str, float]:
+    """One fresh process: its phases in seconds (of wall time, or with ``cpu`` of the process's
+    CPU time: its own clock inside, its resource usage from outside)."""
+    env = {**os.environ, "BENCH_CLOCK": "process_time" if cpu else "perf_counter"}
     w0 = time.time()
-    proc = subprocess.run([python, "-c", _DRIVER, "run", str(scenario), "--out", str(out), "--force",
-                           "--no-progress"], capture_output=True, text=True, check=False)
+    proc = subprocess.Popen([python, "-c", _DRIVER, "run", str(scenario), "--out", str(out), "--force",
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    _, status, usage = os.wait4(proc.pid, 0)   # its resource usage: CPU time of the whole process
+    proc.returncode = os.waitstatus_to_exitcode(status)
     w1 = time.time()
     if proc.returncode != 0:
-        raise SystemExit(f"simctl run failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    data = json.loads(proc.stderr.strip().splitlines()[-1])
+        raise SystemExit(f"simctl run failed ({proc.returncode}): {stderr.strip()[-2000:]}")
+    data = json.loads(stderr.strip().splitlines()[-1])
     m = data["marks"]
+    if cpu:
+        total = usage.ru_utime + usage.ru_stime
+        start, end = data["c0"], total - data["c_end"]
+    else:
+        total, start, end = w1 - w0, data["w0"] - w0, w1 - data["w_end"]
     return {
-        "start-up": data["w0"] - w0,
+        "start-up": start,
         "import cli": m["imported"] - m["start"],
         "parse": m["parsed"] - data["t_main"],
         "import run path": m["scenario"] - m["parsed"],
@@ -127,8 +143,8 @@ def _run_once(python: str, scenario: Path, out: Path) -> dict[str, float]:
         "write": m["written"] - m["ran"],
         "baselines": m.get("baselined", m["written"]) - m["written"],
         "summary": m["printed"] - m.get("baselined", m["written"]),
-        "exit": w1 - data["w_end"],
-        "wall": w1 - w0,
+        "exit": end,
+        "wall": total,
         "pyc": float(data["pyc"]),
     }
 
@@ -140,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="processes timed (default 5, after one warm-up)")
     ap.add_argument("--tokens", type=int, default=2000, help="decode tokens in the trace, over 4 requests (default 2000)")
     ap.add_argument("--python", default=sys.executable, help="interpreter to time (default: this one)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="CPU time of the process (user + system, all threads) instead of wall time")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         d = Path(tmp)
@@ -151,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         scenario.write_text(f"trace: {trace}\nmodel: mixtral-8x7b\nhardware: a100-pcie-80gb\n"
                             f"cache: {{rate: 0.25}}\npolicy: {args.policy}\n")
         _run_once(args.python, scenario, d / "out")   # warm-up (file cache)
-        runs = [_run_once(args.python, scenario, d / "out") for _ in range(args.runs)]
+        runs = [_run_once(args.python, scenario, d / "out", cpu=args.cpu) for _ in range(args.runs)]
     load = os.getloadavg()[0]
     pyc = all(r.pop("pyc") for r in runs)
     med = {n: _median([r[n] for r in runs]) for n in runs[0]}
     steps = (args.tokens // 4) * 4 * 32
-    print(f"simctl run --out, policy {args.policy}, {steps:,} layer-steps; median of {args.runs} processes; "
+    clock = "CPU time" if args.cpu else "wall time"
+    print(f"simctl run --out, policy {args.policy}, {steps:,} layer-steps; {clock}, median of {args.runs} processes; "
           f"load {load:.2f} on {os.cpu_count()} cores")
     if not pyc:
         print("  (no bytecode cache for moesim's modules: each process compiles them from source, "
@@ -166,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {n:18s} {v * 1e3:8.1f} ms")
     rest = med["wall"] - sum(v for n, v in med.items() if n != "wall")
     print(f"  {'(rest)':18s} {rest * 1e3:8.1f} ms   (this script's own set-up in the process; noise)")
-    print(f"  {'wall':18s} {med['wall'] * 1e3:8.1f} ms   = {steps / med['wall']:,.0f} layer-steps/s")
+    per = " per CPU second" if args.cpu else "/s"
+    print(f"  {'cpu' if args.cpu else 'wall':18s} {med['wall'] * 1e3:8.1f} ms   = {steps / med['wall']:,.0f} layer-steps{per}")
     return 0
 
 

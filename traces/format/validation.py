@@ -64,8 +64,15 @@ def _list_matrix(
     return mat
 
 
+_F16_EXPONENT = np.uint16(0x7C00)
+"""The exponent bits of an IEEE half: all set in an infinity or a NaN, and only there."""
+
+
 def _check_finite(mat: np.ndarray, column: str, path: Any, row0: int) -> None:
-    bad = ~np.isfinite(mat)
+    if mat.dtype == np.float16:   # on the bits: numpy's float16 isfinite is ~10x slower
+        bad = (mat.view(np.uint16) & _F16_EXPONENT) == _F16_EXPONENT
+    else:
+        bad = ~np.isfinite(mat)
     if bad.any():
         i = int(np.flatnonzero(bad.any(axis=1))[0])
         raise TraceError(path, "non-finite value", row=row0 + i, column=column)
@@ -151,10 +158,10 @@ def validate_batch(
     if "weights" in names and batch.column("weights").null_count < n:
         w = _list_matrix(batch.column("weights"), m.top_k, "weights", path, row0, dtype=np.float32)
         _check_finite(w, "weights", path, row0)
-        negw = np.asarray((w < 0).any(axis=1))
+        negw = w < 0
         if negw.any():
             raise TraceError(path, "negative router weight (weights are routing probabilities)",
-                             row=row0 + first_bad_row(negw), column="weights")
+                             row=row0 + first_bad_row(negw.any(axis=1)), column="weights")
         out["weights"] = w
     for col in ("logits", "lookahead_logits"):
         if col in names and batch.column(col).null_count < n:

@@ -202,10 +202,12 @@ class CopyLanes:
         """Give a queued prefetch a new priority; False if it is not queued (or under fifo)."""
         if self.fifo or unit.state != self.QUEUED:
             return False
-        for i, (c, _, seq, u, cls) in enumerate(self.queue):
-            if u is unit and cls != DEMAND_CLASS:
-                self.queue[i] = (c, -priority, seq, u, cls)
-                heapq.heapify(self.queue)
+        queue = self.queue
+        for i, e in enumerate(queue):   # each entry unpacked only where it is the unit's
+            if e[3] is unit and e[4] != DEMAND_CLASS:
+                if e[1] != -priority:   # (an unchanged entry leaves the heap as heapify would: as it is)
+                    queue[i] = (e[0], -priority, e[2], unit, e[4])
+                    heapq.heapify(queue)
                 return True
         return False
 

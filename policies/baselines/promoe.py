@@ -127,7 +127,7 @@ class StridePrefetcher(Prefetcher):
                 if len(src) == 2:
                     sc = list(map(add, table[src[0]], table[src[1]]))
                 elif len(src) == 1:
-                    sc = table[src[0]]
+                    sc = table[src[0]][:]   # a copy: the top-2 below marks its entries
                 else:
                     sc = [0.0] * E
                     for a in src:
@@ -135,17 +135,28 @@ class StridePrefetcher(Prefetcher):
                 tot1 = sum(sc)   # whole numbers: exact in any order
                 if not tot1:
                     continue
-                # top_experts reads the float64 shares as float32 ('f': the same C cast)
-                if tot1 < _EXACT_ORDER:
-                    # whole counts under 2**23 in a total under 2**23: shares of distinct counts
-                    # differ by more than two float32 steps, so the float32 shares rank as the
-                    # counts do (ties, equal counts, by expert id): only the best are converted
-                    best = sorted(range(E), key=sc.__getitem__, reverse=True)[:top]
-                    shares = array("f", [sc[e] / tot1 for e in best]).tolist()
-                else:
+                # top_experts reads the float64 shares as float32 ('f': the same C cast). Whole
+                # counts in a total under 2**23: shares of distinct counts differ by more than two
+                # float32 steps, so the float32 shares rank as the counts do (equal counts by
+                # expert id), and only the best need converting
+                if tot1 >= _EXACT_ORDER:
                     prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
                     best = sorted(range(E), key=prob.__getitem__, reverse=True)[:top]
                     shares = [prob[e] for e in best]
+                elif top == 2:
+                    # the two best counts (ties: the lower id, as the stable sort); the first is
+                    # positive (the total is), a second of 0 is no guess
+                    m0 = max(sc)
+                    e0 = sc.index(m0)
+                    sc[e0] = -1.0
+                    m1 = max(sc)
+                    e1 = sc.index(m1)
+                    p0, p1 = array("f", (m0 / tot1, m1 / tot1)).tolist()
+                    self.prefetch_set(view, t, [(e0, p0 / dist), (e1, p1 / dist)] if p1 > 0 else [(e0, p0 / dist)])
+                    continue
+                else:
+                    best = sorted(range(E), key=sc.__getitem__, reverse=True)[:top]
+                    shares = array("f", [sc[e] / tot1 for e in best]).tolist()
                 out = []
                 for e, p in zip(best, shares, strict=True):
                     if p > 0:

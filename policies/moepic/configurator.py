@@ -7,7 +7,7 @@ budget between layers (VramAllocation)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,10 +60,7 @@ class SplitStats:
     the whole curve, as stack distances do for LRU.
 
     The counts are Python lists, updated per token in Python: a layer has a handful of experts,
-    where numpy's per-call cost would exceed the work. PH's counts are kept per token as the
-    cache ranks of its predicted experts in order (one tuple, counted in a dict) and added into
-    the ``[N, N]`` table when it is read or the dict grows past :data:`_PENDING_MAX` (whole
-    counts: the same sums in any order).
+    where numpy's per-call cost would exceed the work.
     """
 
     def __init__(self, num_layers: int, num_experts: int) -> None:
@@ -72,8 +69,7 @@ class SplitStats:
         self._rank_hist = [[0] * N for _ in range(L)]                       # activations at cache rank r
         self._activations = [0] * L                                         # q * K
         self._pred_act = [[0] * N for _ in range(L)]                        # activations of the y-th predicted
-        self._pred_rank = np.zeros((L, N, N), dtype=np.int64)               # y-th predicted had cache rank r
-        self._pending: list[dict[tuple[int, ...], int]] = [{} for _ in range(L)]   # ranks by y -> tokens
+        self._pred_rank = [[[0] * N for _ in range(N)] for _ in range(L)]   # y-th predicted had cache rank r
         self._pred_tokens = [0] * L                                         # tokens with a prediction
 
     @property
@@ -94,82 +90,58 @@ class SplitStats:
     @property
     def pred_rank(self) -> np.ndarray:
         """``[L, N, N]``: tokens whose ``y``-th predicted expert had cache rank ``r`` (a copy)."""
-        for layer in range(len(self._pending)):
-            self._settle(layer)
-        return self._pred_rank.copy()
+        return np.array(self._pred_rank, dtype=np.int64)
 
     @property
     def pred_tokens(self) -> np.ndarray:
         """``[L]``: tokens recorded with a prediction (a copy)."""
         return np.array(self._pred_tokens, dtype=np.int64)
 
-    def _settle(self, layer: int) -> None:
-        """Add ``layer``'s pending rank tuples into its PH counts."""
-        pending = self._pending[layer]
-        if not pending:
-            return
-        N = self.num_experts
-        ranks = np.array(list(pending), dtype=np.intp).reshape(len(pending), N)   # [M, N]: rank of the y-th
-        tokens = np.fromiter(pending.values(), dtype=np.int64, count=len(pending))
-        cells = (np.arange(N, dtype=np.intp) * N + ranks).ravel()                # y * N + rank
-        np.add.at(self._pred_rank[layer].reshape(-1), cells, np.repeat(tokens, N))
-        pending.clear()
-
     def record(self, layer: int, experts: np.ndarray | list[list[int]], cache_order: Sequence[int] | np.ndarray,
                pred_order: Sequence[Sequence[int]] | np.ndarray | None) -> None:
         """One iteration at ``layer``: ``experts`` ``[n, k]`` activated (-1 = none),
-        ``cache_order`` the ``N`` experts (each once) by descending cache priority before these
-        tokens, ``pred_order`` ``[n, N]`` each token's experts by descending predicted score (or
-        None). Within one token an expert (or predicted position) named twice counts once;
-        across the tokens of an iteration every activation counts."""
+        ``cache_order`` the experts by descending cache priority before these tokens,
+        ``pred_order`` ``[n, N]`` each token's experts by descending predicted score (or None).
+        Within one token an expert (or predicted position) named twice counts once; across the
+        tokens of an iteration every activation counts."""
         N = self.num_experts
         rows = experts.tolist() if isinstance(experts, np.ndarray) else experts
-        order_c = cache_order if cache_order.__class__ is list else _as_list(cache_order)
-        rank_of: Callable[[int], int]   # an expert's cache rank
-        if N <= _SCAN_MAX:   # a few experts: a C scan of the order beats building its inverse
-            rank_of = order_c.index
-        else:
-            rank = [0] * N
-            for r, e in enumerate(order_c):
-                rank[e] = r
-            rank_of = rank.__getitem__
+        rank = [0] * N
+        for r, e in enumerate(cache_order if cache_order.__class__ is list else _as_list(cache_order)):
+            rank[e] = r
         hist = self._rank_hist[layer]
         acts = 0
         if len(rows) == 1:          # one token: an expert named twice counts once in the histogram
             valid = [e for e in rows[0] if e >= 0]
             if len(valid) == 2 and valid[0] != valid[1]:   # top-2, the common case: no set needed
-                hist[rank_of(valid[0])] += 1
-                hist[rank_of(valid[1])] += 1
+                hist[rank[valid[0]]] += 1
+                hist[rank[valid[1]]] += 1
             else:
                 for e in set(valid):
-                    hist[rank_of(e)] += 1
+                    hist[rank[e]] += 1
             acts = len(valid)
         else:
             for row in rows:
                 for e in row:
                     if e >= 0:
-                        hist[rank_of(e)] += 1
+                        hist[rank[e]] += 1
                         acts += 1
         self._activations[layer] += acts
         if pred_order is None:
             return
-        pa, pending = self._pred_act[layer], self._pending[layer]
+        pa, pr = self._pred_act[layer], self._pred_rank[layer]
         for t, row in enumerate(rows):
             order = pred_order[t]
             if order.__class__ is not list:
                 order = _as_list(order)   # a permutation of the N experts
-            if len(order) != N:
-                raise ValueError(f"a predicted order names {len(order)} experts, not {N}")
-            ranks = tuple(map(rank_of, order))   # the y-th predicted expert's cache rank
-            pending[ranks] = pending.get(ranks, 0) + 1
+            for pr_y, e in zip(pr, order, strict=True):   # the y-th predicted expert's cache rank
+                pr_y[rank[e]] += 1
             if len(row) == 2 and row[0] != row[1] and row[0] >= 0 and row[1] >= 0:
                 pa[order.index(row[0])] += 1   # distinct experts: distinct positions
                 pa[order.index(row[1])] += 1
             else:
                 for y in {order.index(e) for e in row if e >= 0}:   # an activated expert's position
                     pa[y] += 1
-        if len(pending) > _PENDING_MAX:
-            self._settle(layer)
         self._pred_tokens[layer] += len(rows)
 
     def layer(self, layer: int) -> LayerStats:
@@ -179,17 +151,9 @@ class SplitStats:
         hit = np.concatenate([[0.0], np.cumsum(np.array(self._rank_hist[layer], dtype=np.int64)) / acts])
         q = max(1, self._pred_tokens[layer])
         pred = np.array(self._pred_act[layer], dtype=np.int64) / q
-        self._settle(layer)
-        pred_rank = self._pred_rank[layer].copy()
+        pred_rank = np.array(self._pred_rank[layer], dtype=np.int64)
         pred_hit = np.concatenate([np.zeros((N, 1)), np.cumsum(pred_rank, axis=1) / q], axis=1)
         return LayerStats(hit=hit, pred=pred, pred_hit=pred_hit)
-
-
-_SCAN_MAX = 16
-"""Up to this many experts :meth:`SplitStats.record` finds a cache rank by scanning the order."""
-
-_PENDING_MAX = 4096
-"""Distinct pending rank tuples of a layer past which :class:`SplitStats` adds them in."""
 
 
 def _as_list(order: Sequence[int] | np.ndarray) -> list[int]:

@@ -26,6 +26,9 @@ from moesim.policies.parts.compose import Composed
 from moesim.policies.parts.predictors import top_experts
 from moesim.policies.parts.prefetchers import Prefetcher
 
+# below this total of whole counts, float32 shares of distinct counts are distinct (see after_layer)
+_EXACT_ORDER = float(2 ** 23)
+
 
 class StridePrefetcher(Prefetcher):
     """Lookahead for ``l + 1``, learned co-routing transitions for ``l + 2 .. l + stride``."""
@@ -50,6 +53,12 @@ class StridePrefetcher(Prefetcher):
         self._trans: list[list[list[list[float]] | None]] = [
             [[[0.0] * E for _ in range(E)] if 2 <= s <= self.stride else None for s in range(self.stride + 1)]
             for _ in range(L)]
+        # the same tables by distance: [s][l] is _trans[l][s] (for s in 2..stride; none below 2)
+        self._by_dist: list[list[list[list[float]]]] = [
+            [t for lay in range(L) if (t := self._trans[lay][s]) is not None] for s in range(self.stride + 1)]
+        self._L = L
+        # the current iteration's routed rows, per layer, as after_layer saw them (None: not yet)
+        self._rows: list[list[list[int]] | None] = [None] * L
         if ctx.profile is not None:
             for row in ctx.profile.experts:
                 self._learn(np.asarray(row).tolist())
@@ -58,29 +67,45 @@ class StridePrefetcher(Prefetcher):
         """Count co-routing of one token ``[L][k]`` at distances 2..stride; a pair (a, b) named
         twice within one layer pair counts once."""
         L = len(routed)
-        sets = [{e for e in r if e >= 0} for r in routed]
+        sets: list[list[int]] = []   # each layer's distinct experts (-1 = none left out)
+        for r in routed:
+            if len(r) == 2:   # top-2, the common case: two distinct experts need no set
+                a, b = r
+                if a != b and a >= 0 and b >= 0:
+                    sets.append(r)
+                    continue
+            sets.append([e for e in {e for e in r if e >= 0}])
         for s in range(2, min(self.stride, L - 1) + 1):
-            for lay in range(L - s):
-                table = self._trans[lay][s]
-                assert table is not None
-                later = sets[lay + s]
-                for a in sets[lay]:
+            # table [lay][s], the experts at lay and at lay + s, for lay in 0..L - s - 1
+            for table, here, later in zip(self._by_dist[s], sets, sets[s:], strict=False):   # to the shortest
+                if len(here) == 2 and len(later) == 2:   # the nested loops below, unrolled
+                    b0, b1 = later
+                    ta = table[here[0]]
+                    ta[b0] += 1.0
+                    ta[b1] += 1.0
+                    ta = table[here[1]]
+                    ta[b0] += 1.0
+                    ta[b1] += 1.0
+                    continue
+                for a in here:
                     ta = table[a]
                     for b in later:
                         ta[b] += 1.0
 
     def on_iteration_end(self, view: View) -> None:
-        """Learn from the tokens just routed."""
+        """Learn from the tokens just routed (their rows as :meth:`after_layer` saw them, else
+        as the view gives them)."""
+        saved, self._rows = self._rows, [None] * self._L
         if self.stride < 2:
             return
         L = view.num_layers
-        plans = [view.routing(lay).experts.tolist() for lay in range(L)]
-        for t in range(len(plans[0])):
-            self._learn([p[t] for p in plans])
+        plans = saved if None not in saved else [view.routing(lay).experts.tolist() for lay in range(L)]
+        for t in range(len(plans[0])):   # type: ignore[arg-type]
+            self._learn([p[t] for p in plans])   # type: ignore[index]
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Prefetch the guesses, nearer layers first."""
-        L = view.num_layers
+        L = self._L
         k = self._k
         if layer + 1 < L:
             look = view.lookahead_probs(layer)   # softmax_rows(view.lookahead_logits(layer))
@@ -88,7 +113,7 @@ class StridePrefetcher(Prefetcher):
                 self.prefetch_set(view, layer + 1, top_experts(look, k))
         cur = outcome.routing.experts
         n = cur.shape[0]
-        rows = cur.tolist()
+        rows = self._rows[layer] = cur.tolist()   # kept for on_iteration_end's learning
         trans = self._trans[layer]
         E = self._E
         top = min(k, E)
@@ -99,10 +124,10 @@ class StridePrefetcher(Prefetcher):
             table = trans[dist]
             assert table is not None
             if n == 1:   # one token: the same sums and top-k, in Python
-                if len(src) == 1:
-                    sc = table[src[0]]
-                elif len(src) == 2:
+                if len(src) == 2:
                     sc = list(map(add, table[src[0]], table[src[1]]))
+                elif len(src) == 1:
+                    sc = table[src[0]][:]   # a copy: the top-2 below marks its entries
                 else:
                     sc = [0.0] * E
                     for a in src:
@@ -110,11 +135,30 @@ class StridePrefetcher(Prefetcher):
                 tot1 = sum(sc)   # whole numbers: exact in any order
                 if not tot1:
                     continue
-                # top_experts reads the float64 shares as float32 ('f': the same C cast)
-                prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
+                # top_experts reads the float64 shares as float32 ('f': the same C cast). Whole
+                # counts in a total under 2**23: shares of distinct counts differ by more than two
+                # float32 steps, so the float32 shares rank as the counts do (equal counts by
+                # expert id), and only the best need converting
+                if tot1 >= _EXACT_ORDER:
+                    prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
+                    best = sorted(range(E), key=prob.__getitem__, reverse=True)[:top]
+                    shares = [prob[e] for e in best]
+                elif top == 2:
+                    # the two best counts (ties: the lower id, as the stable sort); the first is
+                    # positive (the total is), a second of 0 is no guess
+                    m0 = max(sc)
+                    e0 = sc.index(m0)
+                    sc[e0] = -1.0
+                    m1 = max(sc)
+                    e1 = sc.index(m1)
+                    p0, p1 = array("f", (m0 / tot1, m1 / tot1)).tolist()
+                    self.prefetch_set(view, t, [(e0, p0 / dist), (e1, p1 / dist)] if p1 > 0 else [(e0, p0 / dist)])
+                    continue
+                else:
+                    best = sorted(range(E), key=sc.__getitem__, reverse=True)[:top]
+                    shares = array("f", [sc[e] / tot1 for e in best]).tolist()
                 out = []
-                for e in sorted(range(E), key=prob.__getitem__, reverse=True)[:top]:
-                    p = prob[e]
+                for e, p in zip(best, shares, strict=True):
                     if p > 0:
                         out.append((e, p / dist))
                 self.prefetch_set(view, t, out)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
@@ -48,9 +50,9 @@ class MapPriorityCache(CacheRule):
         # each known unit's victim key (priority, -layer, -expert, -part): every unit the rule was
         # told of (executed, issued, or a candidate) until it leaves; keyed again, all of them,
         # at the first eviction after the maps' ``p_map`` changed (``_stale``; ``_pm``: the
-        # ``p_map`` seen last); ``_keys_p``: the p rows of the latest keys
+        # ``p_map`` seen last); ``_keys_p``: the p of the latest keys (``[L, J]``, None: uniform)
         self._keys: dict[UnitKey, tuple[float, int, int, int]] = {}
-        self._keys_p: list[list[float]] | None = None
+        self._keys_p: np.ndarray | None = None
         self._pm: object = None
         self._stale = False
 
@@ -75,11 +77,11 @@ class MapPriorityCache(CacheRule):
                 freq[key] = freq.get(key, 0) + 1
                 keys[key] = _STALE
             return
-        key_of, rows = self._key, self._keys_p
+        key_of, pm = self._key, self._keys_p
         for e in outcome.experts:
             key = (layer, e, 0)
             freq[key] = freq.get(key, 0) + 1
-            keys[key] = key_of(key, rows)
+            keys[key] = key_of(key, pm)
 
     def refresh(self, key: UnitKey) -> None:
         """A unit the prefetcher issued: its victim key now (its count does not change: fMoE
@@ -112,26 +114,29 @@ class MapPriorityCache(CacheRule):
     # candidates' order.
     def _sync(self) -> None:
         """Follow the maps' p: when their ``p_map`` was replaced (a new match: every p may have
-        changed), every kept key is stale (its rows are taken when the keys are made again)."""
+        changed), every kept key is stale (its p is read when the keys are made again)."""
         maps = self.maps
         if maps is not None and maps.p_map is not self._pm:
             self._pm = maps.p_map
             self._stale = True
 
-    def _key(self, k: UnitKey, rows: list[list[float]] | None) -> tuple[float, int, int, int]:
-        """The victim key of unit ``k`` under p ``rows`` (uniform for None)."""
-        p = rows[k[0]][k[1]] if rows is not None else 1.0 / self._J
+    def _key(self, k: UnitKey, p_map: np.ndarray | None) -> tuple[float, int, int, int]:
+        """The victim key of unit ``k`` under ``p_map`` (``[L, J]``; uniform for None)."""
+        p = p_map.item(k[0], k[1]) if p_map is not None else 1.0 / self._J
         den = p * (self.freq.get(k, 0) + self.freq_smoothing)
         return (1.0 / den if den > 0 else float("inf"), -k[0], -k[1], -k[2])
 
     def _rekey(self) -> None:
-        """Key every known unit again under the maps' current p rows (stale keys made current)."""
+        """Key every known unit again under the maps' current p (stale keys made current), each
+        unit's p gathered from ``p_map`` at once (Python floats, as ``item`` gives them)."""
         assert self.maps is not None   # stale only with maps
-        rows = self._keys_p = self.maps.p_rows()
+        pm = self._keys_p = self.maps.p_map
+        units, j = list(self._keys), pm.shape[1]
+        ps = pm.ravel().take([t * j + e for t, e, _ in units]).tolist()
         fget, smooth, inf = self.freq.get, self.freq_smoothing, float("inf")
-        # ``for t, e, p in (k,)``: the unit's members unpacked once (an assignment in a comprehension)
-        self._keys = {k: (1.0 / den if (den := rows[t][e] * (fget(k, 0) + smooth)) > 0 else inf, -t, -e, -p)
-                      for k in self._keys for t, e, p in (k,)}
+        # ``for t, e, q in (k,)``: the unit's members unpacked once (an assignment in a comprehension)
+        self._keys = {k: (1.0 / den if (den := p * (fget(k, 0) + smooth)) > 0 else inf, -t, -e, -q)
+                      for k, p in zip(units, ps, strict=True) for t, e, q in (k,)}
         self._stale = False
 
     def _best(self, cands: Sequence[UnitKey]) -> UnitKey:
@@ -143,10 +148,10 @@ class MapPriorityCache(CacheRule):
         try:
             return max(cands, key=keys.__getitem__)
         except KeyError:   # a candidate not known yet
-            rows, key_of = self._keys_p, self._key
+            pm, key_of = self._keys_p, self._key
             for k in cands:
                 if k not in keys:
-                    keys[k] = key_of(k, rows)
+                    keys[k] = key_of(k, pm)
             return max(cands, key=keys.__getitem__)
 
     def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:

@@ -1,6 +1,7 @@
-"""fMoE's cheaper computations give the numbers of the plain ones they replace, on random inputs:
+"""fMoE's cheaper computations give the numbers of the plain ones they stand for, on random inputs:
 the mass rule's NaN test (``select_floats``: a sum instead of a loop, the numpy reading when it is
-NaN) and the trajectory match's cosines written into a reused row (``ExpertMapStore.trajectory``)."""
+NaN) and the trajectory match (``ExpertMapStore.trajectory``: the plain quotient where no norm is
+zero, computed in place)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def trajectory_afresh(store: ExpertMapStore, layer: int, dots: np.ndarray, traj_
 
 
 @given(n=st.integers(1, 9), seed=st.integers(0, 2 ** 32 - 1), zero=st.booleans(), scale=st.sampled_from([1e-200, 1.0, 1e200]))
-def test_trajectory_in_a_reused_row_is_the_fresh_one(n: int, seed: int, zero: bool, scale: float) -> None:
-    """Every layer's match, twice in a row (the row reused), as computed afresh; zero rows and
-    norms that overflow or underflow included."""
+def test_trajectory_is_the_safe_quotient(n: int, seed: int, zero: bool, scale: float) -> None:
+    """Every layer's match, twice in a row, as computed afresh with the quotient made safe; zero
+    rows and norms that overflow or underflow included."""
     rng = np.random.default_rng(seed)
     store = ExpertMapStore(16, 3, 4, 1)
     for i in range(n):

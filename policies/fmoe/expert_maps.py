@@ -106,7 +106,6 @@ class ExpertMapStore:
         # per layer, the least of the stored maps' norms (``_prefix_t[l, :n].min()``, NaN if one
         # is NaN), as Python floats: tells ``trajectory`` whether a norm can be zero
         self._prefix_min: list[float] = [0.0] * num_layers
-        self._den = np.zeros(capacity)   # ``trajectory``'s cosines, computed in place (one row, reused)
         self.replaced = 0
         self.version = 0   # stored maps written so far (a slot's content changes only then)
 
@@ -187,7 +186,7 @@ class ExpertMapStore:
     def trajectory(self, layer: int, dots: np.ndarray, traj_sq: float) -> tuple[int, float]:
         """Eq. 5: the stored map whose layers ``0..layer`` are most similar to the observed ones,
         given their running dot products ``dots`` and the observed squared norm ``traj_sq``."""
-        den = np.multiply(self._prefix_t[layer, : self.n], traj_sq, out=self._den[: self.n])
+        den = self._prefix_t[layer, : self.n] * traj_sq
         np.sqrt(den, out=den)
         # no zero (nor NaN) norm: the plain quotient is the one below. Each ``den`` is
         # ``sqrt(prefix * traj_sq)``, and a product with ``traj_sq`` is monotone in ``prefix``

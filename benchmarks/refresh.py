@@ -206,7 +206,7 @@ def main() -> None:
     lines += [
         "",
         "Other scripts here print figures of their own (`bench_sweep.py`, `bench_traces.py`, `bench_tracer.py`, "
-        "`bench_eventpath_policies.py`, `bench_policies_process.py`: every policy's whole `simctl run` process, with `--vs` another tree, output in `results/policies_process.md`, and `bench_startup.py`: the phases of one `simctl run --out` process) "
+        "`bench_eventpath_policies.py`, `bench_policies_process.py`: every policy's whole `simctl run` process, with `--vs` another tree, output in `results/policies_process.md`, `bench_startup.py`: the phases of one `simctl run --out` process, in wall time or with `--cpu` in CPU time, and `policy_share.py`: the shares of a run's CPU time in the policy's own code and in the engine's) "
         "or reproduce papers' tables (`*_table.py`, `paper_runs.py`, `crosscheck_libcachesim.py`); "
         "`fit_presets.py` and `routing_rankings.py` compare the synthetic presets with published routing "
         "statistics and rank policies on recorded and fitted routing, and `scenario_presets.py` runs each "

@@ -91,15 +91,6 @@ def test_trajectory_span_rest_prefetches_every_later_layer_of_the_match() -> Non
         assert pf.window() == {(t, e, 0) for _, t, e, _ in want}
 
 
-def test_p_rows_follow_p_map_when_it_is_replaced() -> None:
-    pf = ExpertMapPrefetcher(prefetch_distance=2)
-    pf._p_rows_of = None
-    pf.p_map = np.array([[0.25, 0.75], [0.5, 0.5]], dtype=np.float32)
-    assert pf.p_rows() == [[pf.p_evict(0, 0), pf.p_evict(0, 1)], [pf.p_evict(1, 0), pf.p_evict(1, 1)]]
-    pf.p_map = np.array([[0.9, 0.1], [0.3, 0.7]])   # a new match replaces the array
-    assert pf.p_rows() == [[0.9, 0.1], [0.3, 0.7]]
-
-
 # --- test 2: semantic, then trajectory matching, then the store's replacement -----------------
 A = np.array([[.7, .1, .1, .1], [.1, .7, .1, .1], [.1, .1, .7, .1]])
 B = np.array([[.1, .7, .1, .1], [.1, .1, .1, .7], [.7, .1, .1, .1]])
@@ -186,13 +177,11 @@ def test_spec2_trajectory_scores() -> None:
 class FakeMaps:
     def __init__(self) -> None:
         self.p = {(0, 1): .7, (1, 3): .6, (2, 0): .7}
-        self.p_map = object()   # what the cache rule watches: replaced when p changes
+        # what the cache rule reads: p of every expert, replaced (never changed) when p changes
+        self.p_map = np.array([[self.p.get((layer, e), 0.0) for e in range(4)] for layer in range(3)])
 
     def p_evict(self, layer: int, expert: int) -> float:
         return self.p[(layer, expert)]
-
-    def p_rows(self) -> list[list[float]]:
-        return [[self.p.get((layer, e), 0.0) for e in range(4)] for layer in range(3)]
 
     def window(self) -> frozenset:  # type: ignore[type-arg]
         return frozenset({(2, 0, 0)})   # wanted for layers 2..3 (l_now = 1, d = 2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,15 +22,17 @@ PS = [0.0, 0.05, 0.1, 0.25, 0.5, 1.0]   # few values, a zero among them: ties an
 
 class Maps:
     """The part of the map prefetcher the cache rule reads: p (``p_map``, replaced when it
-    changes, and its rows) and the protected window."""
+    changes; float32 as a matched map's, or float64) and the protected window."""
 
-    def __init__(self, rows: list[list[float]]) -> None:
-        self.rows = rows
-        self.p_map = object()
+    def __init__(self, rows: list[list[float]], dtype: Any) -> None:
+        self.dtype = dtype
         self.win: frozenset[UnitKey] = frozenset()
+        self.match(rows)
 
-    def p_rows(self) -> list[list[float]]:
-        return self.rows
+    def match(self, rows: list[list[float]]) -> None:
+        """A new match: ``p_map`` replaced; ``rows``: its numbers as Python floats."""
+        self.p_map = np.array(rows, dtype=self.dtype)
+        self.rows = self.p_map.tolist()
 
     def p_evict(self, layer: int, expert: int) -> float:
         return self.rows[layer][expert]
@@ -58,13 +61,15 @@ def expected(cands: list[UnitKey], rows: list[list[float]], freq: dict[UnitKey, 
 
 
 unit = st.sampled_from(UNITS)
+# p: few values (ties, a zero: infinite priorities) or any in [0, 1] (rounded to float32 or not)
+prob = st.one_of(st.sampled_from(PS), st.floats(0.0, 1.0))
 step = st.one_of(
     st.tuples(st.just("access"), st.integers(0, L - 1), st.lists(st.integers(0, J - 1), min_size=1, max_size=J,
                                                                  unique=True)),
     st.tuples(st.just("issue"), unit),
     st.tuples(st.just("evict"), unit),
     st.tuples(st.just("cancel"), unit),
-    st.tuples(st.just("p"), st.lists(st.sampled_from(PS), min_size=L * J, max_size=L * J)),
+    st.tuples(st.just("p"), st.lists(prob, min_size=L * J, max_size=L * J)),
     # candidates: those of the units the rule knows (executed or issued, still there) that a mask
     # picks, and a few it does not know (e.g. loaded by another prefetcher)
     st.tuples(st.just("victim"), st.integers(0, 2 ** len(UNITS) - 1), st.lists(unit, max_size=2, unique=True),
@@ -72,11 +77,12 @@ step = st.one_of(
 )
 
 
-@given(smoothing=st.sampled_from([0.0, 1.0, 0.5]), protect=st.booleans(),
-       first=st.lists(st.sampled_from(PS), min_size=L * J, max_size=L * J), steps=st.lists(step, min_size=20, max_size=80))
+@given(smoothing=st.sampled_from([0.0, 1.0, 0.5, 2]), protect=st.booleans(),
+       first=st.lists(prob, min_size=L * J, max_size=L * J), steps=st.lists(step, min_size=20, max_size=80),
+       dtype=st.sampled_from([np.float32, np.float64]))
 def test_every_victim_is_the_highest_key_computed_afresh(smoothing: float, protect: bool, first: list[float],
-                                                         steps: list[tuple[Any, ...]]) -> None:
-    maps = Maps(rows_of(first))
+                                                         steps: list[tuple[Any, ...]], dtype: Any) -> None:
+    maps = Maps(rows_of(first), dtype)
     cache = MapPriorityCache(smoothing, protect, maps=maps)  # type: ignore[arg-type]
     cache.setup(SimpleNamespace(num_experts=J))  # type: ignore[arg-type]
     freq: dict[UnitKey, int] = {}   # the reference's own counts
@@ -95,7 +101,7 @@ def test_every_victim_is_the_highest_key_computed_afresh(smoothing: float, prote
             freq.pop(s[1], None)
             known.discard(s[1])
         elif s[0] == "p":   # a new match: p replaced
-            maps.rows, maps.p_map = rows_of(s[1]), object()
+            maps.match(rows_of(s[1]))
         else:
             mask, extra, maps.win, reason = s[1:]
             cands = [u for i, u in enumerate(UNITS) if u in known and mask >> i & 1]

@@ -31,9 +31,9 @@ def select_by_mass(p: np.ndarray | list[float], delta: float, k: int, dynamic: b
 
 def select_floats(vals: list[float], delta: float, k: int, dynamic: bool = True) -> list[tuple[int, float]]:
     """:func:`select_by_mass` of probabilities given as a list of Python floats (not changed)."""
-    for v in vals:
-        if v != v:   # a NaN: numpy's order (NaN last), below
-            return _select_by_mass_np(np.asarray(vals), delta, k, dynamic)
+    tot = sum(vals)
+    if tot != tot:   # a NaN among them (or infinities of both signs): numpy's order (NaN last), below
+        return _select_by_mass_np(np.asarray(vals), delta, k, dynamic)
     # plain Python on the few probabilities of one layer, the same result as below: a stable
     # descending sort (ties by expert id), the running sum in the same order of additions
     order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from moesim.policies.contract.base import (
     Context,
     EvictionRequest,
@@ -28,9 +30,8 @@ from moesim.policies.contract.base import (
 from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher
 from moesim.policies.parts.caches import CacheRule
 
-_STALE = (0.0, 0, 0, 0)
-"""The key of a unit that came in while every key is stale: a placeholder (stale keys are
-made again before they are read)."""
+Key = tuple[float, int, int, int, int]
+"""A unit's victim key ``(priority, -layer, -expert, -part, freq)``: the highest is evicted."""
 
 
 class MapPriorityCache(CacheRule):
@@ -45,12 +46,12 @@ class MapPriorityCache(CacheRule):
         self.protect_window = protect_window
         self.maps = maps
         self.freq: dict[UnitKey, int] = {}
-        # each known unit's victim key (priority, -layer, -expert, -part): every unit the rule was
-        # told of (executed, issued, or a candidate) until it leaves; keyed again, all of them,
-        # at the first eviction after the maps' ``p_map`` changed (``_stale``; ``_pm``: the
-        # ``p_map`` seen last); ``_keys_p``: the p rows of the latest keys
-        self._keys: dict[UnitKey, tuple[float, int, int, int]] = {}
-        self._keys_p: list[list[float]] | None = None
+        # each known unit's victim key (priority, -layer, -expert, -part, freq): every unit the
+        # rule was told of (executed, issued, or a candidate) until it leaves; keyed again, all of
+        # them, at the first eviction after the maps' ``p_map`` changed (``_stale``; ``_pm``: the
+        # ``p_map`` seen last); ``_keys_p``: the p of the latest keys (``[L, J]``, None: uniform)
+        self._keys: dict[UnitKey, Key] = {}
+        self._keys_p: np.ndarray | None = None
         self._pm: object = None
         self._stale = False
 
@@ -69,23 +70,24 @@ class MapPriorityCache(CacheRule):
         if maps is not None and maps.p_map is not self._pm:   # _sync, its test inlined (once per layer)
             self._sync()
         freq, keys = self.freq, self._keys
-        if self._stale:   # the keys are made again before they are read: known is enough
+        if self._stale:   # the keys are made again before they are read: the count is enough
             for e in outcome.experts:
                 key = (layer, e, 0)
-                freq[key] = freq.get(key, 0) + 1
-                keys[key] = _STALE
+                f = freq[key] = freq.get(key, 0) + 1
+                keys[key] = (0.0, -layer, -e, 0, f)
             return
-        key_of, rows = self._key, self._keys_p
+        key_of, pm = self._key, self._keys_p
         for e in outcome.experts:
             key = (layer, e, 0)
             freq[key] = freq.get(key, 0) + 1
-            keys[key] = key_of(key, rows)
+            keys[key] = key_of(key, pm)
 
     def refresh(self, key: UnitKey) -> None:
         """A unit the prefetcher issued: its victim key now (its count does not change: fMoE
         counts executions only)."""
         self._sync()
-        self._keys[key] = _STALE if self._stale else self._key(key, self._keys_p)
+        self._keys[key] = (0.0, -key[0], -key[1], -key[2], self.freq.get(key, 0)) if self._stale \
+            else self._key(key, self._keys_p)
 
     def on_evict(self, view: ReadView, unit: UnitKey) -> None:
         """Counts are forgotten when the unit leaves."""
@@ -104,34 +106,39 @@ class MapPriorityCache(CacheRule):
         return 1.0 / den if den > 0 else float("inf")
 
     # -- victim keys ------------------------------------------------------------------------------
-    # Each known unit's victim key ``(priority, -layer, -expert, -part)`` (``priority`` inlined)
-    # is kept in ``_keys``: computed when the unit is executed or issued (from its new count),
-    # and for every known unit again at the first eviction after the maps' p changed (a key is
-    # a function of the current p and count, so every kept key is the one :meth:`_key` gives
-    # now). The keys of distinct units differ, so the highest key is the same whatever the
-    # candidates' order.
+    # Each known unit's victim key ``(priority, -layer, -expert, -part, freq)`` (``priority``
+    # inlined) is kept in ``_keys``: computed when the unit is executed or issued (from its new
+    # count), and for every known unit again at the first eviction after the maps' p changed (a
+    # key is a function of the current p and count, so every kept key is the one :meth:`_key`
+    # gives now; a stale key's priority is a placeholder, its count is current). The keys of
+    # distinct units differ before ``freq``, so the highest key is the same whatever the
+    # candidates' order, and ``freq`` (carried for :meth:`_rekey`) never decides.
     def _sync(self) -> None:
         """Follow the maps' p: when their ``p_map`` was replaced (a new match: every p may have
-        changed), every kept key is stale (its rows are taken when the keys are made again)."""
+        changed), every kept key is stale (its p is read when the keys are made again)."""
         maps = self.maps
         if maps is not None and maps.p_map is not self._pm:
             self._pm = maps.p_map
             self._stale = True
 
-    def _key(self, k: UnitKey, rows: list[list[float]] | None) -> tuple[float, int, int, int]:
-        """The victim key of unit ``k`` under p ``rows`` (uniform for None)."""
-        p = rows[k[0]][k[1]] if rows is not None else 1.0 / self._J
-        den = p * (self.freq.get(k, 0) + self.freq_smoothing)
-        return (1.0 / den if den > 0 else float("inf"), -k[0], -k[1], -k[2])
+    def _key(self, k: UnitKey, p_map: np.ndarray | None) -> Key:
+        """The victim key of unit ``k`` under ``p_map`` (``[L, J]``; uniform for None)."""
+        p = p_map.item(k[0], k[1]) if p_map is not None else 1.0 / self._J
+        f = self.freq.get(k, 0)
+        den = p * (f + self.freq_smoothing)
+        return (1.0 / den if den > 0 else float("inf"), -k[0], -k[1], -k[2], f)
 
     def _rekey(self) -> None:
-        """Key every known unit again under the maps' current p rows (stale keys made current)."""
+        """Key every known unit again under the maps' current p (stale keys made current), each
+        unit's p gathered from ``p_map`` at once (Python floats, as ``item`` gives them)."""
         assert self.maps is not None   # stale only with maps
-        rows = self._keys_p = self.maps.p_rows()
-        fget, smooth, inf = self.freq.get, self.freq_smoothing, float("inf")
-        # ``for t, e, p in (k,)``: the unit's members unpacked once (an assignment in a comprehension)
-        self._keys = {k: (1.0 / den if (den := rows[t][e] * (fget(k, 0) + smooth)) > 0 else inf, -t, -e, -p)
-                      for k in self._keys for t, e, p in (k,)}
+        pm = self._keys_p = self.maps.p_map
+        keys, j = self._keys, pm.shape[1]
+        ps = pm.ravel().take([t * j + e for t, e, _ in keys]).tolist()
+        smooth, inf = self.freq_smoothing, float("inf")
+        # a key's unit members and count (``v[1:]``) stay; its priority is made from them
+        self._keys = {k: (1.0 / den if (den := p * (v[4] + smooth)) > 0 else inf, v[1], v[2], v[3], v[4])
+                      for (k, v), p in zip(keys.items(), ps, strict=True)}
         self._stale = False
 
     def _best(self, cands: Sequence[UnitKey]) -> UnitKey:
@@ -143,10 +150,10 @@ class MapPriorityCache(CacheRule):
         try:
             return max(cands, key=keys.__getitem__)
         except KeyError:   # a candidate not known yet
-            rows, key_of = self._keys_p, self._key
+            pm, key_of = self._keys_p, self._key
             for k in cands:
                 if k not in keys:
-                    keys[k] = key_of(k, rows)
+                    keys[k] = key_of(k, pm)
             return max(cands, key=keys.__getitem__)
 
     def choose_victim(self, view: ReadView, request: EvictionRequest) -> VictimChoice:

@@ -112,8 +112,6 @@ class ExpertMapPrefetcher(Prefetcher):
             ctx.warn("fmoe: the trace has no embeddings; semantic matching is off (no prefetch for "
                      "layers 0..d-1)")
         self.p_map = np.full((self._L, self._J), 1.0 / self._J)   # replaced, never changed in place
-        self._p_rows_of: np.ndarray | None = None
-        self._p_rows: list[list[float]] = []
         self.matches = 0
         self.issued = 0
         prof = ctx.profile
@@ -256,15 +254,18 @@ class ExpertMapPrefetcher(Prefetcher):
         store = self.store
         n = store.n
         traj, tsq, dots = self._traj, self._tsq, self._dots
+        target = layer + self.prefetch_distance
+        # the running dots and squared norms are read only by a trajectory match, made while a
+        # target layer is left: not after layer L - d - 1 (they start afresh each iteration)
+        match = self.trajectory and n > 0 and target < self._L
         lg = view.logits(layer) if self._logits else None
         if lg is not None and lg.shape[0] == 1 and lg.dtype.char in "ef":
             # one token (a decode step): softmax_rows(lg) (float16/32: computed in float32), the
             # same operations on one reused row, written into the token's map
             p = traj[0, layer]
             np.copyto(p, softmax_row32(lg[0], self._row32))
-            # ``dot``: the products ``@`` makes (the same BLAS ddot / dgemv), with less set-up
-            tsq[0] += float(p.dot(p))
-            if n:
+            if match:   # ``dot``: the products ``@`` makes (the same BLAS ddot / dgemv), with less set-up
+                tsq[0] += float(p.dot(p))
                 dots[0] += store.by_layer[layer, :n].dot(p)
         else:
             if lg is not None:   # a softmax has no -0.0 (exp gives +0.0): ``p + 0.0`` below is ``p``
@@ -276,16 +277,15 @@ class ExpertMapPrefetcher(Prefetcher):
             for u in self._units:
                 p = probs[u] + 0.0 if plus else probs[u]   # ``+ 0.0``: a sparse row's -0.0 becomes 0.0
                 traj[u, layer] = p
-                tsq[u] += float(p @ p)
-                if n:
+                if match:
+                    tsq[u] += float(p @ p)
                     dots[u] += stored @ p
         if self.cancel_stale:
             view.cancel_prefetches(layer)
         self._want.pop(layer, None)
         self._l_now = layer
         self._window = None
-        target = layer + self.prefetch_distance
-        if self.trajectory and n and target < self._L:
+        if match:
             self._charge(view, len(self._reqs))   # one (batched) search per request
             targets = range(target, self._last(layer) + 1)
             by_layer, add, trajectory = store.by_layer, self._add, store.trajectory
@@ -317,16 +317,6 @@ class ExpertMapPrefetcher(Prefetcher):
         """The eviction ``p`` of an expert: the latest matched maps' probability (max over
         requests; uniform before any match)."""
         return float(self.p_map[layer, expert])
-
-    def p_rows(self) -> list[list[float]]:
-        """:meth:`p_evict` of every expert as ``rows[layer][expert]``: Python floats for a cache
-        rule that weighs every resident expert per eviction. Converted again only when
-        ``p_map`` is replaced (it is never changed in place)."""
-        pm = self.p_map
-        if self._p_rows_of is not pm:
-            self._p_rows_of = pm
-            self._p_rows = pm.tolist()
-        return self._p_rows
 
     def issue(self, view: View, l_now: int) -> None:
         """Prefetch (or re-rank) every wanted expert of layers ``l_now+1..l_now+d`` (``rest``:

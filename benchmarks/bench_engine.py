@@ -6,13 +6,15 @@ iteration runs too). Prints figures; asserts nothing.
 
     python benchmarks/bench_engine.py [--tokens 2000] [--policy mixtral-offloading] [--profile]
                                       [--event-loop | --driver] [--model mixtral-8x7b] [--initial popular]
-                                      [--prompt-len 256]
+                                      [--prompt-len 256] [--buffer-experts 2]
 
 Demand-only policies (lru, lfu, fifo, random, belady; static started warm with
 ``--initial popular``) and the next-layer prefetchers mixtral-offloading and oracle-prefetch
 (sim/fast/prefetch.py) take a kernel of the fast path, every other policy its driver
 (sim/fast/driver.py), unless ``--event-loop`` forces SimPy or ``--driver`` the driver; the line
-``path:`` says which ran.
+``path:`` says which ran. A policy that declares a transfer buffer among its setup needs
+(MoEpic's ``U_b = K``: ``SetupNeeds.buffer_experts``) gets it, as ``simctl study`` gives it,
+unless ``--buffer-experts`` names another size: without it MoEpic's prefetch never runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import io
 import pstats
 import time
 
+from moesim.policies.contract.needs import TOP_K
 from moesim.policies.contract.registry import make_policy
 from moesim.sim.config.catalog import get_hardware, get_model
 from moesim.sim.engine.cost import CostModel
@@ -45,6 +48,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print the 15 most expensive functions")
     ap.add_argument("--event-loop", action="store_true", help="force the SimPy event loop (no fast path)")
     ap.add_argument("--driver", action="store_true", help="force the fast path's driver (no kernel)")
+    ap.add_argument("--buffer-experts", type=float, default=None,
+                    help="transfer buffer in experts (default: the policy's declared need, else 0)")
     ap.add_argument("--initial", default="empty", help="cache.initial: empty, popular or random")
     ap.add_argument("--preset", default="mixtral-8x7b-legacy", help="synthetic trace preset (the model's shape)")
     ap.add_argument("--model", default=None,
@@ -65,7 +70,13 @@ def main() -> None:
     model, hw = get_model(trace.model.name), get_hardware(args.hardware)
     wl = build_workload(trace, batch_size=1, phases=["prefill", "decode"] if args.prompt_len else ["decode"])
     budget = int(args.experts_per_layer * model.num_layers) * model.expert_bytes
-    engine = Engine(wl, make_policy(args.policy), CostModel(model, hw), budget_bytes=budget,
+    policy = make_policy(args.policy)
+    buffer_experts = args.buffer_experts
+    if buffer_experts is None:   # the policy's declared need (MoEpic: top_k), as simctl study gives it
+        need = policy.needs().buffer_experts
+        buffer_experts = 0 if need is None else model.top_k if need == TOP_K else need
+    engine = Engine(wl, policy, CostModel(model, hw), budget_bytes=budget,
+                    buffer_bytes=int(round(buffer_experts * model.expert_bytes)),
                     initial=args.initial, fast_replay=None if args.event_loop else FAST_PATH)
     prof = cProfile.Profile() if args.profile else None
     t0, c0 = time.perf_counter(), time.process_time()
@@ -80,7 +91,8 @@ def main() -> None:
     print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens"
           + (f", {requests} prompts of {args.prompt_len}" if args.prompt_len else "") + f" x {model.num_layers} layers), "
           f"generated and validated in {t_gen:.2f} s")
-    print(f"policy {args.policy} on {hw.name}, {args.experts_per_layer:g} experts/layer: "
+    print(f"policy {args.policy} on {hw.name}, {args.experts_per_layer:g} experts/layer"
+          + (f" + a {buffer_experts:g}-expert transfer buffer" if buffer_experts else "") + ": "
           f"hit {m['hit_rate']:.3f}, late {m['late_rate']:.3f}, TPOT {m['tpot_ms']['mean']:.1f} ms")
     print(f"path: {engine.state.path}" + (f" ({engine.state.path_reason})" if engine.state.path_reason else ""))
     print(f"layer-steps: {steps}  wall: {wall:.3f} s  ->  {steps / wall:,.0f} layer-steps/s")

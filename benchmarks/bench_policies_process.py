@@ -1,6 +1,7 @@
 """Whole-process speed of every registered policy: ``simctl run SCENARIO --out DIR`` in a child
 process on the engine issue's case (Mixtral-8x7B, 2,000 decode tokens x 32 layers with lookahead
-logits, ``a100-pcie-80gb``, ``cache.rate`` 0.25, each policy with its defaults), layer-steps per
+logits, ``a100-pcie-80gb``, ``cache.rate`` 0.25, each policy with its defaults and the transfer buffer
+its setup needs declare, as ``simctl study`` gives it: MoEpic's ``U_b = K``), layer-steps per
 second of wall time and of CPU time (the child's user + system time from ``os.wait4``), median
 of ``--repeat`` processes. Prints a table and the goal of issue 24 (>= 50,000 layer-steps/s for
 every policy); asserts nothing.
@@ -64,7 +65,11 @@ def main() -> None:
     ap.add_argument("--vs", default="", help="PYTHONPATH of another checkout to compare with")
     ap.add_argument("--out", default="", help="also write the table (markdown) here")
     args = ap.parse_args()
-    from moesim.policies.contract.registry import policy_names
+    from moesim.policies.contract.needs import TOP_K
+    from moesim.policies.contract.registry import make_policy, policy_names
+    from moesim.sim.config.catalog import get_model
+
+    top_k = get_model("mixtral-8x7b").top_k
 
     names = args.policies.split(",") if args.policies else sorted(policy_names())
     steps = args.tokens * 32
@@ -86,8 +91,10 @@ def main() -> None:
                "-o", str(trace)], None)
         for name in names:
             scen = tmp / f"{name}.yaml"
+            need = make_policy(name).needs().buffer_experts   # without it MoEpic's prefetch never runs
+            buffer = "" if need is None else f", buffer_experts: {top_k if need == TOP_K else need}"
             scen.write_text(f"trace: {trace}\nmodel: mixtral-8x7b\nhardware: a100-pcie-80gb\n"
-                            f"cache: {{rate: 0.25}}\npolicy: {name}\n")
+                            f"cache: {{rate: 0.25{buffer}}}\npolicy: {name}\n")
             cmd = [PY, "-m", "moesim.sim.cli.main", "run", str(scen), "--out", str(tmp / f"out-{name}"),
                    "--force", "--no-progress"]
             ours: list[tuple[float, float]] = []

@@ -80,7 +80,7 @@ class BudgetTopKPlanner(Planner):
             return None
         ex = routing.experts
         ks = self.widths(view, layer, ex)
-        if all(k >= ex.shape[1] for k in ks):
+        if min(ks, default=ex.shape[1]) >= ex.shape[1]:   # every row keeps its full width
             return None
         plan = np.array(ex, dtype=np.int64, copy=True)
         for t, k in enumerate(ks):

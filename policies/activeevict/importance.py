@@ -128,11 +128,13 @@ class ImportanceScorer:
 
     def hotness(self, layer: int, residents: Sequence[int]) -> dict[int, float]:
         """Eq. 9: usage normalised over the residents (all 0 when they were never used)."""
-        u = {e: self._usage_of(layer, e) for e in residents}
+        u = [self._usage_of(layer, e) for e in residents]
         tot = 0.0   # a plain loop: the residents' usage added in their order
-        for e in residents:
-            tot += u[e]
-        return {e: (u[e] / tot if tot > 0 else 0.0) for e in residents}
+        for x in u:
+            tot += x
+        if tot > 0:
+            return {e: x / tot for e, x in zip(residents, u, strict=True)}
+        return dict.fromkeys(residents, 0.0)
 
     def scores(self, layer: int, residents: Sequence[int], p_hat: Sequence[float] | None = None
                ) -> dict[int, float]:
@@ -145,8 +147,10 @@ class ImportanceScorer:
             p_hat = self.predicted[layer]
         h = self.hotness(layer, residents)
         a = self.alpha
-        return {e: a * h[e] + (1.0 - a) * (float(p_hat[e]) if p_hat is not None else 0.0)
-                for e in residents}
+        b = 1.0 - a
+        if p_hat is None:
+            return {e: a * h[e] + b * 0.0 for e in residents}
+        return {e: a * h[e] + b * float(p_hat[e]) for e in residents}
 
 
 def descending(p: Sequence[float]) -> list[int]:
@@ -206,7 +210,8 @@ def release_plan(p: Sequence[float], present: set[int], top: Sequence[int], *, t
     k = len(top)
     r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy)
     if boundary == "nonresident":
-        wanted = set(int(e) for e in top) | set(descending(p)[: k + r])
+        wanted = set(map(int, top))
+        wanted.update(descending(p)[: k + r])
         return len(wanted - present), wanted
     hits = 0
     for e in top:

@@ -157,8 +157,10 @@ class PreEvictor(Prefetcher):
             target = 0
         else:
             return
-        look = view.lookahead_logits(layer) if self._lookahead else None
-        p_hat = self._predicted(view.lookahead_probs(layer) if look is not None else None, target)
+        sm = view.lookahead_probs(layer) if self._lookahead else None
+        p_hat = self._predicted(sm, target)
+        # the logits only for the per-token top-k of several tokens (one token: p_hat's top-k)
+        look = view.lookahead_logits(layer) if sm is not None and sm.shape[0] > 1 else None
         top = self._predicted_top(look, p_hat)
         self.scorer.predicted[target] = p_hat
         if self.preevict_at == "after_layer":

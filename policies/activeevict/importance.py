@@ -179,13 +179,20 @@ def release_target_of(p: Sequence[float], present: set[int], top: Sequence[int],
     return release_plan(p, present, top, tau=tau, r_max=r_max, redundancy=redundancy, boundary=boundary)[0]
 
 
-def redundancy_of(p: Sequence[float], k: int, *, tau: float, r_max: int, redundancy: str = "literal") -> int:
+def redundancy_of(p: Sequence[float], k: int, *, tau: float, r_max: int, redundancy: str = "literal",
+                  order: Sequence[int] | None = None) -> int:
     """Eq. 16: ``r_k``, the gaps below ``p_(k)`` narrower than ``tau`` among the first ``r_max``
-    (``redundancy="run"``: stop at the first that is not)."""
+    (``redundancy="run"``: stop at the first that is not). ``order``: ``descending(p)``, when the
+    caller has it (the same values in the same order, without a second sort)."""
     r = 0
     if r_max > 0 and k < len(p):
-        t = sum(p)
-        if t == t:             # no NaN: the values, highest first
+        if order is not None:  # p by ``order``, its NaNs (last there) moved first, as below
+            srt = [p[i] for i in order]
+            m = len(srt)
+            while m and srt[m - 1] != srt[m - 1]:
+                m -= 1
+            srt = srt[m:] + srt[:m]
+        elif (t := sum(p)) == t:   # no NaN: the values, highest first
             srt = sorted(p, reverse=True)
         else:                  # numpy's descending order puts the NaNs first
             srt = [x for x in p if x != x] + sorted((x for x in p if x == x), reverse=True)
@@ -208,11 +215,13 @@ def release_plan(p: Sequence[float], present: set[int], top: Sequence[int], *, t
     pre-evictor never evicts one of these (A4): evicting a resident it counted as present would
     free a slot for the very expert it evicted."""
     k = len(top)
-    r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy)
     if boundary == "nonresident":
+        order = descending(p)
+        r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy, order=order)
         wanted = set(map(int, top))
-        wanted.update(descending(p)[: k + r])
+        wanted.update(order[: k + r])
         return len(wanted - present), wanted
+    r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy)
     hits = 0
     for e in top:
         if int(e) in present:

@@ -23,6 +23,7 @@ a run in which it never evicted says so in its warnings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import starmap
 
 import numpy as np
 
@@ -202,7 +203,7 @@ class PreEvictor(Prefetcher):
             if pinned(target, e):
                 continue
             keys = [k for k in units if k[1] == e]
-            if all(view.evict(*k) for k in keys):
+            if all(starmap(view.evict, keys)):   # stops at the first that fails
                 self._mine.update(keys)
                 self.evictions += len(keys)
                 done += 1

@@ -208,15 +208,17 @@ def redundancy_of(p: Sequence[float], k: int, *, tau: float, r_max: int, redunda
 
 
 def release_plan(p: Sequence[float], present: set[int], top: Sequence[int], *, tau: float, r_max: int,
-                 redundancy: str = "literal", boundary: str = "literal") -> tuple[int, set[int]]:
+                 redundancy: str = "literal", boundary: str = "literal", order: list[int] | None = None
+                 ) -> tuple[int, set[int]]:
     """Eq. 17's target and the experts it makes room for or counts as already there: the
     predicted top-k (``top``), and with ``boundary="nonresident"`` also the ``r_k`` experts
     just below the boundary (ranks k+1..k+r of ``p``), whose slots the redundancy is for. The
     pre-evictor never evicts one of these (A4): evicting a resident it counted as present would
-    free a slot for the very expert it evicted."""
+    free a slot for the very expert it evicted. ``order``: ``descending(p)``, when the caller has it."""
     k = len(top)
     if boundary == "nonresident":
-        order = descending(p)
+        if order is None:
+            order = descending(p)
         r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy, order=order)
         wanted = set(map(int, top))
         wanted.update(order[: k + r])

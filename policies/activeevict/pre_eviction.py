@@ -162,10 +162,11 @@ class PreEvictor(Prefetcher):
         p_hat = self._predicted(sm, target)
         # the logits only for the per-token top-k of several tokens (one token: p_hat's top-k)
         look = view.lookahead_logits(layer) if sm is not None and sm.shape[0] > 1 else None
-        top = self._predicted_top(look, p_hat)
+        order = descending(p_hat) if look is None else None   # p_hat's ranks: its top-k, and Eq. 16's
+        top = order[: self._k] if order is not None else self._predicted_top(look, p_hat)
         self.scorer.predicted[target] = p_hat
         if self.preevict_at == "after_layer":
-            self.preevict(view, target, p_hat, top)
+            self.preevict(view, target, p_hat, top, order)
         else:
             self._pending = (target, view.iteration_index + (1 if target == 0 else 0), p_hat, top)
 
@@ -179,14 +180,15 @@ class PreEvictor(Prefetcher):
             self.preevict(view, target, p_hat, top)
         self._pending = None
 
-    def preevict(self, view: View, target: int, p_hat: Sequence[float] | np.ndarray, top: list[int]) -> int:
+    def preevict(self, view: View, target: int, p_hat: Sequence[float] | np.ndarray, top: list[int],
+                 order: list[int] | None = None) -> int:
         """Evict the lowest-``s`` residents of ``target`` until ``Delta`` slots are free; returns
-        how many experts were evicted."""
+        how many experts were evicted. ``order``: ``descending(p_hat)``, when the caller has it."""
         p = p_hat.astype(np.float64).tolist() if isinstance(p_hat, np.ndarray) else p_hat
         units = view.units_of_layer(target)
         present = {k[1] for k in units}
         delta, keep = release_plan(p, present, top, tau=self.tau, r_max=self.r_max,
-                                   redundancy=self.redundancy, boundary=self.boundary)
+                                   redundancy=self.redundancy, boundary=self.boundary, order=order)
         need = delta - (self._slots[target] - len(present))
         if need <= 0:
             return 0

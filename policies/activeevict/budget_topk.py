@@ -53,8 +53,7 @@ class BudgetTopKPlanner(Planner):
         k_max = self._k_max
         for row in np.asarray(experts).tolist():
             best, used, new = 0, 0, []
-            for k in range(1, min(k_max, len(row)) + 1):
-                e = row[k - 1]
+            for k, e in enumerate(row[:k_max], 1):
                 if e < 0:
                     break
                 if e not in present:

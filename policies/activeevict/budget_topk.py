@@ -53,8 +53,7 @@ class BudgetTopKPlanner(Planner):
         k_max = self._k_max
         for row in np.asarray(experts).tolist():
             best, used, new = 0, 0, []
-            for k in range(1, min(k_max, len(row)) + 1):
-                e = row[k - 1]
+            for k, e in enumerate(row[:k_max], 1):
                 if e < 0:
                     break
                 if e not in present:
@@ -80,7 +79,7 @@ class BudgetTopKPlanner(Planner):
             return None
         ex = routing.experts
         ks = self.widths(view, layer, ex)
-        if all(k >= ex.shape[1] for k in ks):
+        if min(ks, default=ex.shape[1]) >= ex.shape[1]:   # every row keeps its full width
             return None
         plan = np.array(ex, dtype=np.int64, copy=True)
         for t, k in enumerate(ks):

@@ -128,11 +128,13 @@ class ImportanceScorer:
 
     def hotness(self, layer: int, residents: Sequence[int]) -> dict[int, float]:
         """Eq. 9: usage normalised over the residents (all 0 when they were never used)."""
-        u = {e: self._usage_of(layer, e) for e in residents}
+        u = [self._usage_of(layer, e) for e in residents]
         tot = 0.0   # a plain loop: the residents' usage added in their order
-        for e in residents:
-            tot += u[e]
-        return {e: (u[e] / tot if tot > 0 else 0.0) for e in residents}
+        for x in u:
+            tot += x
+        if tot > 0:
+            return {e: x / tot for e, x in zip(residents, u, strict=True)}
+        return dict.fromkeys(residents, 0.0)
 
     def scores(self, layer: int, residents: Sequence[int], p_hat: Sequence[float] | None = None
                ) -> dict[int, float]:
@@ -145,8 +147,10 @@ class ImportanceScorer:
             p_hat = self.predicted[layer]
         h = self.hotness(layer, residents)
         a = self.alpha
-        return {e: a * h[e] + (1.0 - a) * (float(p_hat[e]) if p_hat is not None else 0.0)
-                for e in residents}
+        b = 1.0 - a
+        if p_hat is None:
+            return {e: a * h[e] + b * 0.0 for e in residents}
+        return {e: a * h[e] + b * float(p_hat[e]) for e in residents}
 
 
 def descending(p: Sequence[float]) -> list[int]:
@@ -175,13 +179,20 @@ def release_target_of(p: Sequence[float], present: set[int], top: Sequence[int],
     return release_plan(p, present, top, tau=tau, r_max=r_max, redundancy=redundancy, boundary=boundary)[0]
 
 
-def redundancy_of(p: Sequence[float], k: int, *, tau: float, r_max: int, redundancy: str = "literal") -> int:
+def redundancy_of(p: Sequence[float], k: int, *, tau: float, r_max: int, redundancy: str = "literal",
+                  order: Sequence[int] | None = None) -> int:
     """Eq. 16: ``r_k``, the gaps below ``p_(k)`` narrower than ``tau`` among the first ``r_max``
-    (``redundancy="run"``: stop at the first that is not)."""
+    (``redundancy="run"``: stop at the first that is not). ``order``: ``descending(p)``, when the
+    caller has it (the same values in the same order, without a second sort)."""
     r = 0
     if r_max > 0 and k < len(p):
-        t = sum(p)
-        if t == t:             # no NaN: the values, highest first
+        if order is not None:  # p by ``order``, its NaNs (last there) moved first, as below
+            srt = [p[i] for i in order]
+            m = len(srt)
+            while m and srt[m - 1] != srt[m - 1]:
+                m -= 1
+            srt = srt[m:] + srt[:m]
+        elif (t := sum(p)) == t:   # no NaN: the values, highest first
             srt = sorted(p, reverse=True)
         else:                  # numpy's descending order puts the NaNs first
             srt = [x for x in p if x != x] + sorted((x for x in p if x == x), reverse=True)
@@ -197,17 +208,22 @@ def redundancy_of(p: Sequence[float], k: int, *, tau: float, r_max: int, redunda
 
 
 def release_plan(p: Sequence[float], present: set[int], top: Sequence[int], *, tau: float, r_max: int,
-                 redundancy: str = "literal", boundary: str = "literal") -> tuple[int, set[int]]:
+                 redundancy: str = "literal", boundary: str = "literal", order: list[int] | None = None
+                 ) -> tuple[int, set[int]]:
     """Eq. 17's target and the experts it makes room for or counts as already there: the
     predicted top-k (``top``), and with ``boundary="nonresident"`` also the ``r_k`` experts
     just below the boundary (ranks k+1..k+r of ``p``), whose slots the redundancy is for. The
     pre-evictor never evicts one of these (A4): evicting a resident it counted as present would
-    free a slot for the very expert it evicted."""
+    free a slot for the very expert it evicted. ``order``: ``descending(p)``, when the caller has it."""
     k = len(top)
-    r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy)
     if boundary == "nonresident":
-        wanted = set(int(e) for e in top) | set(descending(p)[: k + r])
+        if order is None:
+            order = descending(p)
+        r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy, order=order)
+        wanted = set(map(int, top))
+        wanted.update(order[: k + r])
         return len(wanted - present), wanted
+    r = redundancy_of(p, k, tau=tau, r_max=r_max, redundancy=redundancy)
     hits = 0
     for e in top:
         if int(e) in present:

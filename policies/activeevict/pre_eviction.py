@@ -23,6 +23,7 @@ a run in which it never evicted says so in its warnings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import starmap
 
 import numpy as np
 
@@ -157,12 +158,15 @@ class PreEvictor(Prefetcher):
             target = 0
         else:
             return
-        look = view.lookahead_logits(layer) if self._lookahead else None
-        p_hat = self._predicted(view.lookahead_probs(layer) if look is not None else None, target)
-        top = self._predicted_top(look, p_hat)
+        sm = view.lookahead_probs(layer) if self._lookahead else None
+        p_hat = self._predicted(sm, target)
+        # the logits only for the per-token top-k of several tokens (one token: p_hat's top-k)
+        look = view.lookahead_logits(layer) if sm is not None and sm.shape[0] > 1 else None
+        order = descending(p_hat) if look is None else None   # p_hat's ranks: its top-k, and Eq. 16's
+        top = order[: self._k] if order is not None else self._predicted_top(look, p_hat)
         self.scorer.predicted[target] = p_hat
         if self.preevict_at == "after_layer":
-            self.preevict(view, target, p_hat, top)
+            self.preevict(view, target, p_hat, top, order)
         else:
             self._pending = (target, view.iteration_index + (1 if target == 0 else 0), p_hat, top)
 
@@ -176,14 +180,15 @@ class PreEvictor(Prefetcher):
             self.preevict(view, target, p_hat, top)
         self._pending = None
 
-    def preevict(self, view: View, target: int, p_hat: Sequence[float] | np.ndarray, top: list[int]) -> int:
+    def preevict(self, view: View, target: int, p_hat: Sequence[float] | np.ndarray, top: list[int],
+                 order: list[int] | None = None) -> int:
         """Evict the lowest-``s`` residents of ``target`` until ``Delta`` slots are free; returns
-        how many experts were evicted."""
+        how many experts were evicted. ``order``: ``descending(p_hat)``, when the caller has it."""
         p = p_hat.astype(np.float64).tolist() if isinstance(p_hat, np.ndarray) else p_hat
         units = view.units_of_layer(target)
         present = {k[1] for k in units}
         delta, keep = release_plan(p, present, top, tau=self.tau, r_max=self.r_max,
-                                   redundancy=self.redundancy, boundary=self.boundary)
+                                   redundancy=self.redundancy, boundary=self.boundary, order=order)
         need = delta - (self._slots[target] - len(present))
         if need <= 0:
             return 0
@@ -200,7 +205,7 @@ class PreEvictor(Prefetcher):
             if pinned(target, e):
                 continue
             keys = [k for k in units if k[1] == e]
-            if all(view.evict(*k) for k in keys):
+            if all(starmap(view.evict, keys)):   # stops at the first that fails
                 self._mine.update(keys)
                 self.evictions += len(keys)
                 done += 1

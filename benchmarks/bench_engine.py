@@ -25,7 +25,6 @@ import io
 import pstats
 import time
 
-from moesim.policies.contract.needs import TOP_K
 from moesim.policies.contract.registry import make_policy
 from moesim.sim.config.catalog import get_hardware, get_model
 from moesim.sim.engine.cost import CostModel
@@ -73,8 +72,7 @@ def main() -> None:
     policy = make_policy(args.policy)
     buffer_experts = args.buffer_experts
     if buffer_experts is None:   # the policy's declared need (MoEpic: top_k), as simctl study gives it
-        need = policy.needs().buffer_experts
-        buffer_experts = 0 if need is None else model.top_k if need == TOP_K else need
+        buffer_experts = policy.needs().buffer_size(model.top_k)
     engine = Engine(wl, policy, CostModel(model, hw), budget_bytes=budget,
                     buffer_bytes=int(round(buffer_experts * model.expert_bytes)),
                     initial=args.initial, fast_replay=None if args.event_loop else FAST_PATH)

@@ -65,7 +65,6 @@ def main() -> None:
     ap.add_argument("--vs", default="", help="PYTHONPATH of another checkout to compare with")
     ap.add_argument("--out", default="", help="also write the table (markdown) here")
     args = ap.parse_args()
-    from moesim.policies.contract.needs import TOP_K
     from moesim.policies.contract.registry import make_policy, policy_names
     from moesim.sim.config.catalog import get_model
 
@@ -91,8 +90,8 @@ def main() -> None:
                "-o", str(trace)], None)
         for name in names:
             scen = tmp / f"{name}.yaml"
-            need = make_policy(name).needs().buffer_experts   # without it MoEpic's prefetch never runs
-            buffer = "" if need is None else f", buffer_experts: {top_k if need == TOP_K else need}"
+            size = make_policy(name).needs().buffer_size(top_k)   # without it MoEpic's prefetch never runs
+            buffer = f", buffer_experts: {size:g}" if size else ""
             scen.write_text(f"trace: {trace}\nmodel: mixtral-8x7b\nhardware: a100-pcie-80gb\n"
                             f"cache: {{rate: 0.25{buffer}}}\npolicy: {name}\n")
             cmd = [PY, "-m", "moesim.sim.cli.main", "run", str(scen), "--out", str(tmp / f"out-{name}"),

@@ -91,6 +91,15 @@ def test_needs_follow_the_parameters() -> None:
         SetupNeeds(profile_share=1.0)
 
 
+def test_a_declared_buffer_in_experts() -> None:
+    # what simctl study and the speed benchmarks give a point that sets no cache.buffer_experts
+    assert make_policy("moepic").needs().buffer_size(2) == 2.0                        # U_b = K
+    assert make_policy("moepic").needs().buffer_size(8) == 8.0
+    assert make_policy("moepic", {"prefetch": False}).needs().buffer_size(8) == 0.0
+    assert SetupNeeds(buffer_experts=1.5).buffer_size(8) == 1.5
+    assert make_policy("lru").needs().buffer_size(2) == 0.0
+
+
 # --- fitting one group ---------------------------------------------------------------------------
 def _items(data: dict[str, Any], policies: list[str | tuple[str, dict[str, Any]]]) -> list[tuple[dict[str, Any], Any, Policy]]:
     out = []

@@ -70,6 +70,13 @@ class SetupNeeds:
         return not (self.columns or self.profile_share or self.buffer_experts or self.swap_out
                     or self.min_tokens_param or self.min_tokens)
 
+    def buffer_size(self, top_k: int) -> float:
+        """The declared transfer buffer in experts for a model routing ``top_k`` experts a token
+        (:data:`TOP_K` is that many), 0 when none is declared."""
+        if self.buffer_experts is None:
+            return 0.0
+        return float(top_k) if self.buffer_experts == TOP_K else float(self.buffer_experts)
+
     def without(self, *, columns: frozenset[str] | set[str] = frozenset(), profile: bool = False,
                 buffer: bool = False, min_tokens: bool = False) -> SetupNeeds:
         """These needs less what a policy's parameters turn off."""

@@ -235,12 +235,8 @@ def fit_group(items: Sequence[tuple[dict[str, Any], LoadedScenario, Policy]], fa
     open_buffer = [i for i in range(n) if "buffer_experts" not in (items[i][0].get("cache") or {})]
     wanting = [i for i in open_buffer if fits[i].unmet is None and needs[i].buffer_experts is not None]
     if wanting:
-        def experts(i: int) -> float:
-            b = needs[i].buffer_experts
-            return float(facts.top_k) if b == TOP_K else float(b or 0)
-
-        top = max(wanting, key=experts)
-        size_f = experts(top)
+        top = max(wanting, key=lambda i: needs[i].buffer_size(facts.top_k))
+        size_f = needs[top].buffer_size(facts.top_k)
         value: float | int = int(size_f) if size_f.is_integer() else size_f
         what = f"top_k = {facts.top_k}" if needs[top].buffer_experts == TOP_K else f"{value:g} experts"
         note = (f"cache.buffer_experts={value} ({what}, for {_who([names[j] for j in wanting])}: "

@@ -24,16 +24,58 @@ import cProfile
 import io
 import pstats
 import time
+from dataclasses import dataclass
 
 from moesim.policies.contract.registry import make_policy
-from moesim.sim.config.catalog import get_hardware, get_model
+from moesim.sim.config.catalog import HardwareSpec, ModelSpec, get_hardware, get_model
 from moesim.sim.engine.cost import CostModel
 from moesim.sim.engine.event_loop import Engine
-from moesim.sim.engine.workload import build_workload
+from moesim.sim.engine.workload import Workload, build_workload
 from moesim.sim.fast.path import FAST_PATH
 from moesim.sim.run.metrics import compute_metrics
-from moesim.traces.format.trace_file import trace_from_columns
+from moesim.traces.format.trace_file import Trace, trace_from_columns
 from moesim.traces.synthetic.generator import SynthParams, generate
+
+REQUESTS = 4
+"""Requests in the benchmark trace (the decode tokens are spread over them)."""
+
+
+@dataclass
+class BenchRun:
+    """One benchmark run, built and not yet run: its engine and what it was built from."""
+
+    engine: Engine
+    trace: Trace
+    workload: Workload
+    model: ModelSpec
+    hardware: HardwareSpec
+    buffer_experts: float
+    t_gen: float   # seconds to generate and validate the trace
+
+
+def build_run(policy: str, tokens: int, *, prompt_len: int = 0, hardware: str = "rtx-4090",
+              experts_per_layer: float = 2, initial: str = "empty", preset: str = "mixtral-8x7b-legacy",
+              model: str | None = None, buffer_experts: float | None = None,
+              event_loop: bool = False) -> BenchRun:
+    """The engine of this benchmark's case for ``policy`` (``tokens`` decode tokens over
+    :data:`REQUESTS` requests, batch 1); the transfer buffer is the policy's declared need
+    unless ``buffer_experts`` names one. Other benchmarks (``policy_share.py``) build theirs here."""
+    params = SynthParams.from_preset(preset, requests=REQUESTS, prompt_len=prompt_len,
+                                     decode_len=tokens // REQUESTS, seed=0, **({"model": model} if model else {}))
+    t0 = time.perf_counter()
+    cols, meta = generate(params)
+    trace = trace_from_columns(cols, meta)
+    t_gen = time.perf_counter() - t0
+    spec, hw = get_model(trace.model.name), get_hardware(hardware)
+    wl = build_workload(trace, batch_size=1, phases=["prefill", "decode"] if prompt_len else ["decode"])
+    budget = int(experts_per_layer * spec.num_layers) * spec.expert_bytes
+    pol = make_policy(policy)
+    if buffer_experts is None:   # the policy's declared need (MoEpic: top_k), as simctl study gives it
+        buffer_experts = pol.needs().buffer_size(spec.top_k)
+    engine = Engine(wl, pol, CostModel(spec, hw), budget_bytes=budget,
+                    buffer_bytes=int(round(buffer_experts * spec.expert_bytes)),
+                    initial=initial, fast_replay=None if event_loop else FAST_PATH)
+    return BenchRun(engine, trace, wl, spec, hw, buffer_experts, t_gen)
 
 
 def main() -> None:
@@ -58,24 +100,10 @@ def main() -> None:
         from moesim.sim.fast import path
         path.kernel_of = lambda state: None
 
-    requests = 4
-    params = SynthParams.from_preset(args.preset, requests=requests, prompt_len=args.prompt_len,
-                                     decode_len=args.tokens // requests, seed=0,
-                                     **({"model": args.model} if args.model else {}))
-    t0 = time.perf_counter()
-    cols, meta = generate(params)
-    trace = trace_from_columns(cols, meta)
-    t_gen = time.perf_counter() - t0
-    model, hw = get_model(trace.model.name), get_hardware(args.hardware)
-    wl = build_workload(trace, batch_size=1, phases=["prefill", "decode"] if args.prompt_len else ["decode"])
-    budget = int(args.experts_per_layer * model.num_layers) * model.expert_bytes
-    policy = make_policy(args.policy)
-    buffer_experts = args.buffer_experts
-    if buffer_experts is None:   # the policy's declared need (MoEpic: top_k), as simctl study gives it
-        buffer_experts = policy.needs().buffer_size(model.top_k)
-    engine = Engine(wl, policy, CostModel(model, hw), budget_bytes=budget,
-                    buffer_bytes=int(round(buffer_experts * model.expert_bytes)),
-                    initial=args.initial, fast_replay=None if args.event_loop else FAST_PATH)
+    run = build_run(args.policy, args.tokens, prompt_len=args.prompt_len, hardware=args.hardware,
+                    experts_per_layer=args.experts_per_layer, initial=args.initial, preset=args.preset,
+                    model=args.model, buffer_experts=args.buffer_experts, event_loop=args.event_loop)
+    engine, trace, wl, model, hw = run.engine, run.trace, run.workload, run.model, run.hardware
     prof = cProfile.Profile() if args.profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
@@ -87,10 +115,10 @@ def main() -> None:
     m = compute_metrics(engine.state)
     steps = len(engine.state.steps)
     print(f"trace: {trace.num_rows} rows ({wl.decode_tokens} decode tokens"
-          + (f", {requests} prompts of {args.prompt_len}" if args.prompt_len else "") + f" x {model.num_layers} layers), "
-          f"generated and validated in {t_gen:.2f} s")
+          + (f", {REQUESTS} prompts of {args.prompt_len}" if args.prompt_len else "") + f" x {model.num_layers} layers), "
+          f"generated and validated in {run.t_gen:.2f} s")
     print(f"policy {args.policy} on {hw.name}, {args.experts_per_layer:g} experts/layer"
-          + (f" + a {buffer_experts:g}-expert transfer buffer" if buffer_experts else "") + ": "
+          + (f" + a {run.buffer_experts:g}-expert transfer buffer" if run.buffer_experts else "") + ": "
           f"hit {m['hit_rate']:.3f}, late {m['late_rate']:.3f}, TPOT {m['tpot_ms']['mean']:.1f} ms")
     print(f"path: {engine.state.path}" + (f" ({engine.state.path_reason})" if engine.state.path_reason else ""))
     print(f"layer-steps: {steps}  wall: {wall:.3f} s  ->  {steps / wall:,.0f} layer-steps/s")

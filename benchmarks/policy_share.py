@@ -1,8 +1,8 @@
 """Policy share: how much of a run's CPU time is the policy's own code and how much the engine's.
 
-The same run as ``bench_engine.py`` (Mixtral-8x7B preset, 4 requests, batch 1, decode only,
-2 experts per layer, rtx-4090, fast path). Every millisecond of CPU time (``SIGPROF``) the
-innermost frame of ``moesim/policies/`` or ``moesim/sim/`` on the stack takes the sample: a
+The same run as ``bench_engine.py`` (its ``build_run``: Mixtral-8x7B preset, 4 requests,
+batch 1, decode only, 2 experts per layer, rtx-4090, the policy's declared transfer buffer,
+fast path). Every millisecond of CPU time (``SIGPROF``) the innermost frame of ``moesim/policies/`` or ``moesim/sim/`` on the stack takes the sample: a
 call into C (numpy, ``max``, a dict method) counts for the Python function that made it, and
 the engine's work inside a policy's ``view.prefetch`` counts for the engine. Prints the shares
 and the functions that took the most samples; asserts nothing.
@@ -17,14 +17,7 @@ import collections
 import signal
 from types import FrameType
 
-from moesim.policies.contract.registry import make_policy
-from moesim.sim.config.catalog import get_hardware, get_model
-from moesim.sim.engine.cost import CostModel
-from moesim.sim.engine.event_loop import Engine
-from moesim.sim.engine.workload import build_workload
-from moesim.sim.fast.path import FAST_PATH
-from moesim.traces.format.trace_file import trace_from_columns
-from moesim.traces.synthetic.generator import SynthParams, generate
+from bench_engine import build_run
 
 SIDES = (("/moesim/policies/", "policy"), ("/moesim/sim/", "engine"))
 """Where a frame's file lies, and the side its samples count for."""
@@ -47,14 +40,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2000, help="decode tokens (4 requests)")
     ap.add_argument("--top", type=int, default=12, help="functions listed")
     args = ap.parse_args()
-    params = SynthParams.from_preset("mixtral-8x7b-legacy", requests=4, prompt_len=0,
-                                     decode_len=args.tokens // 4, seed=0)
-    trace = trace_from_columns(*generate(params))
-    model, hw = get_model(trace.model.name), get_hardware("rtx-4090")
-    wl = build_workload(trace, batch_size=1, phases=["decode"])
-    engine = Engine(wl, make_policy(args.policy), CostModel(model, hw),
-                    budget_bytes=2 * model.num_layers * model.expert_bytes, initial="empty",
-                    fast_replay=FAST_PATH)
+    engine = build_run(args.policy, args.tokens).engine
     sides: collections.Counter[str] = collections.Counter()
     funcs: collections.Counter[str] = collections.Counter()
 

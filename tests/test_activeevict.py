@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moesim.policies.activeevict.budget_topk import BudgetTopKPlanner
-from moesim.policies.activeevict.importance import ImportanceScorer, release_target
+from moesim.policies.activeevict.importance import (
+    ImportanceScorer,
+    descending,
+    redundancy_of,
+    release_plan,
+    release_target,
+)
 from moesim.policies.activeevict.policy import ActiveEvict
 from moesim.policies.activeevict.pre_eviction import PreEvictor
 from moesim.policies.baselines.caching import LRU
@@ -298,3 +306,22 @@ def test_regret_counts_a_preevicted_expert_its_routing_needed() -> None:
     pol = ActiveEvict(tau=0.1)
     run_engine(tr2, pol, model, hw, budget_experts=2, swap_out=True)
     assert pol.pre_evictor.regret == 1
+
+
+_P = st.lists(st.one_of(st.sampled_from([0.0, -0.0, 0.25, 0.5, float("nan"), float("inf")]),
+                        st.floats(0, 1, allow_nan=False)), min_size=1, max_size=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(p=_P, k=st.integers(0, 10), tau=st.sampled_from([0.0, 0.05, 0.3]), r_max=st.integers(0, 4),
+       redundancy=st.sampled_from(["literal", "run"]), boundary=st.sampled_from(["literal", "nonresident"]),
+       present=st.sets(st.integers(0, 9), max_size=10))
+def test_release_plan_given_the_order_equals_its_own_sort(
+        p: list[float], k: int, tau: float, r_max: int, redundancy: str, boundary: str, present: set[int]) -> None:
+    # after_layer ranks p_hat once and hands the order down (Eq. 16/17); the answer must be the one
+    # the functions reach by sorting p themselves, NaNs, ties and -0.0 included
+    top = descending(p)[:k]
+    kw = {"tau": tau, "r_max": r_max, "redundancy": redundancy}
+    assert redundancy_of(p, k, order=descending(p), **kw) == redundancy_of(p, k, **kw)
+    assert release_plan(p, present, top, boundary=boundary, order=descending(p), **kw) == \
+        release_plan(p, present, top, boundary=boundary, **kw)

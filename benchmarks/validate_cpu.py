@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                     "the same device and model shape) instead of calibrating before and after the runs")
     ap.add_argument("--model", default=None, help="model directory, catalog name or 'random' "
                     "(default: the scenario's model; tiny-moe is the bundled trained model)")
+    ap.add_argument("--policy-params", default=None, help="YAML mapping of policy names to their parameters, "
+                    "e.g. '{accelerate: {stream_non_expert: false}}'")
     args = ap.parse_args(argv)
 
     from moesim.traces.tracer.model_loading import resolve_device
@@ -68,7 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     om = load(ref, spec, device)
     context, routing = calibration_inputs(base, trace)
     points = [(pol, rate) for pol in args.policies for rate in args.rates]
-    scenarios = {pt: load_scenario(args.scenario, [f"policy={pt[0]}", f"cache.rate={pt[1]}"]) for pt in points}
+    params = yaml.safe_load(args.policy_params) if args.policy_params else {}
+    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        ap.error(f"--policy-params {args.policy_params!r}: not a mapping of policy names to parameter mappings")
+
+    def policy_set(pol: str) -> str:
+        return f"policy={pol}" if pol not in params else "policy=" + yaml.safe_dump(
+            {"name": pol, "params": params[pol]}, default_flow_style=True).strip()
+    scenarios = {pt: load_scenario(args.scenario, [policy_set(pt[0]), f"cache.rate={pt[1]}"]) for pt in points}
     # calibrated before and after the executor runs; the calibration during which the machine was
     # least disturbed (the faster resident executor step it measured) is the one simulated
     on_cpu = device.type == "cpu"
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from moesim.policies.contract.registry import make_policy
 
     p50_errs = []
+    cpu_runs: list[str] = []   # experts run on the host CPU, simulated / executed
     # hit-rate agreement per kind of policy: (runs identical, runs, largest difference)
     agree = {kind: [0, 0, 0.0] for kind in ("demand-only", "prefetching")}
     prefetchers = sorted({pol for pol, _ in points if not make_policy(pol).demand_only()})
@@ -135,10 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         tally[1] += len(real["hit_rate_runs"])
         tally[2] = max([tally[2], *(abs(x - h["predicted"]) for x in real["hit_rate_runs"])])
         p50_errs.append(abs(p50["error_pct"]))
+        if sim.get("cpu_expert_runs") or real.get("cpu_expert_runs"):
+            cpu_runs.append(f"{pol} {rate:g}: {sim.get('cpu_expert_runs', 0)} / {real.get('cpu_expert_runs', 0)}")
         print(f"| {pol} | {rate:g} | {h['predicted']:.4f} | {h['measured']:.4f} | {p50['predicted']:.2f} | "
               f"{p50['measured']:.2f} | {p50['error_pct']:+.1f}% | {mean['predicted']:.2f} | {mean['measured']:.2f} | "
               f"{mean['error_pct']:+.1f}% | {ttft['predicted']:.2f} | {ttft['measured']:.2f} | {ttft['error_pct']:+.1f}% | "
               f"{gb['predicted']:.3f} | {gb['measured']:.3f} |", flush=True)
+    if cpu_runs:
+        print(f"\nexperts run on the host CPU (simulated / executed): {'; '.join(cpu_runs)}  ")
     same, total, worst = agree["demand-only"]
     if total:
         print(f"\nhit rates identical, demand-only policies: {'yes' if same == total else 'NO'} "

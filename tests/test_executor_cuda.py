@@ -1,8 +1,10 @@
-"""The executor's GPU path (CUDA copy stream, pinned host pool, events): the MoE output computed
-from device slots equals the one computed straight from the host pool, also when the compute
-stream runs far behind the host, so that a copy into a freed slot would overwrite weights a
-queued kernel has yet to read unless it waits for the slot's fence. Skipped without a GPU
-(this repository's CI has none; run on a GPU machine)."""
+"""The executor's GPU paths (CUDA copy stream, pinned host pool, events; synchronous copies from
+pageable memory; experts computed on the host's cores): the MoE output equals the one computed
+straight from the host pool, also when the compute stream runs far behind the host, so that a
+copy into a freed slot would overwrite weights a queued kernel has yet to read unless it waits
+for the slot's fence, and a CPU expert's output is added to the GPU's only after the activations
+it read were computed. Skipped without a GPU (this repository's CI has none; run on a GPU
+machine)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ SPEC = {"name": "tiny-cuda", "num_layers": 2, "num_experts": 8, "top_k": 2, "hid
         "expert_intermediate_size": 512, "dtype_bytes": 4}
 
 
-def _checked_run(policy: str, budget_experts: int, lag_cycles: int) -> tuple[Any, list[float]]:
+def _checked_run(policy: str, budget_experts: int, lag_cycles: int,
+                 params: dict[str, Any] | None = None) -> tuple[Any, list[float]]:
     """Run the executor on CUDA; before each expert kernel queue one that spins ``lag_cycles``
     on the compute stream (the host runs ahead of the GPU, as with a real model's expert
     kernels), and compare every MoE output with the output computed from the host pool."""
@@ -39,7 +42,7 @@ def _checked_run(policy: str, budget_experts: int, lag_cycles: int) -> tuple[Any
     om = load(None, get_model(SPEC), dev)
     assert om.host_experts[0].is_pinned()
     tr = random_trace(4, layers=2, experts=8, top_k=2, requests=2, prompt=6, decode=6)
-    ex = Executor(build_workload(tr, phases=["prefill", "decode"]), make_policy(policy, {}), om,
+    ex = Executor(build_workload(tr, phases=["prefill", "decode"]), make_policy(policy, params or {}), om,
                   CostModel(om.spec, tiny_hw()), budget_bytes=budget_experts * om.spec.expert_bytes)
     errors: list[float] = []
     moe, apply = ex.moe, ex._apply
@@ -88,3 +91,26 @@ def test_cuda_executor_hits_match_the_simulator() -> None:
                         phases=["prefill", "decode"])
     assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
     assert real["copy_busy_ms"] > 0
+
+
+@pytest.mark.parametrize(("policy", "params", "budget"), [
+    ("accelerate", {"stream_non_expert": False}, 8),
+    ("cpu-moe", {"n_cpu_moe": 1}, 8),
+    ("fiddler", {"decision": "repo"}, 4),
+])
+def test_host_paths_give_the_host_pool_output_and_the_simulators_counts(policy: str, params: dict[str, Any],
+                                                                        budget: int) -> None:
+    """Pageable copies (accelerate) and CPU experts (cpu-moe, fiddler) on CUDA, the GPU lagging."""
+    tr = random_trace(4, layers=2, experts=8, top_k=2, requests=2, prompt=6, decode=6)
+    ex, errors = _checked_run(policy, budget, lag_cycles=20_000_000, params=params)
+    real = ex.metrics()
+    _, sim = run_engine(tr, make_policy(policy, params), ex.om.spec, tiny_hw(), budget_experts=budget,
+                        phases=["prefill", "decode"])
+    assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
+    assert real["cpu_expert_runs"] == sim["cpu_expert_runs"]
+    assert errors and max(errors) < 1e-4, f"largest relative error {max(errors):.3g}"
+    if policy == "accelerate":
+        assert real["copy_engine"] == "sync" and not any(t.is_pinned() for t in ex.res.store.host)
+        assert real["h2d_gb"] == pytest.approx(sim["h2d_gb"], abs=1e-12)
+    else:
+        assert real["cpu_expert_runs"] > 0

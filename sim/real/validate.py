@@ -53,8 +53,10 @@ def simulate(loaded: LoadedScenario, model_spec: Any, profile: Path, trace: Any)
 
 
 def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy: str = "auto",
-            threads: int = 1) -> dict[str, Any]:
-    """The scenario on the executor: the same requests, budget, initial fill and policy."""
+            threads: int | None = None) -> dict[str, Any]:
+    """The scenario on the executor: the same requests, budget, initial fill and policy. The host's
+    torch threads (the model on a CPU, CPU experts on a GPU's host) are ``threads``, by default the
+    profile's ``cpu.threads`` (the count its host expert times were measured at), else 1."""
     from moesim.sim.config.catalog import get_hardware, get_runtime, load_spec_file
     from moesim.sim.engine.cost import CostModel
     from moesim.sim.engine.workload import build_workload
@@ -73,8 +75,10 @@ def execute(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, copy:
     policy = scenario_policy(loaded)
     prof, requests = select_requests(loaded, trace)
     wl = build_workload(trace, batch_size=1, phases=scen.workload.phases, requests=requests)
-    cost = CostModel(om.spec, get_hardware(load_spec_file(profile, "hardware")),
-                     get_runtime(load_spec_file(profile, "runtime")))
+    hw = get_hardware(load_spec_file(profile, "hardware"))
+    cost = CostModel(om.spec, hw, get_runtime(load_spec_file(profile, "runtime")))
+    if threads is None:
+        threads = hw.cpu.threads or 1
     ex = Executor(wl, policy, om, cost, budget_bytes=scen.cache.budget_bytes(om.spec),
                   buffer_bytes=int(round(scen.cache.buffer_experts * om.spec.expert_bytes)),
                   initial=scen.cache.initial, pcie_order=scen.pcie.order, seed=scen.seed,
@@ -87,7 +91,7 @@ TIMED = ("ttft_ms", "tpot_ms")
 
 
 def execute_repeated(loaded: LoadedScenario, om: Any, profile: Path, trace: Any, *, repeats: int = 3,
-                     copy: str = "auto", threads: int = 1, keep_awake: bool = True) -> dict[str, Any]:
+                     copy: str = "auto", threads: int | None = None, keep_awake: bool = True) -> dict[str, Any]:
     """:func:`execute` ``repeats`` times; each timing (TTFT and TPOT statistics, wall time) is
     the best over the runs (lowest time, highest tokens/s): a shared machine only adds time, in
     spells that can cover a whole run, and the calibration measures the machine undisturbed

@@ -1,12 +1,14 @@
 """The calibration micro-benchmarks. Each returns raw rows (plain data for the profile).
 
 * :func:`copy_bench`: host-to-device and device-to-host copies against size, through the
-  executor's own copy engine (:mod:`moesim.sim.real.executor.copier`): on a GPU from pinned and from
-  pageable host memory; on CPU a memory copy between tensors on the copy thread. Sources cycle
-  over buffers larger than the last-level cache so each copy reads cold memory, as an expert
-  copy does.
+  executor's own copy engines (:mod:`moesim.sim.real.executor.copier`): on a GPU from pinned
+  memory on the copy stream and from pageable memory synchronously on the compute stream (how
+  the executor, and accelerate's ``tensor.to(device)``, copy pageable sources); on CPU a memory
+  copy between tensors on the copy thread. Sources cycle over buffers larger than the last-level
+  cache so each copy reads cold memory, as an expert copy does.
 * :func:`expert_bench`: the executor's expert kernel (:func:`~moesim.sim.real.executor.kernels.swiglu`)
-  against tokens, cycling over enough experts that weights come from memory.
+  against tokens, cycling over enough experts that weights come from memory (``pin``: pinned
+  host memory, where the executor's host pool lives on a GPU machine).
 * :func:`roofline_bench`: dense matmul throughput and device memory bandwidth (the roofline
   figures a profile must carry).
 * :func:`model_bench`: on the prepared model, the non-MoE part of each decoder layer (attention,
@@ -56,19 +58,21 @@ def copy_bench(device: torch.device, sizes: list[int], *, repeat: int = 7) -> li
 
     rows = []
     modes = [("pinned", True), ("pageable", False)] if device.type == "cuda" else [("memcpy", False)]
-    copier = make_copier(device, "auto", "priority")
+    copiers = {"pinned": make_copier(device, "auto", "priority"), "memcpy": make_copier(device, "auto", "priority"),
+               "pageable": make_copier(device, "sync", "priority")}
     try:
         for nbytes in sizes:
             numel = max(1, nbytes // 4)
             for label, pin in modes:
                 srcs = _cycle(nbytes, numel, torch.float32, "cpu", pin)
                 dsts = _cycle(nbytes, numel, torch.float32, device)
-                h2d, d2h = _copy_closures(copier, srcs, dsts)
+                h2d, d2h = _copy_closures(copiers[label], srcs, dsts)
                 rows.append({"bytes": numel * 4, "host_memory": label,
                              "h2d_s": measure(h2d, device, repeat=repeat),
                              "d2h_s": measure(d2h, device, repeat=repeat)})
     finally:
-        copier.close()
+        for copier in copiers.values():
+            copier.close()
     return rows
 
 
@@ -91,15 +95,17 @@ def _expert_closure(x: torch.Tensor, experts: list[torch.Tensor], hidden: int, i
 
 
 def expert_bench(device: torch.device, hidden: int, inter: int, dtype: torch.dtype, tokens: list[int],
-                 *, repeat: int = 7) -> list[dict[str, Any]]:
+                 *, repeat: int = 7, pin: bool = False) -> list[dict[str, Any]]:
     """Seconds of one expert applied to ``n`` tokens as the executor applies it (gather, SwiGLU,
-    weighting, scatter-add), weights cycling over cold experts."""
+    weighting, scatter-add), weights cycling over cold experts (``pin``: in pinned host memory)."""
     from moesim.sim.real.executor.kernels import expert_numel
 
     numel = expert_numel(hidden, inter)
     esize = torch.empty(0, dtype=dtype).element_size()
     experts = [torch.randn(numel, dtype=torch.float32, device=device).mul_(0.02).to(dtype)
                for _ in range(max(2, min(32, COLD_BYTES // (numel * esize))))]
+    if pin:
+        experts = [t.pin_memory() for t in experts]
     rows = []
     for n in tokens:
         run = _expert_closure(torch.randn(n, hidden, device=device).to(dtype), experts, hidden, inter)

@@ -150,7 +150,9 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
             per_round["experts"].append(expert_bench(device, om.hidden, om.inter, om.dtype, tokens, repeat=rep))
             if device.type != "cpu":   # the host's cores, at --threads threads
                 torch.set_num_threads(threads)
-                per_round["host_experts"].append(expert_bench(host, om.hidden, om.inter, om.dtype, tokens, repeat=rep))
+                # weights pinned, as in the executor's host pool on a GPU machine
+                per_round["host_experts"].append(expert_bench(host, om.hidden, om.inter, om.dtype, tokens, repeat=rep,
+                                                              pin=True))
                 torch.set_num_threads(old_threads)
             per_round["layers"].append(layer_bench(om, [1, 4, 32] if quick else [1, 2, 4, 8, 32, 128], contexts,
                                                    repeat=rep)["rows"])

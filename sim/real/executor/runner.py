@@ -23,7 +23,17 @@ It does not call the step's functions: its time is the wall clock and its copies
 a layer's state changes only when it looks (``res.refresh()`` before classifying and in the
 compute loop), its waiting demand loads live in the residency (not the simulator's transfers),
 its counters are :class:`~.stats.ExecStats`, and it replays whole experts at batch 1 without
-CPU slots' timing, ``wait_for`` or lossy accounting, which the step's functions all include.
+CPU slots' timing or lossy accounting, which the step's functions all include.
+
+Two host paths run as real systems run them. A policy or runtime that copies from pageable
+memory (``host_memory = "pageable"``: accelerate) gets an unpinned host pool and synchronous
+copies on the compute stream (``tensor.to(device)``: the host waits for the queued kernels and
+the driver's staged copy); the layer waits for the plan's ``wait_for`` copies before it ends.
+A plan's CPU experts (``Plan.on_cpu``: llama.cpp's CPU layers, Fiddler's misses) run on the
+host's cores at ``threads`` torch threads with the host pool's weights: the activations are
+copied to the host before any GPU expert is queued, the host computes once the ready GPU experts
+are queued (so both run at once, as the simulator's host queue and GPU do), and their sum is
+added to the layer's output on the device.
 
 Set-up follows the simulator's order (required columns, frequencies, ``setup``,
 ``cache.initial``, ``warm``), then untimed warm-up and per-request context, then every
@@ -68,7 +78,7 @@ from moesim.sim.real.executor.plan import access_order as _access_order
 from moesim.sim.real.executor.plan import combine_weights as _combine_weights
 from moesim.sim.real.executor.residency import ExecutorError, Residency
 from moesim.sim.real.executor.stats import ExecStats, exec_metrics
-from moesim.sim.real.executor.store import ExpertStore
+from moesim.sim.real.executor.store import ExpertStore, pageable_pool
 
 __all__ = ["Executor", "ExecutorError"]
 
@@ -100,7 +110,17 @@ class Executor:
         state.view = EngineView(state)
         eb = om.spec.expert_bytes
         slots = int(budget_bytes) // eb + int(buffer_bytes) // eb
-        self.res = Residency(state, self.stats, ExpertStore(om.host_experts, om.device, slots),
+        # a policy or runtime that copies from pageable memory (accelerate's offload) keeps its
+        # pool unpinned and copies synchronously on the compute stream, as `tensor.to(device)`
+        # does: the host waits for the kernels queued before and for the staged copy itself
+        self.pageable = "pageable" in (policy.host_memory, cost.runtime.host_memory)
+        host = om.host_experts
+        if self.pageable:
+            if copy not in ("auto", "sync"):
+                raise ExecutorError(f"policy {policy.name!r} copies from pageable memory, synchronously; "
+                                    f"copy mode {copy!r} is not how such copies run (use auto or sync)")
+            copy, host = "sync", pageable_pool(host)
+        self.res = Residency(state, self.stats, ExpertStore(host, om.device, slots),
                              make_copier(om.device, copy, pcie_order))
         state.transfers = self.res
         self.state = state
@@ -185,12 +205,10 @@ class Executor:
         self._charge()
         out = torch.zeros_like(x)
         store = res.store
-        if cpu_exps:
-            crow = _access_order(plan_m, (plan_m >= 0) & on_cpu, x.device)[1]  # type: ignore[operator]
-            for e in cpu_exps:
-                tok, slot = crow[e]
-                self._apply(out, x, weights, tok, slot, store.source(layer, e).to(x.device))
-                st.cpu_accesses += 1
+        waits = [] if plan is None else [u for e in plan.wait_for if (u := units.get((layer, e, 0))) is not None]
+        # CPU experts read the activations on the host, taken before any GPU expert is queued (the
+        # copy waits for the compute stream), and run once the ready GPU experts are queued
+        host_in = self._to_host(x, weights) if cpu_exps else None
         remaining = need
         early = {id(x_) for x_, c in zip(need, status, strict=True) if c != MISS}
         stall = time.perf_counter() - t_wait
@@ -214,6 +232,13 @@ class Executor:
                 remaining = [r for r in remaining if id(r) not in done]
                 if res.waiting:
                     res.issue_demand()
+                if host_in is not None:
+                    self._cpu_experts(out, host_in, plan_m, on_cpu, layer, cpu_exps)
+                    host_in = None
+                continue
+            if host_in is not None:
+                self._cpu_experts(out, host_in, plan_m, on_cpu, layer, cpu_exps)
+                host_in = None
                 continue
             ts = time.perf_counter()
             pending = [res.jobs[u.key] for _, u in watch if u.key in res.jobs]
@@ -233,6 +258,15 @@ class Executor:
                                             f"but policy {policy.name!r} can evict nothing; raise cache.rate")
                     res.copier.wait(started)
             stall += time.perf_counter() - ts
+        if host_in is not None:
+            self._cpu_experts(out, host_in, plan_m, on_cpu, layer, cpu_exps)
+        ts = time.perf_counter()
+        for u in waits:   # copies the plan waits for (whole expert tensors, plan.wait_for)
+            res.refresh()
+            job = res.jobs.get(u.key)
+            if u.state != RESIDENT and units.get(u.key) is u and job is not None:
+                res.copier.wait([job])
+        stall += time.perf_counter() - ts
         vram.pinned.clear()
         st.stall_s += stall
         if vram.buffer_used:
@@ -242,6 +276,27 @@ class Executor:
         policy.on_layer_end(view, layer)
         self._charge()
         return out
+
+    def _to_host(self, x: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's activations and combination weights where the CPU experts read them: the
+        host (on a GPU, a device-to-host copy that waits for the compute stream)."""
+        return x.to("cpu"), weights.to("cpu")
+
+    def _cpu_experts(self, out: torch.Tensor, host_in: tuple[torch.Tensor, torch.Tensor], plan_m: np.ndarray,
+                     on_cpu: np.ndarray | None, layer: int, cpu_exps: list[int]) -> None:
+        """Run the plan's CPU experts on the host's cores (``threads`` torch threads) with the host
+        pool's weights, one after another, and add their output into ``out`` (on a GPU, one
+        host-to-device copy of the sum)."""
+        xh, wh = host_in
+        assert on_cpu is not None
+        crow = _access_order(plan_m, (plan_m >= 0) & on_cpu)[1]
+        oh = torch.zeros_like(xh)
+        store = self.res.store
+        for e in cpu_exps:
+            tok, slot = crow[e]
+            self._apply(oh, xh, wh, tok, slot, store.source(layer, e))
+        self.stats.cpu_accesses += len(cpu_exps)
+        out.add_(oh.to(out.device))
 
     def _apply(self, out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, tok: torch.Tensor,
                slot: torch.Tensor, flat: torch.Tensor) -> None:
@@ -272,9 +327,6 @@ class Executor:
             raise ExecutorError(f"policy {s.policy.name!r} made an invalid plan at {where}")
         if not s.policy.lossy and not np.array_equal(ex, routing.experts):
             raise ExecutorError(f"policy {s.policy.name!r} is not lossy but planned other experts at {where}")
-        if plan.wait_for:
-            raise ExecutorError(f"policy {s.policy.name!r} waits for whole-tensor copies (plan.wait_for) at "
-                                f"{where}; the executor does not model them")
         return ex, None if plan.on_cpu is None else np.asarray(plan.on_cpu, dtype=bool)
 
     # ------------------------------------------------------------------------------------------
@@ -317,12 +369,6 @@ class Executor:
         s = self.state
         policy = s.policy
         check_columns(policy, s.ctx.columns, s.trace.model.name)
-        if policy.host_memory != "pinned":
-            raise ExecutorError(f"policy {policy.name!r} copies from {policy.host_memory} host memory; the "
-                                "executor copies from pinned memory only")
-        if s.cost.runtime.host_memory not in (None, "pinned"):
-            raise ExecutorError(f"runtime {s.cost.runtime.name!r} copies from {s.cost.runtime.host_memory} host "
-                                "memory; the executor copies from pinned memory only")
         s.ctx.replayed_frequency = replayed_frequency(s.workload, s.trace, s.L, s.E)
         policy.setup(s.ctx)
         for layer in range(s.L):
@@ -349,8 +395,7 @@ class Executor:
         policy, view = s.policy, s.view
         self._setup()
         threads = torch.get_num_threads()
-        if self.om.device.type == "cpu":
-            torch.set_num_threads(self.threads)
+        torch.set_num_threads(self.threads)   # the host's share: CPU experts (and the model itself on a CPU)
         self.om.attach(self)
         iters = s.workload.iterations
         last_of: dict[int, int] = {}

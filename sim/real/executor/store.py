@@ -86,6 +86,19 @@ class ExpertStore:
         return self.host[layer][expert]
 
 
+def pageable_pool(host: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of a host pool in pageable (not pinned) memory, where a runtime that never pins keeps
+    its offloaded weights (Hugging Face accelerate's ``device_map`` offload): a copy from them is
+    staged by the CUDA driver through its own pinned buffer and blocks the host. Tensors that are
+    not pinned are returned as they are."""
+    out = []
+    for t in host:
+        if t.is_pinned():
+            t = torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t)
+        out.append(t)
+    return out
+
+
 def host_pool(experts: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Move per-layer ``[E, n]`` expert weights to host memory: pinned when the device is a GPU
     (so that host-to-device copies are asynchronous), plain CPU tensors otherwise."""

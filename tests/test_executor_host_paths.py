@@ -1,0 +1,106 @@
+"""The executor's two host paths on a tiny random Mixtral on CPU: copies from pageable memory
+(``accelerate``: an unpinned pool, synchronous copies, a layer that waits for every expert's copy
+through ``Plan.wait_for``) and experts computed on the host's cores (``cpu-moe``, ``fiddler``).
+Hits, misses, CPU accesses and bytes equal the simulator's on the same trace (the executor is
+teacher-forced), and an expert's output does not depend on whether the host computed it. On a
+GPU the same code copies from pageable memory through the CUDA driver and runs CPU experts on
+the host while the GPU runs the resident ones (``docs/calibration.md``, "Measured on an H200")."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from moesim.policies.contract.registry import make_policy  # noqa: E402
+from moesim.sim.config.catalog import get_model  # noqa: E402
+from moesim.sim.engine.cost import CostModel  # noqa: E402
+from moesim.sim.engine.workload import build_workload  # noqa: E402
+from tests.util import random_trace, run_engine, tiny_hw  # noqa: E402
+
+SPEC = {"name": "tiny", "num_layers": 3, "num_experts": 8, "top_k": 2, "hidden_size": 32,
+        "expert_intermediate_size": 64, "dtype_bytes": 4}
+
+
+@cache
+def _model() -> Any:
+    from moesim.sim.real.executor.model import load
+
+    return load(None, get_model(SPEC), torch.device("cpu"))
+
+
+def _both(policy: str, params: dict[str, Any], budget: int, copy: str = "auto") -> tuple[Any, dict[str, Any]]:
+    """The executor's run and the simulator's metrics of one policy on one trace."""
+    from moesim.sim.real.executor.runner import Executor
+
+    om = _model()
+    tr = random_trace(7, layers=3, experts=8, top_k=2, requests=2, prompt=3, decode=6)
+    ex = Executor(build_workload(tr), make_policy(policy, params), om, CostModel(om.spec, tiny_hw()),
+                  budget_bytes=budget * om.spec.expert_bytes, copy=copy)
+    ex.run(warmup=1)
+    _, sim = run_engine(tr, make_policy(policy, params), om.spec, tiny_hw(), budget_experts=budget)
+    return ex, sim
+
+
+@pytest.mark.parametrize("budget", [9, 17])
+def test_accelerate_streams_whole_layers_from_pageable_memory(budget: int) -> None:
+    ex, sim = _both("accelerate", {"stream_non_expert": False}, budget)
+    real = ex.metrics()
+    assert ex.pageable and real["copy_engine"] == "sync"
+    assert not any(t.is_pinned() for t in ex.res.store.host)
+    assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
+    assert real["h2d_gb"] == pytest.approx(sim["h2d_gb"], abs=1e-12)
+    # every streamed layer copies all 8 experts each pass: routed ones on demand, the rest waited for
+    streamed = 3 - (budget // 8 - 1)
+    iterations = len(ex.stats.iteration_s)
+    assert real["h2d_gb"] == pytest.approx(iterations * streamed * 8 * _model().spec.expert_bytes / 1e9)
+
+
+def test_pageable_copies_refuse_an_asynchronous_copy_engine() -> None:
+    from moesim.sim.real.executor.residency import ExecutorError
+
+    with pytest.raises(ExecutorError, match="pageable memory, synchronously"):
+        _both("accelerate", {}, 9, copy="thread")
+
+
+@pytest.mark.parametrize(("policy", "params", "budget"), [
+    ("cpu-moe", {"n_cpu_moe": 1}, 16),
+    ("cpu-moe", {"n_cpu_moe": 2}, 8),
+    ("fiddler", {"decision": "repo"}, 6),
+])
+def test_cpu_experts_match_the_simulator(policy: str, params: dict[str, Any], budget: int) -> None:
+    ex, sim = _both(policy, params, budget)
+    real = ex.metrics()
+    assert real["cpu_expert_runs"] == sim["cpu_expert_runs"] > 0
+    assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
+    assert real["h2d_gb"] == pytest.approx(sim["h2d_gb"], abs=1e-12)
+
+
+def test_an_expert_run_on_the_host_adds_what_the_device_kernel_adds() -> None:
+    """``Executor._cpu_experts`` (host pool, host activations) equals the device kernel on the
+    same expert weights."""
+    from moesim.sim.real.executor.kernels import apply_expert
+    from moesim.sim.real.executor.plan import access_order, combine_weights
+
+    ex, _ = _both("cpu-moe", {"n_cpu_moe": 1}, 16)
+    om = _model()
+    x = torch.randn(4, om.hidden)
+    logits = torch.randn(4, 8)
+    plan = np.array([[0, 3], [3, 5], [7, 0], [1, 2]])
+    on_cpu = np.array([[True, False], [True, True], [False, True], [True, True]])
+    w = combine_weights(logits, plan)
+    exps = access_order(plan, on_cpu)[0]
+    host = torch.zeros_like(x)
+    ex._cpu_experts(host, ex._to_host(x, w), plan, on_cpu, 1, exps)
+    ref = torch.zeros_like(x)
+    _, rows = access_order(plan, on_cpu)
+    for e in exps:
+        tok, slot = rows[e]
+        apply_expert(ref, x, w, tok, slot, om.host_experts[1][e].clone(), om.hidden, om.inter)
+    assert torch.equal(host, ref)
+    assert host[2].abs().sum() > 0 and exps == [0, 3, 5, 1, 2]

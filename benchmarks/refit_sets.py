@@ -33,6 +33,7 @@ OPTIONS: dict[str, list[str]] = {
     "ktransformers-deepseek-v3": ["--loo", "none", "--grid", "3", "--max-evals", "15"],
     "llmfit-rtx2080-llamacpp-moe": ["--loo", "none"],
     "ktransformers-epyc9654-deepseek-r1": ["--loo", "none"],
+    "ktransformers-v021-deepseek-v3-context": ["--loo", "none", "--grid", "3", "--max-evals", "15"],
     "fiddler-repo-baselines": ["--loo", "none"],
     "imp-qwen3-30b-budget": ["--loo", "none", "--grid", "2", "--max-evals", "8"],
 }

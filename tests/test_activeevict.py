@@ -87,7 +87,7 @@ def _preevictor(boundary: str = "literal") -> tuple[PreEvictor, ImportanceScorer
     sc = _test1_scorer()
     pe = PreEvictor(sc, tau=0.1, r_max=2, boundary=boundary)
     pe._slots = [3]
-    pe._mine = set()
+    pe._mine = [set()]
     pe.evictions = pe.fired = 0
     return pe, sc
 
@@ -119,7 +119,7 @@ def test_nonresident_boundary_keeps_the_boundary_experts_it_counted() -> None:
     assert min(s, key=s.__getitem__) == 0
     for boundary, evicted in (("nonresident", [(0, 1, 0)]), ("literal", [(0, 0, 0), (0, 1, 0), (0, 2, 0)])):
         pe = PreEvictor(sc, tau=0.1, r_max=2, boundary=boundary)
-        pe._slots, pe._mine, pe.evictions, pe.fired = [3], set(), 0, 0
+        pe._slots, pe._mine, pe.evictions, pe.fired = [3], [set()], 0, 0
         view = FakeView({0: [0, 1, 2]})
         pe.preevict(view, 0, p_hat, [3])   # type: ignore[arg-type]
         # nonresident: room for e3 alone (e0, e2 are resident), and never e0 or e2 evicted;

@@ -96,7 +96,8 @@ class PreEvictor(Prefetcher):
             ctx.warn("pre-eviction: the trace has no lookahead_logits; the layer's decayed usage stands "
                      "in for the predicted distribution (alpha = 1 in effect)")
         self._pending: tuple[int, int, list[float], list[int]] | None = None
-        self._mine: set[UnitKey] = set()
+        # per layer, the units pre-evicted for it (a regret when its routing misses one)
+        self._mine: list[set[UnitKey]] = [set() for _ in range(ctx.num_layers)]
         self.evictions = 0
         self.fired = 0
         self.regret = 0
@@ -137,16 +138,17 @@ class PreEvictor(Prefetcher):
     def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
         """Count executed experts; a pre-evicted expert that this routing needs is a regret."""
         self.scorer.observe_plan(view.iteration_index, layer, outcome.plan)
-        if not self._mine:
+        mine = self._mine[layer]
+        if not mine:
             return
         for e, st in zip(outcome.experts, outcome.status, strict=True):
-            if st == MISS and (layer, e, 0) in self._mine:
+            if st == MISS and (layer, e, 0) in mine:
                 self.regret += 1
-        self._mine = {k for k in self._mine if k[0] != layer}
+        mine.clear()
 
     def on_loaded(self, view: View, unit: UnitKey, demand: bool) -> None:
         """A unit loaded back is no longer a pre-eviction that could be regretted."""
-        self._mine.discard(unit)
+        self._mine[unit[0]].discard(unit)
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Predict the next layer and free the slots it needs (or remember it for before_layer)."""
@@ -206,7 +208,7 @@ class PreEvictor(Prefetcher):
                 continue
             keys = [k for k in units if k[1] == e]
             if all(starmap(view.evict, keys)):   # stops at the first that fails
-                self._mine.update(keys)
+                self._mine[target].update(keys)   # units of layer target
                 self.evictions += len(keys)
                 done += 1
         if done:

@@ -57,6 +57,12 @@ class StridePrefetcher(Prefetcher):
         self._by_dist: list[list[list[list[float]]]] = [
             [t for lay in range(L) if (t := self._trans[lay][s]) is not None] for s in range(self.stride + 1)]
         self._L = L
+        # after layer l, the layers guessed from the tables: (t, t - l, _trans[l][t - l]) for
+        # t in l + 2 .. l + stride within the model
+        self._ahead: list[list[tuple[int, int, list[list[float]]]]] = [
+            [(t, t - lay, tab) for t in range(lay + 2, min(L, lay + 1 + self.stride))
+             if (tab := self._trans[lay][t - lay]) is not None] for lay in range(L)]
+        self._top = min(self._k, E)
         # the current iteration's routed rows, per layer, as after_layer saw them (None: not yet)
         self._rows: list[list[list[int]] | None] = [None] * L
         if ctx.profile is not None:
@@ -105,72 +111,85 @@ class StridePrefetcher(Prefetcher):
 
     def after_layer(self, view: View, layer: int, outcome: Outcome) -> None:
         """Prefetch the guesses, nearer layers first."""
-        L = self._L
-        k = self._k
-        if layer + 1 < L:
+        if layer + 1 < self._L:
             look = view.lookahead_probs(layer)   # softmax_rows(view.lookahead_logits(layer))
             if look is not None:
-                self.prefetch_set(view, layer + 1, top_experts(look, k))
-        cur = outcome.routing.experts
-        n = cur.shape[0]
-        rows = self._rows[layer] = cur.tolist()   # kept for on_iteration_end's learning
-        trans = self._trans[layer]
-        E = self._E
-        top = min(k, E)
-        # one token: its routed experts (a repeated expert counts twice, as in the sum below)
-        src = [a for a in rows[0] if a >= 0] if n == 1 else []
-        for t in range(layer + 2, min(L, layer + 1 + self.stride)):
-            dist = t - layer
-            table = trans[dist]
-            assert table is not None
-            if n == 1:   # one token: the same sums and top-k, in Python
-                if len(src) == 2:
-                    sc = list(map(add, table[src[0]], table[src[1]]))
-                elif len(src) == 1:
-                    sc = table[src[0]][:]   # a copy: the top-2 below marks its entries
-                else:
-                    sc = [0.0] * E
-                    for a in src:
-                        sc = list(map(add, sc, table[a]))
-                tot1 = sum(sc)   # whole numbers: exact in any order
-                if not tot1:
-                    continue
-                # top_experts reads the float64 shares as float32 ('f': the same C cast). Whole
-                # counts in a total under 2**23: shares of distinct counts differ by more than two
-                # float32 steps, so the float32 shares rank as the counts do (equal counts by
-                # expert id), and only the best need converting
-                if tot1 >= _EXACT_ORDER:
-                    prob = array("f", map(truediv, sc, repeat(tot1, E))).tolist()
-                    best = sorted(range(E), key=prob.__getitem__, reverse=True)[:top]
-                    shares = [prob[e] for e in best]
-                elif top == 2:
-                    # the two best counts (ties: the lower id, as the stable sort); the first is
-                    # positive (the total is), a second of 0 is no guess
-                    m0 = max(sc)
-                    e0 = sc.index(m0)
-                    sc[e0] = -1.0
-                    m1 = max(sc)
-                    e1 = sc.index(m1)
-                    p0, p1 = array("f", (m0 / tot1, m1 / tot1)).tolist()
-                    self.prefetch_set(view, t, [(e0, p0 / dist), (e1, p1 / dist)] if p1 > 0 else [(e0, p0 / dist)])
-                    continue
-                else:
-                    best = sorted(range(E), key=sc.__getitem__, reverse=True)[:top]
-                    shares = array("f", [sc[e] / tot1 for e in best]).tolist()
-                out = []
-                for e, p in zip(best, shares, strict=True):
-                    if p > 0:
-                        out.append((e, p / dist))
-                self.prefetch_set(view, t, out)
+                self.prefetch_set(view, layer + 1, top_experts(look, self._k))
+        rows = self._rows[layer] = outcome.routing.experts.tolist()   # kept for on_iteration_end's learning
+        ahead = self._ahead[layer]
+        if not ahead:
+            return
+        if len(rows) != 1:
+            self._prefetch_tokens(view, rows, ahead)
+            return
+        routed = rows[0]
+        if len(routed) != 2 or self._top != 2 or routed[0] < 0 or routed[1] < 0:
+            self._prefetch_token(view, [a for a in routed if a >= 0], ahead)
+            return
+        # one token routed to two experts (a repeated one counts twice), top-2 guesses: the
+        # common case, as _prefetch_token does it with the two rows summed in one pass
+        a, b = routed
+        prefetch_set = self.prefetch_set
+        for t, dist, table in ahead:
+            sc = list(map(add, table[a], table[b]))
+            tot = sum(sc)   # whole numbers: exact in any order
+            if not tot:
                 continue
+            if tot >= _EXACT_ORDER:
+                prefetch_set(view, t, _float32_guess(sc, tot, dist, 2))
+                continue
+            # the two best counts (ties: the lower id, as the stable sort); the first is
+            # positive (the total is), a second of 0 is no guess
+            m0 = max(sc)
+            e0 = sc.index(m0)
+            sc[e0] = -1.0
+            m1 = max(sc)
+            p0, p1 = array("f", (m0 / tot, m1 / tot)).tolist()
+            prefetch_set(view, t, [(e0, p0 / dist), (sc.index(m1), p1 / dist)] if p1 > 0 else [(e0, p0 / dist)])
+
+    def _prefetch_token(self, view: View, src: list[int], ahead: list[tuple[int, int, list[list[float]]]]) -> None:
+        """One token routed to ``src`` (its experts, a repeated one twice): each later layer's
+        guess, the top-k of the token's summed rows, in Python."""
+        E, top = self._E, self._top
+        for t, dist, table in ahead:
+            sc = [0.0] * E
+            for a in src:
+                sc = list(map(add, sc, table[a]))   # whole numbers: the same sums in any order
+            tot = sum(sc)
+            if not tot:
+                continue
+            if tot >= _EXACT_ORDER:
+                self.prefetch_set(view, t, _float32_guess(sc, tot, dist, top))
+                continue
+            # top_experts reads the float64 shares as float32 ('f': the same C cast). Whole
+            # counts in a total under 2**23: shares of distinct counts differ by more than two
+            # float32 steps, so the float32 shares rank as the counts do (equal counts by
+            # expert id), and only the best need converting
+            best = sorted(range(E), key=sc.__getitem__, reverse=True)[:top]
+            shares = array("f", [sc[e] / tot for e in best]).tolist()
+            self.prefetch_set(view, t, [(e, p / dist) for e, p in zip(best, shares, strict=True) if p > 0])
+
+    def _prefetch_tokens(self, view: View, rows: list[list[int]],
+                         ahead: list[tuple[int, int, list[list[float]]]]) -> None:
+        """Several tokens: each later layer's guess, the union of each token's top-k shares."""
+        for t, dist, table in ahead:
             tab = np.array(table)
             scores = np.stack([tab[np.asarray([a for a in r if a >= 0], dtype=np.intp)].sum(axis=0) for r in rows])
             tot = scores.sum(axis=1, keepdims=True)
             if not tot.any():
                 continue
             prob2 = np.divide(scores, tot, out=np.zeros_like(scores), where=tot > 0)
-            guess = [(e, p) for e, p in top_experts(prob2, k) if p > 0]
+            guess = [(e, p) for e, p in top_experts(prob2, self._k) if p > 0]
             self.prefetch_set(view, t, [(e, float(p) / dist) for e, p in guess])
+
+
+def _float32_guess(sc: list[float], tot: float, dist: int, top: int) -> list[tuple[int, float]]:
+    """The ``top`` best of the counts ``sc`` by their float32 shares of ``tot`` (ties by
+    expert id), each share over ``dist``; zero shares are no guess. For totals past
+    :data:`_EXACT_ORDER`, where distinct counts can share a float32 share."""
+    prob = array("f", map(truediv, sc, repeat(tot, len(sc)))).tolist()
+    best = sorted(range(len(sc)), key=prob.__getitem__, reverse=True)[:top]
+    return [(e, prob[e] / dist) for e in best if prob[e] > 0]
 
 
 @register

@@ -179,9 +179,35 @@ class RecencyCache(CacheRule):
 
 
 class LRUCache(RecencyCache):
-    """Least recently used."""
+    """Least recently used. Its victims read only the last uses, so it keeps only them and the
+    clock: the insertion times and access counts :class:`RecencyCache` keeps for the other
+    rules would never be read (the same victims, less work on every access and eviction)."""
 
     decider = LruDecider
+
+    def refresh(self, key: UnitKey) -> None:
+        """Record an access of ``key`` now (its last use)."""
+        clock = self._clock = self._clock + 1
+        self._last[key] = clock
+
+    def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Record the layer's GPU accesses in order."""
+        if type(self).refresh is not LRUCache.refresh or len(self.part_fractions(layer)) != 1:
+            super().on_access(view, layer, outcome)   # by parts, or through a subclass's refresh
+            return
+        # refresh((layer, e, 0)) for each expert, inlined (once per layer)
+        clock, last = self._clock, self._last
+        for e in outcome.experts:
+            clock += 1
+            last[(layer, e, 0)] = clock
+        self._clock = clock
+
+    def _forget(self, unit: UnitKey) -> None:
+        self._last.pop(unit, None)
+
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
+        """An evicted unit's last use is forgotten."""
+        self._last.pop(unit, None)
 
     def demand_only(self) -> bool:
         """Loads only on demand."""
@@ -202,9 +228,40 @@ class LRUCache(RecencyCache):
 
 class LFUCache(RecencyCache):
     """Least frequently used, counting accesses since insertion; ties to the unit whose count
-    changed least recently (libCacheSim's LFU)."""
+    changed least recently (libCacheSim's LFU). Its victims read the counts and last uses only,
+    so it keeps only them and the clock (not the insertion times, which it would never read)."""
 
     decider = LfuDecider
+
+    def refresh(self, key: UnitKey) -> None:
+        """Record an access of ``key`` now (one more use, the last)."""
+        clock = self._clock = self._clock + 1
+        count = self._count
+        count[key] = count.get(key, 0) + 1
+        self._last[key] = clock
+
+    def on_access(self, view: View, layer: int, outcome: Outcome) -> None:
+        """Record the layer's GPU accesses in order."""
+        if type(self).refresh is not LFUCache.refresh or len(self.part_fractions(layer)) != 1:
+            super().on_access(view, layer, outcome)   # by parts, or through a subclass's refresh
+            return
+        # refresh((layer, e, 0)) for each expert, inlined (once per layer)
+        clock, last, count = self._clock, self._last, self._count
+        for e in outcome.experts:
+            key = (layer, e, 0)
+            clock += 1
+            count[key] = count.get(key, 0) + 1
+            last[key] = clock
+        self._clock = clock
+
+    def _forget(self, unit: UnitKey) -> None:
+        self._last.pop(unit, None)
+        self._count.pop(unit, None)
+
+    def on_evict(self, view: ReadView, unit: UnitKey) -> None:
+        """An evicted unit's count and last use are forgotten."""
+        self._last.pop(unit, None)
+        self._count.pop(unit, None)
 
     def demand_only(self) -> bool:
         """Loads only on demand."""

@@ -27,6 +27,7 @@ from moesim.policies.parts.linear_router import LinearRouter, fit_linear_router
 PREDICTORS = ("auto", "lookahead", "previous-token", "trained")
 
 _F32 = np.dtype(np.float32)
+_INF = float("inf")
 _max, _sum = np.maximum.reduce, np.add.reduce   # what ndarray.max / .sum reduce with
 
 
@@ -55,19 +56,40 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
 def top_experts(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     """Union over tokens of each token's ``k`` best experts by ``scores`` (``[n, E]``), ordered by
     the best score any token gives them (descending, then expert id)."""
-    if not (isinstance(scores, np.ndarray) and scores.shape[0] == 1 and scores.dtype.char in "ef"):
-        # one row of float16 ('e') or float32 ('f') gives the same Python floats unconverted;
-        # several rows are converted, as argpartition's order among ties depends on the dtype
-        scores = np.asarray(scores, dtype=np.float32)
-    k = min(k, scores.shape[1])
-    if scores.shape[0] == 1:  # the common batch-1 case: plain Python beats numpy on one row
-        row = scores.tolist()[0]   # its one row, without a row view
-        # sorted(..., reverse=True)[:k] is what heapq.nlargest is defined as (ties keep index
-        # order) and is faster on a router's few dozen scores
-        out = []   # a plain loop: a comprehension is a call of its own, and k is small
-        for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]:
-            out.append((e, row[e]))
-        return out
+    if not (type(scores) is np.ndarray and len(scores) == 1 and scores.dtype.char in "ef"):
+        if not (isinstance(scores, np.ndarray) and scores.shape[0] == 1 and scores.dtype.char in "ef"):
+            # one row of float16 ('e') or float32 ('f') gives the same Python floats unconverted;
+            # several rows are converted, as argpartition's order among ties depends on the dtype
+            scores = np.asarray(scores, dtype=np.float32)
+        if scores.shape[0] != 1:
+            return _top_experts_rows(scores, min(k, scores.shape[1]))
+    # the common batch-1 case: plain Python beats numpy on one row
+    row = scores.tolist()[0]   # its one row, without a row view
+    k = min(k, len(row))
+    if k == 2:
+        # the sort below, by two maxima: max keeps the first of equal scores and index finds
+        # it, as the stable sort puts the lower id first. Not with a NaN (its comparisons
+        # order nothing) nor when the runner-up is -inf (index could find the marked best):
+        # the sort decides those
+        total = sum(row)   # NaN when a score is NaN (or +inf meets -inf)
+        if total == total:
+            m0 = max(row)
+            e0 = row.index(m0)
+            row[e0] = -_INF
+            m1 = max(row)
+            if m1 != -_INF:
+                return [(e0, m0), (row.index(m1), m1)]
+            row[e0] = m0
+    # sorted(..., reverse=True)[:k] is what heapq.nlargest is defined as (ties keep index
+    # order) and is faster on a router's few dozen scores
+    out = []   # a plain loop: a comprehension is a call of its own, and k is small
+    for e in sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]:
+        out.append((e, row[e]))
+    return out
+
+
+def _top_experts_rows(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """:func:`top_experts` of several rows of float32 ``scores`` (``k`` at most their width)."""
     best: dict[int, float] = {}
     idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     for t in range(scores.shape[0]):

@@ -45,6 +45,8 @@ class Prefetcher(Policy, DeclaresKernel):
                 refresh(key)
             else:
                 absent.append((key, e, score))
+        if not absent:   # every member present: no prefetch, so no eviction for the set to escape
+            return 0
         cache.protected = frozenset(keys)
         try:
             # a member absent above is absent still unless an earlier issue of this loop brought

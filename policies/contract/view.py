@@ -87,6 +87,12 @@ class RoutingView(Protocol):
         """``[n_tokens, E]`` router logits of ``layer``, once it is routed (None without them)."""
         ...
 
+    def probs(self, layer: int) -> np.ndarray | None:
+        """The row-wise softmax of :meth:`logits` (float32 at least: the numbers
+        :func:`~moesim.policies.parts.predictors.softmax_rows` gives), or None without them;
+        possibly read-only: read it, do not write into it."""
+        ...
+
     def lookahead_logits(self, layer: int) -> np.ndarray | None:
         """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
         router input of ``layer``, once ``layer`` is routed (None without them)."""

@@ -204,11 +204,7 @@ class EngineView:
 
     def units_of_layer(self, layer: int) -> list[UnitKey]:
         """Units of ``layer`` resident or issued."""
-        e = self._e
-        if not e.global_pool:   # the layer's own pool holds them, in the same (insertion) order
-            return list(e.vram.pool_units[layer])
-        units = e.vram.layer_units.get(layer)   # the global pool's, kept per layer
-        return list(units) if units is not None else []
+        return list(self._e.vram.units_of(layer))
 
     def pinned(self, layer: int, expert: int) -> bool:
         """Some part of the expert is pinned: planned for the current layer, not yet computed."""

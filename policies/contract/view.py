@@ -143,8 +143,10 @@ class ResidencyView(Protocol):
         """Resident units (of ``pool``, or all)."""
         ...
 
-    def units_of_layer(self, layer: int) -> list[UnitKey]:
-        """Units of ``layer`` resident or issued (not those draining to the host)."""
+    def units_of_layer(self, layer: int, in_transit: bool = False) -> list[UnitKey]:
+        """Units of ``layer`` resident or issued (not those draining to the host), in pool
+        order; with ``in_transit``, only those issued and not landed (waiting, queued or in
+        flight)."""
         ...
 
     def pinned(self, layer: int, expert: int) -> bool:

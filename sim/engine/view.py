@@ -202,9 +202,13 @@ class EngineView:
         src = v.units.items() if pool is None else v.pool_units[pool].items()
         return [k for k, u in src if u.state == RESIDENT]
 
-    def units_of_layer(self, layer: int) -> list[UnitKey]:
-        """Units of ``layer`` resident or issued."""
-        return list(self._e.vram.units_of(layer))
+    def units_of_layer(self, layer: int, in_transit: bool = False) -> list[UnitKey]:
+        """Units of ``layer`` resident or issued, in pool order; with ``in_transit``, only
+        those not landed."""
+        units = self._e.vram.units_of(layer)
+        if in_transit:
+            return [k for k, u in units.items() if u.state != RESIDENT]
+        return list(units)
 
     def pinned(self, layer: int, expert: int) -> bool:
         """Some part of the expert is pinned: planned for the current layer, not yet computed."""

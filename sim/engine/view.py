@@ -35,9 +35,9 @@ class EngineView:
     def __init__(self, state: RunState[Any]) -> None:
         self._e = state
         self._units = state.vram.units   # the run's units by key (one dict for the whole run)
-        # per source of logits (the trace's ``logits`` or ``lookahead_logits`` array), the
-        # softmax of a block of its rows and the first row of that block (see _row_probs)
-        self._blocks: dict[int, tuple[np.ndarray, int]] = {}
+        # per source of logits (0: the trace's ``logits``, 1: its ``lookahead_logits``), the
+        # softmax of a block of its rows and the first row of that block, or None (_row_probs)
+        self._blocks: list[tuple[np.ndarray, int] | None] = [None, None]
 
     # -- time and position ---------------------------------------------------------------------
     @property
@@ -107,7 +107,7 @@ class EngineView:
 
     def lookahead_probs(self, layer: int) -> np.ndarray | None:
         """``softmax_rows(lookahead_logits(layer))``, made as :meth:`probs` makes its rows."""
-        return self._row_probs(self._lookahead_of(layer), layer)
+        return self._row_probs(self._lookahead_of(layer), 1, layer)
 
     def probs(self, layer: int) -> np.ndarray | None:
         """``softmax_rows(logits(layer))`` (:func:`~moesim.policies.parts.predictors.softmax_rows`),
@@ -117,22 +117,23 @@ class EngineView:
         is its own pairwise sum either way; checked on every row of a trace and on random blocks
         in ``tests/test_view_probs.py``)."""
         self._known(layer, "logits")
-        return self._row_probs(self._e.trace.logits, layer)
+        return self._row_probs(self._e.trace.logits, 0, layer)
 
-    def _row_probs(self, src: np.ndarray | None, layer: int) -> np.ndarray | None:
+    def _row_probs(self, src: np.ndarray | None, which: int, layer: int) -> np.ndarray | None:
         """The softmax of the current iteration's rows of ``layer`` in ``src`` (a trace array of
-        logits, or None), one token's from the block of ``src`` that holds its row."""
+        logits, or None; ``which``: its slot in ``_blocks``), one token's from the block of
+        ``src`` that holds its row."""
         if src is None:
             return None
         rows0 = self._e.cur_iter.rows0
         if rows0.shape[0] != 1:
             return softmax_rows(src[rows0 + layer])
         r = int(rows0[0]) + layer
-        got = self._blocks.get(id(src))
+        got = self._blocks[which]
         if got is None or not 0 <= r - got[1] < got[0].shape[0]:
             block = softmax_rows(src[r:r + PROBS_BLOCK])
             block.flags.writeable = False
-            got = self._blocks[id(src)] = (block, r)
+            got = self._blocks[which] = (block, r)
         i = r - got[1]
         return got[0][i:i + 1]
 

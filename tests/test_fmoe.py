@@ -7,18 +7,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from moesim.policies.contract.base import ABSENT, QUEUED, EvictionRequest, Profile, Reason
 from moesim.policies.contract.registry import PolicyError, make_policy
 from moesim.policies.fmoe.expert_maps import ExpertMapStore, select_by_mass
 from moesim.policies.fmoe.map_cache import MapPriorityCache
-from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher, softmax_row32
+from moesim.policies.fmoe.map_prefetch import ExpertMapPrefetcher
 from moesim.policies.fmoe.policy import FMoE
 from moesim.policies.parts.caches import LCPCache
 from moesim.policies.parts.compose import Composed
-from moesim.policies.parts.predictors import softmax_rows
 from moesim.policies.parts.prefetchers import Prefetcher
 from moesim.traces.format.trace_file import DECODE, ModelInfo, TraceMeta, trace_from_columns
 from tests.util import make_trace, random_trace, run_engine, steps, tiny_hw, tiny_model
@@ -358,16 +355,3 @@ def test_fmoe_measurement_set_averages_the_papers_three_models() -> None:
         for (data, ref), setup in zip(row.variants, row.mean_over, strict=True):
             assert SynthParams.model_validate(data["trace"]["synthetic"]).model == setup["model"]
             assert ref is not None and ref["model"] == data["model"] == setup["model"]
-
-
-@given(row=st.lists(st.one_of(st.floats(width=16, allow_nan=False, allow_infinity=False), st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan])),
-                    min_size=1, max_size=12),
-       dtype=st.sampled_from([np.float16, np.float32]))
-def test_softmax_row32_is_softmax_rows(row: list[float], dtype: Any) -> None:
-    """The one-token softmax of the map prefetcher's decode step gives softmax_rows' bytes (NaN,
-    infinities and signed zeros included)."""
-    x = np.array([row], dtype=dtype)
-    with np.errstate(all="ignore"):
-        want = softmax_rows(x)[0]
-        got = softmax_row32(x[0], np.zeros(len(row), dtype=np.float32))
-    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()

@@ -87,6 +87,12 @@ class RoutingView(Protocol):
         """``[n_tokens, E]`` router logits of ``layer``, once it is routed (None without them)."""
         ...
 
+    def probs(self, layer: int) -> np.ndarray | None:
+        """The row-wise softmax of :meth:`logits` (float32 at least: the numbers
+        :func:`~moesim.policies.parts.predictors.softmax_rows` gives), or None without them;
+        possibly read-only: read it, do not write into it."""
+        ...
+
     def lookahead_logits(self, layer: int) -> np.ndarray | None:
         """``[n_tokens, E]`` logits of router ``layer + 1`` (router 0 at the last layer) on the
         router input of ``layer``, once ``layer`` is routed (None without them)."""
@@ -137,8 +143,10 @@ class ResidencyView(Protocol):
         """Resident units (of ``pool``, or all)."""
         ...
 
-    def units_of_layer(self, layer: int) -> list[UnitKey]:
-        """Units of ``layer`` resident or issued (not those draining to the host)."""
+    def units_of_layer(self, layer: int, in_transit: bool = False) -> list[UnitKey]:
+        """Units of ``layer`` resident or issued (not those draining to the host), in pool
+        order; with ``in_transit``, only those issued and not landed (waiting, queued or in
+        flight)."""
         ...
 
     def pinned(self, layer: int, expert: int) -> bool:

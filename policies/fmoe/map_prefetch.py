@@ -50,25 +50,6 @@ from moesim.policies.parts.prefetchers import Prefetcher
 
 SPANS = ("target", "rest")   # what one trajectory match prefetches: layer l + d, or l + d .. L - 1
 
-_F32 = np.dtype(np.float32)
-_max, _sum = np.maximum.reduce, np.add.reduce   # what softmax_rows reduces a row with
-
-
-def softmax_row32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``softmax_rows(x[None])[0]`` of one float16 or float32 row ``x``, the same float32 numbers
-    computed into ``out`` (float32, of ``x``'s length), which it returns: the same operations
-    (the maximum subtracted, exp, the division by numpy's pairwise sum) on a reused row. The
-    maximum is Python's of the row's few floats when none is NaN (their sum is not NaN), else
-    numpy's (NaN); a zero maximum's sign may differ, which ``exp(x - m)`` undoes."""
-    np.copyto(out, x)
-    vals = out.tolist()
-    tot = sum(vals)
-    out -= max(vals) if tot == tot else _max(out)
-    np.exp(out, out=out)
-    out /= _sum(out)
-    return out
-
-
 class ExpertMapPrefetcher(Prefetcher):
     """Semantic and trajectory matching against an :class:`ExpertMapStore` (module docstring)."""
 
@@ -130,11 +111,10 @@ class ExpertMapPrefetcher(Prefetcher):
         self._req_of: list[int] = []
         self._p_of: tuple[object, ...] | None = None
         # each token's probabilities so far ``[tokens, L, J]``, their running dot products with
-        # the stored maps' ``[tokens, n]`` and squared norms; ``_row32``: one token's softmax
+        # the stored maps' ``[tokens, n]`` and squared norms
         self._traj = np.zeros((0, self._L, self._J))
         self._dots = np.zeros((0, 0))
         self._tsq: list[float] = []
-        self._row32 = np.zeros(self._J, dtype=_F32)
 
     def _probs(self, experts: np.ndarray, weights: np.ndarray | None, logits: np.ndarray | None
                ) -> np.ndarray:
@@ -258,18 +238,18 @@ class ExpertMapPrefetcher(Prefetcher):
         # the running dots and squared norms are read only by a trajectory match, made while a
         # target layer is left: not after layer L - d - 1 (they start afresh each iteration)
         match = self.trajectory and n > 0 and target < self._L
-        lg = view.logits(layer) if self._logits else None
-        if lg is not None and lg.shape[0] == 1 and lg.dtype.char in "ef":
-            # one token (a decode step): softmax_rows(lg) (float16/32: computed in float32), the
-            # same operations on one reused row, written into the token's map
+        pr = view.probs(layer) if self._logits else None
+        if pr is not None and pr.shape[0] == 1 and pr.dtype.char == "f":
+            # one token (a decode step) of float16/32 logits: their softmax_rows (computed in
+            # float32, as the view made it) written into the token's map
             p = traj[0, layer]
-            np.copyto(p, softmax_row32(lg[0], self._row32))
+            np.copyto(p, pr[0])
             if match:   # ``dot``: the products ``@`` makes (the same BLAS ddot / dgemv), with less set-up
                 tsq[0] += float(p.dot(p))
                 dots[0] += store.by_layer[layer, :n].dot(p)
         else:
-            if lg is not None:   # a softmax has no -0.0 (exp gives +0.0): ``p + 0.0`` below is ``p``
-                probs, plus = softmax_rows(lg).astype(np.float64), False
+            if pr is not None:   # a softmax has no -0.0 (exp gives +0.0): ``p + 0.0`` below is ``p``
+                probs, plus = pr.astype(np.float64), False
             else:
                 routing = outcome.routing
                 probs, plus = self._probs(routing.experts, routing.weights, None), True

@@ -299,10 +299,10 @@ class MoEpic(SpeculativePrefetch, Policy):
         reconfiguration is not a guess: if its expert is needed it is treated as a right guess,
         else it goes on."""
         state_of, abort, reload = view.state, view.abort_prefetch, self._reload
-        for key in view.units_of_layer(layer):
+        # the units not landed when the layer was routed: none lands while they are stopped
+        # (an abort frees a lane, which may start a queued one: each state is read when reached)
+        for key in view.units_of_layer(layer, in_transit=True):
             state = state_of(*key)
-            if state == RESIDENT:
-                continue
             if key[1] in needed:
                 if state != INFLIGHT:
                     abort(*key)

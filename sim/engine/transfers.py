@@ -175,8 +175,8 @@ class Transfers(Withdrawals):
 
     def settle_buffer(self, layer: int) -> None:
         """After ``layer`` computed, settle its resident units still in the transfer buffer."""
-        for key, u in list(self.vram.units.items()):
-            if u.in_buffer and u.state == RESIDENT and key[0] == layer:
+        for u in list(self.vram.units_of(layer).values()):
+            if u.in_buffer and u.state == RESIDENT:
                 self.settle(u)
 
     def check_deadlock(self, layer: int) -> None:

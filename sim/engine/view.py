@@ -23,20 +23,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.engine.state import RunState
     from moesim.sim.engine.workload import Iteration
 
-PROBS_BLOCK = 256   # lookahead rows whose softmax :meth:`EngineView.lookahead_probs` makes at once
+PROBS_BLOCK = 256   # trace rows whose softmax :meth:`EngineView.probs` / ``lookahead_probs`` make at once
 
 
 class EngineView:
     """What a policy may see and do (see :class:`moesim.policies.contract.base.View`), over the
     run's state ``_e``."""
 
-    __slots__ = ("_e", "_units", "_probs", "_probs_lo")
+    __slots__ = ("_e", "_units", "_blocks")
 
     def __init__(self, state: RunState[Any]) -> None:
         self._e = state
         self._units = state.vram.units   # the run's units by key (one dict for the whole run)
-        self._probs: np.ndarray | None = None   # lookahead_probs' block: softmax of rows from _probs_lo on
-        self._probs_lo = 0
+        # per source of logits (0: the trace's ``logits``, 1: its ``lookahead_logits``), the
+        # softmax of a block of its rows and the first row of that block, or None (_row_probs)
+        self._blocks: list[tuple[np.ndarray, int] | None] = [None, None]
 
     # -- time and position ---------------------------------------------------------------------
     @property
@@ -105,27 +106,36 @@ class EngineView:
         return rows
 
     def lookahead_probs(self, layer: int) -> np.ndarray | None:
-        """``softmax_rows(lookahead_logits(layer))`` (:func:`~moesim.policies.parts.predictors.softmax_rows`),
+        """``softmax_rows(lookahead_logits(layer))``, made as :meth:`probs` makes its rows."""
+        return self._row_probs(self._lookahead_of(layer), 1, layer)
+
+    def probs(self, layer: int) -> np.ndarray | None:
+        """``softmax_rows(logits(layer))`` (:func:`~moesim.policies.parts.predictors.softmax_rows`),
         the same numbers; read it, do not write into it. One token's row is a row of the softmax
         of a block of :data:`PROBS_BLOCK` trace rows from it, made once: a row's softmax is the
         same bytes alone or in a block (max, exp and division are per element; each row's sum
         is its own pairwise sum either way; checked on every row of a trace and on random blocks
         in ``tests/test_view_probs.py``)."""
-        la = self._lookahead_of(layer)
-        if la is None:
+        self._known(layer, "logits")
+        return self._row_probs(self._e.trace.logits, 0, layer)
+
+    def _row_probs(self, src: np.ndarray | None, which: int, layer: int) -> np.ndarray | None:
+        """The softmax of the current iteration's rows of ``layer`` in ``src`` (a trace array of
+        logits, or None; ``which``: its slot in ``_blocks``), one token's from the block of
+        ``src`` that holds its row."""
+        if src is None:
             return None
         rows0 = self._e.cur_iter.rows0
         if rows0.shape[0] != 1:
-            return softmax_rows(la[rows0 + layer])
+            return softmax_rows(src[rows0 + layer])
         r = int(rows0[0]) + layer
-        probs = self._probs
-        i = r - self._probs_lo
-        if probs is None or not 0 <= i < probs.shape[0]:
-            probs = self._probs = softmax_rows(la[r:r + PROBS_BLOCK])
-            probs.flags.writeable = False
-            self._probs_lo = r
-            i = 0
-        return probs[i:i + 1]
+        got = self._blocks[which]
+        if got is None or not 0 <= r - got[1] < got[0].shape[0]:
+            block = softmax_rows(src[r:r + PROBS_BLOCK])
+            block.flags.writeable = False
+            got = self._blocks[which] = (block, r)
+        i = r - got[1]
+        return got[0][i:i + 1]
 
     def previous_lookahead_logits(self) -> np.ndarray | None:
         """Lookahead of the last layer of the previous iteration: a cross-token prediction of
@@ -193,13 +203,13 @@ class EngineView:
         src = v.units.items() if pool is None else v.pool_units[pool].items()
         return [k for k, u in src if u.state == RESIDENT]
 
-    def units_of_layer(self, layer: int) -> list[UnitKey]:
-        """Units of ``layer`` resident or issued."""
-        e = self._e
-        if not e.global_pool:   # the layer's own pool holds them, in the same (insertion) order
-            return list(e.vram.pool_units[layer])
-        units = e.vram.layer_units.get(layer)   # the global pool's, kept per layer
-        return list(units) if units is not None else []
+    def units_of_layer(self, layer: int, in_transit: bool = False) -> list[UnitKey]:
+        """Units of ``layer`` resident or issued, in pool order; with ``in_transit``, only
+        those not landed."""
+        units = self._e.vram.units_of(layer)
+        if in_transit:
+            return [k for k, u in units.items() if u.state != RESIDENT]
+        return list(units)
 
     def pinned(self, layer: int, expert: int) -> bool:
         """Some part of the expert is pinned: planned for the current layer, not yet computed."""

@@ -102,6 +102,14 @@ class Vram:
                 self.victim_seqs[u.pool].append(seq)
                 self.victim_keys[u.pool].append(u.key)
 
+    def units_of(self, layer: int) -> dict[UnitKey, Unit]:
+        """The present units of ``layer`` in pool order: its own pool's (one pool per layer), or
+        the tracked pool's per-layer dict. Live: copy it before units come or go."""
+        if not self.tracked:
+            return self.pool_units[layer]
+        got = self.layer_units.get(layer)
+        return {} if got is None else got
+
     def remove(self, u: Unit) -> None:
         """``u`` is no longer present (its room is released or drains separately)."""
         del self.units[u.key]

@@ -8,7 +8,6 @@ the host while the GPU runs the resident ones (``docs/calibration.md``, "Measure
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -18,20 +17,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moesim.policies.contract.registry import make_policy  # noqa: E402
-from moesim.sim.config.catalog import get_model  # noqa: E402
 from moesim.sim.engine.cost import CostModel  # noqa: E402
 from moesim.sim.engine.workload import build_workload  # noqa: E402
+from tests.test_executor import _model  # noqa: E402  (the same tiny random Mixtral, built once)
 from tests.util import random_trace, run_engine, tiny_hw  # noqa: E402
-
-SPEC = {"name": "tiny", "num_layers": 3, "num_experts": 8, "top_k": 2, "hidden_size": 32,
-        "expert_intermediate_size": 64, "dtype_bytes": 4}
-
-
-@cache
-def _model() -> Any:
-    from moesim.sim.real.executor.model import load
-
-    return load(None, get_model(SPEC), torch.device("cpu"))
 
 
 def _both(policy: str, params: dict[str, Any], budget: int, copy: str = "auto") -> tuple[Any, dict[str, Any]]:

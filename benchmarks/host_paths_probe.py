@@ -7,9 +7,13 @@
   copy);
 * one expert applied to one token on the host's cores (``--threads``) with its weights in
   pageable memory (how the calibration timed it) and in pinned memory (the executor's host pool
-  on a GPU machine), cycling over one layer's experts.
+  on a GPU machine), cycling over one layer's experts;
+* the same expert right after the host has waited ``--gaps`` milliseconds, asleep or blocked on
+  the GPU (a kernel that spins that long, then a synchronise: how the executor waits for the
+  activations a CPU layer reads), to see whether the host's threads pay to start again after a
+  pause (the calibration times experts back to back).
 
-    python benchmarks/host_paths_probe.py [--threads 8] [--model '{base: mixtral-8x7b}']
+    python benchmarks/host_paths_probe.py [--threads 8] [--model '{base: mixtral-8x7b}'] [--gaps 0 1 3]
 
 Prints one markdown table of medians (GB/s and ms). Speed figures, never assertions.
 """
@@ -17,7 +21,9 @@ Prints one markdown table of medians (GB/s and ms). Speed figures, never asserti
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from typing import Any
 
 
@@ -34,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--model", default="{base: mixtral-8x7b}")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--gaps", nargs="*", type=float, default=[0.0, 0.5, 1.0, 2.0, 4.0],
+                    help="pauses before a host expert, milliseconds")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_paths_probe: needs a CUDA device", file=sys.stderr)
@@ -84,6 +92,26 @@ def main(argv: list[str] | None = None) -> int:
             s = measure(one, torch.device("cpu"), repeat=max(args.repeat, 2 * E))
             rows.append((f"one expert on the host, 1 token, {args.threads} threads, weights {label}",
                          f"{eb / 1e6:.0f} MB", s * 1e3))
+        cycles_per_ms = 1.98e6   # the H100/H200 boost clock; the measured wait is printed beside
+        for how in ("asleep", "blocked on the GPU"):
+            for gap in args.gaps:
+                times, waits = [], []
+                for i in range(2 * E + 2):
+                    t_w = time.perf_counter()
+                    if how == "asleep":
+                        time.sleep(gap / 1e3)
+                    else:
+                        torch.cuda._sleep(int(gap * cycles_per_ms))
+                        torch.cuda.synchronize(dev)
+                    t0 = time.perf_counter()
+                    with torch.inference_mode():
+                        apply_expert(out, x, w, tok, slot, pinned[i % E], H, Im)
+                    if i >= 2:
+                        times.append(time.perf_counter() - t0)
+                        waits.append(t0 - t_w)
+                rows.append((f"one expert on the host, 1 token, pinned weights, after {how} "
+                             f"{statistics.median(waits) * 1e3:.2f} ms (asked {gap:g})",
+                             f"{eb / 1e6:.0f} MB", statistics.median(times) * 1e3))
     finally:
         torch.set_num_threads(old)
     print(f"# Host paths on {torch.cuda.get_device_name(dev)} (torch {torch.__version__}, {spec.name} shape)\n")

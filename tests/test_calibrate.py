@@ -67,7 +67,8 @@ def test_profile_has_provenance_measurements_and_fits(profile: Path) -> None:
     assert cpu["threads"] == 1 and cpu["expert_us"] == c["expert_us"]
     one = next(r["s"] for r in m["host_experts"] if r["tokens"] == 1)
     assert cpu["mem_gbps"] == pytest.approx(4 * 3 * 32 * 64 / one / 1e9, rel=1e-3)
-    assert set(cpu["sources"]) >= {"mem_gbps", "expert_us", "threads"}
+    assert set(cpu["sources"]) >= {"mem_gbps", "expert_us", "expert_us_by_tokens", "threads"}
+    assert cpu["expert_us_by_tokens"] == {r["tokens"]: round(r["s"] * 1e6, 3) for r in m["host_experts"]}
     assert "pageable_gbps" not in hw   # pinned and pageable differ on a GPU only
 
 

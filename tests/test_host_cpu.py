@@ -87,6 +87,19 @@ def test_measured_cpu_expert_time_is_shared_with_other_work() -> None:
     assert c.cpu_expert_s(3) == pytest.approx((400 + 20) / 0.8 * US)
 
 
+def test_a_measured_table_of_expert_times_is_interpolated() -> None:
+    """``expert_us_by_tokens`` (a calibration's rows, no line in tokens: a faster matrix path
+    from 4 rows) overrides the line: linear between rows, the first row's time below it, the
+    last two rows' slope beyond (never falling), shared with other work like expert_us."""
+    table = {1: 9000.0, 2: 8000.0, 4: 5000.0, 32: 6400.0}
+    c = _cost({"expert_us": 1.0, "expert_us_per_token": 1.0, "expert_us_by_tokens": table, "busy_fraction": 0.5})
+    got = [c.cpu_expert_s(n) / US * 0.5 for n in (1, 2, 3, 4, 18, 32, 64)]
+    assert got == pytest.approx([9000, 8000, 6500, 5000, 5700, 6400, 6400 + 1400 / 28 * 32])
+    flat = _cost({"expert_us_by_tokens": {4: 100.0, 8: 80.0}})
+    assert [flat.cpu_expert_s(n) / US for n in (1, 6, 16)] == pytest.approx([100, 90, 80])
+    assert _cost({"expert_us_by_tokens": {2: 50.0}}).cpu_expert_s(9) == pytest.approx(50 * US)
+
+
 def test_pinned_and_pageable_copy_rates_apart() -> None:
     for name in hardware_names():
         hw = get_hardware(name)

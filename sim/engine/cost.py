@@ -158,13 +158,15 @@ class CostModel:
         """One routed expert applied to ``n_tokens`` tokens on the host CPU: a roofline over the
         bandwidth and throughput the expert threads reach (weights read once; see
         :class:`~moesim.sim.config.catalog.host.CpuSpec`), plus a fixed call cost, unless the
-        host's ``expert_us`` gives a measured figure (scaled by the share of time the host's
-        other work leaves)."""
+        host's measured times give a figure (``expert_us_by_tokens`` or ``expert_us``:
+        :meth:`CpuSpec.measured_expert_us`, scaled by the share of time the host's other work
+        leaves)."""
         if n_tokens <= 0:
             return 0.0
         cpu = self.hardware.cpu
-        if cpu.expert_us is not None:
-            return (cpu.expert_us + cpu.expert_us_per_token * (n_tokens - 1)) * US / (1.0 - cpu.busy_fraction)
+        measured = cpu.measured_expert_us(n_tokens)
+        if measured is not None:
+            return measured * US / (1.0 - cpu.busy_fraction)
         m = self.model
         return max(m.expert_bytes / (cpu.read_gbps * 1e9),
                    2.0 * m.expert_params * n_tokens / (cpu.compute_tflops * 1e12)) + cpu.call_us * US

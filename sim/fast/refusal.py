@@ -85,9 +85,9 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
                                  "layer_us_per_context_token"}),
     # sockets, peak_gbps, peak_tflops: sockets read only by CpuSpec.read_gbps/compute_tflops (CostModel.cpu_expert_s),
     # the peaks only by CpuSpec's check and a fit's bounds
-    "hardware.cpu": frozenset({"busy_fraction", "call_us", "cores", "expert_us", "expert_us_per_token", "mem_gbps",
-                               "name", "peak_gbps", "peak_tflops", "sockets", "source", "sources", "tflops",
-                               "thread_gbps", "threads"}),
+    "hardware.cpu": frozenset({"busy_fraction", "call_us", "cores", "expert_us", "expert_us_by_tokens",
+                               "expert_us_per_token", "mem_gbps", "name", "peak_gbps", "peak_tflops", "sockets",
+                               "source", "sources", "tflops", "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
     # pageable_copy_us: read only by CostModel.transfer_s, which every replay calls for its copies
     # launch_us, layer_kernels, cuda_graphs: read only by CostModel.overhead_layer_s, and eager_score_bytes,

@@ -22,7 +22,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from moesim.sim.config.catalog.files import raw_entries, unknown
 
@@ -54,6 +62,11 @@ class CpuSpec(BaseModel):
     expert_us: float | None = Field(None, ge=0, description="measured time of one expert for one token at "
                                     "`threads` threads (overrides the roofline; divided by 1 - busy_fraction)")
     expert_us_per_token: float = Field(0.0, ge=0, description="with expert_us: extra time per additional token")
+    expert_us_by_tokens: dict[PositiveInt, NonNegativeFloat] | None = Field(
+        None, description="measured time of one expert at these token counts at `threads` threads (a calibration's "
+        "rows; overrides expert_us and expert_us_per_token): linear between them, the smallest count's time below "
+        "it, the last two's slope beyond the largest (for a kernel whose time is no line in tokens, e.g. a faster "
+        "matrix path from a few rows)")
     source: str = Field("", description="where the entry's numbers come from")
     sources: dict[str, str] = Field(default_factory=dict, description="per-field provenance: field name -> source")
 
@@ -70,6 +83,25 @@ class CpuSpec(BaseModel):
             raise ValueError(f"tflops ({self.tflops:g}) exceeds the socket's cores (peak_tflops "
                              f"{self.peak_tflops:g}): beyond physics")
         return self
+
+    def measured_expert_us(self, n_tokens: int) -> float | None:
+        """One expert's measured time for ``n_tokens`` tokens, microseconds, from
+        ``expert_us_by_tokens`` (interpolated, see the field) or ``expert_us`` plus
+        ``expert_us_per_token`` per token beyond the first; None without a measurement (the
+        roofline applies)."""
+        table = self.expert_us_by_tokens
+        if table:
+            ks = sorted(table)
+            if n_tokens <= ks[0] or len(ks) == 1:
+                return table[ks[0]]
+            for a, b in zip(ks, ks[1:], strict=False):
+                if n_tokens <= b:
+                    return table[a] + (table[b] - table[a]) * (n_tokens - a) / (b - a)
+            a, b = ks[-2], ks[-1]
+            return table[b] + max(0.0, (table[b] - table[a]) / (b - a)) * (n_tokens - b)
+        if self.expert_us is None:
+            return None
+        return self.expert_us + self.expert_us_per_token * (n_tokens - 1)
 
     @property
     def expert_threads(self) -> float:

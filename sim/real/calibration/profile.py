@@ -9,8 +9,10 @@ and ``measurements:`` (every raw timing, so a reader can redo the fits). Fits:
   ``pcie_gbps`` (``d2h_gbps`` from the reverse copies; on a GPU, ``pageable_gbps`` from the
   copies out of pageable host memory);
 * the host CPU: one expert on the host's cores at ``--threads`` threads (the device's own
-  expert runs on a CPU device; a separate run on a GPU's host) -> ``cpu.expert_us``,
-  ``cpu.expert_us_per_token``, and the read bandwidth those threads reached at one token ->
+  expert runs on a CPU device; a separate run on a GPU's host) -> ``cpu.expert_us_by_tokens``
+  (every token count's time, which the simulator interpolates: a host kernel need not be a line
+  in tokens), ``cpu.expert_us``, ``cpu.expert_us_per_token`` (the line, for reading), and the
+  read bandwidth those threads reached at one token ->
   ``cpu.mem_gbps`` (a lower bound for every core), ``cpu.thread_gbps``;
 * expert: ``t = expert_us + expert_us_per_token * (n - 1)``, exact at one token (decode), the
   slope fitted over 2-128 tokens (prefill);
@@ -226,7 +228,7 @@ def calibrate(om: Any, *, quick: bool = False, context: int = 32, threads: int =
                   "expert_us": round(e0 * us, 3), "expert_us_per_token": round(e1 * us, 3),
                   "head_us": round(head * us, 3),
                   "layer_us_per_context_token": round(max(0.0, ctx_slope) * us, 6)},
-        "cpu": _host_cpu(m, h0, h1, threads, where),
+        "cpu": _host_cpu(m, h0, h1, threads, where, host_experts),
         "source": where,
         "sources": sources,
     }
@@ -277,9 +279,11 @@ def _sig(x: float, digits: int = 5) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def _host_cpu(m: ModelSpec, e0: float, e1: float, threads: int, where: str) -> dict[str, Any]:
+def _host_cpu(m: ModelSpec, e0: float, e1: float, threads: int, where: str,
+              rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The profile's host CPU: the measured expert times at ``threads`` threads (they override
-    the roofline) and the read bandwidth those threads reached at one token."""
+    the roofline: each token count's row, and the line through them) and the read bandwidth
+    those threads reached at one token."""
     cores = max(threads, os.cpu_count() or threads)
     gbps = m.expert_bytes / e0 / 1e9 if e0 > 0 else 1e3
     at = f"{where}; one expert of the model on the host at {threads} torch thread(s)"
@@ -287,11 +291,14 @@ def _host_cpu(m: ModelSpec, e0: float, e1: float, threads: int, where: str) -> d
         "name": "calibrated-host", "cores": cores, "threads": threads,
         "mem_gbps": _sig(gbps), "thread_gbps": _sig(gbps / threads), "call_us": 0.0,
         "expert_us": round(e0 * 1e6, 3), "expert_us_per_token": round(e1 * 1e6, 3),
+        "expert_us_by_tokens": {int(r["tokens"]): round(r["s"] * 1e6, 3) for r in rows},
         "source": at,
         "sources": {"cores": f"{where}; logical CPUs of the host", "threads": "--threads of simctl calibrate",
                     "mem_gbps": f"{at}: expert bytes over its one-token time (a lower bound for every core)",
                     "thread_gbps": f"{at}: mem_gbps over the threads",
                     "expert_us": f"{at}, one token", "expert_us_per_token": f"{at}: least-squares slope over tokens",
+                    "expert_us_by_tokens": f"{at}, each token count (what the simulator uses: the host's kernel "
+                                           "need not be a line in tokens)",
                     "call_us": "folded into the measured expert times"},
     }
 

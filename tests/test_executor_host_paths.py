@@ -23,16 +23,18 @@ from tests.test_executor import _model  # noqa: E402  (the same tiny random Mixt
 from tests.util import random_trace, run_engine, tiny_hw  # noqa: E402
 
 
-def _both(policy: str, params: dict[str, Any], budget: int, copy: str = "auto") -> tuple[Any, dict[str, Any]]:
+def _both(policy: str, params: dict[str, Any], budget: int, copy: str = "auto",
+          phases: tuple[str, ...] = ("decode",)) -> tuple[Any, dict[str, Any]]:
     """The executor's run and the simulator's metrics of one policy on one trace."""
     from moesim.sim.real.executor.runner import Executor
 
     om = _model()
     tr = random_trace(7, layers=3, experts=8, top_k=2, requests=2, prompt=3, decode=6)
-    ex = Executor(build_workload(tr), make_policy(policy, params), om, CostModel(om.spec, tiny_hw()),
-                  budget_bytes=budget * om.spec.expert_bytes, copy=copy)
+    ex = Executor(build_workload(tr, phases=list(phases)), make_policy(policy, params), om,
+                  CostModel(om.spec, tiny_hw()), budget_bytes=budget * om.spec.expert_bytes, copy=copy)
     ex.run(warmup=1)
-    _, sim = run_engine(tr, make_policy(policy, params), om.spec, tiny_hw(), budget_experts=budget)
+    _, sim = run_engine(tr, make_policy(policy, params), om.spec, tiny_hw(), budget_experts=budget,
+                        phases=list(phases))
     return ex, sim
 
 
@@ -68,6 +70,20 @@ def test_cpu_experts_match_the_simulator(policy: str, params: dict[str, Any], bu
     assert real["cpu_expert_runs"] == sim["cpu_expert_runs"] > 0
     assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
     assert real["h2d_gb"] == pytest.approx(sim["h2d_gb"], abs=1e-12)
+
+
+def test_a_layer_waits_for_its_copies_on_an_asynchronous_copy_engine() -> None:
+    """llama.cpp's op offload (a prompt of at least ``op_offload_min_batch`` tokens copies the CPU
+    layer's whole expert tensors and waits for them, ``Plan.wait_for``) on the copy thread: the
+    copies land before the layer ends and leave after it, as simulated."""
+    ex, sim = _both("cpu-moe", {"n_cpu_moe": 1, "op_offload_min_batch": 2}, 24, copy="thread",
+                    phases=("prefill", "decode"))
+    assert ex.state.policy.counts["op_offload_passes"] > 0
+    real = ex.metrics()
+    assert real["copy_engine"] == "thread"
+    assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
+    assert real["cpu_expert_runs"] == sim["cpu_expert_runs"] > 0   # decode still runs on the host
+    assert real["h2d_gb"] == pytest.approx(sim["h2d_gb"], abs=1e-12) and real["h2d_gb"] > 0
 
 
 def test_an_expert_run_on_the_host_adds_what_the_device_kernel_adds() -> None:

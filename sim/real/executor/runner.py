@@ -266,6 +266,8 @@ class Executor:
             job = res.jobs.get(u.key)
             if u.state != RESIDENT and units.get(u.key) is u and job is not None:
                 res.copier.wait([job])
+        if waits:
+            res.refresh()   # the last awaited copy is resident before on_layer_end may evict it
         stall += time.perf_counter() - ts
         vram.pinned.clear()
         st.stall_s += stall

@@ -198,7 +198,7 @@ class Executor:
         t_wait = time.perf_counter()
         if res.waiting:
             res.issue_demand()
-        cpu_exps = [] if on_cpu is None else _access_order(plan_m, (plan_m >= 0) & on_cpu)[0]
+        cpu_exps, cpu_rows = ([], {}) if on_cpu is None else _access_order(plan_m, (plan_m >= 0) & on_cpu)
         outcome = Outcome(layer, routing, plan_m, exps, status, cpu_exps)
         policy.on_access(view, layer, outcome)
         policy.after_layer(view, layer, outcome)
@@ -232,13 +232,11 @@ class Executor:
                 remaining = [r for r in remaining if id(r) not in done]
                 if res.waiting:
                     res.issue_demand()
-                if host_in is not None:
-                    self._cpu_experts(out, host_in, plan_m, on_cpu, layer, cpu_exps)
-                    host_in = None
-                continue
-            if host_in is not None:
-                self._cpu_experts(out, host_in, plan_m, on_cpu, layer, cpu_exps)
+            if host_in is not None:   # the host's turn: after the ready GPU experts, before any wait
+                self._cpu_experts(out, host_in, cpu_rows, layer, cpu_exps)
                 host_in = None
+                continue
+            if ready:
                 continue
             ts = time.perf_counter()
             pending = [res.jobs[u.key] for _, u in watch if u.key in res.jobs]
@@ -258,8 +256,8 @@ class Executor:
                                             f"but policy {policy.name!r} can evict nothing; raise cache.rate")
                     res.copier.wait(started)
             stall += time.perf_counter() - ts
-        if host_in is not None:
-            self._cpu_experts(out, host_in, plan_m, on_cpu, layer, cpu_exps)
+        if host_in is not None:   # no GPU expert in the plan
+            self._cpu_experts(out, host_in, cpu_rows, layer, cpu_exps)
         ts = time.perf_counter()
         for u in waits:   # copies the plan waits for (whole expert tensors, plan.wait_for)
             res.refresh()
@@ -284,18 +282,16 @@ class Executor:
         host (on a GPU, a device-to-host copy that waits for the compute stream)."""
         return x.to("cpu"), weights.to("cpu")
 
-    def _cpu_experts(self, out: torch.Tensor, host_in: tuple[torch.Tensor, torch.Tensor], plan_m: np.ndarray,
-                     on_cpu: np.ndarray | None, layer: int, cpu_exps: list[int]) -> None:
-        """Run the plan's CPU experts on the host's cores (``threads`` torch threads) with the host
-        pool's weights, one after another, and add their output into ``out`` (on a GPU, one
-        host-to-device copy of the sum)."""
+    def _cpu_experts(self, out: torch.Tensor, host_in: tuple[torch.Tensor, torch.Tensor],
+                     rows: dict[int, tuple[torch.Tensor, torch.Tensor]], layer: int, cpu_exps: list[int]) -> None:
+        """Run the plan's CPU experts (``rows``: each one's tokens and slots, on the host) on the
+        host's cores (``threads`` torch threads) with the host pool's weights, one after another,
+        and add their output into ``out`` (on a GPU, one host-to-device copy of the sum)."""
         xh, wh = host_in
-        assert on_cpu is not None
-        crow = _access_order(plan_m, (plan_m >= 0) & on_cpu)[1]
         oh = torch.zeros_like(xh)
         store = self.res.store
         for e in cpu_exps:
-            tok, slot = crow[e]
+            tok, slot = rows[e]
             self._apply(oh, xh, wh, tok, slot, store.source(layer, e))
         self.stats.cpu_accesses += len(cpu_exps)
         out.add_(oh.to(out.device))

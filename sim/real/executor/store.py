@@ -98,13 +98,3 @@ def pageable_pool(host: list[torch.Tensor]) -> list[torch.Tensor]:
         out.append(t)
     return out
 
-
-def host_pool(experts: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Move per-layer ``[E, n]`` expert weights to host memory: pinned when the device is a GPU
-    (so that host-to-device copies are asynchronous), plain CPU tensors otherwise."""
-    pin = device.type == "cuda"
-    out = []
-    for t in experts:
-        h = t.detach().to("cpu")
-        out.append(h.pin_memory() if pin else h.contiguous())
-    return out

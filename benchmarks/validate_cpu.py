@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-params", default=None, help="YAML mapping of policy names to their parameters, "
                     "e.g. '{accelerate: {stream_non_expert: false}}'")
     args = ap.parse_args(argv)
+    try:
+        params = yaml.safe_load(args.policy_params) if args.policy_params else {}
+    except yaml.YAMLError:
+        params = None
+    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        ap.error(f"--policy-params {args.policy_params!r}: not a mapping of policy names to parameter mappings")
 
     from moesim.traces.tracer.model_loading import resolve_device
 
@@ -70,9 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     om = load(ref, spec, device)
     context, routing = calibration_inputs(base, trace)
     points = [(pol, rate) for pol in args.policies for rate in args.rates]
-    params = yaml.safe_load(args.policy_params) if args.policy_params else {}
-    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
-        ap.error(f"--policy-params {args.policy_params!r}: not a mapping of policy names to parameter mappings")
 
     def policy_set(pol: str) -> str:
         return f"policy={pol}" if pol not in params else "policy=" + yaml.safe_dump(

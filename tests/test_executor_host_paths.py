@@ -108,3 +108,15 @@ def test_an_expert_run_on_the_host_adds_what_the_device_kernel_adds() -> None:
         apply_expert(ref, x, w, tok, slot, om.host_experts[1][e].clone(), om.hidden, om.inter)
     assert torch.equal(host, ref)
     assert host[2].abs().sum() > 0 and exps == [0, 3, 5, 1, 2]
+
+
+@pytest.mark.parametrize("bad", ["{a: ", "[1]", "{accelerate: 3}"])
+def test_bad_policy_params_of_the_validation_table_are_one_line(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/validate_cpu.py --policy-params`` (how the GPU run passes accelerate's
+    parameters) refuses malformed YAML or a non-mapping in one line, before any model loads."""
+    from benchmarks.validate_cpu import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--policy-params", bad])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and "--policy-params" in err[-1] and "Traceback" not in "\n".join(err)

@@ -63,3 +63,20 @@ def test_roles_follow_the_rule_in_the_header() -> None:
         assert six == (row["set"].get("trace.synthetic.top_k") == 6), f"row {i}: the trace routes another top-k"
         expected = "fit" if not six and _column(row["source"]) in SHORTEST else "test"
         assert row["role"] == expected, f"row {i}: role {row['role']}, the header's rule gives {expected}"
+
+
+def test_prefill_pays_its_eager_launches_and_decode_does_not() -> None:
+    """V0.2.1 captures CUDA graphs for decode only (the header's (a)): the set's runtime charges
+    97 launches x 9.02 us to each of the 58 MoE layers of a prefill, exactly, and nothing to a
+    decode step."""
+    from moesim.sim.study.fit_runs import row_jobs, run_job
+
+    ms = load_measurements(PATH)
+    jobs = row_jobs(ms)
+    runtime = yaml.safe_load(PATH.read_text())["base"]["runtime"]
+    assert (runtime["eager_prefill"], runtime["layer_kernels"], runtime["launch_us"]) == (True, 97, 9.02)
+    off = (("runtime.eager_prefill", False),)
+    decode, prefill = jobs[0], jobs[1]   # 8 experts at the 2-token prompt
+    assert run_job(decode, ()).values == run_job(decode, off).values
+    extra_ms = run_job(prefill, ()).values["ttft_ms"] - run_job(prefill, off).values["ttft_ms"]
+    assert abs(extra_ms - 58 * 97 * 9.02 / 1000) < 1e-6

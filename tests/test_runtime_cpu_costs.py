@@ -1,7 +1,8 @@
 """The runtime's CPU-side costs (issue 32 item 2): the per-layer hand-off to CPU experts
 (``runtime.cpu_switch_us``) on exact timelines, and the launch cost of an eager layer
-(``layer_kernels x launch_us``, off under ``cuda_graphs``), with the catalog's restated eager
-runtimes giving the per-layer overhead they gave as one number."""
+(``layer_kernels x launch_us``, off under ``cuda_graphs``, paid by prefill alone under
+``eager_prefill``), with the catalog's restated eager runtimes giving the per-layer overhead
+they gave as one number."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 from moesim.policies.contract.registry import make_policy
 from moesim.sim.config.catalog import RuntimeSpec, get_hardware, get_model, get_runtime
 from moesim.sim.engine.cost import CostModel
-from tests.util import make_trace, run_engine, steps, tiny_hw, tiny_model
+from moesim.testing import fixtures
+from tests.util import DECODE, PREFILL, make_trace, run_engine, steps, tiny_hw, tiny_model
 
 US = 1e-6
 
@@ -65,6 +67,37 @@ def test_launch_cost_reaches_every_layer_of_a_run() -> None:
     # per layer: 30 us of launches, 100 us non-MoE, a 50 us hit
     assert [round(s.t_end / US) for s in steps(eng)] == [180, 360, 540]
     assert m["runtime_overhead_ms"] == pytest.approx(0.090)
+
+
+def test_graphs_for_decode_only_leave_prefill_its_launches() -> None:
+    model, hw = get_model("mixtral-8x7b"), get_hardware("rtx-4090")
+    rt = RuntimeSpec(name="decode-graphs", layer_us=7, launch_us=9, layer_kernels=30, cuda_graphs=True,
+                     eager_prefill=True)
+    assert CostModel(model, hw, rt).overhead_layer_s() == 7 * US
+    assert CostModel(model, hw, rt).overhead_layer_s(prefill=True) == pytest.approx((7 + 270) * US)
+    # without graphs every pass is eager already: the field changes nothing
+    eager = rt.model_copy(update={"cuda_graphs": False})
+    assert CostModel(model, hw, eager).overhead_layer_s() == CostModel(model, hw, eager).overhead_layer_s(True)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("eager_prefill", [False, True])
+def test_eager_prefill_adds_launches_to_the_prompt_only(eager_prefill: bool, fast: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    if not fast:   # the event loop's replay (run_engine passes the fast one)
+        monkeypatch.setattr(fixtures, "FAST_PATH", None)
+    # a 2-token prompt, then 1 decode token; two layers, every expert resident (hits)
+    tr = make_trace([[[0], [1]], [[2], [3]], [[1], [2]]], num_experts=4, phases=[PREFILL, PREFILL, DECODE])
+    rt = RuntimeSpec(name="decode-graphs", layer_us=5, launch_us=10, layer_kernels=3, cuda_graphs=True,
+                     eager_prefill=eager_prefill)
+    eng, m = run_engine(tr, make_policy("lru"), tiny_model(2, 4, 1), tiny_hw(), budget_experts=8, runtime=rt,
+                        initial="popular", phases=("prefill", "decode"))
+    # prefill layer: 100 us non-MoE + 5 us layer_us (+ 3 x 10 us launches) + two 50 us hits;
+    # decode layer: 100 + 5 + one 50 us hit, the graph replayed (no launches) either way
+    pre = 235 if eager_prefill else 205
+    assert [round(s.t_end / US) for s in steps(eng)] == [pre, 2 * pre, 2 * pre + 155, 2 * pre + 310]
+    assert m["runtime_overhead_ms"] == pytest.approx((4 * 5 + (2 * 30 if eager_prefill else 0)) / 1000)
+    assert m["engine_path"] == ("fast" if fast else "event")
 
 
 @settings()   # examples, seed and deadline from the profile (tests/conftest.py)

@@ -19,6 +19,9 @@ def test_a_runtime_shows_its_times() -> None:
                                    "52 us per CPU-expert layer")
     assert runtime_line({**llama, "cuda_graphs": True, "cpu_switch_us": 0}) == \
         "llama-cpp-like: 0 us/layer, 300 us/iteration, 0 us/token"
+    # graphs for decode only: a prefill's launches are shown apart
+    assert runtime_line({**llama, "cuda_graphs": True, "eager_prefill": True, "cpu_switch_us": 0}) == \
+        "llama-cpp-like: 0 us/layer (prefill: +125, 25 eager launches x 5 us), 300 us/iteration, 0 us/token"
 
 
 def test_any_nonzero_time_counts_as_overhead() -> None:

@@ -21,7 +21,8 @@ ACTIVATION_BYTES = 2
 """Bytes of one activation element copied between the GPU and CPU experts (16-bit hidden states)."""
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
                          prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
-                         pageable_copy_us=0.0, host_memory=None, activation_copies=None, eager_score_bytes=None,
+                         eager_prefill=False, pageable_copy_us=0.0, host_memory=None, activation_copies=None,
+                         eager_score_bytes=None,
                          static_cache_pad_tokens=None, source="no overhead")
 
 
@@ -171,18 +172,22 @@ class CostModel:
         return max(m.expert_bytes / (cpu.read_gbps * 1e9),
                    2.0 * m.expert_params * n_tokens / (cpu.compute_tflops * 1e12)) + cpu.call_us * US
 
-    def overhead_layer_s(self) -> float:
-        """The runtime's framework overhead per MoE layer of a forward pass: its fixed
-        ``layer_us`` and, for an eager runtime (``cuda_graphs`` off), the launches of the
-        layer's kernels (``layer_kernels x launch_us``)."""
+    def overhead_layer_s(self, prefill: bool = False) -> float:
+        """The runtime's framework overhead per MoE layer of a forward pass (a prefill's when
+        ``prefill``): its fixed ``layer_us`` and, for an eager pass, the launches of the
+        layer's kernels (``layer_kernels x launch_us``; see :meth:`launch_layer_us`)."""
         rt = self.runtime
-        return (rt.layer_us + self.launch_layer_us()) * US
+        return (rt.layer_us + self.launch_layer_us(prefill)) * US
 
-    def launch_layer_us(self) -> float:
+    def launch_layer_us(self, prefill: bool = False) -> float:
         """Microseconds one eager MoE layer spends launching its kernels outside the experts:
-        ``layer_kernels x launch_us``, 0 when the runtime replays captured graphs."""
+        ``layer_kernels x launch_us``, 0 when the runtime replays captured graphs, unless the
+        pass is a prefill (``prefill``) of a runtime that captures decode only
+        (``eager_prefill``)."""
         rt = self.runtime
-        return 0.0 if rt.cuda_graphs else rt.layer_kernels * rt.launch_us
+        if rt.cuda_graphs and not (prefill and rt.eager_prefill):
+            return 0.0
+        return rt.layer_kernels * rt.launch_us
 
     def cpu_switch_s(self, n_tokens: int = 1) -> float:
         """The runtime's hand-off between the GPU and the CPU experts, once per MoE layer that

@@ -35,6 +35,7 @@ from moesim.sim.engine.scheduler import Scheduler
 from moesim.sim.engine.splits import apply_fractions
 from moesim.sim.engine.vram import Unit
 from moesim.sim.engine.workload import Iteration
+from moesim.traces.format.trace_file import PREFILL
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.engine.state import RunState
@@ -123,7 +124,7 @@ class Stepper:
         self.batch_start: dict[int, float] = {}
         self.exp_cost: dict[int, float] = {}
         self.cpu_cost: dict[int, float] = {}
-        self._non_moe: dict[int, tuple[float, float]] = {}   # token count -> (layer_s, overhead)
+        self._non_moe: dict[int, float] = {}   # token count -> layer_s
         self._tail: dict[int, tuple[float, float]] = {}      # token count -> (head_s, overhead)
         self._row_it: Iteration | None = None   # the one-token iteration whose first row is _row0
         self._row0 = 0
@@ -139,6 +140,7 @@ class Stepper:
         self.lossy = policy.lossy
         self.decision_s = float(policy.decision_us) * 1e-6
         self.overhead_layer = run.cost.overhead_layer_s()
+        self.overhead_prefill = run.cost.overhead_layer_s(prefill=True)   # more with runtime.eager_prefill
         self.cpu_switch = run.cost.cpu_switch_s()
         self.copies = run.cost.runtime.activation_copies is not None   # the hand-off grows with the tokens
         self.eager = run.cost.runtime.eager_score_bytes is not None
@@ -228,16 +230,18 @@ class Stepper:
         modelled context (``it.kv_tokens`` > 0) attention's reads of the KV cache add
         :meth:`~moesim.sim.engine.cost.CostModel.context_s`; a runtime with eager attention
         (``eager_score_bytes``) charges :meth:`~moesim.sim.engine.cost.CostModel.eager_attention_s`
-        instead, with or without a context."""
+        instead, with or without a context. A prefill's overhead is the runtime's eager one when
+        it captures graphs for decode only (``runtime.eager_prefill``)."""
         n_tok = it.n_tokens
+        over = self.overhead_prefill if it.phase == PREFILL else self.overhead_layer
         if self.eager:
-            return self.cost.layer_s(n_tok) + self.cost.eager_attention_s(n_tok, it.kv_tokens), self.overhead_layer
+            return self.cost.layer_s(n_tok) + self.cost.eager_attention_s(n_tok, it.kv_tokens), over
         if it.kv_tokens:
-            return self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs), self.overhead_layer
+            return self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs), over
         got = self._non_moe.get(n_tok)
         if got is None:
-            got = self._non_moe[n_tok] = (self.cost.layer_s(n_tok), self.overhead_layer)
-        return got
+            got = self._non_moe[n_tok] = self.cost.layer_s(n_tok)
+        return got, over
 
     def route(self, it: Iteration, layer: int, t0: float, layer_s: float, over_s: float) -> LayerStep:
         """Routing of ``layer`` (started at ``t0``) becomes known once the GPU ran its non-MoE

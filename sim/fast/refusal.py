@@ -90,16 +90,17 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
                                "source", "sources", "tflops", "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
     # pageable_copy_us: read only by CostModel.transfer_s, which every replay calls for its copies
-    # launch_us, layer_kernels, cuda_graphs: read only by CostModel.overhead_layer_s, and eager_score_bytes,
-    # static_cache_pad_tokens only by CostModel.eager_attention_s, both through Stepper.non_moe_s, which
-    # every replay calls
+    # launch_us, layer_kernels, cuda_graphs, eager_prefill: read only by CostModel.overhead_layer_s, and
+    # eager_score_bytes, static_cache_pad_tokens only by CostModel.eager_attention_s, both through
+    # Stepper.non_moe_s, which every replay calls
     # host_memory: read only by the event loop, which sets the cost model's host_memory from it before any
     # replay starts; every replay's copies go through CostModel.transfer_s, which reads that
     # cpu_switch_us and activation_copies: paid only by Stepper.cpu_experts (CostModel.cpu_switch_s), for a
     # layer with CPU experts; no fast replay runs CPU experts (path.py and the kernels refuse such plans)
-    "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us", "eager_score_bytes",
-                          "host_memory", "iteration_us", "launch_us", "layer_kernels", "layer_us", "name",
-                          "pageable_copy_us", "prefetch_issue_us", "source", "static_cache_pad_tokens", "token_us"}),
+    "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us", "eager_prefill",
+                          "eager_score_bytes", "host_memory", "iteration_us", "launch_us", "layer_kernels", "layer_us",
+                          "name", "pageable_copy_us", "prefetch_issue_us", "source", "static_cache_pad_tokens",
+                          "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""
 

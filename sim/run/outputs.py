@@ -180,16 +180,22 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     """``hf-eager: 350 us/layer (35 launches x 10 us), 1000 us/iteration, 0 us/token, 52 us per
     CPU-expert layer``, or, for a runtime with no time at all, that the run models no framework
     overhead (kernels back to back). The per-layer figure includes an eager layer's launches
-    (not under ``cuda_graphs``); the hand-off to CPU experts is shown when there is one, and a
-    runtime that copies from pageable host memory says so."""
+    (not under ``cuda_graphs``; a prefill's are shown apart when the graphs cover decode only,
+    ``eager_prefill``); the hand-off to CPU experts is shown when there is one, and a runtime
+    that copies from pageable host memory says so."""
     name = runtime.get("name", "?")
-    launches = 0 if runtime.get("cuda_graphs") else int(runtime.get("layer_kernels") or 0)
+    kernels = int(runtime.get("layer_kernels") or 0)
+    launches = 0 if runtime.get("cuda_graphs") else kernels
     launch_us = launches * float(runtime.get("launch_us") or 0)
-    if not any(runtime.get(k) for k in RUNTIME_TIMES) and not launch_us:
+    prefill_us = kernels * float(runtime.get("launch_us") or 0) \
+        if runtime.get("cuda_graphs") and runtime.get("eager_prefill") else 0.0
+    if not any(runtime.get(k) for k in RUNTIME_TIMES) and not launch_us and not prefill_us:
         return f"{name}: no framework overhead modelled (kernels back to back); name a runtime: to add one"
     layer = f"{float(runtime.get('layer_us') or 0) + launch_us:g} us/layer"
     if launch_us:
         layer += f" ({launches} launches x {float(runtime.get('launch_us') or 0):g} us)"
+    if prefill_us:
+        layer += f" (prefill: +{prefill_us:g}, {kernels} eager launches x {float(runtime.get('launch_us') or 0):g} us)"
     text = f"{name}: {layer}, {runtime.get('iteration_us', 0):g} us/iteration, {runtime.get('token_us', 0):g} us/token"
     if runtime.get("cpu_switch_us"):
         text += f", {runtime['cpu_switch_us']:g} us per CPU-expert layer"

@@ -216,6 +216,7 @@ class RuntimeSpec(BaseModel):
     launch_us: float = Field(0.0, ge=0, description="host time to launch one kernel outside a captured graph (the framework's dispatch and the driver's launch)")
     layer_kernels: NonNegativeInt = Field(0, description="kernels one MoE layer launches outside its experts in eager mode; with launch_us, a per-layer launch cost of layer_kernels x launch_us, unless cuda_graphs")
     cuda_graphs: bool = Field(False, description="the runtime replays captured CUDA graphs for decode: no per-kernel launch cost (layer_kernels x launch_us is not paid)")
+    eager_prefill: bool = Field(False, description="with cuda_graphs, the runtime captures its graphs for decode only and runs each prefill's forward pass eagerly (kTransformers' local_chat): a prefill iteration's MoE layers pay layer_kernels x launch_us, decode iterations do not; without cuda_graphs every iteration pays them already")
     source: str = Field("", description="where the numbers come from")
 
 

@@ -43,6 +43,9 @@ On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransfo
   device<->host round trips of 26 us) in place of the set's own (fitted or catalog) value;
 - ``graphs``: ``runtime.cuda_graphs`` on (an eager runtime's per-layer launches,
   ``layer_kernels x launch_us``, removed);
+- ``prefill graphs``: ``runtime.eager_prefill`` off (a runtime that captures graphs for decode
+  only, kTransformers V0.2.1's local_chat, priced as if its prefill replayed them too: the
+  prefill's per-layer launches removed);
 - ``fused attention``: ``runtime.eager_score_bytes`` off (kTransformers V0.2.0's eager MLA over its
   whole static cache charged as fused attention, i.e. not at all without a modelled context);
 - ``no copy bytes``: ``runtime.activation_copies`` off (a CPU-expert layer's activation copies
@@ -66,7 +69,8 @@ SETS = ("eliseev-mazur-2023-table2", "eliseev-mazur-2023-table2-one-runtime", "m
 """The sets ablated: those with rows of a system that copies from pageable memory, and the
 expert-cache sets whose misses a per-miss cost and a warm start would move."""
 
-CPU_SETS = ("ktransformers-deepseek-v3", "llmfit-rtx2080-llamacpp-moe", "ktransformers-epyc9654-deepseek-r1")
+CPU_SETS = ("ktransformers-deepseek-v3", "ktransformers-v021-deepseek-v3-context", "llmfit-rtx2080-llamacpp-moe",
+            "ktransformers-epyc9654-deepseek-r1")
 """The sets ablated for the CPU-side costs: systems that compute experts on the CPU."""
 
 CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
@@ -74,6 +78,7 @@ CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
     "no hand-off": {"runtime.cpu_switch_us": 0.0},
     "hand-off 52 us": {"runtime.cpu_switch_us": 52.0},
     "graphs": {"runtime.cuda_graphs": True},
+    "prefill graphs": {"runtime.eager_prefill": False},
     "fused attention": {"runtime.eager_score_bytes": None},
     "no copy bytes": {"runtime.activation_copies": None},
 }

@@ -89,7 +89,7 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "host-bound, launch count is the currency', and host experts are not page-locked by default (WSL2 "
         "mmap; driver-staged copies): runtime imp-offload (host_memory pageable, layer_us fitted)",
         "yes (runtime imp-offload: host_memory, layer_us)"),
-    ("llamacpp-epyc9374f-deepseek-v32", "cpu-moe"): (
+    ("llamacpp-epyc9374f-deepseek-v32", ""): (   # the base's policy, cpu-moe (the row names none)
         "the rate of llama.cpp's op-offload copies from its CPU expert buffer (pp512, op offload on)",
         "the predicted 512-token pass is op offload's copies: 694.8 GB host-to-device (58 layers x 256 "
         "experts x 46.8 MB) in 13934 ms of link time at the catalog's pinned 50.4 GB/s, the GPU busy 2.5% of "

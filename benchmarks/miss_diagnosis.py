@@ -97,7 +97,9 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "pageable, the catalog's 7.5 GB/s cap) it is 92830 ms, 4.02x the other way. llama-bench mmaps the "
         "GGUF and -ncmoe puts the experts in the plain CPU buffer type (pageable memory): on this PCIe 5.0, "
         "12 x DDR5-4800 host such copies would run near 30 GB/s, four times the catalog's pageable cap "
-        "(the set's notes)",
+        "(the set's notes). And since ggml-org/llama.cpp PR #15346 op offload copies only the experts the "
+        "ubatch uses (67% of the bytes on this row's synthetic routing), where the cpu-moe policy copies the "
+        "whole layer: copying only those at the pinned rate would predict 0.41x (about 20.4 GB/s published)",
         "no"),
     ("moepic-mixtral", "moepic"): (
         "a prefill cost per token (row 11, TTFT): no fit row measures prefill",

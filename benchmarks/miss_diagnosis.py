@@ -89,6 +89,18 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "host-bound, launch count is the currency', and host experts are not page-locked by default (WSL2 "
         "mmap; driver-staged copies): runtime imp-offload (host_memory pageable, layer_us fitted)",
         "yes (runtime imp-offload: host_memory, layer_us)"),
+    ("llamacpp-epyc9374f-deepseek-v32", ""): (   # the base's policy, cpu-moe (the row names none)
+        "the rate of llama.cpp's op-offload copies from its CPU expert buffer (pp512, op offload on)",
+        "the predicted 512-token pass is op offload's copies: 694.8 GB host-to-device (58 layers x 256 "
+        "experts x 46.8 MB) in 13934 ms of link time at the catalog's pinned 50.4 GB/s, the GPU busy 2.5% of "
+        "it; the published 23094 ms is that copy at about 30 GB/s. Priced pageable (runtime.host_memory "
+        "pageable, the catalog's 7.5 GB/s cap) it is 92830 ms, 4.02x the other way. llama-bench mmaps the "
+        "GGUF and -ncmoe puts the experts in the plain CPU buffer type (pageable memory): on this PCIe 5.0, "
+        "12 x DDR5-4800 host such copies would run near 30 GB/s, four times the catalog's pageable cap "
+        "(the set's notes). And since ggml-org/llama.cpp PR #15346 op offload copies only the experts the "
+        "ubatch uses (67% of the bytes on this row's synthetic routing), where the cpu-moe policy copies the "
+        "whole layer: copying only those at the pinned rate would predict 0.41x (about 20.4 GB/s published)",
+        "no"),
     ("moepic-mixtral", "moepic"): (
         "a prefill cost per token (row 11, TTFT): no fit row measures prefill",
         "every Table 3 TTFT row is predicted fast (0.66-0.77x) while its TPOT rows are 0.76-1.12x: the prefill "

@@ -36,6 +36,7 @@ OPTIONS: dict[str, list[str]] = {
     "ktransformers-v021-deepseek-v3-context": ["--loo", "none", "--grid", "3", "--max-evals", "15"],
     "fiddler-repo-baselines": ["--loo", "none"],
     "imp-qwen3-30b-budget": ["--loo", "none", "--grid", "2", "--max-evals", "8"],
+    "ktransformers-sosp25-decode": ["--loo", "none"],
 }
 """Each committed set and the ``simctl fit`` options of its committed fit."""
 

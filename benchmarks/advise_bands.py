@@ -25,7 +25,10 @@ Nothing is typed in by hand and nothing is re-simulated; the inputs are:
    added, fitted or refitted.
 
 Each row's system is its policy (``accelerate``, ``mixtral-offloading``, ``lru``, ``cpu-moe``,
-``fiddler`` are advise's systems; others are listed for completeness), its GPU class
+``fiddler`` are advise's systems; others are listed for completeness), unless its measurement
+file declares the published system the policy stands in for (``system:``, for the file or the
+row: kTransformers' rows run ``cpu-moe`` with kTransformers' runtime and are ``ktransformers``,
+in no advise band; Fiddler's run ``cpu-moe`` where nothing fits on the GPU and are ``fiddler``), its GPU class
 (:func:`moesim.sim.study.advise_bands.gpu_class` of its hardware) and ``speed_ratio``: predicted
 / published in tokens/s terms (a time metric's ratio inverted), so that a ratio above 1 means
 moesim was optimistic.
@@ -120,13 +123,16 @@ def _policy_name(p: Any) -> str:
     return str(p.get("name", "?") if isinstance(p, dict) else p)
 
 
-def _base(stem: str) -> tuple[dict[str, Any], Path]:
+def _base(stem: str) -> tuple[dict[str, Any], Path, list[str | None]]:
+    """A set's base scenario, the folder its paths are relative to, and each row's declared
+    ``system`` (the row's own, else the file's, else None: the row's policy is its system)."""
     path = MEASUREMENTS / f"{stem}.yaml"
     doc = yaml.safe_load(path.read_text())
     base = doc.get("base") or {}
     if isinstance(base, str):   # a scenario file, relative to the measurement file
         base = yaml.safe_load((path.parent / base).read_text())
-    return base, path.parent
+    systems = [r.get("system", doc.get("system")) for r in doc.get("rows") or []]
+    return base, path.parent, systems
 
 
 def fit_rows() -> list[dict[str, Any]]:
@@ -136,7 +142,7 @@ def fit_rows() -> list[dict[str, Any]]:
         stem = folder.name
         if stem in VARIANTS or not (MEASUREMENTS / f"{stem}.yaml").is_file():
             continue
-        base, base_dir = _base(stem)
+        base, base_dir, systems = _base(stem)
         with open(folder / "rows.csv", newline="") as f:
             table = list(csv.DictReader(f))
         kind = "fitted" if any(r["role"] == "fit" for r in table) else "catalog"
@@ -148,7 +154,7 @@ def fit_rows() -> list[dict[str, Any]]:
             hardware, cls = _hardware_class(hw_ref, base_dir)
             pub, pred = float(r["measured"]), float(r["predicted"])
             rows.append({"source": f"benchmarks/results/fits/{stem}/rows.csv", "set": stem, "row": r["row"],
-                         "system": _policy_name(setting.get("policy", base.get("policy"))),
+                         "system": systems[int(r["row"])] or _policy_name(setting.get("policy", base.get("policy"))),
                          "hardware": hardware, "gpu_class": cls,
                          "model": str(setting.get("model", base.get("model", "?"))), "metric": r["metric"],
                          "published": pub, "predicted": pred,

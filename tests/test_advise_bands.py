@@ -5,6 +5,7 @@ nothing), and a band picks the nearest rows as documented."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from benchmarks.advise_bands import OUT, table_text
 from moesim.sim.study.advise_bands import TABLE, Band, catalog_band, fit_band, gpu_class, load_table
@@ -87,3 +88,40 @@ def test_a_new_set_without_a_fit_folder_is_named(tmp_path, monkeypatch) -> None:
     rows = ab.unfitted_rows()
     assert [r["set"] for r in rows] == ["new-set"]
     assert rows[0]["counted"].startswith("no: no committed fit folder (simctl fit measurements/new-set.yaml")
+
+
+def test_a_declared_system_groups_the_row_not_its_stand_in_policy(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A file's ``system:`` is every row's, a row's own overrides it, and a row with neither is
+    its policy's: a kTransformers row that runs ``cpu-moe`` never lands in llama.cpp's band."""
+    import benchmarks.advise_bands as ab
+
+    rows = [{"set": {"policy": "cpu-moe"}, "tokens_per_s": 2.0, "role": "test"},
+            {"set": {"policy": "cpu-moe"}, "tokens_per_s": 2.0, "role": "test", "system": "fiddler"}]
+    fits, meas = tmp_path / "fits", tmp_path / "measurements"
+    (fits / "s").mkdir(parents=True)
+    meas.mkdir()
+    (fits / "s" / "rows.csv").write_text(
+        "row,role,metric,measured,predicted,set,relative_to\n"
+        '0,test,tokens_per_s,2.0,3.0,"{""policy"": ""cpu-moe""}",\n'
+        '1,test,tokens_per_s,2.0,1.0,"{""policy"": ""cpu-moe""}",\n')
+    monkeypatch.setattr(ab, "FITS", fits)
+    monkeypatch.setattr(ab, "MEASUREMENTS", meas)
+    for file_system, want in ((None, ["cpu-moe", "fiddler"]), ("ktransformers", ["ktransformers", "fiddler"])):
+        doc = {"name": "s", "base": {"hardware": "rtx-4090"}, "rows": rows}
+        if file_system:
+            doc["system"] = file_system
+        (meas / "s.yaml").write_text(yaml.safe_dump(doc))
+        got = ab.fit_rows()
+        assert [r["system"] for r in got] == want
+        assert [r["speed_ratio"] for r in got] == [1.5, 0.5]
+
+
+def test_the_kTransformers_sets_are_not_llama_cpp_rows() -> None:
+    """Every committed row of a kTransformers set is judged as kTransformers', except the SOSP
+    '25 set's Fiddler and llama.cpp rows, which name their own systems."""
+    table = load_table()
+    systems = {(r["set"], r["system"]) for r in table if r["set"].startswith("ktransformers-")}
+    assert ("ktransformers-sosp25-decode", "fiddler") in systems
+    assert ("ktransformers-sosp25-decode", "cpu-moe") in systems
+    assert {s for _, s in systems} == {"ktransformers", "fiddler", "cpu-moe"}
+    assert all(s != "cpu-moe" for name, s in systems if name != "ktransformers-sosp25-decode")

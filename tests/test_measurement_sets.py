@@ -33,8 +33,8 @@ from tests.util import ROOT
 
 FOLDER = ROOT / "measurements"
 FILES = sorted(FOLDER.glob("*.yaml"))
-TOP_KEYS = {"name", "source", "notes", "base", "fit", "rows"}
-ROW_KEYS = {"set", "role", "source", "read_off", "relative_to", "mean_over"}
+TOP_KEYS = {"name", "source", "system", "notes", "base", "fit", "rows"}
+ROW_KEYS = {"set", "role", "source", "read_off", "relative_to", "mean_over", "system"}
 FIT_KEYS = {"min", "max", "per"}
 
 

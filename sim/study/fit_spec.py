@@ -14,6 +14,7 @@ A measurement file (YAML)::
         role: fit                            # fit (default) or test: never seen by the fit
         source: "Table 2, row ..., column ..."
         read_off: false                      # optional: true where the value was read off a chart
+        system: fiddler                      # optional: the published system, where the policy stands in for it
       - set: {policy: mixtral-offloading}
         relative_to: {policy: lru}           # a ratio row: metric(row) / metric(row with these keys)
         tpot_ms: 0.81
@@ -45,8 +46,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from moesim.sim.core.errors import MoesimError
 from moesim.sim.core.yamlio import load_yaml_file
 
-ROW_KEYS = ("set", "role", "source", "name", "read_off", "relative_to", "mean_over")
+ROW_KEYS = ("set", "role", "source", "name", "read_off", "relative_to", "mean_over", "system")
 """The keys of a row that are not measurements."""
+
+
+SYSTEM_HELP = ("the published system the row measured, where its policy only stands in for it: the policy name "
+               "that stands for that system in simctl advise (fiddler), or the system's own name where moesim has "
+               "no such policy (ktransformers); unset, the row's policy is its system")
+"""What a measurement file's (or row's) ``system`` key means: what ``simctl advise``'s error
+bands group published rows by (``benchmarks/advise_bands.py``)."""
 
 
 class FitError(MoesimError, ValueError):
@@ -82,6 +90,7 @@ class RowSpec(BaseModel):
     source: str | None = Field(None, description="where this row's numbers come from (table, row, column)")
     name: str | None = Field(None, description="a label for the row (default: its set)")
     read_off: bool = Field(False, description="true where the value was read off a chart, not printed")
+    system: str | None = Field(None, min_length=1, description=SYSTEM_HELP + "; overrides the file's system")
     relative_to: dict[str, Any] | None = Field(
         None, description="a ratio row: dotted keys applied on top of this row's set give the reference; the "
         "measured value is the row's metric divided by the same metric of the reference run (same fitted values)")
@@ -116,6 +125,8 @@ class MeasurementSpec(BaseModel):
     source: str = Field(description="where the measurements come from")
     base: str | dict[str, Any] = Field(description="scenario keys every row starts from, or a scenario file")
     notes: str = Field("", description="free text: the setup as the source states it, the assumptions made")
+    system: str | None = Field(None, min_length=1, description=SYSTEM_HELP + " (every row's, unless the row names "
+                               "its own)")
     fit: dict[str, FreeSpec] = Field(description="dotted scenario key -> bounds (and per); empty: only predict the rows")
     rows: list[RowSpec] = Field(min_length=1, description="the measured setups")
 

@@ -10,7 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moesim.sim.cli.main import main
-from moesim.sim.study.advise import AdviseRequest, Row, build, mark, pareto, run_advice, widths
+from moesim.sim.study.advise import (
+    AdviseRequest,
+    Row,
+    build,
+    likely_speed,
+    mark,
+    pareto,
+    run_advice,
+    widths,
+)
 from moesim.sim.study.advise_bands import Band
 from moesim.sim.study.advise_options import (
     GIB,
@@ -202,6 +211,21 @@ def test_ties_within_the_error_bands() -> None:
     alone = [_row(10, None), _row(9.0, None)]
     mark(alone)
     assert alone[0].mark() == "best"
+
+
+def test_best_is_what_the_bands_say_not_the_most_optimistic_prediction() -> None:
+    """A system whose published rows came out 2.10-2.64x too fast (4.39 may stand for 1.66-2.09)
+    is not the fastest against one at 1.02-1.47x (4.11 stands for 2.80-4.03): the second is
+    best, and the first does not even tie. Equal bands keep the order of the predictions."""
+    rows = [_row(4.39, Band(2.10, 2.64, 3, "on 3 rows")), _row(4.11, Band(1.02, 1.47, 5, "on 5 rows"))]
+    mark(rows)
+    assert [(r.best, r.tie) for r in rows] == [(False, False), (True, False)]
+    assert likely_speed(rows[1]) == pytest.approx(4.11 / (1.02 * 1.47) ** 0.5)
+    same = Band(0.8, 1.2, 4, "on 4 rows")
+    even = [_row(5.0, same), _row(6.0, same)]
+    mark(even)
+    assert [r.best for r in even] == [False, True]
+    assert likely_speed(_row(7.0, None)) == pytest.approx(7.0)
 
 
 def test_model_file_and_inline_spec(tmp_path: Path) -> None:

@@ -285,11 +285,21 @@ def pareto(rows: list[Row]) -> list[Row]:
     return front
 
 
+def likely_speed(r: Row, floor: float = TIE_FLOOR) -> float:
+    """The speed a row's prediction most likely stands for: the middle (geometric) of the speeds
+    its error band allows (:meth:`Band.interval`); the prediction itself without a band. A
+    system whose published rows came out twice too fast is not the fastest for a prediction
+    that only its optimism puts first."""
+    lo, hi = (r.band or Band(None, None, 0, "")).interval(r.tokens_per_s or 0.0, floor)
+    return math.sqrt(lo * hi)
+
+
 def mark(rows: list[Row], floor: float = TIE_FLOOR) -> None:
-    """Set ``pareto`` (per weight width), ``best`` (the fastest of each width) and ``tie``: a row
-    whose error band reaches the best's (the fastest speed it may stand for, its prediction over
-    its band's low end, at or above the slowest the best may stand for, the best's over its high
-    end; ``floor`` either way for a row without a band), and the best itself when it has ties."""
+    """Set ``pareto`` (per weight width), ``best`` (the fastest of each width by the speed its
+    prediction most likely stands for, :func:`likely_speed`) and ``tie``: a row whose error band
+    reaches the best's (the fastest speed it may stand for, its prediction over its band's low
+    end, at or above the slowest the best may stand for, the best's over its high end; ``floor``
+    either way for a row without a band), and the best itself when it has ties."""
     for bits in dict.fromkeys(r.option.shape.bits for r in rows):
         group = [r for r in rows if r.option.shape.bits == bits]
         for r in pareto(group):
@@ -297,7 +307,7 @@ def mark(rows: list[Row], floor: float = TIE_FLOOR) -> None:
         ok = [r for r in group if r.tokens_per_s is not None]
         if not ok:
             continue
-        best = max(ok, key=lambda r: (r.tokens_per_s or 0.0, -r.option.vram_gib))
+        best = max(ok, key=lambda r: (likely_speed(r, floor), r.tokens_per_s or 0.0, -r.option.vram_gib))
         best.best = True
         nothing = Band(None, None, 0, "")
         slowest, _ = (best.band or nothing).interval(best.tokens_per_s or 0.0, floor)
@@ -448,5 +458,5 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
                   model_name=model_ref(req.model)[1])
 
 
-__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "mark", "pareto", "run_advice",
+__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "likely_speed", "mark", "pareto", "run_advice",
            "widths"]

@@ -38,10 +38,11 @@
 * **Hot cache** (``hot_cache_slots`` per CPU layer, ggml-org/llama.cpp PR #27861's
   ``--moe-expert-cache N``, an open pull request): a per-layer LRU of GPU copies in front of
   the CPU experts. A resident copy runs on the GPU (a hit); a missed expert runs on the CPU and
-  is then uploaded in the background (from the same host memory), at most ``hot_cache_inserts`` per layer and pass
+  is then uploaded in the background, at most ``hot_cache_inserts`` per layer and pass
   (``--moe-expert-cache-inserts``; None: no cap), evicting that layer's least recently used
   copy. That the miss itself runs on the CPU and the upload does not delay it is an assumption
-  (the pull request's description does not say).
+  (the pull request's description does not say), and so is that the uploads read the CPU
+  layer's tensors where they are, in the host memory above (it names no staging buffer).
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@
   experts that any token of the batch routes to and no other (ggml-backend.cpp,
   ``ggml_backend_sched_compute_splits``: a bitset of the ids over all tokens and slots); here
   each is a demand load of its own, where llama.cpp copies each run of consecutive used ids in
-  one call per weight tensor, so the per-copy latency is counted per expert. ``"all"`` (builds
+  one call per weight tensor, so the per-copy latency is counted per expert, and each expert
+  computes as its copy lands, where llama.cpp's ``MUL_MAT_ID`` starts after the last (at most
+  the layer's expert compute apart). ``"all"`` (builds
   before that PR) copies every expert of the layer not already on the GPU and the layer waits
   for all of them (``Plan.wait_for``). Either way the copies need room for one layer's whole
   tensors beside the placement (llama.cpp allocates the full tensor in the compute buffer and

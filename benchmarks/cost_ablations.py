@@ -50,6 +50,13 @@ On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransfo
   whole static cache charged as fused attention, i.e. not at all without a modelled context);
 - ``no copy bytes``: ``runtime.activation_copies`` off (a CPU-expert layer's activation copies
   charged by ``cpu_switch_us`` alone, not by their bytes).
+
+On the llama.cpp sets whose rows run op offload (:data:`OP_OFFLOAD_SETS`: a batch of 32 tokens or
+more copies a CPU layer's experts to the GPU), the two sourced choices of the ``cpu-moe`` policy
+(:data:`OP_OFFLOAD_ABLATIONS`): ``whole layer`` (``op_offload_copy: all``, llama.cpp before PR
+#15346, which copies only the experts the ubatch uses), ``pinned`` (``mmap: false``, as
+``--no-mmap`` loads the CPU experts into the CUDA host buffer; with mmap, llama.cpp's default, they
+stay pageable), both (the policy's model before issue 32), and ``pageable at pinned``.
 """
 
 from __future__ import annotations
@@ -83,6 +90,18 @@ CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
     "no copy bytes": {"runtime.activation_copies": None},
 }
 """The CPU-side ablations, each the keys changed on top of the fitted values."""
+
+OP_OFFLOAD_SETS = ("llamacpp-epyc9374f-deepseek-v32",)
+"""The sets ablated for op offload's copies: llama.cpp rows with a batch of 32 tokens or more."""
+
+OP_OFFLOAD_ABLATIONS: dict[str, dict[str, Any]] = {
+    "as set": {},
+    "whole layer": {"policy.params.op_offload_copy": "all"},
+    "pinned": {"policy.params.mmap": False},
+    "whole layer, pinned": {"policy.params.op_offload_copy": "all", "policy.params.mmap": False},
+    "pageable at pinned": {"hardware.pageable_gbps": None},   # None: the row's pinned rate (hardware.pcie_gbps)
+}
+"""The op-offload ablations, each the keys changed on top of the set's own values."""
 
 
 def _fitted(stem: str) -> dict[str, Any]:
@@ -358,6 +377,30 @@ def cpu_table(stem: str) -> list[str]:
     return lines
 
 
+def op_offload_table(stem: str) -> list[str]:
+    """The Markdown rows of one op-offload set: every row (the role shown), ratio predicted /
+    measured under each of :data:`OP_OFFLOAD_ABLATIONS`."""
+    from moesim.sim.config.catalog import get_hardware
+    from moesim.sim.study.fit_runs import row_jobs, run_job
+    from moesim.sim.study.fit_spec import load_measurements
+
+    ms = load_measurements(ROOT / "measurements" / f"{stem}.yaml")
+    params = _fitted(stem)["parameters"]
+    values: dict[str, Any] = {p["key"]: float(p["value"]) for p in params if p["per"] is None}
+    lines = ["| set | row | role | metric | measured | " + " | ".join(OP_OFFLOAD_ABLATIONS) + " |",
+             "| --- " * (5 + len(OP_OFFLOAD_ABLATIONS)) + "|"]
+    for row, job in zip(ms.rows, row_jobs(ms), strict=True):
+        metric, measured = next(iter(row.measured.items()))
+        link = values.get("hardware.pcie_gbps", get_hardware(row.data["hardware"]).pcie_gbps)
+        cells = []
+        for change in OP_OFFLOAD_ABLATIONS.values():
+            change = {k: (link if k == "hardware.pageable_gbps" else v) for k, v in change.items()}
+            pred = run_job(job, tuple({**values, **change}.items())).values.get(metric)
+            cells.append("-" if pred is None else f"{pred / measured:.2f}x")
+        lines.append(f"| {stem} | {row.index} | {row.role} | {metric} | {measured:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     """Print (and with --out write) the ablation tables."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -395,6 +438,11 @@ def main() -> None:
              "its fit's values, then with one CPU-side cost changed (see the script's docstring).", ""]
     for stem in CPU_SETS:
         text += [f"### {stem}", "", *cpu_table(stem), ""]
+    text += ["## Op offload's copies (llama.cpp, a batch of 32 tokens or more)", "",
+             "Every row of each set at its own values (`as set`: used experts only, PR #15346, from pageable",
+             "memory under mmap), then with the copy's extent or host memory changed (see the script's docstring).", ""]
+    for stem in OP_OFFLOAD_SETS:
+        text += [f"### {stem}", "", *op_offload_table(stem), ""]
     out = "\n".join(text)
     sys.stdout.write(out)
     if args.out:

@@ -90,16 +90,15 @@ DIAGNOSES: dict[tuple[str, str], tuple[str, str, str]] = {
         "mmap; driver-staged copies): runtime imp-offload (host_memory pageable, layer_us fitted)",
         "yes (runtime imp-offload: host_memory, layer_us)"),
     ("llamacpp-epyc9374f-deepseek-v32", ""): (   # the base's policy, cpu-moe (the row names none)
-        "the rate of llama.cpp's op-offload copies from its CPU expert buffer (pp512, op offload on)",
-        "the predicted 512-token pass is op offload's copies: 694.8 GB host-to-device (58 layers x 256 "
-        "experts x 46.8 MB) in 13934 ms of link time at the catalog's pinned 50.4 GB/s, the GPU busy 2.5% of "
-        "it; the published 23094 ms is that copy at about 30 GB/s. Priced pageable (runtime.host_memory "
-        "pageable, the catalog's 7.5 GB/s cap) it is 92830 ms, 4.02x the other way. llama-bench mmaps the "
-        "GGUF and -ncmoe puts the experts in the plain CPU buffer type (pageable memory): on this PCIe 5.0, "
-        "12 x DDR5-4800 host such copies would run near 30 GB/s, four times the catalog's pageable cap "
-        "(the set's notes). And since ggml-org/llama.cpp PR #15346 op offload copies only the experts the "
-        "ubatch uses (67% of the bytes on this row's synthetic routing), where the cpu-moe policy copies the "
-        "whole layer: copying only those at the pinned rate would predict 0.41x (about 20.4 GB/s published)",
+        "the host's pageable copy rate for llama.cpp's op-offload copies (pp512, op offload on)",
+        "the predicted 512-token pass is op offload's copies as llama.cpp makes them: only the experts the "
+        "ubatch uses (PR #15346; 464.6 GB on this row's synthetic routing) from the mmap-backed CPU buffer, "
+        "pageable memory (llama-model-loader's 'avoid using a host buffer when using mmap'; issue #25859's "
+        "Nsight profile), at the catalog's 7.5 GB/s pageable cap: 62093 ms, 2.69x. The published 23094 ms "
+        "less the ~146 ms of everything else puts those copies at 20.2 GB/s on this PCIe 5.0, 12 x DDR5-4800 "
+        "host, 2.7 times the cap (set from one virtual machine's host). Ablation (cost_ablations.md): the "
+        "whole layer pinned (the earlier model) 0.61x, used experts pinned 0.41x, whole layer pageable 4.02x. "
+        "No published pageable rate for this host: the cap stays",
         "no"),
     ("moepic-mixtral", "moepic"): (
         "a prefill cost per token (row 11, TTFT): no fit row measures prefill",

@@ -278,6 +278,7 @@ def test_unmerged_rows_are_marked_in_the_table(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     # the fastest (printed in full below the table): 3 CPU layers, each paying llama.cpp's CPU/GPU hand-off
     assert "--n-cpu-moe 3 --moe-expert-cache 2 [unmerged]" in out and "caveat: unmerged upstream: 3 options" in out
+    assert "caveat: llama.cpp loads by mmap unless --no-mmap" in out   # its copies priced pageable
     assert main([*args, "--merged-only"]) == 0
     out = capsys.readouterr().out
     assert "--moe-expert-cache" not in out.split("caveat:")[0] and "caveat: --merged-only" in out

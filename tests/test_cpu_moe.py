@@ -64,11 +64,38 @@ def test_without_a_count_the_fewest_layers_go_to_the_cpu() -> None:
         assert pol.report()["cpu_layers"] == cpu
 
 
-def test_op_offload_copies_the_whole_layer_for_a_32_token_batch() -> None:
-    # 32 prompt tokens all routed to expert 0 at layer 0 (a CPU layer), then one decode token
+def test_op_offload_copies_only_the_routed_experts_for_a_32_token_batch() -> None:
+    # llama.cpp since PR #15346 (op_offload_copy "used", the default): 32 prompt tokens at layer 0
+    # (a CPU layer) route to experts 0 and 2 only; only those two are copied, from pinned memory
+    # (mmap off: the CUDA host buffer). Then one decode token.
+    ex = [[[0], [1]]] * 16 + [[[2], [1]]] * 16 + [[[3], [1]]]
+    tr = make_trace(ex, num_experts=4, phases=[PREFILL] * 32 + [DECODE])
+    pol = make_policy("cpu-moe", {"n_cpu_moe": 1, "mmap": False})
+    assert pol.host_memory == "pinned"
+    eng, m = run_engine(tr, pol, tiny_model(2, 4, 1), _hw(), budget_experts=8, phases=("prefill", "decode"))
+    # layer 0 of the prompt: attention to 100 us; experts 0 and 2 load on demand one after the
+    # other (100-1100, 1100-2100), each computing when it lands (1150, 2150). Layer 1 hits (2300).
+    # The decode token runs expert 3 of layer 0 on the CPU (2300 + 100 + 300), layer 1 hits (2850).
+    assert [round(s.t_end / US) for s in steps(eng)] == [2150, 2300, 2700, 2850]
+    assert m["demand_gb"] * 1e9 == pytest.approx(6e6) and m["prefetch_gb"] == 0 and m["h2d_gb"] * 1e9 == pytest.approx(6e6)
+    assert m["cpu_expert_runs"] == 1 and pol.report()["op_offload_passes"] == 1
+    assert sorted({k[0] for k in eng.state.vram.units}) == [1]   # the copies were dropped after their layer
+    # with mmap (llama.cpp's default) the CPU experts sit in pageable memory: each copy at the
+    # pageable rate, here min(0.5 x 3, 7.5) = 1.5 GB/s, 2000 us a 3 MB expert
+    pag = make_policy("cpu-moe", {"n_cpu_moe": 1})
+    assert pag.host_memory == "pageable" and make_policy("cpu-moe", {"mmap": False, "no_host": True}).host_memory == "pageable"
+    eng_p, _ = run_engine(tr, pag, tiny_model(2, 4, 1), _hw(), budget_experts=8, phases=("prefill", "decode"))
+    assert [round(s.t_end / US) for s in steps(eng_p)] == [4150, 4300, 4700, 4850]
+    with pytest.raises(PolicyError, match="op_offload_copy must be one of used, all"):
+        make_policy("cpu-moe", {"op_offload_copy": "whole"})
+
+
+def test_op_offload_copies_the_whole_layer_before_pr_15346() -> None:
+    # op_offload_copy "all" (llama.cpp builds before PR #15346): 32 prompt tokens all routed to
+    # expert 0 at layer 0 (a CPU layer), then one decode token; pinned copies (mmap off)
     ex = [[[0], [1]]] * 32 + [[[2], [1]]]
     tr = make_trace(ex, num_experts=4, phases=[PREFILL] * 32 + [DECODE])
-    pol = make_policy("cpu-moe", {"n_cpu_moe": 1})
+    pol = make_policy("cpu-moe", {"n_cpu_moe": 1, "op_offload_copy": "all", "mmap": False})
     eng, m = run_engine(tr, pol, tiny_model(2, 4, 1), _hw(), budget_experts=8, phases=("prefill", "decode"))
     # layer 0 of the prompt: attention to 100 us; experts 1, 2, 3 are copied (1 starts at once),
     # the routed expert 0 loads on demand ahead of 2 and 3 (1100-2100) and computes; the layer
@@ -80,7 +107,7 @@ def test_op_offload_copies_the_whole_layer_for_a_32_token_batch() -> None:
     assert pol.report()["op_offload_passes"] == 1
     assert sorted({k[0] for k in eng.state.vram.units}) == [1]
     # op_offload_min_batch: 0 (--no-op-offload) runs the prompt's layer 0 on the CPU instead
-    eng2, m2 = run_engine(tr, make_policy("cpu-moe", {"n_cpu_moe": 1, "op_offload_min_batch": 0}),
+    eng2, m2 = run_engine(tr, make_policy("cpu-moe", {"n_cpu_moe": 1, "op_offload_min_batch": 0, "mmap": False}),
                           tiny_model(2, 4, 1), _hw(), budget_experts=8, phases=("prefill", "decode"))
     assert m2["h2d_gb"] == 0 and m2["cpu_expert_runs"] == 2
     assert round(steps(eng2)[0].t_end / US) == 400
@@ -88,7 +115,7 @@ def test_op_offload_copies_the_whole_layer_for_a_32_token_batch() -> None:
 
 def test_hot_cache_uploads_a_cpu_expert_and_hits_it_later() -> None:
     tr = make_trace([[[0]], [[0]], [[0]], [[0]], [[1]], [[0]]], num_experts=4)
-    pol = make_policy("cpu-moe", {"cpu_moe": True, "hot_cache_slots": 1})
+    pol = make_policy("cpu-moe", {"cpu_moe": True, "hot_cache_slots": 1, "mmap": False})   # pinned uploads
     eng, m = run_engine(tr, pol, tiny_model(1, 4, 1), _hw(), budget_experts=1)
     # token 1 runs expert 0 on the CPU (100-400) and uploads it (100-1100); tokens 2 and 3 still
     # find it in flight and use the CPU; token 4 hits it on the GPU. Token 5's expert 1 runs on

@@ -73,17 +73,33 @@ def test_cpu_experts_match_the_simulator(policy: str, params: dict[str, Any], bu
 
 
 def test_a_layer_waits_for_its_copies_on_an_asynchronous_copy_engine() -> None:
-    """llama.cpp's op offload (a prompt of at least ``op_offload_min_batch`` tokens copies the CPU
-    layer's whole expert tensors and waits for them, ``Plan.wait_for``) on the copy thread: the
-    copies land before the layer ends and leave after it, as simulated."""
-    ex, sim = _both("cpu-moe", {"n_cpu_moe": 1, "op_offload_min_batch": 2}, 24, copy="thread",
-                    phases=("prefill", "decode"))
+    """llama.cpp's op offload as builds before PR #15346 made it (``op_offload_copy: all``: a prompt
+    of at least ``op_offload_min_batch`` tokens copies the CPU layer's whole expert tensors and
+    waits for them, ``Plan.wait_for``), from pinned memory (``mmap: false``), on the copy thread:
+    the copies land before the layer ends and leave after it, as simulated."""
+    ex, sim = _both("cpu-moe", {"n_cpu_moe": 1, "op_offload_min_batch": 2, "op_offload_copy": "all", "mmap": False},
+                    24, copy="thread", phases=("prefill", "decode"))
     assert ex.state.policy.counts["op_offload_passes"] > 0
     real = ex.metrics()
     assert real["copy_engine"] == "thread"
     assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
     assert real["cpu_expert_runs"] == sim["cpu_expert_runs"] > 0   # decode still runs on the host
     assert real["h2d_gb"] == pytest.approx(sim["h2d_gb"], abs=1e-12) and real["h2d_gb"] > 0
+
+
+def test_op_offload_of_the_used_experts_from_pageable_memory_matches_the_simulator() -> None:
+    """llama.cpp's defaults (PR #15346's used experts only; mmap, so a pageable pool and
+    synchronous copies): the same hits, misses and bytes as simulated, fewer bytes than the whole
+    layer's."""
+    params = {"n_cpu_moe": 1, "op_offload_min_batch": 2}
+    ex, sim = _both("cpu-moe", params, 24, phases=("prefill", "decode"))
+    real = ex.metrics()
+    assert ex.pageable and real["copy_engine"] == "sync"
+    assert ex.state.policy.counts["op_offload_passes"] > 0
+    assert (real["hits"], real["late"], real["misses"]) == (sim["hits"], sim["late"], sim["misses"])
+    assert real["h2d_gb"] == pytest.approx(sim["h2d_gb"], abs=1e-12) and real["h2d_gb"] > 0
+    _, whole = _both("cpu-moe", {**params, "op_offload_copy": "all"}, 24, phases=("prefill", "decode"))
+    assert real["h2d_gb"] < whole["h2d_gb"]
 
 
 def test_an_expert_run_on_the_host_adds_what_the_device_kernel_adds() -> None:

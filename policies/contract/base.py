@@ -270,7 +270,8 @@ class Policy:
       ``on_routed`` (0 by default);
     * ``host_memory``: where the system keeps experts on the host, ``"pinned"`` (the default:
       copies at ``hardware.pcie_gbps``) or ``"pageable"`` (accelerate: copies at the
-      hardware's pageable rate);
+      hardware's pageable rate); a class default that an instance may set from its parameters
+      (``cpu-moe``: llama.cpp's ``mmap`` decides it);
     * ``setup_needs``: what the mechanism needs from the scenario and trace to run as its paper
       meant it, with the paper's defaults (:class:`SetupNeeds`, for the default parameters;
       :meth:`needs` refines it for the instance's). Every registered policy declares it, if
@@ -283,7 +284,7 @@ class Policy:
     oracle: ClassVar[bool] = False
     lossy: ClassVar[bool] = False
     scope: str = "layer"   # a class default; a scenario's cache.scope overrides it per instance
-    host_memory: ClassVar[str] = "pinned"
+    host_memory: str = "pinned"   # a class default; an instance may set its own (cpu-moe: from mmap)
     setup_needs: ClassVar[SetupNeeds] = SetupNeeds()
     decision_us: float = 0.0
 

@@ -58,7 +58,7 @@ class Plan:
     ``wait_for`` names experts of the layer, none of which any slot runs, whose copies the
     policy has issued (``view.prefetch``) and which the layer waits for before it ends: a
     runtime that copies a whole expert tensor to run any part of it (llama.cpp's op offload of
-    large batches, accelerate's streaming of a whole decoder layer)."""
+    large batches before its PR #15346, accelerate's streaming of a whole decoder layer)."""
 
     experts: np.ndarray
     on_cpu: np.ndarray | None = None

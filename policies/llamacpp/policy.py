@@ -11,19 +11,40 @@
   host weights; only activations cross the link), timed by the host model
   (:mod:`moesim.sim.config.catalog.host`).
 * **Large batches** (``op_offload_min_batch``, llama.cpp's CUDA backend: 32 tokens, hard-coded;
-  PR #6083, issue #18530): the scheduler copies the layer's whole expert tensors to the GPU and
-  runs them there, so every expert of the layer not already on the GPU is copied and the
-  layer waits for all of them (``Plan.wait_for``); the copies are dropped after the layer.
-  They need room for one layer's experts beside the placement (in llama.cpp, the compute
-  buffer; an inference from the mechanism): without it, op offload is off (warned). ``0``
-  turns it off (``--no-op-offload``): large batches then run on the CPU too.
+  PR #6083, issue #18530): the scheduler copies the CPU layer's expert weights to the GPU and
+  runs the layer's ``MUL_MAT_ID`` there; the copies are dropped after the layer. Which experts
+  it copies, ``op_offload_copy``: ``"used"`` (the default; llama.cpp since PR #15346, "sched :
+  copy only the used experts when offloading prompt processing", merged August 2025) copies the
+  experts that any token of the batch routes to and no other (ggml-backend.cpp,
+  ``ggml_backend_sched_compute_splits``: a bitset of the ids over all tokens and slots); here
+  each is a demand load of its own, where llama.cpp copies each run of consecutive used ids in
+  one call per weight tensor, so the per-copy latency is counted per expert, and each expert
+  computes as its copy lands, where llama.cpp's ``MUL_MAT_ID`` starts after the last (at most
+  the layer's expert compute apart). ``"all"`` (builds
+  before that PR) copies every expert of the layer not already on the GPU and the layer waits
+  for all of them (``Plan.wait_for``). Either way the copies need room for one layer's whole
+  tensors beside the placement (llama.cpp allocates the full tensor in the compute buffer and
+  fills the used parts; an inference from the mechanism): without it, op offload is off
+  (warned). ``0`` turns it off (``--no-op-offload``): large batches then run on the CPU too.
+* **Host memory of the copies** (``mmap``, ``no_host``): llama.cpp puts a CPU layer's experts
+  in the GPU backend's host buffer type (pinned, ``cudaMallocHost``; ``make_cpu_buft_list``)
+  unless the model is loaded by mmap (its default; ``--no-mmap``, llama-bench ``-mmp 0``, turns
+  it off), which demotes them to the plain CPU buffer over the file's mapping ("avoid using a
+  host buffer when using mmap", llama-model-loader), or ``--no-host`` leaves the host buffer
+  out. So with ``mmap`` (the default) or ``no_host`` the policy's copies come from pageable
+  memory (``host_memory = "pageable"``: the hardware's pageable rate), as ggml-org/llama.cpp
+  issue #25859's Nsight profile of ``-ncmoe`` prefill shows (copies staged through a pageable
+  bounce buffer, serial with the matmuls); ``mmap: false`` gives pinned copies at
+  ``pcie_gbps``. A runtime's ``host_memory`` overrides it. Not modelled: a failed pinned
+  allocation, after which llama.cpp falls back to the plain CPU buffer.
 * **Hot cache** (``hot_cache_slots`` per CPU layer, ggml-org/llama.cpp PR #27861's
   ``--moe-expert-cache N``, an open pull request): a per-layer LRU of GPU copies in front of
   the CPU experts. A resident copy runs on the GPU (a hit); a missed expert runs on the CPU and
   is then uploaded in the background, at most ``hot_cache_inserts`` per layer and pass
   (``--moe-expert-cache-inserts``; None: no cap), evicting that layer's least recently used
   copy. That the miss itself runs on the CPU and the upload does not delay it is an assumption
-  (the pull request's description does not say).
+  (the pull request's description does not say), and so is that the uploads read the CPU
+  layer's tensors where they are, in the host memory above (it names no staging buffer).
 """
 
 from __future__ import annotations
@@ -52,6 +73,10 @@ from moesim.policies.contract.registry import register
 from moesim.policies.llamacpp.placement import cpu_layers, parse_overrides
 from moesim.sim.config.catalog import GIB
 
+OP_OFFLOAD_COPIES = ("used", "all")
+"""Values of ``op_offload_copy``: the experts the batch routes to (llama.cpp since PR #15346), or
+the whole layer (builds before it)."""
+
 
 @register
 class CpuMoe(Policy):
@@ -63,17 +88,21 @@ class CpuMoe(Policy):
     scope = "global"
     summary = "llama.cpp --n-cpu-moe: the first layers' experts run on the CPU, the rest stay on the GPU"
     paper = ("llama.cpp --cpu-moe (PR #14992), --n-cpu-moe (PR #15077), -ot overrides, op offload of "
-             "batches >= 32 (PR #6083); GPU expert hot-cache: PR #27861 (open)")
+             "batches >= 32 (PR #6083) copying only the used experts (PR #15346), pageable copies under mmap "
+             "(llama-model-loader; issue #25859); GPU expert hot-cache: PR #27861 (open)")
     setup_needs = SetupNeeds()
 
     def __init__(self, *, n_cpu_moe: int | None = None, cpu_moe: bool = False, override_tensor: str = "",
                  dense_blocks: int = 0, hot_cache_slots: int = 0, hot_cache_inserts: int | None = None,
-                 op_offload_min_batch: int = 32) -> None:
+                 op_offload_min_batch: int = 32, op_offload_copy: str = "used", mmap: bool = True,
+                 no_host: bool = False) -> None:
         for key, value in (("n_cpu_moe", n_cpu_moe), ("dense_blocks", dense_blocks),
                            ("hot_cache_slots", hot_cache_slots), ("hot_cache_inserts", hot_cache_inserts),
                            ("op_offload_min_batch", op_offload_min_batch)):
             if value is not None and value < 0:
                 raise ValueError(f"{key} must be >= 0")
+        if op_offload_copy not in OP_OFFLOAD_COPIES:
+            raise ValueError(f"op_offload_copy must be one of {', '.join(OP_OFFLOAD_COPIES)}, got {op_offload_copy!r}")
         self._rules = parse_overrides(override_tensor)
         self.n_cpu_moe = n_cpu_moe
         self.cpu_moe = cpu_moe
@@ -82,6 +111,10 @@ class CpuMoe(Policy):
         self.hot_cache_slots = hot_cache_slots
         self.hot_cache_inserts = hot_cache_inserts
         self.op_offload_min_batch = op_offload_min_batch
+        self.op_offload_copy = op_offload_copy
+        self.mmap = mmap
+        self.no_host = no_host
+        self.host_memory = "pageable" if mmap or no_host else "pinned"
         self.cpu: frozenset[int] = frozenset()
         self.op_offload = False
         self._E = 0
@@ -155,7 +188,8 @@ class CpuMoe(Policy):
     # -- per layer ------------------------------------------------------------------------------
     def on_routed(self, view: View, layer: int, routing: Routing) -> Plan | None:
         """GPU layers run as routed; a CPU layer runs its experts on the CPU (hot copies on the
-        GPU), or, for a batch of op_offload_min_batch tokens or more, copies the whole layer."""
+        GPU), or, for a batch of op_offload_min_batch tokens or more, copies the experts the batch
+        uses (``op_offload_copy="used"``) or the whole layer (``"all"``) and runs it on the GPU."""
         if layer not in self.cpu:
             return None
         ex = routing.experts
@@ -163,7 +197,7 @@ class CpuMoe(Policy):
         if self.op_offload and routing.n_tokens >= self.op_offload_min_batch:
             self.counts["op_offload_passes"] += 1
             self._busy = {(layer, e, 0) for e in routed}
-            others = tuple(e for e in range(self._E) if e not in routed)
+            others = tuple(e for e in range(self._E) if e not in routed) if self.op_offload_copy == "all" else ()
             for e in others:
                 if view.state(layer, e) == ABSENT and view.prefetch(layer, e, priority=1.0):
                     self._staging.add((layer, e, 0))

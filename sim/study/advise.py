@@ -337,7 +337,8 @@ def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[l
 
 def caveats(req: AdviseRequest, rows: list[Row], cpu_name: str, cpu_words: str) -> list[str]:
     """What the answer assumes that the user may not: options resting on unmerged upstream
-    features, the host assumed, the error bands' reach."""
+    features, llama.cpp's pageable copies under its default mmap, the host assumed, the error
+    bands' reach."""
     out = []
     unmerged = dict.fromkeys(r.option.unmerged for r in rows if r.option.unmerged)
     for why in unmerged:
@@ -350,6 +351,11 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu_name: str, cpu_words: str) 
         out.append(f"llama.cpp's --n-cpu-moe counts transformer blocks, and this model's first {d} "
                    f"block{'s are' if d > 1 else ' is'} dense: each --n-cpu-moe printed is the MoE layers on the CPU "
                    f"+ {d}, ready to paste")
+    if any(r.option.policy == "cpu-moe" for r in rows):
+        out.append("llama.cpp loads by mmap unless --no-mmap: its CPU layers' experts then stay in pageable memory "
+                   "(src/llama-model-loader.cpp), so what it copies of them (prompt batches of 32 tokens or more, "
+                   "--moe-expert-cache uploads) is priced at the GPU's pageable rate; --no-mmap would pin them "
+                   "(simctl policies cpu-moe: mmap)")
     if req.cpu is None and cpu_name == "default":
         out.append(f"host assumed: {cpu_words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
                    "are timed on it): name yours with --cpu NAME (simctl hardware lists the hosts) or a --gpu "

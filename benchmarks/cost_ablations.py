@@ -49,7 +49,10 @@ On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransfo
 - ``fused attention``: ``runtime.eager_score_bytes`` off (kTransformers V0.2.0's eager MLA over its
   whole static cache charged as fused attention, i.e. not at all without a modelled context);
 - ``no copy bytes``: ``runtime.activation_copies`` off (a CPU-expert layer's activation copies
-  charged by ``cpu_switch_us`` alone, not by their bytes).
+  charged by ``cpu_switch_us`` alone, not by their bytes);
+- ``shared in series``: ``runtime.overlap_shared_experts`` off (kTransformers' graph-replayed
+  decode, which runs the shared expert on the GPU beside the CPU experts, priced with the shared
+  expert before the CPU experts, as its prefill runs it).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
     "prefill graphs": {"runtime.eager_prefill": False},
     "fused attention": {"runtime.eager_score_bytes": None},
     "no copy bytes": {"runtime.activation_copies": None},
+    "shared in series": {"runtime.overlap_shared_experts": False},
 }
 """The CPU-side ablations, each the keys changed on top of the fitted values."""
 

@@ -171,3 +171,15 @@ def test_shared_experts_overlap_the_cpu_experts_in_one_token_graph_replays(overl
     # routing is known when the GPU has run the layer's part before it
     decode_cpu = [s for s in steps(eng) if s.iteration >= 1 and s.layer < 2]
     assert {round((s.t_route - s.t_start) / US) for s in decode_cpu} == {40 if overlap else 100}
+
+
+def test_the_timeline_shows_the_shared_experts_after_routing() -> None:
+    tr = make_trace([[[0]]], num_experts=4)
+    rt = RuntimeSpec(name="kt", cpu_switch_us=40, cuda_graphs=True, overlap_shared_experts=True)
+    eng, _ = run_engine(tr, make_policy("cpu-moe", {"n_cpu_moe": 1}), _shared_model(1), _hw(), budget_experts=4,
+                        runtime=rt, timeline=True)
+    spans = {(lane, name): (round(t0 / US), round(dt / US)) for lane, name, t0, dt, _ in eng.state.timeline}
+    assert spans[("GPU", "L0 attn")] == (0, 40)                 # 100 us less the 60 us shared expert
+    assert spans[("GPU", "L0 shared experts")] == (40, 60)
+    assert spans[("CPU experts", "L0 hand-off")] == (40, 40)    # the CPU starts at routing, beside it
+    assert spans[("CPU experts", "L0 E0")] == (80, 300)

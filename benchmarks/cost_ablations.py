@@ -49,7 +49,10 @@ On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransfo
 - ``fused attention``: ``runtime.eager_score_bytes`` off (kTransformers V0.2.0's eager MLA over its
   whole static cache charged as fused attention, i.e. not at all without a modelled context);
 - ``no copy bytes``: ``runtime.activation_copies`` off (a CPU-expert layer's activation copies
-  charged by ``cpu_switch_us`` alone, not by their bytes).
+  charged by ``cpu_switch_us`` alone, not by their bytes);
+- ``shared in series``: ``runtime.overlap_shared_experts`` off (kTransformers' graph-replayed
+  decode, which runs the shared expert on the GPU beside the CPU experts, priced with the shared
+  expert before the CPU experts, as its prefill runs it).
 
 On the llama.cpp sets whose rows run op offload (:data:`OP_OFFLOAD_SETS`: a batch of 32 tokens or
 more copies a CPU layer's experts to the GPU), the two sourced choices of the ``cpu-moe`` policy
@@ -88,6 +91,7 @@ CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
     "prefill graphs": {"runtime.eager_prefill": False},
     "fused attention": {"runtime.eager_score_bytes": None},
     "no copy bytes": {"runtime.activation_copies": None},
+    "shared in series": {"runtime.overlap_shared_experts": False},
 }
 """The CPU-side ablations, each the keys changed on top of the fitted values."""
 

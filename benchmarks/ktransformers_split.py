@@ -51,6 +51,10 @@ PAD = 1000
 """The static cache's slots beyond the prompt (the tutorial's --max_new_tokens; the set's
 runtime.static_cache_pad_tokens)."""
 
+PREFILL_LAUNCHES = {k: v for k, v in yaml.safe_load((ROOT / "measurements" / f"{SET}.yaml").read_text())["base"]
+                    ["runtime"].items() if k in ("eager_prefill", "layer_kernels", "launch_us")}
+"""The set's eager prefill (runtime.eager_prefill, layer_kernels, launch_us), read from its base."""
+
 MODEL = "deepseek-v3-q4km"
 """The set's model (catalog entry): its expert bytes and MoE layer count."""
 
@@ -95,16 +99,17 @@ def split_read(steps: dict[tuple[int, int], float]) -> dict[str, float]:
 
 def _gpu_side_ms(model: Any) -> dict[str, float]:
     """The 500-token prompt's GPU-side costs in ms over the MoE layers, as the set's runtime
-    charges them (catalog ktransformers-v0.2 with the set's 1000 padded cache slots, rtx-4090d):
-    the roofline of the non-expert weights, the eager attention, the activation copies."""
+    charges them (catalog ktransformers-v0.2 with the set's 1000 padded cache slots and its eager
+    prefill's launches, rtx-4090d): the roofline of the non-expert weights, the eager attention,
+    the activation copies, the launches."""
     from moesim.sim.config.catalog import get_hardware, get_runtime
     from moesim.sim.engine.cost import CostModel
 
-    rt = get_runtime({"base": "ktransformers-v0.2", "static_cache_pad_tokens": PAD})
+    rt = get_runtime({"base": "ktransformers-v0.2", "static_cache_pad_tokens": PAD, **PREFILL_LAUNCHES})
     cost = CostModel(model, get_hardware("rtx-4090d"), rt)
     n = model.num_layers * 1e3
     return {"weights": cost.layer_s(PROMPT) * n, "attention": cost.eager_attention_s(PROMPT, 0) * n,
-            "copies": cost.activation_copy_s(PROMPT) * n}
+            "copies": cost.activation_copy_s(PROMPT) * n, "launches": cost.launch_layer_us(prefill=True) * n / 1e6}
 
 
 def report() -> str:
@@ -190,11 +195,14 @@ def report() -> str:
             "max_new_tokens, masked slots too; `ktransformers/operators/attention.py` "
             "`KDeepseekV2Attention.forward_chunck` at tag v0.2.0); its unpinned copies of the prompt's hidden "
             f"states to the host and back are {gpu['copies']:.0f} ms (`runtime.activation_copies: pageable`, "
-            "`KExpertsCPU.forward`'s `.cpu()` and `.to(device)`). Still missing from G: "
+            "`KExpertsCPU.forward`'s `.cpu()` and `.to(device)`); its eager prefill's kernel launches are "
+            f"{gpu['launches']:.0f} ms (`runtime.eager_prefill`, {PREFILL_LAUNCHES['layer_kernels']} launches a MoE "
+            f"layer counted from V0.2.0's code x {PREFILL_LAUNCHES['launch_us']:g} us: V0.2 captures CUDA graphs for "
+            "decode only). Still missing from G: "
             f"{sr_m['G'] - sr_p['G']:.0f} ms, {(sr_m['G'] - sr_p['G']) / 500:.1f} ms a prompt token "
             f"({(sr_m['G'] - sr_p['G']) / 500 / layers * 1e3:.0f} us a token and MoE layer), which no source found "
-            "sizes: the eager prefill's kernel launches (V0.2 captures CUDA graphs for decode only) and Marlin's "
-            "int4 products at 500 rows short of the tensor peak are candidates. A per-layer cost such as the "
+            "sizes: Marlin's int4 products at 500 rows short of the tensor peak are a candidate. A per-layer "
+            "cost such as the "
             "fitted hand-off is paid once per layer of a 500-token forward, so it leaves the prefill rows where "
             "they were.", "",
             "## The source's own spread", "",

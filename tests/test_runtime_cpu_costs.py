@@ -2,7 +2,8 @@
 (``runtime.cpu_switch_us``) on exact timelines, and the launch cost of an eager layer
 (``layer_kernels x launch_us``, off under ``cuda_graphs``, paid by prefill alone under
 ``eager_prefill``), with the catalog's restated eager runtimes giving the per-layer overhead
-they gave as one number."""
+they gave as one number; the shared experts run beside the CPU experts in one-token graph
+replays (``overlap_shared_experts``), on exact timelines of both replays."""
 
 from __future__ import annotations
 
@@ -117,3 +118,68 @@ def test_the_hand_off_adds_exactly_its_time_per_cpu_layer(rows: list[list[int]],
     base = total(RuntimeSpec(name="none"))
     with_switch = total(RuntimeSpec(name="switch", cpu_switch_us=switch_us))
     assert with_switch - base == pytest.approx(len(rows) * n_cpu * switch_us * US, abs=1e-12)
+
+
+def _shared_model(layers: int):  # type: ignore[no-untyped-def]
+    """tiny_model with one shared expert of 20000 intermediate: 60 MB, 60 us at tiny_hw's 1000 GB/s."""
+    return get_model({**tiny_model(layers, 4, 1).model_dump(), "num_shared_experts": 1,
+                      "shared_expert_intermediate_size": 20000})
+
+
+def test_the_shared_experts_part_of_a_layer_is_their_roofline_at_most_the_layer() -> None:
+    rt = RuntimeSpec(name="kt", cuda_graphs=True, eager_prefill=True, overlap_shared_experts=True)
+    cost = CostModel(_shared_model(2), _hw(), rt)
+    assert cost.shared_experts_s(1) == pytest.approx(60 * US)     # bytes over hbm: 60e6 / 1000e9
+    assert cost.overlap_shared_s(1) == pytest.approx(60 * US)
+    assert cost.overlap_shared_s(2) == 0.0                         # the captured path takes one token
+    assert cost.overlap_shared_s(1, prefill=True) == 0.0           # an eager prefill runs them first
+    assert CostModel(_shared_model(2), _hw(), rt.model_copy(update={"eager_prefill": False})
+                     ).overlap_shared_s(1, prefill=True) == pytest.approx(60 * US)
+    assert CostModel(_shared_model(2), _hw(), rt.model_copy(update={"cuda_graphs": False})).overlap_shared_s(1) == 0.0
+    assert CostModel(_shared_model(2), _hw(), rt.model_copy(update={"overlap_shared_experts": False})
+                     ).overlap_shared_s(1) == 0.0
+    assert CostModel(tiny_model(2, 4, 1), _hw(), rt).overlap_shared_s(1) == 0.0   # no shared experts
+    # at most the layer's non-MoE time (here the calibrated 100 us)
+    big = get_model({**_shared_model(2).model_dump(), "shared_expert_intermediate_size": 60000})
+    assert CostModel(big, _hw(), rt).shared_experts_s(1) == pytest.approx(100 * US)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_shared_experts_overlap_the_cpu_experts_in_one_token_graph_replays(overlap: bool, fast: bool,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    if not fast:   # the event loop's replay (run_engine passes the fast one)
+        monkeypatch.setattr(fixtures, "FAST_PATH", None)
+    # a 2-token prompt, then 2 decode tokens; layers 0 and 1 on the CPU, layer 2 on the GPU (resident)
+    tr = make_trace([[[0], [1], [2]], [[1], [2], [3]], [[2], [3], [0]], [[3], [0], [1]]], num_experts=4,
+                    phases=[PREFILL, PREFILL, DECODE, DECODE])
+    rt = RuntimeSpec(name="kt", cpu_switch_us=40, cuda_graphs=True, eager_prefill=True,
+                     overlap_shared_experts=overlap)
+    eng, m = run_engine(tr, make_policy("cpu-moe", {"n_cpu_moe": 2}), _shared_model(3), _hw(), budget_experts=12,
+                        runtime=rt, initial="popular", phases=("prefill", "decode"))
+    # prefill (2 tokens, eager: no overlap either way): CPU layers 100 + 40 + 2 x 300 us, the GPU layer
+    # 100 + two 50 us hits; decode, a CPU layer: 100 + 40 + 300 us in series, or with the overlap 40 us
+    # before routing, then the CPU's 40 + 300 us beside the GPU's 60 us shared expert: 380 us; the GPU
+    # layer 40 + 60 + 50 = 150 us either way (the shared expert after routing, before the routed one)
+    cpu_layer = 380 if overlap else 440
+    ends, t = [], 0
+    for dt in [740, 740, 200] + [cpu_layer, cpu_layer, 150] * 2:
+        t += dt
+        ends.append(t)
+    assert [round(s.t_end / US) for s in steps(eng)] == ends
+    assert m["engine_path"] == ("fast" if fast else "event")
+    # routing is known when the GPU has run the layer's part before it
+    decode_cpu = [s for s in steps(eng) if s.iteration >= 1 and s.layer < 2]
+    assert {round((s.t_route - s.t_start) / US) for s in decode_cpu} == {40 if overlap else 100}
+
+
+def test_the_timeline_shows_the_shared_experts_after_routing() -> None:
+    tr = make_trace([[[0]]], num_experts=4)
+    rt = RuntimeSpec(name="kt", cpu_switch_us=40, cuda_graphs=True, overlap_shared_experts=True)
+    eng, _ = run_engine(tr, make_policy("cpu-moe", {"n_cpu_moe": 1}), _shared_model(1), _hw(), budget_experts=4,
+                        runtime=rt, timeline=True)
+    spans = {(lane, name): (round(t0 / US), round(dt / US)) for lane, name, t0, dt, _ in eng.state.timeline}
+    assert spans[("GPU", "L0 attn")] == (0, 40)                 # 100 us less the 60 us shared expert
+    assert spans[("GPU", "L0 shared experts")] == (40, 60)
+    assert spans[("CPU experts", "L0 hand-off")] == (40, 40)    # the CPU starts at routing, beside it
+    assert spans[("CPU experts", "L0 E0")] == (80, 300)

@@ -22,6 +22,10 @@ def test_a_runtime_shows_its_times() -> None:
     # graphs for decode only: a prefill's launches are shown apart
     assert runtime_line({**llama, "cuda_graphs": True, "eager_prefill": True, "cpu_switch_us": 0}) == \
         "llama-cpp-like: 0 us/layer (prefill: +125, 25 eager launches x 5 us), 300 us/iteration, 0 us/token"
+    # the shared experts beside the CPU experts: said only where graphs replay (the overlap needs them)
+    assert runtime_line({**llama, "cuda_graphs": True, "overlap_shared_experts": True}).endswith(
+        "52 us per CPU-expert layer, shared experts beside the CPU experts in graph-replayed one-token passes")
+    assert runtime_line({**llama, "overlap_shared_experts": True}) == runtime_line(llama)
 
 
 def test_any_nonzero_time_counts_as_overhead() -> None:

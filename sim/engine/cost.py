@@ -22,8 +22,8 @@ ACTIVATION_BYTES = 2
 NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0.0, demand_load_us=0.0,
                          prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
                          eager_prefill=False, pageable_copy_us=0.0, host_memory=None, activation_copies=None,
-                         eager_score_bytes=None,
-                         static_cache_pad_tokens=None, source="no overhead")
+                         eager_score_bytes=None, static_cache_pad_tokens=None, overlap_shared_experts=False,
+                         source="no overhead")
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,32 @@ class CostModel:
         if rt.cuda_graphs and not (prefill and rt.eager_prefill):
             return 0.0
         return rt.layer_kernels * rt.launch_us
+
+    def shared_experts_s(self, n_tokens: int) -> float:
+        """The shared experts' part of :meth:`layer_s` for ``n_tokens`` tokens: their roofline
+        on this GPU, ``max(bytes / hbm_gbps, 2 x params x n_tokens / peak_tflops)`` with
+        ``3 x hidden_size x shared_intermediate`` parameters at the model's ``dtype_bytes`` (no
+        kernel cost of its own: the layer's is in :meth:`layer_s`), at most :meth:`layer_s`
+        (calibrated costs measure the layer whole; the roofline's figure is taken out of it).
+        0 for a model without shared experts."""
+        m = self.model
+        params = 3 * m.hidden_size * m.shared_intermediate
+        if params == 0 or n_tokens <= 0:
+            return 0.0
+        hw = self.hardware
+        own = max(params * m.dtype_bytes / (hw.hbm_gbps * 1e9), 2.0 * params * n_tokens / (hw.peak_tflops * 1e12))
+        return min(own, self.layer_s(n_tokens))
+
+    def overlap_shared_s(self, n_tokens: int, prefill: bool = False) -> float:
+        """Seconds of a layer's shared experts that run beside its CPU experts, after routing,
+        in a pass of ``n_tokens`` tokens (a prefill's when ``prefill``): :meth:`shared_experts_s`
+        when the runtime overlaps them (``overlap_shared_experts``), the pass replays captured
+        graphs (``cuda_graphs``, and not a prefill of an ``eager_prefill`` runtime) and has one
+        token; else 0 (the shared experts run before routing, in :meth:`layer_s`)."""
+        rt = self.runtime
+        if not (rt.overlap_shared_experts and rt.cuda_graphs) or n_tokens != 1 or (prefill and rt.eager_prefill):
+            return 0.0
+        return self.shared_experts_s(1)
 
     def cpu_switch_s(self, n_tokens: int = 1) -> float:
         """The runtime's hand-off between the GPU and the CPU experts, once per MoE layer that

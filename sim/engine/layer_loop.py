@@ -24,6 +24,7 @@ runtime spent on the host since the last charge, ``run.spent_s``, which the GPU 
         before_layer, [host time]; [attention and the per-layer overhead]
         route (the plan), [host time]; take_units (hit / late / miss, demand units); CPU experts queue
         demand loads ask for room: [their eviction and load costs]; notify (on_access, after_layer); [host time]
+        [the shared experts, when the runtime runs them after routing, beside the CPU experts]
         GPU experts compute as their parts become resident, ready ones first:
             [compute the ready ones]; then demand loads ask for room again
             or, none ready: [one watched part lands] / [any of them lands] / [room is freed]
@@ -131,6 +132,8 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
         if run.spent_s:
             yield from charge(run, clk, waits)
         layer_s, over_s = step.non_moe_s(it)
+        shared_s = step.shared_after_route_s(it)   # runtime.overlap_shared_experts: run after routing
+        before_s = layer_s - shared_s + over_s
         for layer in range(run.L):
             begin_layer(layer)
             if sync_prefetch:   # the GPU waits for every prefetch issued so far
@@ -147,11 +150,11 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
                 policy.before_layer(view, layer)
                 if run.spent_s:
                     yield from charge(run, clk, waits)
-            ev = run_for(layer_s + over_s)   # attention etc. and the runtime's per-layer overhead
+            ev = run_for(before_s)   # attention etc. and the runtime's per-layer overhead
             if ev is not None:
                 yield ev
             if timeline is not None:
-                step.timeline_event("GPU", f"L{layer} attn", clk._now - layer_s - over_s, layer_s + over_s,
+                step.timeline_event("GPU", f"L{layer} attn", clk._now - layer_s + shared_s - over_s, before_s,
                                     {"iteration": it.index})
             ls = route(it, layer, t0, layer_s, over_s)
             if run.spent_s:
@@ -175,6 +178,12 @@ def gpu_stream(run: RunState[Transfers], clk: Clocked, waits: Waits) -> Stream:
                 step.notify(ls)
             if run.spent_s:
                 yield from charge(run, clk, waits)
+            if shared_s:   # the shared experts, on the GPU while the CPU experts run (counted in route)
+                ev = run_for(shared_s)
+                if ev is not None:
+                    yield ev
+                if timeline is not None:
+                    step.timeline_event("GPU", f"L{layer} shared experts", clk._now - shared_s, shared_s, {})
             # GPU experts compute as their parts become resident, ready ones first
             remaining = ls.need
             early = None

@@ -141,6 +141,8 @@ class Stepper:
         self.decision_s = float(policy.decision_us) * 1e-6
         self.overhead_layer = run.cost.overhead_layer_s()
         self.overhead_prefill = run.cost.overhead_layer_s(prefill=True)   # more with runtime.eager_prefill
+        self.shared_decode = run.cost.overlap_shared_s(1)   # runtime.overlap_shared_experts: one-token passes
+        self.shared_prefill = run.cost.overlap_shared_s(1, prefill=True)
         self.cpu_switch = run.cost.cpu_switch_s()
         self.copies = run.cost.runtime.activation_copies is not None   # the hand-off grows with the tokens
         self.eager = run.cost.runtime.eager_score_bytes is not None
@@ -242,6 +244,15 @@ class Stepper:
         if got is None:
             got = self._non_moe[n_tok] = self.cost.layer_s(n_tok)
         return got, over
+
+    def shared_after_route_s(self, it: Iteration) -> float:
+        """Seconds of each layer's non-MoE time in ``it`` that are its shared experts run after
+        routing, beside the CPU experts (:meth:`~moesim.sim.engine.cost.CostModel.overlap_shared_s`:
+        ``runtime.overlap_shared_experts``, a graph-replayed pass of one token); 0 otherwise. Part
+        of :meth:`non_moe_s`'s seconds, not added to them."""
+        if it.n_tokens != 1:
+            return 0.0
+        return self.shared_prefill if it.phase == PREFILL else self.shared_decode
 
     def route(self, it: Iteration, layer: int, t0: float, layer_s: float, over_s: float) -> LayerStep:
         """Routing of ``layer`` (started at ``t0``) becomes known once the GPU ran its non-MoE

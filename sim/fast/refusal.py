@@ -97,10 +97,12 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     # replay starts; every replay's copies go through CostModel.transfer_s, which reads that
     # cpu_switch_us and activation_copies: paid only by Stepper.cpu_experts (CostModel.cpu_switch_s), for a
     # layer with CPU experts; no fast replay runs CPU experts (path.py and the kernels refuse such plans)
+    # overlap_shared_experts: read only by Stepper.shared_after_route_s (CostModel.overlap_shared_s) in the
+    # layer loop, which the driver runs as the event loop does; the kernels refuse it (kernel_refusal)
     "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us", "eager_prefill",
                           "eager_score_bytes", "host_memory", "iteration_us", "launch_us", "layer_kernels", "layer_us",
-                          "name", "pageable_copy_us", "prefetch_issue_us", "source", "static_cache_pad_tokens",
-                          "token_us"}),
+                          "name", "overlap_shared_experts", "pageable_copy_us", "prefetch_issue_us", "source",
+                          "static_cache_pad_tokens", "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""
 
@@ -149,7 +151,8 @@ def undeclared(state: RunState[Transfers]) -> str | None:
 
 def kernel_refusal(state: RunState[Transfers]) -> str | None:
     """Why no kernel can replay ``state``'s run (accepted by :func:`undeclared`), or None: one
-    of :data:`KERNEL_OPTIONS` on, a serving workload (:data:`KERNEL_WORKLOAD`), decision time,
+    of :data:`KERNEL_OPTIONS` on, a serving workload (:data:`KERNEL_WORKLOAD`), shared experts run
+    after routing (``runtime.overlap_shared_experts``), decision time,
     experts split into parts, a lossy policy (its plans), one global pool, or copies under way
     at the start (the kernels start from rest). (Aborted copies need no check: the kernels take
     only parts that never abort.)"""
@@ -161,6 +164,8 @@ def kernel_refusal(state: RunState[Transfers]) -> str | None:
         why = check(getattr(state.workload, name))
         if why is not None:
             return why
+    if state.cost.runtime.overlap_shared_experts:
+        return "runtime.overlap_shared_experts is on (the kernels run the shared experts before routing)"
     if state.policy.decision_us:
         return "the policy spends decision time"
     if any(len(fr) != 1 for fr in state.fractions):

@@ -182,7 +182,8 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     overhead (kernels back to back). The per-layer figure includes an eager layer's launches
     (not under ``cuda_graphs``; a prefill's are shown apart when the graphs cover decode only,
     ``eager_prefill``); the hand-off to CPU experts is shown when there is one, and a runtime
-    that copies from pageable host memory says so."""
+    that copies from pageable host memory, or runs the shared experts beside the CPU experts
+    (``overlap_shared_experts``), says so."""
     name = runtime.get("name", "?")
     kernels = int(runtime.get("layer_kernels") or 0)
     launches = 0 if runtime.get("cuda_graphs") else kernels
@@ -201,6 +202,8 @@ def runtime_line(runtime: dict[str, Any]) -> str:
         text += f", {runtime['cpu_switch_us']:g} us per CPU-expert layer"
     if runtime.get("host_memory") == "pageable":
         text += ", copies from pageable host memory"
+    if runtime.get("overlap_shared_experts") and runtime.get("cuda_graphs"):
+        text += ", shared experts beside the CPU experts in graph-replayed one-token passes"
     return text
 
 

@@ -217,6 +217,7 @@ class RuntimeSpec(BaseModel):
     layer_kernels: NonNegativeInt = Field(0, description="kernels one MoE layer launches outside its experts in eager mode; with launch_us, a per-layer launch cost of layer_kernels x launch_us, unless cuda_graphs")
     cuda_graphs: bool = Field(False, description="the runtime replays captured CUDA graphs for decode: no per-kernel launch cost (layer_kernels x launch_us is not paid)")
     eager_prefill: bool = Field(False, description="with cuda_graphs, the runtime captures its graphs for decode only and runs each prefill's forward pass eagerly (kTransformers' local_chat): a prefill iteration's MoE layers pay layer_kernels x launch_us, decode iterations do not; without cuda_graphs every iteration pays them already")
+    overlap_shared_experts: bool = Field(False, description="with cuda_graphs, a graph-replayed pass of one token runs each layer's shared experts after routing, on the GPU while the layer's CPU experts run on the host (kTransformers' KDeepseekV3MoE under capture: the gate, the CPU experts submitted to the host's threads, the shared expert, then the wait for them); the shared experts' share of the layer's non-MoE time (CostModel.shared_experts_s) moves from before routing to beside the CPU experts; eager passes (a prefill under eager_prefill) and passes of more tokens keep them before the CPU experts")
     source: str = Field("", description="where the numbers come from")
 
 

@@ -115,6 +115,9 @@ class Row:
     set: dict[str, Any]
     relative_to: dict[str, Any] | None
     groups: dict[str, str]
+    named: str = "?"
+    """What the row measured where its ``set`` names no policy: its declared ``system`` (the
+    measurement file's or the row's), else the base's policy."""
 
     @property
     def off(self) -> float:
@@ -173,15 +176,29 @@ def _policy_label(p: Any) -> str:
     return str(p)
 
 
+def _named(stem: str) -> list[str]:
+    """Each row's name for what it measured where its ``set`` names no policy (see :attr:`Row.named`)."""
+    path = MEASUREMENTS / f"{stem}.yaml"
+    if not path.is_file():
+        return []
+    doc = yaml.safe_load(path.read_text()) or {}
+    base = doc.get("base")
+    policy = _policy_label(base.get("policy", "?")) if isinstance(base, dict) else "?"
+    return [str(r.get("system") or doc.get("system") or policy) for r in doc.get("rows") or []]
+
+
 def load_rows(stem: str) -> list[Row]:
     """The rows of one fit folder."""
     out = []
+    named = _named(stem)
     with open(FITS / stem / "rows.csv", newline="") as f:
         for r in csv.DictReader(f):
-            out.append(Row(stem=stem, index=int(r["row"]), role=r["role"], metric=r["metric"],
+            i = int(r["row"])
+            out.append(Row(stem=stem, index=i, role=r["role"], metric=r["metric"],
                            measured=float(r["measured"]), predicted=_number(r["predicted"]),
                            set=json.loads(r["set"]), relative_to=json.loads(r["relative_to"]) if r["relative_to"] else None,
-                           groups=json.loads(r["groups"]) if r["groups"] else {}))
+                           groups=json.loads(r["groups"]) if r["groups"] else {},
+                           named=named[i] if i < len(named) else "?"))
     return out
 
 
@@ -438,17 +455,19 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
                   + (_pair_ratio(a.predicted, b.predicted)) for a, b in wrong_pairs]
     if beyond:
         lines += ["", "Held-out rows beyond 1.5x:", ""]
-        lines += [f"- {r.stem} row {r.index} ({r.policy}, {r.metric}): measured {r.measured:.4g}, "
+        lines += [f"- {r.stem} row {r.index} ({_row_label(r)}, {r.metric}): measured {r.measured:.4g}, "
                   + (f"predicted {r.predicted:.4g} ({r.predicted / r.measured:.2f}x)" if defined(r.predicted)
                      else "no prediction (undefined: counted as a miss)") for r in beyond]
     return "\n".join(lines) + "\n", goals
 
 
 def _row_label(r: Row) -> str:
-    """A row's policy, and for a ratio row the reference policy it is over."""
+    """A row's policy (what it measured, :attr:`Row.named`, where its ``set`` names none), and
+    for a ratio row the reference policy it is over."""
+    own = r.policy if "policy" in r.set else r.named
     if r.relative_to is None:
-        return r.policy
-    return f"{r.policy} over {_policy_label(r.relative_to.get('policy', '?'))}"
+        return own
+    return f"{own} over {_policy_label(r.relative_to.get('policy', '?'))}"
 
 
 def _pair_ratio(a: float, b: float) -> str:

@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.published_systems import E_M, E_M_GPUS, FIDDLER, FIDDLER_ENVS, MOE_INF  # noqa: E402
 from benchmarks.seed_scoreboard import VARIANTS  # noqa: E402
 from moesim.sim.study.advise_bands import COLUMNS, TABLE, gpu_class  # noqa: E402
+from moesim.sim.study.fit_spec import declared_systems  # noqa: E402
 
 PUBLISHED = ROOT / "benchmarks" / "results" / "published_systems.md"
 FITS = ROOT / "benchmarks" / "results" / "fits"
@@ -131,8 +132,7 @@ def _base(stem: str) -> tuple[dict[str, Any], Path, list[str | None]]:
     base = doc.get("base") or {}
     if isinstance(base, str):   # a scenario file, relative to the measurement file
         base = yaml.safe_load((path.parent / base).read_text())
-    systems = [r.get("system", doc.get("system")) for r in doc.get("rows") or []]
-    return base, path.parent, systems
+    return base, path.parent, declared_systems(doc)
 
 
 def fit_rows() -> list[dict[str, Any]]:

@@ -178,13 +178,15 @@ def _policy_label(p: Any) -> str:
 
 def _named(stem: str) -> list[str]:
     """Each row's name for what it measured where its ``set`` names no policy (see :attr:`Row.named`)."""
+    from moesim.sim.study.fit_spec import declared_systems
+
     path = MEASUREMENTS / f"{stem}.yaml"
     if not path.is_file():
         return []
     doc = yaml.safe_load(path.read_text()) or {}
     base = doc.get("base")
     policy = _policy_label(base.get("policy", "?")) if isinstance(base, dict) else "?"
-    return [str(r.get("system") or doc.get("system") or policy) for r in doc.get("rows") or []]
+    return [system or policy for system in declared_systems(doc)]
 
 
 def load_rows(stem: str) -> list[Row]:

@@ -57,6 +57,12 @@ SYSTEM_HELP = ("the published system the row measured, where its policy only sta
 bands group published rows by (``benchmarks/advise_bands.py``)."""
 
 
+def declared_systems(doc: dict[str, Any]) -> list[str | None]:
+    """Each row's declared ``system`` in a measurement file's parsed YAML (``doc``): the row's
+    own, else the file's, else None (the row's policy is its system; :data:`SYSTEM_HELP`)."""
+    return [r.get("system", doc.get("system")) if isinstance(r, dict) else None for r in doc.get("rows") or []]
+
+
 class FitError(MoesimError, ValueError):
     """A measurement file or a fit that cannot go on; the message names the file and the key."""
 

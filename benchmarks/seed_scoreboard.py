@@ -52,6 +52,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 FITS = ROOT / "benchmarks" / "results" / "fits"
 MEASUREMENTS = ROOT / "measurements"
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.system_pairs import system_pairs  # noqa: E402
 
 OWN: dict[str, tuple[str, str]] = {
     # set stem: (paper, the paper's own policy)
@@ -118,6 +121,8 @@ class Row:
     named: str = "?"
     """What the row measured where its ``set`` names no policy: its declared ``system`` (the
     measurement file's or the row's), else the base's policy."""
+    declared: str | None = None
+    """Its declared ``system`` alone (None: none declared)."""
 
     @property
     def off(self) -> float:
@@ -176,8 +181,9 @@ def _policy_label(p: Any) -> str:
     return str(p)
 
 
-def _named(stem: str) -> list[str]:
-    """Each row's name for what it measured where its ``set`` names no policy (see :attr:`Row.named`)."""
+def _named(stem: str) -> list[tuple[str | None, str]]:
+    """Each row's declared system and its name for what it measured where its ``set`` names no
+    policy (see :attr:`Row.named`)."""
     from moesim.sim.study.fit_spec import declared_systems
 
     path = MEASUREMENTS / f"{stem}.yaml"
@@ -186,7 +192,7 @@ def _named(stem: str) -> list[str]:
     doc = yaml.safe_load(path.read_text()) or {}
     base = doc.get("base")
     policy = _policy_label(base.get("policy", "?")) if isinstance(base, dict) else "?"
-    return [system or policy for system in declared_systems(doc)]
+    return [(system, system or policy) for system in declared_systems(doc)]
 
 
 def load_rows(stem: str) -> list[Row]:
@@ -200,7 +206,8 @@ def load_rows(stem: str) -> list[Row]:
                            measured=float(r["measured"]), predicted=_number(r["predicted"]),
                            set=json.loads(r["set"]), relative_to=json.loads(r["relative_to"]) if r["relative_to"] else None,
                            groups=json.loads(r["groups"]) if r["groups"] else {},
-                           named=named[i] if i < len(named) else "?"))
+                           declared=named[i][0] if i < len(named) else None,
+                           named=named[i][1] if i < len(named) else "?"))
     return out
 
 
@@ -398,12 +405,15 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
     right = sum(ok for _, _, ok in pairs)
     held_pairs = [p for s in counted for p in ranking_pairs(all_rows[s], held_out_only=True)]
     held_right = sum(ok for _, _, ok in held_pairs)
+    sys_pairs = [p for s in counted for p in system_pairs(all_rows[s])]
+    sys_right = sum(ok for _, _, ok in sys_pairs)
     own_fitted = {s: own_policy_fitted(s, all_rows[s]) for s in stems}
     goals = {
         "sets": len(counted), "held_out_rows": len(test),
         "median_abs_error_pct": 100 * statistics.median(errs) if errs else math.nan,
         "beyond_1_5x": len(beyond), "undefined": len(undefined), "pairs": len(pairs), "pairs_right": right,
         "held_out_pairs": len(held_pairs), "held_out_pairs_right": held_right,
+        "system_pairs": len(sys_pairs), "system_pairs_right": sys_right,
         "headlines": len(heads), "sign_right": len(sign), "within_1_5x": len(within),
         "own_policy_fitted": sorted(s for s, rs in own_fitted.items() if rs),
     }
@@ -417,6 +427,9 @@ def scoreboard(reasons: bool) -> tuple[str, dict[str, Any]]:
               f"({100 * right / max(len(pairs), 1):.0f}%) |",
               f"| ranking pairs of two held-out rows right | >= 90% | {held_right} of {len(held_pairs)} "
               f"({100 * held_right / max(len(held_pairs), 1):.0f}%) |",
+              f"| system pairs right (two held-out rows of different published systems, same model and GPU; "
+              f"`benchmarks/system_pairs.py`) | >= 90% | {sys_right} of {len(sys_pairs)} "
+              f"({100 * sys_right / max(len(sys_pairs), 1):.0f}%) |",
               f"| headlines right in sign | all | {len(sign)} of {len(heads)} |",
               f"| headlines within 1.5x of the published speed-up | all or explained | {len(within)} of {len(heads)} |",
               "", "### Sets that fit a paper's own policy", ""]

@@ -30,6 +30,10 @@ Definitions:
   prediction, nor with two equal predictions: a tie orders nothing, and scoring it by which row
   comes first in the file would count it right or wrong by file order). **Held-out-only pairs** are those of two held-out rows: a fit row's prediction
   was fitted, so a pair with one is partly fitted.
+- **System pairs**: two held-out rows of one set that measured different published systems
+  (their declared ``system:``) on the same model and GPU (``benchmarks/system_pairs.py``): the
+  order of systems a reader choosing one needs, which the ranking pairs (one setup, different
+  policies) do not see.
 - **Own policy fitted**: a set whose fit rows include the paper's own policy is listed as such;
   its headlines are not a prediction from baselines alone.
 """

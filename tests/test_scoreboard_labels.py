@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import yaml
 
+import benchmarks.scoreboard_rows as rows_mod
 import benchmarks.seed_scoreboard as sb
 
 
@@ -17,12 +18,12 @@ def test_rows_without_a_policy_are_named_by_system_then_base_policy(tmp_path, mo
     doc = {"name": "s", "system": "ktransformers", "base": {"policy": {"name": "cpu-moe", "params": {"dense_blocks": 3}}},
            "rows": [{"set": {}}, {"set": {}, "system": "fiddler"}]}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
-    monkeypatch.setattr(sb, "MEASUREMENTS", tmp_path)
-    assert sb._named("s") == [("ktransformers", "ktransformers"), ("fiddler", "fiddler")]
+    monkeypatch.setattr(rows_mod, "MEASUREMENTS", tmp_path)
+    assert rows_mod._named("s") == [("ktransformers", "ktransformers"), ("fiddler", "fiddler")]
     del doc["system"]
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
-    assert sb._named("s") == [(None, "cpu-moe(dense_blocks=3)"), ("fiddler", "fiddler")]
-    assert sb._named("absent") == []
+    assert rows_mod._named("s") == [(None, "cpu-moe(dense_blocks=3)"), ("fiddler", "fiddler")]
+    assert rows_mod._named("absent") == []
 
 
 def test_a_rows_own_policy_is_its_label() -> None:

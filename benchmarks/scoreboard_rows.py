@@ -42,6 +42,18 @@ def defined(x: float) -> bool:
     return math.isfinite(x) and x > 0
 
 
+def measured_apart(a: Row, b: Row) -> bool:
+    """Whether two rows' measured values are more than 1% apart (closer, a pair orders nothing)."""
+    return max(a.measured, b.measured) / min(a.measured, b.measured) - 1 > 0.01
+
+
+def ordered_right(a: Row, b: Row) -> bool:
+    """Whether the predictions order two rows as their measurements do: never with an undefined
+    prediction, nor with two equal ones (a tie orders nothing)."""
+    return (defined(a.predicted) and defined(b.predicted) and a.predicted != b.predicted
+            and (a.measured > b.measured) == (a.predicted > b.predicted))
+
+
 @dataclass
 class Row:
     """One line of a fit's rows.csv."""

@@ -62,6 +62,8 @@ from benchmarks.scoreboard_rows import (  # noqa: E402  (FITS, MEASUREMENTS, Row
     _policy_label,
     defined,
     load_rows,
+    measured_apart,
+    ordered_right,
     same_setup,
 )
 from benchmarks.system_pairs import system_pairs  # noqa: E402
@@ -159,11 +161,8 @@ def ranking_pairs(rows: list[Row], held_out_only: bool = False) -> list[tuple[Ro
                 continue
             if a.policy == b.policy and json.dumps(a.relative_to, sort_keys=True) == json.dumps(b.relative_to, sort_keys=True):
                 continue
-            if max(a.measured, b.measured) / min(a.measured, b.measured) - 1 <= 0.01:
-                continue
-            ok = (defined(a.predicted) and defined(b.predicted) and a.predicted != b.predicted
-                  and (a.measured > b.measured) == (a.predicted > b.predicted))
-            out.append((a, b, ok))
+            if measured_apart(a, b):
+                out.append((a, b, ordered_right(a, b)))
     return out
 
 

@@ -14,21 +14,10 @@ on one setup and do not see it (the systems' rows differ by runtime and host, no
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-
-class PairRow(Protocol):
-    """What a system pair reads of a scoreboard row (``seed_scoreboard.Row``)."""
-
-    role: str
-    metric: str
-    measured: float
-    predicted: float
-    set: dict[str, Any]
-    relative_to: dict[str, Any] | None
-    declared: str | None
+from benchmarks.scoreboard_rows import Row, measured_apart, ordered_right
 
 
 def _base_name(value: Any) -> Any:
@@ -36,11 +25,7 @@ def _base_name(value: Any) -> Any:
     return value.get("base") if isinstance(value, dict) else value
 
 
-def _defined(x: float) -> bool:
-    return x is not None and math.isfinite(x) and x > 0
-
-
-def system_pairs(rows: Sequence[PairRow]) -> list[tuple[PairRow, PairRow, bool]]:
+def system_pairs(rows: Sequence[Row]) -> list[tuple[Row, Row, bool]]:
     """Every system pair of one set's rows (see the module docstring) and whether it is right."""
     out = []
     for i, a in enumerate(rows):
@@ -51,9 +36,6 @@ def system_pairs(rows: Sequence[PairRow]) -> list[tuple[PairRow, PairRow, bool]]
                 continue
             if any(_base_name(a.set.get(k)) != _base_name(b.set.get(k)) for k in ("model", "hardware")):
                 continue
-            if max(a.measured, b.measured) / min(a.measured, b.measured) - 1 <= 0.01:
-                continue
-            ok = (_defined(a.predicted) and _defined(b.predicted) and a.predicted != b.predicted
-                  and (a.measured > b.measured) == (a.predicted > b.predicted))
-            out.append((a, b, ok))
+            if measured_apart(a, b):
+                out.append((a, b, ordered_right(a, b)))
     return out

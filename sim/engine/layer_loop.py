@@ -38,7 +38,8 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
-from moesim.sim.engine.step import Stepper, ready_parts
+from moesim.sim.engine.part_order import ready_parts
+from moesim.sim.engine.step import Stepper
 
 if TYPE_CHECKING:  # pragma: no cover
     from moesim.sim.engine.state import RunState

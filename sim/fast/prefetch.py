@@ -31,9 +31,10 @@ import numpy as np
 
 from moesim.policies.contract.base import INFLIGHT, QUEUED, RESIDENT, WAITING
 from moesim.policies.parts.guesses import GuessMaker
+from moesim.sim.engine.part_order import early_parts, ready_parts
 from moesim.sim.engine.plans import access_order
 from moesim.sim.engine.records import STEP_CHUNK
-from moesim.sim.engine.step import Stepper, early_parts, ready_parts
+from moesim.sim.engine.step import Stepper
 from moesim.sim.fast.kernel_choice import next_layer_parts, predictor_source
 
 if TYPE_CHECKING:

@@ -264,8 +264,9 @@ def prepare_run(
     serving = scen.workload.arrivals is not None
     # a serving run holds its requests' KV cache whenever the model gives an attention shape
     kv_on = bool(context) or (serving and model.kv_bytes_per_token is not None)
+    kv_in_vram = kv_on and not runtime.kv_on_host   # runtime.kv_on_host: the KV cache is in host memory
     total = model.non_expert_bytes + budget + buffer
-    if total > hw.vram_gib * GIB and not kv_on:
+    if total > hw.vram_gib * GIB and not kv_in_vram:
         raise ScenarioError(
             f"{source}: cache.{scen.cache.given}: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
@@ -286,7 +287,7 @@ def prepare_run(
         except MoesimError as exc:
             raise ScenarioError(f"{source}: {exc}") from None
     asked = budget
-    if kv_on:
+    if kv_in_vram:
         budget = kv_budget(source, scen.cache.given, model, hw, wl, budget, buffer)
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,

@@ -261,6 +261,9 @@ def prepare_run(
     if runtime.eager_score_bytes is not None and (model.attention_heads is None or model.attention_flops_per_pair is None):
         raise ScenarioError(f"{source}: runtime.eager_score_bytes: model {model.name} gives no attention shape "
                             "(attention_heads with head_dim, or kv_lora_rank): its eager attention cannot be modelled")
+    if runtime.kv_on_host and hw.device == "cpu":
+        raise ScenarioError(f"{source}: runtime.kv_on_host: hardware {hw.name} runs the model on the CPU (device: cpu), "
+                            "so there is no GPU to keep the KV cache from; leave kv_on_host off")
     serving = scen.workload.arrivals is not None
     # a serving run holds its requests' KV cache whenever the model gives an attention shape
     kv_on = bool(context) or (serving and model.kv_bytes_per_token is not None)

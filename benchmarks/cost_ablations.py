@@ -38,7 +38,8 @@ layer (:func:`resident_diagnostic`); what the two expert widths' steps ask of th
 On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransformers, llama.cpp
 ``--n-cpu-moe``), the CPU-side costs of the runtime catalog:
 
-- ``no hand-off``: ``runtime.cpu_switch_us`` 0 (the per-layer CPU/GPU hand-off removed);
+- ``no hand-off``: ``runtime.cpu_switch_us`` 0 (the per-layer CPU/GPU hand-off removed; on a
+  ``kv_on_host`` row the attention's too);
 - ``hand-off 52 us``: ``runtime.cpu_switch_us`` at llama-cpp-like's derived figure (two
   device<->host round trips of 26 us) in place of the set's own (fitted or catalog) value;
 - ``graphs``: ``runtime.cuda_graphs`` on (an eager runtime's per-layer launches,
@@ -53,6 +54,9 @@ On the sets whose systems compute experts on the CPU (:data:`CPU_SETS`: kTransfo
 - ``shared in series``: ``runtime.overlap_shared_experts`` off (kTransformers' graph-replayed
   decode, which runs the shared expert on the GPU beside the CPU experts, priced with the shared
   expert before the CPU experts, as its prefill runs it).
+- ``KV on the GPU``: ``runtime.kv_on_host`` off (llama.cpp's ``-nkvo 1``, the KV cache and the
+  attention on the host CPU with one more hand-off a layer, priced as if attention stayed on the
+  GPU: the SOSP '25 set's llama.cpp rows).
 
 On the llama.cpp sets whose rows run op offload (:data:`OP_OFFLOAD_SETS`: a batch of 32 tokens or
 more copies a CPU layer's experts to the GPU), the two sourced choices of the ``cpu-moe`` policy
@@ -80,7 +84,7 @@ SETS = ("eliseev-mazur-2023-table2", "eliseev-mazur-2023-table2-one-runtime", "m
 expert-cache sets whose misses a per-miss cost and a warm start would move."""
 
 CPU_SETS = ("ktransformers-deepseek-v3", "ktransformers-v021-deepseek-v3-context", "llmfit-rtx2080-llamacpp-moe",
-            "ktransformers-epyc9654-deepseek-r1")
+            "ktransformers-epyc9654-deepseek-r1", "ktransformers-sosp25-decode")
 """The sets ablated for the CPU-side costs: systems that compute experts on the CPU."""
 
 CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
@@ -92,6 +96,7 @@ CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {
     "fused attention": {"runtime.eager_score_bytes": None},
     "no copy bytes": {"runtime.activation_copies": None},
     "shared in series": {"runtime.overlap_shared_experts": False},
+    "KV on the GPU": {"runtime.kv_on_host": False},
 }
 """The CPU-side ablations, each the keys changed on top of the fitted values."""
 

@@ -114,6 +114,13 @@ scenario_case("hardware-file-bad", scen(hardware="hw.yaml"), "hw.yaml", files={"
 scenario_case("hardware-vram-too-small", scen(hardware={"base": "rtx-4090", "vram_gib": 0.1}), "vram")
 scenario_case("runtime-unknown", scen(runtime="vllm"), "runtime", "vllm")
 scenario_case("runtime-field", scen(runtime={"base": "hf-eager", "layer_us": -3}), "runtime.layer_us")
+scenario_case("runtime-kv-on-host-type", scen(runtime={"base": "llama-cpp-like", "kv_on_host": "maybe"}),
+              "runtime.kv_on_host")
+scenario_case("runtime-kv-on-host-eager", scen(runtime={"base": "hf-eager", "kv_on_host": True, "eager_score_bytes": 26}),
+              "runtime", "kv_on_host", "eager_score_bytes")
+scenario_case("runtime-kv-on-host-cpu-device", scen(hardware={"base": "rtx-4090", "device": "cpu"},
+                                                 runtime={"base": "llama-cpp-like", "kv_on_host": True}),
+              "runtime.kv_on_host", "device: cpu")
 scenario_case("cache-none", scen(cache={"initial": "empty"}), "cache", "rate")
 scenario_case("cache-two", scen(cache={"rate": 0.5, "gib": 1}), "cache", "gib")
 scenario_case("cache-rate-zero", scen(cache={"rate": 0}), "cache.rate")

@@ -26,6 +26,11 @@ def test_a_runtime_shows_its_times() -> None:
     assert runtime_line({**llama, "cuda_graphs": True, "overlap_shared_experts": True}).endswith(
         "52 us per CPU-expert layer, shared experts beside the CPU experts in graph-replayed one-token passes")
     assert runtime_line({**llama, "overlap_shared_experts": True}) == runtime_line(llama)
+    # llama.cpp's -nkvo 1: the attention's hand-off is said, even by a runtime with no times
+    assert runtime_line({**llama, "kv_on_host": True}) == runtime_line(llama) + (
+        ", KV cache and attention on the host CPU (one more hand-off a layer)")
+    assert "no framework overhead" not in runtime_line(
+        {**get_runtime("none").model_dump(mode="json"), "kv_on_host": True})
 
 
 def test_any_nonzero_time_counts_as_overhead() -> None:

@@ -23,7 +23,7 @@ NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0
                          prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
                          eager_prefill=False, pageable_copy_us=0.0, host_memory=None, activation_copies=None,
                          eager_score_bytes=None, static_cache_pad_tokens=None, overlap_shared_experts=False,
-                         source="no overhead")
+                         kv_on_host=False, source="no overhead")
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,9 @@ class CostModel:
         ``hbm_gbps``), and compute is ``attn_pairs x attention_flops_per_pair / attn_tflops``
         (``attention_tflops``, by default ``peak_tflops``); both scaled by ``attention_blocks /
         num_layers`` (dense blocks' attention spread over the MoE layers, as the roofline spreads
-        their weights). No fixed kernel cost: the layer's own ``layer_s`` has it. 0 without a context."""
+        their weights). No fixed kernel cost: the layer's own ``layer_s`` has it. A runtime that keeps
+        the KV cache on the host (``kv_on_host``) reads and computes at the host's rates instead
+        (:meth:`host_attention_s`). 0 without a context."""
         if kv_tokens <= 0:
             return 0.0
         m = self.model
@@ -101,10 +103,37 @@ class CostModel:
         if kvb is None or flops is None:
             raise ValueError(f"model {m.name!r} gives no attention shape (attention_heads, kv_heads and head_dim, "
                              "or kv_lora_rank): its KV cache cannot be modelled")
+        if self.runtime.kv_on_host:
+            return self.host_attention_s(kv_tokens * kvb, attn_pairs * flops)
         slope = hw.costs.layer_us_per_context_token if hw.costs is not None else None
         read = kv_tokens * slope * US if slope is not None else kv_tokens * kvb / (hw.kv_gbps * 1e9)
         compute = attn_pairs * flops / (hw.attn_tflops * 1e12)
         return max(read, compute) * m.attention_blocks / m.num_layers
+
+    def host_attention_s(self, kv_bytes: float, flops: float) -> float:
+        """Attention over a context on the host CPU, per MoE layer, for a runtime that keeps the KV
+        cache in host memory (``kv_on_host``: llama.cpp's ``-nkvo 1``): the iteration's
+        ``kv_bytes`` of KV cache read at the expert threads' host rate and its ``flops`` of
+        score and value products at their throughput (``hardware.cpu``'s ``read_gbps`` and
+        ``compute_tflops``), ``max(read, compute)``, scaled by ``attention_blocks / num_layers``
+        as :meth:`context_s`. The hand-off around it is :meth:`kv_host_switch_s`."""
+        m = self.model
+        cpu = self.hardware.cpu
+        read = kv_bytes / (cpu.read_gbps * 1e9)
+        compute = flops / (cpu.compute_tflops * 1e12)
+        return max(read, compute) * m.attention_blocks / m.num_layers
+
+    def kv_host_switch_s(self) -> float:
+        """The hand-off a runtime whose attention runs on the host (``kv_on_host``) pays around it,
+        per MoE layer of every forward pass: one ``cpu_switch_us`` per attention block (the GPU
+        stream synchronised, the query, key and value copied to the host, the attention's output
+        copied back before the next GPU split), scaled by ``attention_blocks / num_layers`` as
+        :meth:`context_s`. 0 for a runtime that keeps the KV cache on the GPU."""
+        rt = self.runtime
+        if not rt.kv_on_host:
+            return 0.0
+        m = self.model
+        return rt.cpu_switch_us * US * m.attention_blocks / m.num_layers
 
     def eager_attention_s(self, n_tokens: int, kv_tokens: int) -> float:
         """Attention of one MoE layer for a runtime whose attention is eager (``eager_score_bytes``:

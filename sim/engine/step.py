@@ -114,6 +114,7 @@ class Stepper:
         self.cpu_switch = run.cost.cpu_switch_s()
         self.copies = run.cost.runtime.activation_copies is not None   # the hand-off grows with the tokens
         self.eager = run.cost.runtime.eager_score_bytes is not None
+        self.kv_switch = run.cost.kv_host_switch_s()   # runtime.kv_on_host: attention's hand-off, every layer
         self.step_rows = run.steps.rows if run.record_steps else None   # appended inline (see StepRecords)
         self.timeline = run.timeline if run.record_timeline else None
         plan = run.workload.serving
@@ -200,18 +201,23 @@ class Stepper:
         modelled context (``it.kv_tokens`` > 0) attention's reads of the KV cache add
         :meth:`~moesim.sim.engine.cost.CostModel.context_s`; a runtime with eager attention
         (``eager_score_bytes``) charges :meth:`~moesim.sim.engine.cost.CostModel.eager_attention_s`
-        instead, with or without a context. A prefill's overhead is the runtime's eager one when
-        it captures graphs for decode only (``runtime.eager_prefill``)."""
+        instead, with or without a context. A runtime whose attention runs on the host
+        (``runtime.kv_on_host``) adds its hand-off,
+        :meth:`~moesim.sim.engine.cost.CostModel.kv_host_switch_s`, with or without a context (its
+        reads then at the host's rates, in ``context_s``). A prefill's overhead is the runtime's
+        eager one when it captures graphs for decode only (``runtime.eager_prefill``)."""
         n_tok = it.n_tokens
         over = self.overhead_prefill if it.phase == PREFILL else self.overhead_layer
         if self.eager:
             return self.cost.layer_s(n_tok) + self.cost.eager_attention_s(n_tok, it.kv_tokens), over
         if it.kv_tokens:
-            return self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs), over
-        got = self._non_moe.get(n_tok)
-        if got is None:
-            got = self._non_moe[n_tok] = self.cost.layer_s(n_tok)
-        return got, over
+            got = self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs)
+            return (got + self.kv_switch if self.kv_switch else got), over
+        cached = self._non_moe.get(n_tok)
+        if cached is None:
+            layer = self.cost.layer_s(n_tok)
+            cached = self._non_moe[n_tok] = layer + self.kv_switch if self.kv_switch else layer
+        return cached, over
 
     def shared_after_route_s(self, it: Iteration) -> float:
         """Seconds of each layer's non-MoE time in ``it`` that are its shared experts run after

@@ -97,11 +97,13 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     # replay starts; every replay's copies go through CostModel.transfer_s, which reads that
     # cpu_switch_us and activation_copies: paid only by Stepper.cpu_experts (CostModel.cpu_switch_s), for a
     # layer with CPU experts; no fast replay runs CPU experts (path.py and the kernels refuse such plans)
+    # kv_on_host: read only by CostModel.context_s and kv_host_switch_s, both through Stepper.non_moe_s, which
+    # every replay calls
     # overlap_shared_experts: read only by Stepper.shared_after_route_s (CostModel.overlap_shared_s) in the
     # layer loop, which the driver runs as the event loop does; the kernels refuse it (kernel_refusal)
     "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us", "eager_prefill",
-                          "eager_score_bytes", "host_memory", "iteration_us", "launch_us", "layer_kernels", "layer_us",
-                          "name", "overlap_shared_experts", "pageable_copy_us", "prefetch_issue_us", "source",
+                          "eager_score_bytes", "host_memory", "iteration_us", "kv_on_host", "launch_us", "layer_kernels",
+                          "layer_us", "name", "overlap_shared_experts", "pageable_copy_us", "prefetch_issue_us", "source",
                           "static_cache_pad_tokens", "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""

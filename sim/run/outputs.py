@@ -182,15 +182,16 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     overhead (kernels back to back). The per-layer figure includes an eager layer's launches
     (not under ``cuda_graphs``; a prefill's are shown apart when the graphs cover decode only,
     ``eager_prefill``); the hand-off to CPU experts is shown when there is one, and a runtime
-    that copies from pageable host memory, or runs the shared experts beside the CPU experts
-    (``overlap_shared_experts``), says so."""
+    that copies from pageable host memory, runs the shared experts beside the CPU experts
+    (``overlap_shared_experts``) or its attention on the host (``kv_on_host``), says so."""
     name = runtime.get("name", "?")
     kernels = int(runtime.get("layer_kernels") or 0)
     launches = 0 if runtime.get("cuda_graphs") else kernels
     launch_us = launches * float(runtime.get("launch_us") or 0)
     prefill_us = kernels * float(runtime.get("launch_us") or 0) \
         if runtime.get("cuda_graphs") and runtime.get("eager_prefill") else 0.0
-    if not any(runtime.get(k) for k in RUNTIME_TIMES) and not launch_us and not prefill_us:
+    if not any(runtime.get(k) for k in RUNTIME_TIMES) and not launch_us and not prefill_us \
+            and not runtime.get("kv_on_host"):
         return f"{name}: no framework overhead modelled (kernels back to back); name a runtime: to add one"
     layer = f"{float(runtime.get('layer_us') or 0) + launch_us:g} us/layer"
     if launch_us:
@@ -204,6 +205,8 @@ def runtime_line(runtime: dict[str, Any]) -> str:
         text += ", copies from pageable host memory"
     if runtime.get("overlap_shared_experts") and runtime.get("cuda_graphs"):
         text += ", shared experts beside the CPU experts in graph-replayed one-token passes"
+    if runtime.get("kv_on_host"):
+        text += ", KV cache and attention on the host CPU (one more hand-off a layer)"
     return text
 
 

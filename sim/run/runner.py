@@ -261,11 +261,15 @@ def prepare_run(
     if runtime.eager_score_bytes is not None and (model.attention_heads is None or model.attention_flops_per_pair is None):
         raise ScenarioError(f"{source}: runtime.eager_score_bytes: model {model.name} gives no attention shape "
                             "(attention_heads with head_dim, or kv_lora_rank): its eager attention cannot be modelled")
+    if runtime.kv_on_host and hw.device == "cpu":
+        raise ScenarioError(f"{source}: runtime.kv_on_host: hardware {hw.name} runs the model on the CPU (device: cpu), "
+                            "so there is no GPU to keep the KV cache from; leave kv_on_host off")
     serving = scen.workload.arrivals is not None
     # a serving run holds its requests' KV cache whenever the model gives an attention shape
     kv_on = bool(context) or (serving and model.kv_bytes_per_token is not None)
+    kv_in_vram = kv_on and not runtime.kv_on_host   # runtime.kv_on_host: the KV cache is in host memory
     total = model.non_expert_bytes + budget + buffer
-    if total > hw.vram_gib * GIB and not kv_on:
+    if total > hw.vram_gib * GIB and not kv_in_vram:
         raise ScenarioError(
             f"{source}: cache.{scen.cache.given}: non-expert weights ({model.non_expert_bytes / GIB:.2f} GiB) + expert budget "
             f"({budget / GIB:.2f} GiB) + buffer ({buffer / GIB:.2f} GiB) exceed the {hw.vram_gib:g} GiB of "
@@ -286,7 +290,7 @@ def prepare_run(
         except MoesimError as exc:
             raise ScenarioError(f"{source}: {exc}") from None
     asked = budget
-    if kv_on:
+    if kv_in_vram:
         budget = kv_budget(source, scen.cache.given, model, hw, wl, budget, buffer)
     engine = Engine(wl, policy, CostModel(model, hw, runtime), budget_bytes=budget, buffer_bytes=buffer,
                     initial=scen.cache.initial, swap_out=scen.cache.swap_out,

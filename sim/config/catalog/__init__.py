@@ -218,7 +218,15 @@ class RuntimeSpec(BaseModel):
     cuda_graphs: bool = Field(False, description="the runtime replays captured CUDA graphs for decode: no per-kernel launch cost (layer_kernels x launch_us is not paid)")
     eager_prefill: bool = Field(False, description="with cuda_graphs, the runtime captures its graphs for decode only and runs each prefill's forward pass eagerly (kTransformers' local_chat): a prefill iteration's MoE layers pay layer_kernels x launch_us, decode iterations do not; without cuda_graphs every iteration pays them already")
     overlap_shared_experts: bool = Field(False, description="with cuda_graphs, a graph-replayed pass of one token runs each layer's shared experts after routing, on the GPU while the layer's CPU experts run on the host (kTransformers' KDeepseekV3MoE under capture: the gate, the CPU experts submitted to the host's threads, the shared expert, then the wait for them); the shared experts' share of the layer's non-MoE time (CostModel.shared_experts_s) moves from before routing to beside the CPU experts; eager passes (a prefill under eager_prefill) and passes of more tokens keep them before the CPU experts")
+    kv_on_host: bool = Field(False, description="the KV cache lives in host memory and attention over it runs on the host CPU (llama.cpp's -nkvo 1 / --no-kv-offload, llama_context_params.offload_kqv = false): each attention block pays one more GPU/CPU hand-off (cpu_switch_us: the query, key and value copied to the host, the attention's output back) and reads its KV cache and computes its products at the host's rates (hardware.cpu's read_gbps and compute_tflops, the expert threads') in place of kv_read_gbps and attention_tflops (see CostModel.host_attention_s); not with eager_score_bytes")
     source: str = Field("", description="where the numbers come from")
+
+    @model_validator(mode="after")
+    def _check_kv_on_host(self) -> RuntimeSpec:
+        if self.kv_on_host and self.eager_score_bytes is not None:
+            raise ValueError("kv_on_host cannot be combined with eager_score_bytes: a host-side attention's "
+                             "passes are not the GPU's eager ones; set one of them")
+        return self
 
 
 class HardwareSpec(BaseModel):

@@ -35,8 +35,10 @@ def test_constants_come_from_the_fit_rows() -> None:
 
 def test_held_out_error_as_stated() -> None:
     ratios = sorted(round(r, 2) for _, r in rule_errors("test"))
-    assert ratios == [0.75, 0.84, 1.05, 2.27]   # DGX A100, H200 VM (issue 32), dask-cuda host, Dell A100 PCIe
-    assert held_out_summary().endswith("median |error| 20%, 0.75-2.27x")
+    # RTX 4090 (cuda-oxide #976), PCIe 5.0 PDX node (rapidsmpf #348), DGX A100, H200 VM (issue 32),
+    # dask-cuda host, Dell A100 PCIe
+    assert ratios == [0.58, 0.68, 0.75, 0.84, 1.05, 2.27]
+    assert held_out_summary().endswith("median |error| 29%, 0.58-2.27x")
 
 
 def test_rule_and_entry_measurement() -> None:

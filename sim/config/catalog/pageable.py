@@ -12,9 +12,10 @@ declared ``fit`` (the share from the PCIe 3.0 row, the cap from the PCIe 5.0 row
 is far from the bound); the other rows were found later and never moved them (role ``test``):
 :func:`rule_errors` gives each row's predicted / measured ratio, and the catalog's test prints
 the held-out error. What they show: pageable rates of 3.3-10 GB/s on PCIe 4.0 A100 hosts (a 3x
-spread between two servers with the same GPU), so no rule of the link alone predicts one host
-within 1.5x; a hardware entry that has a measurement of its own GPU and host class uses it
-(``pageable_gbps`` with its source).
+spread between two servers with the same GPU), 12.9 GB/s on a PCIe 4.0 RTX 4090 host, 7.3-11.1
+GB/s on three PCIe 5.0 hosts (two of them virtual machines), so no rule of the link alone predicts
+one host within 1.5x; a hardware entry that has a measurement of its own GPU and host class uses
+it (``pageable_gbps`` with its source).
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ PAGEABLE_MEASUREMENTS: tuple[PageableMeasurement, ...] = (
         "measured for moesim issue 32 (benchmarks/results/gpu/validate_h200_host_paths.md, "
         "benchmarks/host_paths_probe.py): blocking torch copy_ on the compute stream of a 352 MB expert 8.97 GB/s "
         "and a 2.8 GB layer 8.78 GB/s (midpoint) against 55.4 GB/s pinned", "test"),
+    PageableMeasurement(
+        "GeForce RTX 4090, PCIe 4.0 x16 (NVlabs/cuda-oxide developer's host; CPU not stated)", 4, 23.9, 12.88,
+        "github.com/NVlabs/cuda-oxide pull request #976 (2026-08-17), example pinned_overlap: cuMemcpy host to "
+        "device, median of 10 timed iterations, 64 MiB: 12.88 GB/s pageable against 23.9 GB/s pinned (the stored "
+        "copy of the table ends at '23.9'); at 16 MiB the same table has 18.42 against 23.85", "test"),
+    PageableMeasurement(
+        "RAPIDS 'PDX cluster' node, PCIe 5.0 (GPU and CPU not stated; 52.4 GB/s pinned is beyond PCIe 4.0)", 5,
+        52.45, 11.10,
+        "github.com/rapidsai/rapidsmpf pull request #348 (2025-06-16), benchmark bench_memory_resources, "
+        "HostToDeviceCopy of 1 GiB: 11,100.86 MB/s from rmm's new_delete (pageable) host resource against "
+        "52,449.32 MB/s from its pinned one (500 MB: 11,344.72 against 52,449.99)", "test"),
 )
 """Published pinned and pageable host-to-device rates, one host each (see the module docstring)."""
 

@@ -26,7 +26,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moesim.sim.study.advise_bands import Band
 from moesim.sim.study.advise_inputs import (
@@ -44,6 +44,9 @@ from moesim.sim.study.advise_options import (
     all_options,
     least_needed,
 )
+
+if TYPE_CHECKING:
+    from moesim.sim.config.catalog import CpuSpec
 
 REQUESTS, PROMPT, DECODE = 3, 16, 64
 # Widths tried besides the model's own when the user gives no --bits (those below it):
@@ -335,10 +338,36 @@ def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[l
             "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")
 
 
-def caveats(req: AdviseRequest, rows: list[Row], cpu_name: str, cpu_words: str) -> list[str]:
+CPU_EXPERT_POLICIES = ("cpu-moe", "fiddler")
+"""The advise options' policies that compute experts on the host CPU (llama.cpp, Fiddler)."""
+
+
+def numa_caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
+    """One line per system that computes experts on a host of several sockets under a runtime
+    that places no weights per NUMA node (not ``numa_aware``) where the host gives no
+    ``numa_unaware_gbps``: its prediction reads both sockets at the full rate."""
+    from moesim.sim.config.catalog import get_runtime, load_spec_file
+
+    if cpu.sockets == 1 or cpu.numa_unaware_gbps is not None:
+        return []
+    own = get_runtime(load_spec_file(Path(req.runtime), "runtime")) if req.runtime else None
+    out = []
+    for system, name in dict.fromkeys((r.option.system, r.option.runtime) for r in rows
+                                      if r.option.policy in CPU_EXPERT_POLICIES):
+        rt = own or get_runtime(name)
+        if not rt.numa_aware:
+            out.append(f"{system} on {cpu.sockets} sockets: its runtime {rt.name} places no weights per NUMA node, "
+                       f"and host {cpu.name} gives no numa_unaware_gbps, so its experts are read at all "
+                       f"{cpu.sockets} sockets' full rate ({cpu.sockets} x {cpu.mem_gbps:g} GB/s): optimistic for "
+                       f"{system} (give the host's figure in a --gpu hardware file's cpu: section)")
+    return out
+
+
+def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
     """What the answer assumes that the user may not: options resting on unmerged upstream
-    features, llama.cpp's pageable copies under its default mmap, the host assumed, the error
-    bands' reach."""
+    features, llama.cpp's pageable copies under its default mmap, the host assumed, a
+    NUMA-unaware system read at a multi-socket host's full rate, the error bands' reach."""
+    cpu_name, words = cpu.name, cpu_words(cpu)
     out = []
     unmerged = dict.fromkeys(r.option.unmerged for r in rows if r.option.unmerged)
     for why in unmerged:
@@ -357,10 +386,10 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu_name: str, cpu_words: str) 
                    "--moe-expert-cache uploads) is priced at the GPU's pageable rate; --no-mmap would pin them "
                    "(simctl policies cpu-moe: mmap)")
     if req.cpu is None and cpu_name == "default":
-        out.append(f"host assumed: {cpu_words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
+        out.append(f"host assumed: {words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
                    "are timed on it): name yours with --cpu NAME (simctl hardware lists the hosts) or a --gpu "
                    "hardware file with a cpu: section")
-    return out
+    return out + numa_caveats(req, rows, cpu)
 
 
 def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> list[str]:
@@ -379,6 +408,9 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
         lines.append(f"  {f} {value:g} {unit}: {hw.source_of(f, where)}")
     cpu = hw.cpu
     lines.append(f"  host cpu {cpu.name}: {cpu_words(cpu)}: {cpu.source or 'no source stated'}")
+    if cpu.numa_unaware_gbps is not None:
+        lines.append(f"    numa_unaware_gbps {cpu.numa_unaware_gbps:g} GB/s a socket (runtimes that place no weights per "
+                     f"NUMA node): {cpu.sources.get('numa_unaware_gbps', 'no source stated')}")
     if req.runtime:
         rt = get_runtime(load_spec_file(Path(req.runtime), "runtime"))
         lines.append(f"runtime (every system) {rt.name} ({req.runtime}): {rt.source or 'no source stated'}")
@@ -387,6 +419,10 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
             users = ", ".join(dict.fromkeys(o.system for o in options if o.runtime == name))
             rt = get_runtime(name)
             lines.append(f"runtime {name} ({users}): {rt.source or 'no source stated'}")
+            if rt.cpu_kernel is not None:
+                k = rt.cpu_kernel
+                lines.append(f"  its CPU expert kernel: {k.call_us:g} us a call, {k.read_share:g} of the host's read rate, "
+                             f"{k.compute_share:g} of its throughput: {k.source or 'no source stated'}")
     for label, path in (("calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
         held = fit_error(path) if path else None
         if held:
@@ -459,10 +495,10 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
         vram_line = (f"VRAM used = non-expert weights + experts on the GPU + {req.reserve_gib:g} GiB reserve (CUDA "
                      "context, KV cache, activations)")
     notes = notes + [f"{vram_line}; host = what the system keeps there + {req.host_reserve_gib:g} GiB reserve"]
-    found = caveats(req, rows, hw.cpu.name, cpu_words(hw.cpu)) + [band_line]
+    found = caveats(req, rows, hw.cpu) + [band_line]
     return Advice(rows, calib, workload, notes, points_run=outcome.ran, points_reused=outcome.skipped, caveats=found,
                   model_name=model_ref(req.model)[1])
 
 
-__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "likely_speed", "mark", "pareto", "run_advice",
+__all__ = ["CPU_EXPERT_POLICIES", "AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "likely_speed", "mark", "numa_caveats", "pareto", "run_advice",
            "widths"]

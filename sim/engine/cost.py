@@ -23,7 +23,7 @@ NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0
                          prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
                          eager_prefill=False, pageable_copy_us=0.0, host_memory=None, activation_copies=None,
                          eager_score_bytes=None, static_cache_pad_tokens=None, overlap_shared_experts=False,
-                         kv_on_host=False, source="no overhead")
+                         kv_on_host=False, cpu_kernel=None, numa_aware=False, source="no overhead")
 
 
 @dataclass(frozen=True)

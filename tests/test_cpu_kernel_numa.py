@@ -95,17 +95,24 @@ def test_catalog_entries() -> None:
 
 
 def test_advise_caveat_for_a_multi_socket_host_without_the_figure() -> None:
-    from moesim.sim.study.advise import AdviseRequest, Row, numa_caveats
+    from moesim.sim.study.advise_host import numa_caveats
+
+    systems = [("llama.cpp", "llama-cpp-like"), ("fiddler", "hf-eager"), ("ktx", "ktransformers-sosp25"),
+               ("llama.cpp", "llama-cpp-like")]
+    lines = numa_caveats(get_cpu("xeon-gold-6454s-2s"), systems)
+    assert [line.split(" on ")[0] for line in lines] == ["llama.cpp", "fiddler"]   # not NUMA-aware, once each
+    assert "2 x 242.4 GB/s" in lines[0] and "optimistic for llama.cpp" in lines[0] and "llama-cpp-like" in lines[0]
+    assert numa_caveats(get_cpu("xeon-platinum-8452y-2s"), systems) == []        # the host gives its figure
+    assert numa_caveats(get_cpu("xeon-spr-8ch"), systems) == []                  # one socket
+
+
+def test_advise_prints_the_caveat_for_cpu_expert_systems_only() -> None:
+    from moesim.sim.study.advise import AdviseRequest, Row, caveats
     from moesim.sim.study.advise_options import GIB, Memory, Option, Shape
 
-    mem = Memory(1000, 1000, 0, 0)
-    shape = Shape("t", 1, 2, GIB, 0, 16)
+    mem, shape = Memory(1000, 1000, 0, 0), Shape("t", 1, 2, GIB, 0, 16)
     rows = [Row(Option(s, p, {}, "", 1, shape, 0, rt, mem), 1.0, "ok")
-            for s, p, rt in (("llama.cpp", "cpu-moe", "llama-cpp-like"), ("fiddler", "fiddler", "hf-eager"),
-                             ("expert cache (lru)", "lru", "hf-eager"), ("ktx", "cpu-moe", "ktransformers-sosp25"))]
-    req = AdviseRequest(model="tiny-moe", gpu="rtx-4090", vram_gib=1, host_gib=1)
-    lines = numa_caveats(req, rows, get_cpu("xeon-gold-6454s-2s"))
-    assert [line.split(" on ")[0] for line in lines] == ["llama.cpp", "fiddler"]   # CPU experts, not NUMA-aware
-    assert "2 x 242.4 GB/s" in lines[0] and "optimistic for llama.cpp" in lines[0] and "llama-cpp-like" in lines[0]
-    assert numa_caveats(req, rows, get_cpu("xeon-platinum-8452y-2s")) == []        # the host gives its figure
-    assert numa_caveats(req, rows, get_cpu("xeon-spr-8ch")) == []                  # one socket
+            for s, p, rt in (("llama.cpp", "cpu-moe", "llama-cpp-like"), ("expert cache (lru)", "lru", "hf-eager"))]
+    req = AdviseRequest(model="tiny-moe", gpu="rtx-4090", vram_gib=1, host_gib=1, cpu="xeon-gold-6454s-2s")
+    numa = [c for c in caveats(req, rows, get_cpu("xeon-gold-6454s-2s")) if "NUMA" in c]
+    assert len(numa) == 1 and numa[0].startswith("llama.cpp on 2 sockets")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moesim.sim.study.advise_bands import Band
+from moesim.sim.study.advise_host import CPU_EXPERT_POLICIES, cpu_words, kernel_lines, numa_caveats
 from moesim.sim.study.advise_inputs import (
     AdviseError,
     at_width,
@@ -338,31 +339,6 @@ def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[l
             "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")
 
 
-CPU_EXPERT_POLICIES = ("cpu-moe", "fiddler")
-"""The advise options' policies that compute experts on the host CPU (llama.cpp, Fiddler)."""
-
-
-def numa_caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
-    """One line per system that computes experts on a host of several sockets under a runtime
-    that places no weights per NUMA node (not ``numa_aware``) where the host gives no
-    ``numa_unaware_gbps``: its prediction reads both sockets at the full rate."""
-    from moesim.sim.config.catalog import get_runtime, load_spec_file
-
-    if cpu.sockets == 1 or cpu.numa_unaware_gbps is not None:
-        return []
-    own = get_runtime(load_spec_file(Path(req.runtime), "runtime")) if req.runtime else None
-    out = []
-    for system, name in dict.fromkeys((r.option.system, r.option.runtime) for r in rows
-                                      if r.option.policy in CPU_EXPERT_POLICIES):
-        rt = own or get_runtime(name)
-        if not rt.numa_aware:
-            out.append(f"{system} on {cpu.sockets} sockets: its runtime {rt.name} places no weights per NUMA node, "
-                       f"and host {cpu.name} gives no numa_unaware_gbps, so its experts are read at all "
-                       f"{cpu.sockets} sockets' full rate ({cpu.sockets} x {cpu.mem_gbps:g} GB/s): optimistic for "
-                       f"{system} (give the host's figure in a --gpu hardware file's cpu: section)")
-    return out
-
-
 def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
     """What the answer assumes that the user may not: options resting on unmerged upstream
     features, llama.cpp's pageable copies under its default mmap, the host assumed, a
@@ -389,7 +365,8 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
         out.append(f"host assumed: {words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
                    "are timed on it): name yours with --cpu NAME (simctl hardware lists the hosts) or a --gpu "
                    "hardware file with a cpu: section")
-    return out + numa_caveats(req, rows, cpu)
+    cpu_systems = [(r.option.system, r.option.runtime) for r in rows if r.option.policy in CPU_EXPERT_POLICIES]
+    return out + numa_caveats(cpu, cpu_systems, req.runtime)
 
 
 def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> list[str]:
@@ -414,15 +391,13 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
     if req.runtime:
         rt = get_runtime(load_spec_file(Path(req.runtime), "runtime"))
         lines.append(f"runtime (every system) {rt.name} ({req.runtime}): {rt.source or 'no source stated'}")
+        lines += kernel_lines(rt)
     else:
         for name in dict.fromkeys(o.runtime for o in options):
             users = ", ".join(dict.fromkeys(o.system for o in options if o.runtime == name))
             rt = get_runtime(name)
             lines.append(f"runtime {name} ({users}): {rt.source or 'no source stated'}")
-            if rt.cpu_kernel is not None:
-                k = rt.cpu_kernel
-                lines.append(f"  its CPU expert kernel: {k.call_us:g} us a call, {k.read_share:g} of the host's read rate, "
-                             f"{k.compute_share:g} of its throughput: {k.source or 'no source stated'}")
+            lines += kernel_lines(rt)
     for label, path in (("calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
         held = fit_error(path) if path else None
         if held:
@@ -431,11 +406,6 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
         lines.append("no `simctl fit` file given: the catalog figures are spec sheets and derivations, not fitted "
                      "to this machine; the error bands beside each number say how far they were from published rows")
     return lines
-
-
-def cpu_words(cpu: Any) -> str:
-    """A host CPU in a few words: cores, memory bandwidth, compute (all sockets together)."""
-    return f"{cpu.cores} cores, {cpu.sockets * cpu.mem_gbps:g} GB/s memory, {cpu.sockets * cpu.tflops:g} TFLOP/s"
 
 
 def fit_error(path: str) -> str | None:
@@ -500,5 +470,5 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
                   model_name=model_ref(req.model)[1])
 
 
-__all__ = ["CPU_EXPERT_POLICIES", "AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "likely_speed", "mark", "numa_caveats", "pareto", "run_advice",
+__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "likely_speed", "mark", "pareto", "run_advice",
            "widths"]

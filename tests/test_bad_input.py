@@ -121,6 +121,20 @@ scenario_case("runtime-kv-on-host-eager", scen(runtime={"base": "hf-eager", "kv_
 scenario_case("runtime-kv-on-host-cpu-device", scen(hardware={"base": "rtx-4090", "device": "cpu"},
                                                  runtime={"base": "llama-cpp-like", "kv_on_host": True}),
               "runtime.kv_on_host", "device: cpu")
+scenario_case("runtime-cpu-kernel-share", scen(runtime={"base": "hf-eager", "cpu_kernel": {"read_share": 1.5}}),
+              "runtime.cpu_kernel.read_share")
+scenario_case("runtime-cpu-kernel-call", scen(runtime={"base": "hf-eager", "cpu_kernel": {"call_us": -1}}),
+              "runtime.cpu_kernel.call_us")
+scenario_case("runtime-cpu-kernel-missing", scen(runtime={"cpu_kernel": {"call_us": 10}, "name": "x"}),
+              "runtime.cpu_kernel.read_share")
+scenario_case("runtime-numa-aware-type", scen(runtime={"base": "hf-eager", "numa_aware": "sometimes"}),
+              "runtime.numa_aware")
+scenario_case("cpu-numa-unaware-one-socket", scen(hardware={"base": "rtx-4090", "cpu": {"base": "xeon-spr-8ch",
+                                                                                      "numa_unaware_gbps": 100}}),
+              "numa_unaware_gbps", "one socket")
+scenario_case("cpu-numa-unaware-above", scen(hardware={"base": "rtx-4090", "cpu": {"base": "xeon-platinum-8452y-2s",
+                                                                                 "numa_unaware_gbps": 230}}),
+              "numa_unaware_gbps", "exceeds mem_gbps")
 scenario_case("cache-none", scen(cache={"initial": "empty"}), "cache", "rate")
 scenario_case("cache-two", scen(cache={"rate": 0.5, "gib": 1}), "cache", "gib")
 scenario_case("cache-rate-zero", scen(cache={"rate": 0}), "cache.rate")

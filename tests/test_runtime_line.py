@@ -13,7 +13,8 @@ def test_no_runtime_says_no_framework_overhead() -> None:
 
 def test_a_runtime_shows_its_times() -> None:
     line = runtime_line(get_runtime("hf-eager").model_dump(mode="json"))
-    assert line == "hf-eager: 350 us/layer, 1000 us/iteration, 0 us/token, 52 us per CPU-expert layer"
+    assert line == ("hf-eager: 350 us/layer, 1000 us/iteration, 0 us/token, 52 us per CPU-expert layer, "
+                    "CPU experts by its own kernel (297 us a call, 0.674 of the host's read rate)")
     llama = get_runtime("llama-cpp-like").model_dump(mode="json")
     assert runtime_line(llama) == ("llama-cpp-like: 125 us/layer (25 launches x 5 us), 300 us/iteration, 0 us/token, "
                                    "52 us per CPU-expert layer")

@@ -23,7 +23,7 @@ NO_RUNTIME = RuntimeSpec(name="none", layer_us=0.0, iteration_us=0.0, token_us=0
                          prefetch_issue_us=0.0, cpu_switch_us=0.0, launch_us=0.0, layer_kernels=0, cuda_graphs=False,
                          eager_prefill=False, pageable_copy_us=0.0, host_memory=None, activation_copies=None,
                          eager_score_bytes=None, static_cache_pad_tokens=None, overlap_shared_experts=False,
-                         kv_on_host=False, source="no overhead")
+                         kv_on_host=False, cpu_kernel=None, numa_aware=False, source="no overhead")
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,13 @@ class CostModel:
         """Attention over a context on the host CPU, per MoE layer, for a runtime that keeps the KV
         cache in host memory (``kv_on_host``: llama.cpp's ``-nkvo 1``): the iteration's
         ``kv_bytes`` of KV cache read at the expert threads' host rate and its ``flops`` of
-        score and value products at their throughput (``hardware.cpu``'s ``read_gbps`` and
-        ``compute_tflops``), ``max(read, compute)``, scaled by ``attention_blocks / num_layers``
-        as :meth:`context_s`. The hand-off around it is :meth:`kv_host_switch_s`."""
+        score and value products at their throughput (:meth:`host_read_gbps` and
+        ``hardware.cpu``'s ``compute_tflops``), ``max(read, compute)``, scaled by
+        ``attention_blocks / num_layers`` as :meth:`context_s`. The hand-off around it is
+        :meth:`kv_host_switch_s`."""
         m = self.model
         cpu = self.hardware.cpu
-        read = kv_bytes / (cpu.read_gbps * 1e9)
+        read = kv_bytes / (self.host_read_gbps() * 1e9)
         compute = flops / (cpu.compute_tflops * 1e12)
         return max(read, compute) * m.attention_blocks / m.num_layers
 
@@ -184,13 +185,23 @@ class CostModel:
         m = self.model
         return self._roofline(m.expert_bytes, 2.0 * m.expert_params * n_tokens)
 
+    def host_read_gbps(self) -> float:
+        """GB/s the host's expert threads read its memory at under this runtime:
+        ``hardware.cpu``'s ``read_gbps``, or, for a runtime that is not ``numa_aware`` on a host
+        of several sockets that gives ``numa_unaware_gbps``, the rate at that figure a socket
+        (:meth:`CpuSpec.runtime_read_gbps`)."""
+        return self.hardware.cpu.runtime_read_gbps(self.runtime.numa_aware)
+
     def cpu_expert_s(self, n_tokens: int) -> float:
         """One routed expert applied to ``n_tokens`` tokens on the host CPU: a roofline over the
         bandwidth and throughput the expert threads reach (weights read once; see
-        :class:`~moesim.sim.config.catalog.host.CpuSpec`), plus a fixed call cost, unless the
-        host's measured times give a figure (``expert_us_by_tokens`` or ``expert_us``:
-        :meth:`CpuSpec.measured_expert_us`, scaled by the share of time the host's other work
-        leaves)."""
+        :class:`~moesim.sim.config.catalog.host.CpuSpec`; the read rate :meth:`host_read_gbps`),
+        plus a fixed call cost, unless the host's measured times give a figure
+        (``expert_us_by_tokens`` or ``expert_us``: :meth:`CpuSpec.measured_expert_us`, scaled by
+        the share of time the host's other work leaves). A runtime with its own CPU expert kernel
+        (``runtime.cpu_kernel``) pays its ``call_us`` in place of the host's and reaches its
+        ``read_share`` and ``compute_share`` of the host's rates, on the roofline only (measured
+        times are the real kernel's already)."""
         if n_tokens <= 0:
             return 0.0
         cpu = self.hardware.cpu
@@ -198,8 +209,12 @@ class CostModel:
         if measured is not None:
             return measured * US / (1.0 - cpu.busy_fraction)
         m = self.model
-        return max(m.expert_bytes / (cpu.read_gbps * 1e9),
-                   2.0 * m.expert_params * n_tokens / (cpu.compute_tflops * 1e12)) + cpu.call_us * US
+        read_gbps, tflops, call_us = self.host_read_gbps(), cpu.compute_tflops, cpu.call_us
+        kernel = self.runtime.cpu_kernel
+        if kernel is not None:
+            read_gbps, tflops, call_us = read_gbps * kernel.read_share, tflops * kernel.compute_share, kernel.call_us
+        return max(m.expert_bytes / (read_gbps * 1e9),
+                   2.0 * m.expert_params * n_tokens / (tflops * 1e12)) + call_us * US
 
     def overhead_layer_s(self, prefill: bool = False) -> float:
         """The runtime's framework overhead per MoE layer of a forward pass (a prefill's when

@@ -84,9 +84,10 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     "hardware.costs": frozenset({"expert_us", "expert_us_per_token", "head_us", "layer_us", "layer_us_per_token",
                                  "layer_us_per_context_token"}),
     # sockets, peak_gbps, peak_tflops: sockets read only by CpuSpec.read_gbps/compute_tflops (CostModel.cpu_expert_s),
-    # the peaks only by CpuSpec's check and a fit's bounds
+    # the peaks only by CpuSpec's check and a fit's bounds; numa_unaware_gbps only by CpuSpec.runtime_read_gbps
+    # (CostModel.host_read_gbps: cpu_expert_s, and host_attention_s through Stepper.non_moe_s, which every replay calls)
     "hardware.cpu": frozenset({"busy_fraction", "call_us", "cores", "expert_us", "expert_us_by_tokens",
-                               "expert_us_per_token", "mem_gbps", "name", "peak_gbps", "peak_tflops", "sockets",
+                               "expert_us_per_token", "mem_gbps", "name", "numa_unaware_gbps", "peak_gbps", "peak_tflops", "sockets",
                                "source", "sources", "tflops", "thread_gbps", "threads"}),
     # demand_load_us and prefetch_issue_us: the kernels that do not charge them refuse them themselves
     # pageable_copy_us: read only by CostModel.transfer_s, which every replay calls for its copies
@@ -99,11 +100,13 @@ SPEC_FIELDS: dict[str, frozenset[str]] = {
     # layer with CPU experts; no fast replay runs CPU experts (path.py and the kernels refuse such plans)
     # kv_on_host: read only by CostModel.context_s and kv_host_switch_s, both through Stepper.non_moe_s, which
     # every replay calls
+    # cpu_kernel: read only by CostModel.cpu_expert_s (CPU experts, which no fast replay runs); numa_aware only by
+    # CostModel.host_read_gbps (as hardware.cpu.numa_unaware_gbps)
     # overlap_shared_experts: read only by Stepper.shared_after_route_s (CostModel.overlap_shared_s) in the
     # layer loop, which the driver runs as the event loop does; the kernels refuse it (kernel_refusal)
-    "runtime": frozenset({"activation_copies", "cpu_switch_us", "cuda_graphs", "demand_load_us", "eager_prefill",
+    "runtime": frozenset({"activation_copies", "cpu_kernel", "cpu_switch_us", "cuda_graphs", "demand_load_us", "eager_prefill",
                           "eager_score_bytes", "host_memory", "iteration_us", "kv_on_host", "launch_us", "layer_kernels",
-                          "layer_us", "name", "overlap_shared_experts", "pageable_copy_us", "prefetch_issue_us", "source",
+                          "layer_us", "name", "numa_aware", "overlap_shared_experts", "pageable_copy_us", "prefetch_issue_us", "source",
                           "static_cache_pad_tokens", "token_us"}),
 }
 """The fields of the cost model's specs the fast replays declare."""

@@ -182,8 +182,9 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     overhead (kernels back to back). The per-layer figure includes an eager layer's launches
     (not under ``cuda_graphs``; a prefill's are shown apart when the graphs cover decode only,
     ``eager_prefill``); the hand-off to CPU experts is shown when there is one, and a runtime
-    that copies from pageable host memory, runs the shared experts beside the CPU experts
-    (``overlap_shared_experts``) or its attention on the host (``kv_on_host``), says so."""
+    that runs its CPU experts through its own kernel (``cpu_kernel``), copies from pageable host
+    memory, runs the shared experts beside the CPU experts (``overlap_shared_experts``) or its
+    attention on the host (``kv_on_host``), says so."""
     name = runtime.get("name", "?")
     kernels = int(runtime.get("layer_kernels") or 0)
     launches = 0 if runtime.get("cuda_graphs") else kernels
@@ -201,6 +202,10 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     text = f"{name}: {layer}, {runtime.get('iteration_us', 0):g} us/iteration, {runtime.get('token_us', 0):g} us/token"
     if runtime.get("cpu_switch_us"):
         text += f", {runtime['cpu_switch_us']:g} us per CPU-expert layer"
+    kernel = runtime.get("cpu_kernel")
+    if isinstance(kernel, dict):
+        text += (f", CPU experts by its own kernel ({float(kernel['call_us']):g} us a call, "
+                 f"{float(kernel['read_share']):g} of the host's read rate)")
     if runtime.get("host_memory") == "pageable":
         text += ", copies from pageable host memory"
     if runtime.get("overlap_shared_experts") and runtime.get("cuda_graphs"):

@@ -26,9 +26,10 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moesim.sim.study.advise_bands import Band
+from moesim.sim.study.advise_host import CPU_EXPERT_POLICIES, cpu_words, kernel_lines, numa_caveats
 from moesim.sim.study.advise_inputs import (
     AdviseError,
     at_width,
@@ -44,6 +45,9 @@ from moesim.sim.study.advise_options import (
     all_options,
     least_needed,
 )
+
+if TYPE_CHECKING:
+    from moesim.sim.config.catalog import CpuSpec
 
 REQUESTS, PROMPT, DECODE = 3, 16, 64
 # Widths tried besides the model's own when the user gives no --bits (those below it):
@@ -335,10 +339,11 @@ def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[l
             "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")
 
 
-def caveats(req: AdviseRequest, rows: list[Row], cpu_name: str, cpu_words: str) -> list[str]:
+def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
     """What the answer assumes that the user may not: options resting on unmerged upstream
-    features, llama.cpp's pageable copies under its default mmap, the host assumed, the error
-    bands' reach."""
+    features, llama.cpp's pageable copies under its default mmap, the host assumed, a
+    NUMA-unaware system read at a multi-socket host's full rate, the error bands' reach."""
+    cpu_name, words = cpu.name, cpu_words(cpu)
     out = []
     unmerged = dict.fromkeys(r.option.unmerged for r in rows if r.option.unmerged)
     for why in unmerged:
@@ -357,10 +362,11 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu_name: str, cpu_words: str) 
                    "--moe-expert-cache uploads) is priced at the GPU's pageable rate; --no-mmap would pin them "
                    "(simctl policies cpu-moe: mmap)")
     if req.cpu is None and cpu_name == "default":
-        out.append(f"host assumed: {cpu_words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
+        out.append(f"host assumed: {words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
                    "are timed on it): name yours with --cpu NAME (simctl hardware lists the hosts) or a --gpu "
                    "hardware file with a cpu: section")
-    return out
+    cpu_systems = [(r.option.system, r.option.runtime) for r in rows if r.option.policy in CPU_EXPERT_POLICIES]
+    return out + numa_caveats(cpu, cpu_systems, req.runtime)
 
 
 def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> list[str]:
@@ -379,14 +385,19 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
         lines.append(f"  {f} {value:g} {unit}: {hw.source_of(f, where)}")
     cpu = hw.cpu
     lines.append(f"  host cpu {cpu.name}: {cpu_words(cpu)}: {cpu.source or 'no source stated'}")
+    if cpu.numa_unaware_gbps is not None:
+        lines.append(f"    numa_unaware_gbps {cpu.numa_unaware_gbps:g} GB/s a socket (runtimes that place no weights per "
+                     f"NUMA node): {cpu.sources.get('numa_unaware_gbps', 'no source stated')}")
     if req.runtime:
         rt = get_runtime(load_spec_file(Path(req.runtime), "runtime"))
         lines.append(f"runtime (every system) {rt.name} ({req.runtime}): {rt.source or 'no source stated'}")
+        lines += kernel_lines(rt)
     else:
         for name in dict.fromkeys(o.runtime for o in options):
             users = ", ".join(dict.fromkeys(o.system for o in options if o.runtime == name))
             rt = get_runtime(name)
             lines.append(f"runtime {name} ({users}): {rt.source or 'no source stated'}")
+            lines += kernel_lines(rt)
     for label, path in (("calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
         held = fit_error(path) if path else None
         if held:
@@ -395,11 +406,6 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
         lines.append("no `simctl fit` file given: the catalog figures are spec sheets and derivations, not fitted "
                      "to this machine; the error bands beside each number say how far they were from published rows")
     return lines
-
-
-def cpu_words(cpu: Any) -> str:
-    """A host CPU in a few words: cores, memory bandwidth, compute (all sockets together)."""
-    return f"{cpu.cores} cores, {cpu.sockets * cpu.mem_gbps:g} GB/s memory, {cpu.sockets * cpu.tflops:g} TFLOP/s"
 
 
 def fit_error(path: str) -> str | None:
@@ -459,7 +465,7 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
         vram_line = (f"VRAM used = non-expert weights + experts on the GPU + {req.reserve_gib:g} GiB reserve (CUDA "
                      "context, KV cache, activations)")
     notes = notes + [f"{vram_line}; host = what the system keeps there + {req.host_reserve_gib:g} GiB reserve"]
-    found = caveats(req, rows, hw.cpu.name, cpu_words(hw.cpu)) + [band_line]
+    found = caveats(req, rows, hw.cpu) + [band_line]
     return Advice(rows, calib, workload, notes, points_run=outcome.ran, points_reused=outcome.skipped, caveats=found,
                   model_name=model_ref(req.model)[1])
 

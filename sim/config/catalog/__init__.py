@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from moesim.sim.config.catalog.cpu_kernel import CpuKernelSpec
 from moesim.sim.config.catalog.files import CatalogError, raw_entries, unknown
 from moesim.sim.config.catalog.host import CpuSpec, cpu_fields, host_names
 from moesim.sim.config.catalog.pageable import PAGEABLE_CAP_GBPS, PAGEABLE_SHARE, pageable_rule_gbps
@@ -31,7 +32,7 @@ GIB = 1024**3
 
 
 __all__ = ["GIB", "PAGEABLE_CAP_GBPS", "PAGEABLE_SHARE", "CatalogError", "CatalogFieldError", "CostsSpec",
-           "CpuSpec", "HardwareSpec", "ModelSpec", "RuntimeSpec", "get_cpu", "get_hardware", "get_model",
+           "CpuKernelSpec", "CpuSpec", "HardwareSpec", "ModelSpec", "RuntimeSpec", "get_cpu", "get_hardware", "get_model",
            "get_runtime", "hardware_names", "host_names", "is_spec_file", "load_spec_file", "model_names",
            "runtime_names"]
 
@@ -219,6 +220,16 @@ class RuntimeSpec(BaseModel):
     eager_prefill: bool = Field(False, description="with cuda_graphs, the runtime captures its graphs for decode only and runs each prefill's forward pass eagerly (kTransformers' local_chat): a prefill iteration's MoE layers pay layer_kernels x launch_us, decode iterations do not; without cuda_graphs every iteration pays them already")
     overlap_shared_experts: bool = Field(False, description="with cuda_graphs, a graph-replayed pass of one token runs each layer's shared experts after routing, on the GPU while the layer's CPU experts run on the host (kTransformers' KDeepseekV3MoE under capture: the gate, the CPU experts submitted to the host's threads, the shared expert, then the wait for them); the shared experts' share of the layer's non-MoE time (CostModel.shared_experts_s) moves from before routing to beside the CPU experts; eager passes (a prefill under eager_prefill) and passes of more tokens keep them before the CPU experts")
     kv_on_host: bool = Field(False, description="the KV cache lives in host memory and attention over it runs on the host CPU (llama.cpp's -nkvo 1 / --no-kv-offload, llama_context_params.offload_kqv = false): each attention block pays one more GPU/CPU hand-off (cpu_switch_us: the query, key and value copied to the host, the attention's output back) and reads its KV cache and computes its products at the host's rates (hardware.cpu's read_gbps and compute_tflops, the expert threads') in place of kv_read_gbps and attention_tflops (see CostModel.host_attention_s); not with eager_score_bytes")
+    cpu_kernel: CpuKernelSpec | None = Field(
+        None, description="the CPU expert kernel this runtime runs, when it is not the tuned one the host's rates "
+        "are (PyTorch eager's products, as Fiddler runs them): its own call_us an expert call in place of the "
+        "host's, and the shares of the host's read rate and throughput it reaches (read_share, compute_share), "
+        "on the roofline path only (a host with measured expert times keeps them); None: the host's kernel")
+    numa_aware: bool = Field(False, description="the runtime places the expert weights per NUMA node, each "
+                             "socket reading its own memory (kTransformers' NUMA-aware tensor parallelism): a "
+                             "host of several sockets reads at sockets x mem_gbps; false: a host of several "
+                             "sockets that gives numa_unaware_gbps reads at sockets x numa_unaware_gbps "
+                             "(hardware.cpu, for experts and host-side attention alike)")
     source: str = Field("", description="where the numbers come from")
 
     @model_validator(mode="after")
@@ -353,8 +364,9 @@ def _resolve(kind: str, ref: str | dict[str, Any], cls: type[BaseModel]) -> Any:
             merged["cpu"] = cpu_fields(merged["cpu"])
         if isinstance(data.get("cpu"), dict) and "base" not in data["cpu"] and isinstance(merged.get("cpu"), dict):
             data["cpu"] = {**merged["cpu"], **data["cpu"]}   # a few host fields changed
-        if isinstance(merged.get("costs"), dict) and isinstance(data.get("costs"), dict):
-            data["costs"] = {**merged["costs"], **data["costs"]}
+        for group in ("costs", "cpu_kernel"):   # a few fields of a group changed
+            if isinstance(merged.get(group), dict) and isinstance(data.get(group), dict):
+                data[group] = {**merged[group], **data[group]}
         merged.update(data)
         data = merged
     return _build(cls, data)

@@ -7,8 +7,10 @@ from host memory at ``min(sockets x mem_gbps, t x thread_gbps)`` (all cores shar
 channels; one thread draws only so much), its ``2 x params x tokens`` FLOPs run at ``t / cores``
 of the all-core ``sockets x tflops``, plus a fixed ``call_us``. ``mem_gbps`` and ``tflops`` are
 one socket's achieved rates (a host of several sockets, each reading its own NUMA copy of the
-experts, gets them once per socket), each at most that socket's theoretical figure where the
-entry gives it (``peak_gbps``, ``peak_tflops``; :mod:`moesim.sim.config.catalog.physics`). ``t`` is the threads given to experts
+experts, gets them once per socket; under a runtime that places no weights per NUMA node, a
+host that gives ``numa_unaware_gbps`` reads at that a socket: :meth:`CpuSpec.runtime_read_gbps`),
+each at most that socket's theoretical figure where the entry gives it (``peak_gbps``,
+``peak_tflops``; :mod:`moesim.sim.config.catalog.physics`). ``t`` is the threads given to experts
 (``threads``, default every core) times the share of their time the host's other work leaves
 (``1 - busy_fraction``). At decode (a few tokens per expert) the memory term dominates: an
 expert's time is its bytes over the bandwidth those threads reach.
@@ -45,6 +47,11 @@ class CpuSpec(BaseModel):
     sockets: PositiveInt = Field(1, description="sockets whose cores and memory compute experts, each reading its "
                                  "own copy of the expert weights (NUMA): mem_gbps and tflops are per socket")
     mem_gbps: PositiveFloat = Field(80.0, description="host memory read bandwidth one socket's cores reach together, GB/s (a streaming read, not the channels' theoretical peak)")
+    numa_unaware_gbps: PositiveFloat | None = Field(
+        None, description="host memory read bandwidth one socket's cores reach together when the process places "
+        "no weights per NUMA node (pages on whichever node touched them first, threads reading across the "
+        "sockets' link), GB/s; read in place of mem_gbps under a runtime that is not numa_aware; only with "
+        "sockets > 1, at most mem_gbps (None: mem_gbps for every runtime)")
     peak_gbps: PositiveFloat | None = Field(
         None, description="theoretical read rate of one socket's memory channels, GB/s (channels x 8 B x MT/s): "
         "mem_gbps is at most this")
@@ -76,6 +83,13 @@ class CpuSpec(BaseModel):
             raise ValueError(f"threads ({self.threads}) exceeds cores ({self.cores})")
         if self.cores % self.sockets:
             raise ValueError(f"cores ({self.cores}) is not a whole number per socket ({self.sockets} sockets)")
+        if self.numa_unaware_gbps is not None:
+            if self.sockets == 1:
+                raise ValueError(f"numa_unaware_gbps ({self.numa_unaware_gbps:g}) is set on a host of one socket: "
+                                 "it is the rate of a process that ignores the NUMA nodes of several sockets")
+            if self.numa_unaware_gbps > self.mem_gbps:
+                raise ValueError(f"numa_unaware_gbps ({self.numa_unaware_gbps:g}) exceeds mem_gbps "
+                                 f"({self.mem_gbps:g}): ignoring the NUMA nodes does not read faster")
         if self.peak_gbps is not None and self.mem_gbps > self.peak_gbps:
             raise ValueError(f"mem_gbps ({self.mem_gbps:g}) exceeds the socket's channels (peak_gbps "
                              f"{self.peak_gbps:g}): beyond physics")
@@ -111,7 +125,19 @@ class CpuSpec(BaseModel):
     @property
     def read_gbps(self) -> float:
         """Host memory bandwidth the expert threads reach: ``min(sockets x mem_gbps, t x thread_gbps)``."""
-        total = self.sockets * self.mem_gbps
+        return self._read_gbps(self.mem_gbps)
+
+    def runtime_read_gbps(self, numa_aware: bool) -> float:
+        """Host memory bandwidth the expert threads reach under a runtime that places the weights
+        per NUMA node (``numa_aware``) or not: :attr:`read_gbps`, or with a host of several sockets
+        that gives ``numa_unaware_gbps`` and a runtime that is not NUMA-aware,
+        ``min(sockets x numa_unaware_gbps, t x thread_gbps)``."""
+        if numa_aware or self.numa_unaware_gbps is None or self.sockets == 1:
+            return self.read_gbps
+        return self._read_gbps(self.numa_unaware_gbps)
+
+    def _read_gbps(self, socket_gbps: float) -> float:
+        total = self.sockets * socket_gbps
         per = self.thread_gbps if self.thread_gbps is not None else total / self.cores
         return min(total, self.expert_threads * per)
 

@@ -29,9 +29,15 @@ Sources and what each comparison assumes:
    6000 24 GB + Intel Skylake, Env2 L4 24 GB + Intel Cascade Lake). So the comparison is of
    speed-ups, not tokens/s. moesim: ``fiddler``, ``mixtral-offloading`` and DeepSpeed-style
    streaming (below) with the same GPU memory (24 GiB less 1.5 GiB reserve and the non-expert
-   weights). Hosts (not in the README beyond the family): Env1 one Xeon Gold 6126 socket (12
-   cores, 6 x DDR4-2666 = 128 GB/s, 85% reached), Env2 a 16-core Cascade Lake socket (6 x
-   DDR4-2933 = 140.8 GB/s, 85%); both 1.0 TFLOP/s (assumption: half an AVX-512 peak).
+   weights). Hosts: the README gives only the family and a count ('48-core Intel Skylake',
+   '32-core Intel Cascade Lake', efeslab/fiddler 7628283 README.md:43), read here as hardware
+   threads: Env1 two Xeon Gold 6126 sockets (12 cores, 24 threads each; the paper names the
+   6126), modelled as one socket (12 cores, 6 x DDR4-2666 = 128 GB/s, 85% reached: PyTorch
+   places no weights per NUMA node), Env2 a 32-vCPU Cascade Lake VM, 16 cores (6 x DDR4-2933 =
+   140.8 GB/s, 85%); both 1.0 TFLOP/s (assumption: half an AVX-512 peak). Fiddler v1 ran its
+   CPU experts in PyTorch (the same README: 'Fiddler is currently relying on PyTorch
+   implementation for expert processing at the CPU'), so its runtime hf-eager's cpu_kernel
+   (PyTorch's expert call and read share) applies.
 3. **MoE-Infinity README** (EfficientMoE/MoE-Infinity, README as of 2025-03-23): per-token
    latency in seconds on one RTX A5000 (24 GB), mixed LongBench/GSM8K/FLAN/BIG-Bench/MMLU
    prompts: Mixtral-8x7b MoE-Infinity 0.735, Accelerate 6.633, DeepSpeed 2.486, Mixtral

@@ -148,3 +148,19 @@ def test_cli_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     csv = (tmp_path / "o" / "advise.csv").read_text().splitlines()
     assert any(line.startswith("ktransformers,default rules (DeepSeek-V2-Chat.yaml: every routed expert on the CPU)")
                for line in csv)
+
+
+def test_a_supported_model_that_does_not_fit_says_what_it_needs() -> None:
+    """Room for llama.cpp but not for two copies of every expert (USE_NUMA=1 on two sockets): the
+    line gives the default rules' need (one expert of budget: 100 B of VRAM; 2 x 6400 B of host)."""
+    from moesim.sim.study.advise_options import llamacpp_options
+
+    mem = Memory(vram_gib=32 * 100 / GIB, host_gib=5000 / GIB, reserve_gib=0, host_reserve_gib=0, numa_nodes=2)
+    assert ktransformers_options(SHAPE, mem)[0].fits() is False
+    llama = [o for o in llamacpp_options(SHAPE, mem) if o.fits()]
+    assert llama and not [o for o in all_options(SHAPE, mem, ["ktransformers"])]
+    note = kt.shortfall_note(llama)
+    assert note == (f"kTransformers: no option fits: at 16 bits its default rules need {100 / GIB:.1f} GiB of VRAM and "
+                    f"{12800 / GIB:.1f} GiB of host memory (reserves included, 2 copies of the experts: one per NUMA "
+                    f"node, USE_NUMA=1); given {32 * 100 / GIB:g} and {5000 / GIB:g}")
+    assert kt.shortfall_note([]) is None and kt.shortfall_note(ktransformers_options(SHAPE, Memory(1, 1, 0, 0))) is None

@@ -380,6 +380,8 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec, gpu_class: str = 
         name = rows[0].option.shape.name if rows else ""
         if name and advise_ktransformers.rules_file(name) is None:
             out.append(advise_ktransformers.unsupported_note(name))
+        elif (short := advise_ktransformers.shortfall_note([r.option for r in rows])) is not None:
+            out.append(short)
         out += advise_ktransformers.caveats(cpu, [r.option for r in rows], gpu_class)
     return out
 

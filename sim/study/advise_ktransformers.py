@@ -98,6 +98,21 @@ def band_sets(cls: str) -> list[str]:
     return list(dict.fromkeys(r["set"] for r in same))
 
 
+def shortfall_note(options: list[Any]) -> str | None:
+    """Why a model kTransformers runs got no kTransformers option, in one line: what its default
+    rules (every routed expert on the CPU, one copy per NUMA node) need at the narrowest width
+    tried, against what was given; None when it has options or no option was tried."""
+    if not options or any(o.system == "ktransformers" for o in options):
+        return None
+    shape, mem = min(((o.shape, o.memory) for o in options), key=lambda sm: sm[0].bits)
+    gib = 2**30
+    vram = (shape.non_expert_bytes + shape.expert_bytes) / gib + mem.reserve_gib + mem.kv_gib
+    host = shape.routed_bytes * mem.numa_nodes / gib + mem.host_reserve_gib
+    copies = f", {mem.numa_nodes} copies of the experts: one per NUMA node, USE_NUMA=1" if mem.numa_nodes > 1 else ""
+    return (f"kTransformers: no option fits: at {shape.bits:g} bits its default rules need {vram:.1f} GiB of VRAM and "
+            f"{host:.1f} GiB of host memory (reserves included{copies}); given {mem.vram_gib:g} and {mem.host_gib:g}")
+
+
 def caveats(cpu: Any, options: list[Any], cls: str) -> list[str]:
     """kTransformers' caveats for the options of ``options`` that are its, one line each: the
     threads, NUMA copies and kernel rates assumed (its kernels want AMX/AVX-512), the 4-bit GPU
@@ -130,4 +145,4 @@ def caveats(cpu: Any, options: list[Any], cls: str) -> list[str]:
 
 
 __all__ = ["EAGER_RUNTIME", "FAMILIES", "band_sets", "RUNTIME", "SUPPORTED_WORDS", "caveats", "gpu_layers_setting", "layer_regex",
-           "rules_file", "unsupported_note"]
+           "rules_file", "shortfall_note", "unsupported_note"]

@@ -30,7 +30,7 @@ def advise_cmd(
                                                 "(default: each system's catalog runtime)")] = None,
     calibration: Annotated[str | None, typer.Option("--calibration", help="a `simctl fit` file applied to every option")] = None,
     systems: Annotated[str | None, typer.Option("--systems", help="comma-separated: lru, mixtral-offloading, cpu-moe, "
-                                                "fiddler, accelerate (default: all)")] = None,
+                                                "fiddler, accelerate, ktransformers (default: all)")] = None,
     reserve: Annotated[float, typer.Option("--reserve", help="VRAM kept back for CUDA context, KV cache, activations, GiB (with --context: for all but the KV cache)")] = 1.5,
     host_reserve: Annotated[float, typer.Option("--host-reserve", help="host memory kept back for the OS and framework, GiB")] = 4.0,
     context: Annotated[int, typer.Option("--context", help="tokens already in each request's context (a long chat, a "

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moesim.sim.study import advise_ktransformers
 from moesim.sim.study.advise_bands import Band
 from moesim.sim.study.advise_host import CPU_EXPERT_POLICIES, cpu_words, kernel_lines, numa_caveats
 from moesim.sim.study.advise_inputs import (
@@ -218,7 +219,10 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
     if req.context_tokens < 0 or req.batch < 1:
         raise AdviseError("--context must be >= 0 and --batch >= 1")
     kv = kv_gib(req, ref)
-    mem = Memory(req.vram_gib, req.host_gib, req.reserve_gib, req.host_reserve_gib, kv)
+    from moesim.sim.config.catalog import get_hardware
+
+    mem = Memory(req.vram_gib, req.host_gib, req.reserve_gib, req.host_reserve_gib, kv,
+                 numa_nodes=get_hardware(hw).cpu.sockets)
     notes: list[str] = []
     options: list[Option] = []
     shortfall = []
@@ -267,7 +271,7 @@ def to_sweep(req: AdviseRequest, base: dict[str, Any], options: list[Option]) ->
     spec = SweepSpec(name=str(base["name"]), base=copy.deepcopy(base), zip={
         "policy": [{"name": o.policy, "params": o.params} for o in options],
         "cache.experts_per_layer": [o.experts_per_layer for o in options],
-        "runtime": [runtime or o.runtime for o in options],
+        "runtime": [runtime or o.runtime_ref for o in options],
         "model": [o.model for o in options],
     })
     try:
@@ -333,16 +337,18 @@ def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[l
             if band is not None:
                 return [band] * len(options), f"error bands: {flag} {Path(path).name}'s own held-out error, {band.words}"
     cls = gpu_class(hbm_gbps)
-    return ([catalog_band(o.policy, o.system, cls) for o in options],
+    return ([catalog_band(o.band_system, o.system, cls) for o in options],
             f"error bands: predicted / published tokens/s of each system's published rows (this GPU is of the "
             f"{CLASS_WORDS[cls]}: {hbm_gbps:g} GB/s), from sim/study/advise_bands.csv "
             "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")
 
 
-def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
+def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec, gpu_class: str = "gddr") -> list[str]:
     """What the answer assumes that the user may not: options resting on unmerged upstream
     features, llama.cpp's pageable copies under its default mmap, the host assumed, a
-    NUMA-unaware system read at a multi-socket host's full rate, the error bands' reach."""
+    NUMA-unaware system read at a multi-socket host's full rate, kTransformers' threads, NUMA
+    copies, kernels and band (:func:`moesim.sim.study.advise_ktransformers.caveats`, on a GPU
+    of ``gpu_class``) or why it has no options, the error bands' reach."""
     cpu_name, words = cpu.name, cpu_words(cpu)
     out = []
     unmerged = dict.fromkeys(r.option.unmerged for r in rows if r.option.unmerged)
@@ -351,22 +357,33 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec) -> list[str]:
         out.append(f"unmerged upstream: {n} options marked [unmerged]: {why} (--merged-only leaves them out)")
     if req.merged_only:
         out.append("--merged-only: options that need an unmerged upstream feature were left out")
-    dense = {r.option.shape.dense_blocks for r in rows if r.option.policy == "cpu-moe"} - {0}
+    llama = [r for r in rows if r.option.system == SYSTEMS["cpu-moe"]]
+    dense = {r.option.shape.dense_blocks for r in llama} - {0}
     for d in dense:
         out.append(f"llama.cpp's --n-cpu-moe counts transformer blocks, and this model's first {d} "
                    f"block{'s are' if d > 1 else ' is'} dense: each --n-cpu-moe printed is the MoE layers on the CPU "
                    f"+ {d}, ready to paste")
-    if any(r.option.policy == "cpu-moe" for r in rows):
+    if llama:
         out.append("llama.cpp loads by mmap unless --no-mmap: its CPU layers' experts then stay in pageable memory "
                    "(src/llama-model-loader.cpp), so what it copies of them (prompt batches of 32 tokens or more, "
                    "--moe-expert-cache uploads) is priced at the GPU's pageable rate; --no-mmap would pin them "
                    "(simctl policies cpu-moe: mmap)")
     if req.cpu is None and cpu_name == "default":
-        out.append(f"host assumed: {words} (no --cpu given; the experts llama.cpp and Fiddler run on the CPU "
-                   "are timed on it): name yours with --cpu NAME (simctl hardware lists the hosts) or a --gpu "
+        on_cpu = [s for s in ("llama.cpp", "Fiddler", "kTransformers") if s.lower() in {r.option.system for r in rows}]
+        who = " and ".join([", ".join(on_cpu[:-1]), on_cpu[-1]] if len(on_cpu) > 1 else on_cpu) or "llama.cpp and Fiddler"
+        out.append(f"host assumed: {words} (no --cpu given; the experts {who} run{'s' if len(on_cpu) == 1 else ''} on "
+                   "the CPU are timed on it): name yours with --cpu NAME (simctl hardware lists the hosts) or a --gpu "
                    "hardware file with a cpu: section")
     cpu_systems = [(r.option.system, r.option.runtime) for r in rows if r.option.policy in CPU_EXPERT_POLICIES]
-    return out + numa_caveats(cpu, cpu_systems, req.runtime)
+    out += numa_caveats(cpu, cpu_systems, req.runtime)
+    if req.systems is None or "ktransformers" in req.systems:
+        name = rows[0].option.shape.name if rows else ""
+        if name and advise_ktransformers.rules_file(name) is None:
+            out.append(advise_ktransformers.unsupported_note(name))
+        elif (short := advise_ktransformers.shortfall_note([r.option for r in rows])) is not None:
+            out.append(short)
+        out += advise_ktransformers.caveats(cpu, [r.option for r in rows], gpu_class)
+    return out
 
 
 def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> list[str]:
@@ -398,6 +415,10 @@ def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Op
             rt = get_runtime(name)
             lines.append(f"runtime {name} ({users}): {rt.source or 'no source stated'}")
             lines += kernel_lines(rt)
+            for changed in dict.fromkeys(str(o.runtime_overrides) for o in options
+                                         if o.runtime == name and o.runtime_overrides):
+                lines.append(f"  with {changed} where a setting says so (kTransformers' experts on the GPU, "
+                             "--use_cuda_graph False: sim/study/advise_ktransformers.py)")
     for label, path in (("calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
         held = fit_error(path) if path else None
         if held:
@@ -465,7 +486,9 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
         vram_line = (f"VRAM used = non-expert weights + experts on the GPU + {req.reserve_gib:g} GiB reserve (CUDA "
                      "context, KV cache, activations)")
     notes = notes + [f"{vram_line}; host = what the system keeps there + {req.host_reserve_gib:g} GiB reserve"]
-    found = caveats(req, rows, hw.cpu) + [band_line]
+    from moesim.sim.study.advise_bands import gpu_class
+
+    found = caveats(req, rows, hw.cpu, gpu_class(hw.hbm_gbps)) + [band_line]
     return Advice(rows, calib, workload, notes, points_run=outcome.ran, points_reused=outcome.skipped, caveats=found,
                   model_name=model_ref(req.model)[1])
 

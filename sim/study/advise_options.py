@@ -25,6 +25,15 @@ Systems and their knobs (the policy that stands for each, and its runtime overhe
   stay resident; the rest stream from pageable host memory each pass, through room for one
   layer. The host holds the streamed layers' experts and their share of the other weights.
   Runtime ``hf-eager``.
+* ``ktransformers``: ``local_chat``'s default optimize rules (every routed expert on the CPU,
+  the GPU running attention and the shared experts under a CUDA graph) and, before them, a rule
+  putting the experts of the last ``m`` MoE layers on the GPU (with ``--use_cuda_graph False``,
+  as its docs require): :mod:`moesim.sim.study.advise_ktransformers`, which also says which
+  models it runs (no options for the others) and why it runs ``ktransformers-v0.2``. The GPU
+  holds ``m E`` experts; the host holds the other ``(L - m) E``, once per NUMA node on a host of
+  several sockets (``Memory.numa_nodes``: built with ``USE_NUMA=1``, each node keeps its own
+  copy). Policy ``cpu-moe`` (its first ``L - m`` MoE layers on the CPU); its error band is the
+  published rows of system ``ktransformers`` (``Option.band_system``).
 
 Memory: VRAM used = the model's non-expert weights (all of them on the GPU, as the simulator
 counts them) + the experts on the GPU + ``reserve_gib`` (CUDA context, KV cache, activations;
@@ -39,11 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moesim.sim.config.catalog import GIB
+from moesim.sim.study import advise_ktransformers as kt
 
 RUNTIMES = {"lru": "hf-eager", "mixtral-offloading": "hf-eager", "cpu-moe": "llama-cpp-like",
-            "fiddler": "hf-eager", "accelerate": "hf-eager"}
+            "fiddler": "hf-eager", "accelerate": "hf-eager", "ktransformers": kt.RUNTIME}
 SYSTEMS = {"lru": "expert cache (lru)", "mixtral-offloading": "mixtral-offloading", "cpu-moe": "llama.cpp",
-           "fiddler": "fiddler", "accelerate": "accelerate"}
+           "fiddler": "fiddler", "accelerate": "accelerate", "ktransformers": "ktransformers"}
 MAX_STEPS = 8     # values tried per knob (all of them when there are few)
 UNMERGED_HOT_CACHE = ("llama.cpp's --moe-expert-cache is ggml-org/llama.cpp PR #27861, an open pull request: "
                       "in no llama.cpp release; build that branch to use it")
@@ -79,6 +89,9 @@ class Memory:
     kv_gib: float = 0.0
     """The KV cache of the advised workload (``simctl advise --context N --batch B``); 0 without
     ``--context``, when ``reserve_gib`` stands for the KV cache too."""
+    numa_nodes: int = 1
+    """The host's NUMA nodes (its sockets): kTransformers built with ``USE_NUMA=1`` keeps a copy
+    of its CPU experts on each."""
 
     @property
     def expert_room(self) -> float:
@@ -109,6 +122,20 @@ class Option:
     model: dict[str, Any] = field(default_factory=dict)
     unmerged: str = ""
     """Why the option needs an upstream feature that is not merged ("" when it needs none)."""
+    runtime_overrides: dict[str, Any] = field(default_factory=dict)
+    """Fields of ``runtime`` this option changes (kTransformers without its CUDA graph)."""
+    published_as: str = ""
+    """The ``system`` of the published rows that make its error band ("": its policy)."""
+
+    @property
+    def band_system(self) -> str:
+        """The system whose published rows give the option's error band."""
+        return self.published_as or self.policy
+
+    @property
+    def runtime_ref(self) -> str | dict[str, Any]:
+        """The scenario's ``runtime:``: the catalog name, or it with the option's overrides."""
+        return {"base": self.runtime, **self.runtime_overrides} if self.runtime_overrides else self.runtime
 
     @property
     def vram_gib(self) -> float:
@@ -220,6 +247,31 @@ def accelerate_options(shape: Shape, mem: Memory) -> list[Option]:
     return out
 
 
+def ktransformers_options(shape: Shape, mem: Memory) -> list[Option]:
+    """Every routed expert on the CPU (the default rules), then the experts of the last ``m`` MoE
+    layers on the GPU, from one layer to every layer that fits; none for a model kTransformers
+    does not run."""
+    rules = kt.rules_file(shape.name)
+    if rules is None:
+        return []
+    L, E, eb, d = shape.num_layers, shape.num_experts, shape.expert_bytes, shape.dense_blocks
+    room = _max_gpu_experts(shape, mem)
+    out = []
+    for m in [0, *steps(1, min(L, room // E))]:
+        params: dict[str, Any] = {"cpu_moe": True} if m == 0 else {"n_cpu_moe": L - m + d}
+        params.update(dense_blocks=d, op_offload_min_batch=0)
+        if m == 0:
+            setting = f"default rules ({rules}: every routed expert on the CPU)"
+        else:
+            setting = kt.gpu_layers_setting(rules, L - m + d, L - 1 + d)
+        gpu = max(1, m * E)   # every expert on the CPU: the simulator's least budget, one expert
+        out.append(Option(SYSTEMS["ktransformers"], "cpu-moe", params, setting, gpu, shape,
+                          (L - m) * E * eb * mem.numa_nodes, RUNTIMES["ktransformers"], mem,
+                          runtime_overrides={} if m == 0 else dict(kt.EAGER_RUNTIME),
+                          published_as="ktransformers"))
+    return out
+
+
 def all_options(shape: Shape, mem: Memory, systems: list[str] | None = None, merged_only: bool = False) -> list[Option]:
     """Every option of the chosen systems (default: all) that fits the memory (without those
     that need an unmerged upstream feature when ``merged_only``)."""
@@ -234,6 +286,8 @@ def all_options(shape: Shape, mem: Memory, systems: list[str] | None = None, mer
             out += fiddler_options(shape, mem)
         elif policy == "accelerate":
             out += accelerate_options(shape, mem)
+        elif policy == "ktransformers":
+            out += ktransformers_options(shape, mem)
     return [o for o in out if o.fits()]
 
 

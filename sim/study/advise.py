@@ -337,7 +337,7 @@ def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[l
             if band is not None:
                 return [band] * len(options), f"error bands: {flag} {Path(path).name}'s own held-out error, {band.words}"
     cls = gpu_class(hbm_gbps)
-    return ([catalog_band(o.band_system, o.system, cls) for o in options],
+    return ([catalog_band(o.band_system, o.system, cls, runtime=req.runtime or o.runtime) for o in options],
             f"error bands: predicted / published tokens/s of each system's published rows (this GPU is of the "
             f"{CLASS_WORDS[cls]}: {hbm_gbps:g} GB/s), from sim/study/advise_bands.csv "
             "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")

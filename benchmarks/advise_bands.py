@@ -28,10 +28,20 @@ Each row's system is its policy (``accelerate``, ``mixtral-offloading``, ``lru``
 ``fiddler`` are advise's systems; others are listed for completeness), unless its measurement
 file declares the published system the policy stands in for (``system:``, for the file or the
 row: kTransformers' rows run ``cpu-moe`` with kTransformers' runtime and are ``ktransformers``,
-in no advise band; Fiddler's run ``cpu-moe`` where nothing fits on the GPU and are ``fiddler``), its GPU class
+advise's kTransformers band; Fiddler's run ``cpu-moe`` where nothing fits on the GPU and are ``fiddler``), its GPU class
 (:func:`moesim.sim.study.advise_bands.gpu_class` of its hardware) and ``speed_ratio``: predicted
 / published in tokens/s terms (a time metric's ratio inverted), so that a ratio above 1 means
 moesim was optimistic.
+
+Its ``runtime`` is the catalog runtime it was predicted with, as advise names its options'
+runtimes (``RUNTIMES`` of :mod:`moesim.sim.study.advise_options`), so that a band can keep to the
+rows that ran the option's runtime: a fit row's own ``set`` runtime, else its measurement file's
+``base:`` scenario's, else the scenario default ``none`` (``runtime: NAME`` or ``{base: NAME, ...overrides}`` give ``NAME``; the
+overrides are not named), and for ``published_systems.md`` the runtime
+``benchmarks/published_systems.py`` predicted its section with (``E_M_RUNTIME``,
+``FIDDLER_RUNTIME``, ``MOE_INF_RUNTIME``). A runtime given as a YAML file (a committed fit's
+``fitted.yaml``) is written as its path from the repository root, which no catalog name matches;
+a spec with no base, as its ``name`` (empty when it has none).
 """
 
 from __future__ import annotations
@@ -41,7 +51,6 @@ import csv
 import io
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,8 +60,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.published_systems import E_M, E_M_GPUS, FIDDLER, FIDDLER_ENVS, MOE_INF  # noqa: E402
+from benchmarks.published_systems import (  # noqa: E402
+    E_M,
+    E_M_GPUS,
+    E_M_RUNTIME,
+    FIDDLER,
+    FIDDLER_ENVS,
+    FIDDLER_RUNTIME,
+    MOE_INF,
+    MOE_INF_RUNTIME,
+)
 from benchmarks.seed_scoreboard import VARIANTS  # noqa: E402
+from moesim.sim.config.scenario import Scenario  # noqa: E402
 from moesim.sim.study.advise_bands import COLUMNS, TABLE, gpu_class  # noqa: E402
 from moesim.sim.study.fit_spec import declared_systems  # noqa: E402
 
@@ -61,6 +80,8 @@ FITS = ROOT / "benchmarks" / "results" / "fits"
 MEASUREMENTS = ROOT / "measurements"
 OUT = ROOT / "sim" / "study" / TABLE.name
 """Where the table is committed (the file :data:`moesim.sim.study.advise_bands.TABLE` reads)."""
+DEFAULT_RUNTIME = str(Scenario.model_fields["runtime"].default)
+"""The runtime of a scenario that names none (``none``)."""
 SPEED = {"tokens_per_s": False, "tpot_ms": True}
 """Speed metrics a band is made of, and whether each is a time (its ratio inverted)."""
 
@@ -77,6 +98,23 @@ def _hardware_class(ref: Any, base_dir: Path) -> tuple[str, str]:
         return str(ref), "unknown"
     name = ref if isinstance(ref, str) else str(ref.get("base", hw.name))
     return name, gpu_class(hw.hbm_gbps)
+
+
+def runtime_name(ref: Any, base_dir: Path) -> str:
+    """The runtime a scenario's ``runtime:`` value names (see the module docstring): a catalog
+    name as it is, ``{base: NAME, ...}`` as its base, a YAML file (a fit's ``fitted.yaml``) as
+    its path from the repository root (its name alone when it lies outside), a spec with no base
+    as its ``name`` if any, else ""."""
+    from moesim.sim.config.catalog import is_spec_file
+
+    if isinstance(ref, dict):
+        return runtime_name(ref["base"], base_dir) if "base" in ref else str(ref.get("name", ""))
+    if not isinstance(ref, str):
+        return ""
+    if is_spec_file(ref):
+        path = (base_dir / ref).resolve()
+        return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+    return ref
 
 
 def _published_sections() -> list[tuple[str, list[list[str]]]]:
@@ -100,17 +138,18 @@ def published_rows() -> list[dict[str, Any]]:
                                    "published": pub, "predicted": pred, "prediction": "catalog", "counted": "yes"}
             if heading.startswith(E_M):
                 hw = E_M_GPUS[label][0]
-                row.update(system="accelerate", metric="tokens_per_s", model=f"mixtral-8x7b-hqq-a4e{heading[len(E_M) + 2]}")
+                row.update(system="accelerate", metric="tokens_per_s", model=f"mixtral-8x7b-hqq-a4e{heading[len(E_M) + 2]}",
+                           runtime=E_M_RUNTIME)
                 if "typo" in note:
                     row["counted"] = f"no: {note}"
             elif heading.startswith(FIDDLER):
                 env = heading[len(FIDDLER) + 2:]
                 hw = FIDDLER_ENVS[env][0]
-                row.update(system="fiddler", metric="speed_up", model="mixtral-8x7b",
+                row.update(system="fiddler", metric="speed_up", model="mixtral-8x7b", runtime=FIDDLER_RUNTIME,
                            counted="no: a speed-up of two systems, not a system's speed")
             elif heading.startswith(MOE_INF):
                 hw = "rtx-a5000"
-                row.update(system=label, metric="s_per_token", model=heading[len(MOE_INF) + 2:])
+                row.update(system=label, metric="s_per_token", model=heading[len(MOE_INF) + 2:], runtime=MOE_INF_RUNTIME)
             else:
                 raise SystemExit(f"{PUBLISHED}: section {heading!r} is new: teach benchmarks/advise_bands.py its rows")
             row["hardware"], row["gpu_class"] = _hardware_class(hw, ROOT)
@@ -159,7 +198,8 @@ def fit_rows() -> list[dict[str, Any]]:
                          "model": str(setting.get("model", base.get("model", "?"))), "metric": r["metric"],
                          "published": pub, "predicted": pred,
                          "speed_ratio": pub / pred if SPEED[r["metric"]] else pred / pub,
-                         "prediction": kind, "counted": "yes"})
+                         "prediction": kind, "counted": "yes",
+                         "runtime": runtime_name(setting.get("runtime", base.get("runtime", DEFAULT_RUNTIME)), base_dir)})
     return rows
 
 
@@ -168,7 +208,7 @@ def unfitted_rows() -> list[dict[str, Any]]:
     names every set (and differs from the committed one as soon as a set is added)."""
     return [{"source": f"measurements/{stem}.yaml", "set": stem, "row": "", "system": "", "hardware": "",
              "gpu_class": "", "model": "", "metric": "", "published": "", "predicted": "", "speed_ratio": "",
-             "prediction": "", "counted": f"no: no committed fit folder (simctl fit measurements/{stem}.yaml "
+             "prediction": "", "runtime": "", "counted": f"no: no committed fit folder (simctl fit measurements/{stem}.yaml "
                                           f"--out benchmarks/results/fits/{stem}, then rerun this script)"}
             for stem in unfitted_sets()]
 
@@ -205,9 +245,8 @@ def main() -> None:
     tmp = OUT.with_name(f".{OUT.name}.{os.getpid()}.tmp")   # the repository's own file: written whole
     tmp.write_text(text)
     os.replace(tmp, OUT)
-    n = text.count("\n") - 1
-    print(f"wrote {OUT.relative_to(ROOT)}: {n} rows, "
-          f"{len(re.findall(r',yes$', text, flags=re.M))} counted")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    print(f"wrote {OUT.relative_to(ROOT)}: {len(rows)} rows, {sum(r['counted'] == 'yes' for r in rows)} counted")
 
 
 if __name__ == "__main__":

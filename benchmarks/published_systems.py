@@ -95,6 +95,8 @@ E_M_GPUS = {"A100": ("a100-sxm-80gb", 4), "3080 Mobile": ("rtx-3080-laptop-16gb"
             "T4": ("t4", 4)}
 E_M_NAIVE = {2: (1.392, 1.059, 0.919, 0.661), 3: (1.246, 0.914, 1.791, 0.580)}
 TYPO = (3, "3060")            # printed 1.791, probably 0.791
+E_M_RUNTIME = "hf-eager-hqq"
+"""The catalog runtime the Eliseev & Mazur rows are predicted with."""
 FIDDLER = "Fiddler v1 README (arXiv 2402.07033 v1), speed-up of Fiddler over each baseline"
 FIDDLER_ENVS = {
     "Env1 (Quadro RTX 6000)": ("quadro-rtx-6000", {"cores": 12, "mem_gbps": 109, "thread_gbps": 8.6, "tflops": 1.0},
@@ -102,7 +104,11 @@ FIDDLER_ENVS = {
     "Env2 (L4)": ("l4", {"cores": 16, "mem_gbps": 120, "thread_gbps": 8.6, "tflops": 1.0},
                   {"mixtral-offloading": 10.1, "deepspeed": 22.5}),
 }
+FIDDLER_RUNTIME = "hf-eager"
+"""The catalog runtime the Fiddler README's rows are predicted with."""
 MOE_INF = "MoE-Infinity README, RTX A5000, seconds per token"
+MOE_INF_RUNTIME = "hf-eager"
+"""The catalog runtime the MoE-Infinity README's rows are predicted with."""
 MOE_INF_TABLE = {
     "mixtral-8x7b": {"moe-infinity": 0.735, "accelerate": 6.633, "deepspeed": 2.486, "mixtral-offloading": 1.752},
     "deepseek-v2-lite": {"moe-infinity": 0.155, "accelerate": 1.743, "deepspeed": 0.737},
@@ -171,7 +177,7 @@ def eliseev_mazur(tokens: int) -> list[Row]:
         for (gpu, (hw, k)), value in zip(E_M_GPUS.items(), values, strict=True):
             resident = resident_layers(hw, model)   # accelerate's placement; none offloaded on the A100
             room = k * 32 if resident >= 32 else 8 * (resident + 1)
-            data = scenario(model=model, hardware=hw, runtime="hf-eager-hqq", system="accelerate",
+            data = scenario(model=model, hardware=hw, runtime=E_M_RUNTIME, system="accelerate",
                             experts=room, tokens=tokens, num_layers=32, num_experts=8)
             note = "printed 1.791; probably 0.791 (typo)" if (bits, gpu) == TYPO else ""
             rows.append(Row(f"{E_M}, {bits}-bit experts", gpu, value, tok_s(data), note))
@@ -184,7 +190,7 @@ def fiddler(tokens: int) -> list[Row]:
     for env, (hw, cpu, speedups) in FIDDLER_ENVS.items():
         hardware = {"base": hw, "cpu": {**cpu, "source": "assumption: see benchmarks/published_systems.py"}}
         room = _budget_experts({"base": "mixtral-8x7b"}, 24)
-        got = {s: tok_s(scenario(model="mixtral-8x7b", hardware=hardware, runtime="hf-eager", system=s,
+        got = {s: tok_s(scenario(model="mixtral-8x7b", hardware=hardware, runtime=FIDDLER_RUNTIME, system=s,
                                  experts=room, tokens=tokens, num_layers=32, num_experts=8))
                for s in ("fiddler", "mixtral-offloading", "deepspeed")}
         for base, value in speedups.items():
@@ -202,7 +208,7 @@ def moe_infinity(tokens: int) -> list[Row]:
         m = get_model(model)
         room = _budget_experts({"base": model}, 24)
         for system, seconds in systems.items():
-            data = scenario(model=model, hardware="rtx-a5000", runtime="hf-eager", system=system, experts=room,
+            data = scenario(model=model, hardware="rtx-a5000", runtime=MOE_INF_RUNTIME, system=system, experts=room,
                             tokens=tokens, num_layers=m.num_layers, num_experts=m.num_experts)
             held = (f"{data['cache']['experts_per_layer']} whole experts per layer" if system == "mixtral-offloading"
                     else f"{room / m.num_layers:.2f} per layer")

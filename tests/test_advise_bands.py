@@ -4,6 +4,8 @@ nothing), and a band picks the nearest rows as documented."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -16,13 +18,15 @@ def test_committed_table_is_what_the_script_computes() -> None:
     assert OUT.read_text() == table_text(), "run python benchmarks/advise_bands.py and commit sim/study/advise_bands.csv"
 
 
-def _row(system: str, cls: str, ratio: float, prediction: str = "catalog", counted: str = "yes") -> dict[str, str]:
-    return {"system": system, "gpu_class": cls, "speed_ratio": str(ratio), "prediction": prediction, "counted": counted}
+def _row(system: str, cls: str, ratio: float, prediction: str = "catalog", counted: str = "yes",
+         runtime: str = "hf-eager") -> dict[str, str]:
+    return {"system": system, "gpu_class": cls, "speed_ratio": str(ratio), "prediction": prediction, "counted": counted,
+            "runtime": runtime}
 
 
-TABLE_ROWS = (_row("accelerate", "gddr", 0.5), _row("accelerate", "gddr", 1.2), _row("accelerate", "hbm", 0.4),
+TABLE_ROWS = (_row("accelerate", "gddr", 0.5), _row("accelerate", "gddr", 1.2), _row("accelerate", "hbm", 0.4, runtime="hqq"),
               _row("accelerate", "gddr", 0.1, counted="no: typo"), _row("lru", "hbm", 1.05, "fitted"),
-              _row("lru", "gddr", 0.95, "fitted"))
+              _row("lru", "gddr", 0.95, "fitted", runtime="imp"))
 
 
 def test_band_prefers_the_same_gpu_class() -> None:
@@ -45,6 +49,62 @@ def test_no_catalog_rows_is_no_band() -> None:
     none = catalog_band("cpu-moe", "llama.cpp", "hbm", TABLE_ROWS)
     assert none == Band(None, None, 0, "no published llama.cpp rows")
     assert none.interval(10.0, 0.01) == pytest.approx((10 / 1.01, 10.1))
+
+
+def test_band_keeps_to_the_rows_of_the_options_runtime() -> None:
+    """Given a runtime some of the system's counted rows ran: only those (the uncounted one stays
+    out), then the class rule within them, and the words say so."""
+    b = catalog_band("accelerate", "accelerate", "hbm", TABLE_ROWS, runtime="hf-eager")
+    assert (b.lo, b.hi, b.rows) == (0.5, 1.2, 2)
+    assert b.words == "on 2 published accelerate rows run as hf-eager, none on HBM data-centre GPUs (theirs: GDDR GPUs)"
+    b = catalog_band("accelerate", "accelerate", "hbm", TABLE_ROWS, runtime="hqq")
+    assert (b.lo, b.hi, b.rows) == (0.4, 0.4, 1) and b.words == "on 1 published accelerate row run as hqq on HBM data-centre GPUs"
+    b = catalog_band("lru", "expert cache (lru)", "hbm", TABLE_ROWS, runtime="imp")
+    assert not b.known and b.words.startswith("no published expert cache (lru) rows run as imp at the catalog's figures "
+                                              "(1 predicted after fitting to their own testbed: 0.95-0.95x")
+
+
+def test_band_of_a_runtime_no_row_ran_is_every_row_and_says_so() -> None:
+    """No row ran the runtime: the band is the one without it, its words end by saying so; a
+    system with no rows at all says only that."""
+    for cls in ("hbm", "gddr", "unknown"):
+        plain, other = catalog_band("accelerate", "accelerate", cls, TABLE_ROWS), \
+            catalog_band("accelerate", "accelerate", cls, TABLE_ROWS, runtime="vllm-like")
+        assert (other.lo, other.hi, other.rows) == (plain.lo, plain.hi, plain.rows)
+        assert other.words == plain.words + "; none with runtime vllm-like"
+    lru = catalog_band("lru", "expert cache (lru)", "hbm", TABLE_ROWS, runtime="vllm-like")
+    assert lru.words == catalog_band("lru", "expert cache (lru)", "hbm", TABLE_ROWS).words + "; none with runtime vllm-like"
+    assert catalog_band("cpu-moe", "llama.cpp", "hbm", TABLE_ROWS, runtime="x") == Band(None, None, 0, "no published llama.cpp rows")
+
+
+def test_committed_rows_name_their_runtime() -> None:
+    """A row's own runtime (the SOSP '25 set's Fiddler and llama.cpp rows), else its set's base
+    scenario's (its kTransformers rows: the artifact's runtime; the EPYC set's: v0.2), else the
+    scenario default; published_systems.md's rows the runtime that script ran them with."""
+    by = {(r["set"], r["row"]): r["runtime"] for r in load_table()}
+    assert by["ktransformers-sosp25-decode", "6"] == "hf-eager"          # set: runtime: {base: hf-eager, ...}
+    assert by["ktransformers-sosp25-decode", "9"] == "llama-cpp-like"    # set: runtime: {base: llama-cpp-like, ...}
+    assert by["ktransformers-sosp25-decode", "0"] == "ktransformers-sosp25"
+    assert by["ktransformers-epyc9654-deepseek-r1", "0"] == "ktransformers-v0.2"
+    assert {v for (name, _), v in by.items() if name == "buddymoe-tables2-4"} == {"none"}   # its base names none
+    published = [r for r in load_table() if r["source"] == "benchmarks/results/published_systems.md"]
+    assert {r["runtime"] for r in published if r["set"].startswith("Eliseev")} == {"hf-eager-hqq"}
+    assert {r["runtime"] for r in published if not r["set"].startswith("Eliseev")} == {"hf-eager"}
+
+
+def test_runtime_names(tmp_path: Path) -> None:
+    """How a ``runtime:`` value is named: a catalog name, a base with overrides, a file (from the
+    repository root; its name outside it), a spec without a base (its name), nothing."""
+    from benchmarks.advise_bands import MEASUREMENTS, runtime_name
+
+    assert runtime_name("hf-eager", MEASUREMENTS) == "hf-eager"
+    assert runtime_name({"base": "llama-cpp-like", "kv_on_host": True}, MEASUREMENTS) == "llama-cpp-like"
+    fitted = "../benchmarks/results/fits/moe-infinity-readme/fitted.yaml"
+    assert runtime_name(fitted, MEASUREMENTS) == "benchmarks/results/fits/moe-infinity-readme/fitted.yaml"
+    assert runtime_name({"base": fitted}, MEASUREMENTS) == "benchmarks/results/fits/moe-infinity-readme/fitted.yaml"
+    assert runtime_name("rt.yaml", tmp_path) == "rt.yaml"
+    assert runtime_name({"name": "mine", "layer_us": 5}, MEASUREMENTS) == "mine"
+    assert runtime_name({"layer_us": 5}, MEASUREMENTS) == runtime_name(None, MEASUREMENTS) == ""
 
 
 def test_gpu_classes_of_the_catalog() -> None:
@@ -114,6 +174,7 @@ def test_a_declared_system_groups_the_row_not_its_stand_in_policy(tmp_path, monk
         got = ab.fit_rows()
         assert [r["system"] for r in got] == want
         assert [r["speed_ratio"] for r in got] == [1.5, 0.5]
+        assert [r["runtime"] for r in got] == ["none", "none"]      # the scenario default
 
 
 def test_the_kTransformers_sets_are_not_llama_cpp_rows() -> None:

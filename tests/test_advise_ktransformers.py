@@ -91,20 +91,29 @@ def test_only_the_models_it_runs() -> None:
 
 
 def test_its_band_is_its_own_published_rows() -> None:
-    """Not llama.cpp's (its policy's): on an A100 the SOSP '25 rows on HBM GPUs, and they are said."""
+    """Not llama.cpp's (its policy's) nor the SOSP '25 artifact's (runtime ktransformers-sosp25):
+    the rows predicted with the runtime its options run, ktransformers-v0.2, of which none are on
+    HBM GPUs (said), and they are said."""
     req = AdviseRequest(model="deepseek-v2.5", gpu="a100-pcie-40gb", vram_gib=38, host_gib=900,
                         cpu="xeon-platinum-8452y-2s", bits=[16.0], systems=["ktransformers", "cpu-moe"])
     _, options, _, _ = build(req)
+    assert {o.runtime for o in options if o.system == "ktransformers"} == {kt.RUNTIME}
     got, _ = bands(req, options, 1555.0)
     mine = {b for o, b in zip(options, got, strict=True) if o.system == "ktransformers"}
     llama = {b for o, b in zip(options, got, strict=True) if o.system == "llama.cpp"}
-    assert mine == {catalog_band("ktransformers", "ktransformers", "hbm")} and not mine & llama
+    assert mine == {catalog_band("ktransformers", "ktransformers", "hbm", runtime=kt.RUNTIME)} and not mine & llama
     (band,) = mine
-    rows = [r for r in load_table() if r["system"] == "ktransformers" and r["gpu_class"] == "hbm"
-            and r["prediction"] == "catalog"]
-    assert band.rows == len(rows) == 3 and band.lo == min(float(r["speed_ratio"]) for r in rows)
-    assert kt.band_sets("hbm") == ["ktransformers-sosp25-decode"]
-    assert kt.band_sets("gddr") == ["ktransformers-epyc9654-deepseek-r1", "ktransformers-sosp25-decode"]
+    rows = [r for r in load_table() if r["system"] == "ktransformers" and r["runtime"] == kt.RUNTIME
+            and r["prediction"] == "catalog" and r["counted"] == "yes"]
+    assert {r["gpu_class"] for r in rows} == {"gddr"} and {r["set"] for r in rows} == {"ktransformers-epyc9654-deepseek-r1"}
+    assert band.rows == len(rows) == 2 and (band.lo, band.hi) == (min(float(r["speed_ratio"]) for r in rows),
+                                                                  max(float(r["speed_ratio"]) for r in rows))
+    assert band.words == ("on 2 published ktransformers rows run as ktransformers-v0.2, none on HBM data-centre GPUs "
+                          "(theirs: GDDR GPUs)")
+    assert catalog_band("ktransformers", "ktransformers", "hbm").rows == 3   # the artifact's, without the runtime
+    assert kt.band_sets("hbm") == kt.band_sets("gddr") == (["ktransformers-epyc9654-deepseek-r1"], True)
+    assert kt.band_sets("hbm", None) == (["ktransformers-sosp25-decode"], False)
+    assert kt.band_sets("hbm", "hf-eager") == (["ktransformers-sosp25-decode"], False)
     # the 2-socket host: each option's host memory holds two copies of its CPU experts
     all_cpu = next(o for o in options if o.system == "ktransformers" and o.params.get("cpu_moe"))
     assert all_cpu.host_bytes == 2 * all_cpu.shape.routed_bytes
@@ -122,8 +131,9 @@ def test_caveats_and_the_note(tmp_path: Path) -> None:
     lines = caveats(req, [Row(o, 1.0, "ok") for o in options], cpu, "hbm")
     assert any("--cpu_infer 73" in c and "USE_NUMA=1" in c and "AMX" in c for c in lines)
     assert any("4-bit Marlin" in c for c in lines)
-    assert any(c.startswith("kTransformers' error band comes from the published rows of ktransformers-sosp25-decode")
-               for c in lines)
+    assert "kTransformers' error band comes from the published rows of ktransformers-epyc9654-deepseek-r1 (measurements/)" \
+        in lines
+    assert not any("predicted with runtime" in c or "sosp25" in c for c in lines)
     assert not any("no options" in c for c in lines)
     tiny = AdviseRequest(model="tiny-moe", gpu="rtx-4090", vram_gib=1.0, host_gib=1.0, reserve_gib=0.0, host_reserve_gib=0.0,
                          bits=[16.0], systems=["lru"])
@@ -144,7 +154,8 @@ def test_cli_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert ("best at 16 bits: ktransformers, default rules (DeepSeek-V2-Chat.yaml: every routed expert on the CPU): "
             in out)
     assert "caveat: kTransformers is priced as its V0.2 local_chat" in out and "--cpu_infer 97" in out
-    assert "published ktransformers rows on GDDR GPUs" in out
+    v02 = catalog_band("ktransformers", "ktransformers", "gddr", runtime=kt.RUNTIME)
+    assert f"({v02.lo:.2f}-{v02.hi:.2f}x on 2 published ktransformers rows run as ktransformers-v0.2 on GDDR GPUs)" in out
     csv = (tmp_path / "o" / "advise.csv").read_text().splitlines()
     assert any(line.startswith("ktransformers,default rules (DeepSeek-V2-Chat.yaml: every routed expert on the CPU)")
                for line in csv)

@@ -327,8 +327,8 @@ def mark(rows: list[Row], floor: float = TIE_FLOOR) -> None:
 def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[list[Band], str]:
     """Each option's error band and a line saying where the bands come from: the held-out error
     of the first ``simctl fit`` file given (``--calibration``, ``--gpu``, ``--runtime``) that has
-    one, else the published rows of each system on GPUs of this one's class
-    (:func:`moesim.sim.study.advise_bands.catalog_band`)."""
+    one, else the published rows of each system predicted with the option's runtime (``--runtime``
+    when given) on GPUs of this one's class (:func:`moesim.sim.study.advise_bands.catalog_band`)."""
     from moesim.sim.study.advise_bands import CLASS_WORDS, catalog_band, fit_band, gpu_class
 
     for flag, path in (("--calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
@@ -337,7 +337,7 @@ def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[l
             if band is not None:
                 return [band] * len(options), f"error bands: {flag} {Path(path).name}'s own held-out error, {band.words}"
     cls = gpu_class(hbm_gbps)
-    return ([catalog_band(o.band_system, o.system, cls) for o in options],
+    return ([catalog_band(o.band_system, o.system, cls, runtime=req.runtime or o.runtime) for o in options],
             f"error bands: predicted / published tokens/s of each system's published rows (this GPU is of the "
             f"{CLASS_WORDS[cls]}: {hbm_gbps:g} GB/s), from sim/study/advise_bands.csv "
             "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")

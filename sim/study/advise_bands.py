@@ -1,6 +1,6 @@
 """The error band beside each of ``simctl advise``'s numbers: how far moesim's predictions were
-from the published rows nearest to the option (same system, and the same GPU class where there
-are rows), read from the committed table ``advise_bands.csv`` beside this file, which
+from the published rows nearest to the option (same system; the same runtime, then the same GPU
+class, where there are rows), read from the committed table ``advise_bands.csv`` beside this file, which
 ``python benchmarks/advise_bands.py`` regenerates from the repo's published rows and predictions
 (``benchmarks/results/published_systems.md`` and every ``benchmarks/results/fits/*/rows.csv``;
 ``tests/test_advise_bands.py`` fails when the committed table differs).
@@ -10,6 +10,10 @@ rows: ``0.8-1.3x`` means moesim predicted between 0.8 and 1.3 times what was mea
 ``--calibration`` only rows predicted at the catalogs' figures count (advise predicts at them
 too); rows predicted after fitting to their own testbed are mentioned, not used. With
 ``--calibration FIT.yaml`` the band is that fit's own held-out error.
+
+Each row names the runtime it was predicted with (column ``runtime``); given the runtime an
+option runs, a band is made of the system's rows that ran it, when there are any (and says so),
+else of all the system's rows (saying none ran it).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ TABLE = Path(__file__).with_name("advise_bands.csv")
 """The committed table (written by ``benchmarks/advise_bands.py``)."""
 
 COLUMNS = ["source", "set", "row", "system", "hardware", "gpu_class", "model", "metric", "published", "predicted",
-           "speed_ratio", "prediction", "counted"]
+           "speed_ratio", "prediction", "counted", "runtime"]
 """The table's columns, in order."""
 
 HBM_GBPS = 1500.0
@@ -89,24 +93,44 @@ def _band(rows: list[dict[str, str]], words: str) -> Band:
     return Band(min(ratios), max(ratios), len(ratios), words)
 
 
-def catalog_band(system: str, label: str, cls: str, table: tuple[dict[str, str], ...] | None = None) -> Band:
-    """The band of ``system`` (a policy name; ``label`` its name in words) on a GPU of class
-    ``cls``, from the rows predicted at the catalogs' figures: the same class where there are
-    rows, else every class (said), else none (said, with the fitted rows' spread if any)."""
+def band_rows(system: str, cls: str, table: tuple[dict[str, str], ...] | None = None,
+              runtime: str | None = None) -> tuple[list[dict[str, str]], bool, bool]:
+    """The rows a band of ``system`` on a GPU of class ``cls`` is made of, as :func:`catalog_band`
+    picks them: the counted rows, only those that ran ``runtime`` when some did; of them the
+    ones predicted at the catalogs' figures (in class ``cls`` where there are some), else the
+    fitted ones. Returns the rows, whether they are of class ``cls`` and whether they ran
+    ``runtime`` (False when no runtime is given)."""
     rows = [r for r in (load_table() if table is None else table) if r["system"] == system and r["counted"] == "yes"]
+    ran = [r for r in rows if runtime is not None and r.get("runtime") == runtime]
+    rows = ran or rows
     catalog = [r for r in rows if r["prediction"] == "catalog"]
     same = [r for r in catalog if r["gpu_class"] == cls]
-    if same:
-        return _band(same, f"on {_rows(len(same)).replace(' row', f' {label} row')} on {CLASS_WORDS.get(cls, cls)}")
-    if catalog:
-        classes = ", ".join(sorted({CLASS_WORDS.get(r['gpu_class'], r['gpu_class']) for r in catalog}))
-        return _band(catalog, f"on {_rows(len(catalog)).replace(' row', f' {label} row')}, none on {CLASS_WORDS.get(cls, cls)} "
-                              f"(theirs: {classes})")
-    fitted = [r for r in rows if r["prediction"] == "fitted"]
-    if fitted:
-        b = _band(fitted, "")
-        return Band(None, None, 0, f"no published {label} rows at the catalog's figures ({b.rows} predicted after "
-                                   f"fitting to their own testbed: {b.lo:.2f}-{b.hi:.2f}x; --calibration gives a fit's)")
+    chosen = same or catalog or [r for r in rows if r["prediction"] == "fitted"]
+    return chosen, bool(same), bool(ran)
+
+
+def catalog_band(system: str, label: str, cls: str, table: tuple[dict[str, str], ...] | None = None,
+                 runtime: str | None = None) -> Band:
+    """The band of ``system`` (a policy name; ``label`` its name in words) on a GPU of class
+    ``cls``, from the rows predicted at the catalogs' figures: the same class where there are
+    rows, else every class (said), else none (said, with the fitted rows' spread if any). Given
+    ``runtime`` (the catalog runtime the option runs), only the rows that ran it, when the
+    system has some (``run as RUNTIME``, said), else all of them (``none with runtime RUNTIME``,
+    said); without it the words are as they always were."""
+    rows, same, ran = band_rows(system, cls, table, runtime)
+    run_as = f" run as {runtime}" if ran else ""
+    others = f"; none with runtime {runtime}" if runtime is not None and not ran and rows else ""
+    if rows and rows[0]["prediction"] == "catalog":
+        named = _rows(len(rows)).replace(" row", f" {label} row") + run_as
+        if same:
+            return _band(rows, f"on {named} on {CLASS_WORDS.get(cls, cls)}{others}")
+        classes = ", ".join(sorted({CLASS_WORDS.get(r['gpu_class'], r['gpu_class']) for r in rows}))
+        return _band(rows, f"on {named}, none on {CLASS_WORDS.get(cls, cls)} (theirs: {classes}){others}")
+    if rows:
+        b = _band(rows, "")
+        return Band(None, None, 0, f"no published {label} rows{run_as} at the catalog's figures ({b.rows} predicted after "
+                                   f"fitting to their own testbed: {b.lo:.2f}-{b.hi:.2f}x; --calibration gives a fit's)"
+                                   f"{others}")
     return Band(None, None, 0, f"no published {label} rows")
 
 
@@ -141,4 +165,4 @@ def fit_band(path: str) -> Band | None:
     return Band(1 / mx, mx, int(held["rows"]), f"within {mx:.2f}x either way on the {held['rows']} held-out rows of {name}")
 
 
-__all__ = ["Band", "CLASS_WORDS", "COLUMNS", "HBM_GBPS", "TABLE", "catalog_band", "fit_band", "gpu_class", "load_table"]
+__all__ = ["Band", "CLASS_WORDS", "COLUMNS", "HBM_GBPS", "TABLE", "band_rows", "catalog_band", "fit_band", "gpu_class", "load_table"]

@@ -87,15 +87,15 @@ def gpu_layers_setting(rules: str, first: int, last: int) -> str:
             'generate_op "KExpertsMarlin"')
 
 
-def band_sets(cls: str) -> list[str]:
+def band_sets(cls: str, runtime: str | None = RUNTIME) -> tuple[list[str], bool]:
     """The measurement sets whose published kTransformers rows make its catalog band on a GPU of
-    class ``cls`` (as :func:`moesim.sim.study.advise_bands.catalog_band` picks them)."""
-    from moesim.sim.study.advise_bands import load_table
+    class ``cls`` for options running ``runtime`` (the rows
+    :func:`moesim.sim.study.advise_bands.catalog_band` picks; none when it has no band), and
+    whether those rows ran ``runtime``."""
+    from moesim.sim.study.advise_bands import band_rows
 
-    rows = [r for r in load_table() if r["system"] == "ktransformers" and r["counted"] == "yes"
-            and r["prediction"] == "catalog"]
-    same = [r for r in rows if r["gpu_class"] == cls] or rows
-    return list(dict.fromkeys(r["set"] for r in same))
+    rows, _, ran = band_rows("ktransformers", cls, runtime=runtime)
+    return list(dict.fromkeys(r["set"] for r in rows if r["prediction"] == "catalog")), ran
 
 
 def shortfall_note(options: list[Any]) -> str | None:
@@ -135,12 +135,10 @@ def caveats(cpu: Any, options: list[Any], cls: str) -> list[str]:
                    "(archive/ktransformers/operators/linear.py: num_bits 4, group_size 64): they take about "
                    f"4.25/{mine[0].shape.bits:g} of the VRAM counted here (more layers may fit) and run at 4 bits, "
                    "a quality change")
-    sets = band_sets(cls)
+    sets, ran = band_sets(cls)
     if sets:
-        artifact = ("; those of ktransformers-sosp25-decode are the SOSP '25 artifact's, predicted with runtime "
-                    "ktransformers-sosp25, not this one") if "ktransformers-sosp25-decode" in sets else ""
-        out.append(f"kTransformers' error band comes from the published rows of {', '.join(sets)} "
-                   f"(measurements/){artifact}")
+        other = "" if ran else f", none of them predicted with its runtime {RUNTIME}"
+        out.append(f"kTransformers' error band comes from the published rows of {', '.join(sets)} (measurements/){other}")
     return out
 
 

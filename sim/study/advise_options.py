@@ -33,7 +33,7 @@ Systems and their knobs (the policy that stands for each, and its runtime overhe
   holds ``m E`` experts; the host holds the other ``(L - m) E``, once per NUMA node on a host of
   several sockets (``Memory.numa_nodes``: built with ``USE_NUMA=1``, each node keeps its own
   copy). Policy ``cpu-moe`` (its first ``L - m`` MoE layers on the CPU); its error band is the
-  published rows of system ``ktransformers`` (``Option.band_system``).
+  published rows of system ``ktransformers`` (``Option.band_system``) predicted with its runtime.
 
 Memory: VRAM used = the model's non-expert weights (all of them on the GPU, as the simulator
 counts them) + the experts on the GPU + ``reserve_gib`` (CUDA context, KV cache, activations;

@@ -125,8 +125,9 @@ def caveats(cpu: Any, options: list[Any], cls: str) -> list[str]:
     numa = (f"; on {cpu.sockets} sockets built with USE_NUMA=1, as its tutorial's dual-socket run, so each NUMA node "
             f"holds its own copy of the CPU experts (the host GiB count {cpu.sockets} copies; the tutorial: 382G DRAM "
             "on one socket, 1T on two)") if cpu.sockets > 1 else ""
-    out.append(f"kTransformers is priced as its V0.2 local_chat (runtime {RUNTIME}) with all {cpu.cores} cores of host "
-               f"{cpu.name} on the CPU experts at the host entry's rates (it names no instruction set): give "
+    host = "the assumed host" if cpu.name == "default" else f"host {cpu.name}"
+    out.append(f"kTransformers is priced as its V0.2 local_chat (runtime {RUNTIME}) with all {cpu.cores} cores of "
+               f"{host} on the CPU experts at the host entry's rates (it names no instruction set): give "
                f"--cpu_infer {cpu.cores + 1} (cores + 1, as doc/en/DeepseekR1_V3_tutorial.md){numa}; its runtime was fitted "
                "on that tutorial's rows, on Xeons with AMX, which it credits for 'significantly better performance compared to "
                "AVX-only alternatives': on a CPU without AMX or AVX-512 expect less")

@@ -240,6 +240,21 @@ def test_model_file_and_inline_spec(tmp_path: Path) -> None:
         assert base["trace"]["synthetic"]["num_layers"] == 2
 
 
+def test_a_model_spec_keeps_its_attention_shape() -> None:
+    """The attention shape is left out of a model's dumps; a spec given to advise keeps it, so
+    --context and kTransformers' eager attention can price it (they failed on it before)."""
+    from moesim.sim.config.catalog import get_model
+    from moesim.sim.study.advise_inputs import model_ref
+
+    ref, _ = model_ref("{base: deepseek-v2.5, num_layers: 20}")
+    spec = {k: v for k, v in ref.items() if k != "dense_blocks"}
+    assert get_model(spec).kv_bytes_per_token == get_model("deepseek-v2.5").kv_bytes_per_token == 1152
+    req = AdviseRequest(model="{base: deepseek-v2.5, num_layers: 20}", gpu="a100-pcie-40gb", vram_gib=38,
+                        host_gib=900, bits=[16.0], systems=["cpu-moe"], context_tokens=4096)
+    base, _, _, _ = build(req)
+    assert base["model"]["kv_lora_rank"] == get_model("deepseek-v2.5").kv_lora_rank
+
+
 def test_model_spec_runs(tmp_path: Path) -> None:
     req = AdviseRequest(model="{base: tiny-moe, num_layers: 2}", gpu="rtx-4090", vram_gib=TINY_VRAM, host_gib=0.01,
                         reserve_gib=0.0, host_reserve_gib=0.0, bits=[16.0], systems=["lru"], decode_tokens=4)

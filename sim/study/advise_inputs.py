@@ -92,6 +92,12 @@ def model_ref(model: str) -> tuple[dict[str, Any], str]:
     except (CatalogError, ValueError) as exc:
         raise AdviseError(f"{where}: {' '.join(str(exc).split())}") from None
     full = resolved.model_dump(mode="json")
+    # the attention shape is left out of a model's dumps (runs without a context keep their
+    # bytes), but advise's runs need it (--context, kTransformers' eager attention): carry it
+    for key, field in type(resolved).model_fields.items():
+        value = getattr(resolved, key)
+        if field.exclude and key != "dense_blocks" and value is not None and value != field.default:
+            full[key] = value
     full["dense_blocks"] = resolved.dense_blocks
     return full, resolved.name
 

@@ -211,12 +211,10 @@ class Stepper:
         if self.eager:
             return self.cost.layer_s(n_tok) + self.cost.eager_attention_s(n_tok, it.kv_tokens), over
         if it.kv_tokens:
-            got = self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs)
-            return (got + self.kv_switch if self.kv_switch else got), over
+            return self.cost.layer_s(n_tok) + self.cost.context_s(it.kv_tokens, it.attn_pairs) + self.kv_switch, over
         cached = self._non_moe.get(n_tok)
-        if cached is None:
-            layer = self.cost.layer_s(n_tok)
-            cached = self._non_moe[n_tok] = layer + self.kv_switch if self.kv_switch else layer
+        if cached is None:   # kv_switch is 0.0 unless runtime.kv_on_host: adding it leaves the sum's bits as they are
+            cached = self._non_moe[n_tok] = self.cost.layer_s(n_tok) + self.kv_switch
         return cached, over
 
     def shared_after_route_s(self, it: Iteration) -> float:

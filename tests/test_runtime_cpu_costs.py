@@ -25,6 +25,15 @@ def _hw():  # type: ignore[no-untyped-def]
     return get_hardware({**tiny_hw().model_dump(), "name": "tiny-cpu", "cpu": {"expert_us": 300, "call_us": 0}})
 
 
+@pytest.fixture(params=[False, True], ids=["event", "fast"])
+def fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Each test that takes it runs on both replays: the fast one (run_engine's default) and the
+    event loop's (``FAST_PATH`` off)."""
+    if not request.param:
+        monkeypatch.setattr(fixtures, "FAST_PATH", None)
+    return bool(request.param)
+
+
 def test_the_hand_off_delays_each_cpu_layer_and_no_gpu_layer() -> None:
     tr = make_trace([[[0], [1], [2]], [[3], [0], [1]]], num_experts=4)
     rt = RuntimeSpec(name="switch", cpu_switch_us=40)
@@ -81,12 +90,8 @@ def test_graphs_for_decode_only_leave_prefill_its_launches() -> None:
     assert CostModel(model, hw, eager).overhead_layer_s() == CostModel(model, hw, eager).overhead_layer_s(True)
 
 
-@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("eager_prefill", [False, True])
-def test_eager_prefill_adds_launches_to_the_prompt_only(eager_prefill: bool, fast: bool,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    if not fast:   # the event loop's replay (run_engine passes the fast one)
-        monkeypatch.setattr(fixtures, "FAST_PATH", None)
+def test_eager_prefill_adds_launches_to_the_prompt_only(eager_prefill: bool, fast: bool) -> None:
     # a 2-token prompt, then 1 decode token; two layers, every expert resident (hits)
     tr = make_trace([[[0], [1]], [[2], [3]], [[1], [2]]], num_experts=4, phases=[PREFILL, PREFILL, DECODE])
     rt = RuntimeSpec(name="decode-graphs", layer_us=5, launch_us=10, layer_kernels=3, cuda_graphs=True,
@@ -144,12 +149,8 @@ def test_the_shared_experts_part_of_a_layer_is_their_roofline_at_most_the_layer(
     assert CostModel(big, _hw(), rt).shared_experts_s(1) == pytest.approx(100 * US)
 
 
-@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_shared_experts_overlap_the_cpu_experts_in_one_token_graph_replays(overlap: bool, fast: bool,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    if not fast:   # the event loop's replay (run_engine passes the fast one)
-        monkeypatch.setattr(fixtures, "FAST_PATH", None)
+def test_shared_experts_overlap_the_cpu_experts_in_one_token_graph_replays(overlap: bool, fast: bool) -> None:
     # a 2-token prompt, then 2 decode tokens; layers 0 and 1 on the CPU, layer 2 on the GPU (resident)
     tr = make_trace([[[0], [1], [2]], [[1], [2], [3]], [[2], [3], [0]], [[3], [0], [1]]], num_experts=4,
                     phases=[PREFILL, PREFILL, DECODE, DECODE])

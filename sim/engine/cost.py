@@ -227,11 +227,8 @@ class CostModel:
         """Microseconds one eager MoE layer spends launching its kernels outside the experts:
         ``layer_kernels x launch_us``, 0 when the runtime replays captured graphs, unless the
         pass is a prefill (``prefill``) of a runtime that captures decode only
-        (``eager_prefill``)."""
-        rt = self.runtime
-        if rt.cuda_graphs and not (prefill and rt.eager_prefill):
-            return 0.0
-        return rt.layer_kernels * rt.launch_us
+        (``eager_prefill``): :meth:`RuntimeSpec.launch_layer_us`."""
+        return self.runtime.launch_layer_us(prefill)
 
     def shared_experts_s(self, n_tokens: int) -> float:
         """The shared experts' part of :meth:`layer_s` for ``n_tokens`` tokens: their roofline

@@ -14,6 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from moesim.sim.config.catalog import RuntimeSpec
 from moesim.sim.core.atomic import atomic_folder
 from moesim.sim.core.escape import terminal as escape  # control characters shown, markup escaped
 from moesim.sim.engine.records import STEP_FIELDS
@@ -184,33 +185,29 @@ def runtime_line(runtime: dict[str, Any]) -> str:
     ``eager_prefill``); the hand-off to CPU experts is shown when there is one, and a runtime
     that runs its CPU experts through its own kernel (``cpu_kernel``), copies from pageable host
     memory, runs the shared experts beside the CPU experts (``overlap_shared_experts``) or its
-    attention on the host (``kv_on_host``), says so."""
-    name = runtime.get("name", "?")
-    kernels = int(runtime.get("layer_kernels") or 0)
-    launches = 0 if runtime.get("cuda_graphs") else kernels
-    launch_us = launches * float(runtime.get("launch_us") or 0)
-    prefill_us = kernels * float(runtime.get("launch_us") or 0) \
-        if runtime.get("cuda_graphs") and runtime.get("eager_prefill") else 0.0
-    if not any(runtime.get(k) for k in RUNTIME_TIMES) and not launch_us and not prefill_us \
-            and not runtime.get("kv_on_host"):
-        return f"{name}: no framework overhead modelled (kernels back to back); name a runtime: to add one"
-    layer = f"{float(runtime.get('layer_us') or 0) + launch_us:g} us/layer"
+    attention on the host (``kv_on_host``), says so. ``runtime`` is the run's runtime as its
+    result holds it (``RuntimeSpec.model_dump``)."""
+    spec = RuntimeSpec.model_validate(runtime)
+    launch_us = spec.launch_layer_us()
+    prefill_us = spec.launch_layer_us(prefill=True) - launch_us   # the launches graphs skip in decode only
+    if not any(getattr(spec, k) for k in RUNTIME_TIMES) and not launch_us and not prefill_us and not spec.kv_on_host:
+        return f"{spec.name}: no framework overhead modelled (kernels back to back); name a runtime: to add one"
+    layer = f"{spec.layer_us + launch_us:g} us/layer"
     if launch_us:
-        layer += f" ({launches} launches x {float(runtime.get('launch_us') or 0):g} us)"
+        layer += f" ({spec.layer_kernels} launches x {spec.launch_us:g} us)"
     if prefill_us:
-        layer += f" (prefill: +{prefill_us:g}, {kernels} eager launches x {float(runtime.get('launch_us') or 0):g} us)"
-    text = f"{name}: {layer}, {runtime.get('iteration_us', 0):g} us/iteration, {runtime.get('token_us', 0):g} us/token"
-    if runtime.get("cpu_switch_us"):
-        text += f", {runtime['cpu_switch_us']:g} us per CPU-expert layer"
-    kernel = runtime.get("cpu_kernel")
-    if isinstance(kernel, dict):
-        text += (f", CPU experts by its own kernel ({float(kernel['call_us']):g} us a call, "
-                 f"{float(kernel['read_share']):g} of the host's read rate)")
-    if runtime.get("host_memory") == "pageable":
+        layer += f" (prefill: +{prefill_us:g}, {spec.layer_kernels} eager launches x {spec.launch_us:g} us)"
+    text = f"{spec.name}: {layer}, {spec.iteration_us:g} us/iteration, {spec.token_us:g} us/token"
+    if spec.cpu_switch_us:
+        text += f", {spec.cpu_switch_us:g} us per CPU-expert layer"
+    if spec.cpu_kernel is not None:
+        text += (f", CPU experts by its own kernel ({spec.cpu_kernel.call_us:g} us a call, "
+                 f"{spec.cpu_kernel.read_share:g} of the host's read rate)")
+    if spec.host_memory == "pageable":
         text += ", copies from pageable host memory"
-    if runtime.get("overlap_shared_experts") and runtime.get("cuda_graphs"):
+    if spec.overlap_shared_experts and spec.cuda_graphs:
         text += ", shared experts beside the CPU experts in graph-replayed one-token passes"
-    if runtime.get("kv_on_host"):
+    if spec.kv_on_host:
         text += ", KV cache and attention on the host CPU (one more hand-off a layer)"
     return text
 

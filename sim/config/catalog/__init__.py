@@ -232,6 +232,16 @@ class RuntimeSpec(BaseModel):
                              "(hardware.cpu, for experts and host-side attention alike)")
     source: str = Field("", description="where the numbers come from")
 
+    def launch_layer_us(self, prefill: bool = False) -> float:
+        """Microseconds one eager MoE layer spends launching its kernels outside the experts:
+        ``layer_kernels x launch_us``, 0 when the runtime replays captured graphs, unless the
+        pass is a prefill (``prefill``) of a runtime that captures decode only
+        (``eager_prefill``). The engine's cost (``CostModel.launch_layer_us``) and the run
+        summary's runtime row both read it."""
+        if self.cuda_graphs and not (prefill and self.eager_prefill):
+            return 0.0
+        return self.layer_kernels * self.launch_us
+
     @model_validator(mode="after")
     def _check_kv_on_host(self) -> RuntimeSpec:
         if self.kv_on_host and self.eager_score_bytes is not None:

@@ -156,3 +156,18 @@ def test_cli_prints_nkvo(capsys: pytest.CaptureFixture[str], monkeypatch: pytest
                  "--reserve", "0", "--host-reserve", "0", "--tokens", "8", "--jobs", "1", "--no-progress",
                  "--systems", "cpu-moe", "--bits", "16", "--all"])
     assert code == 0 and "-nkvo" not in capsys.readouterr().out
+
+
+def test_the_table_marks_the_rows_that_kept_the_kv_cache_on_the_host(tmp_path: Path) -> None:
+    """Column kv_on_host: yes on exactly the SOSP '25 set's llama.cpp rows (run with -nkvo 1,
+    runtime {base: llama-cpp-like, kv_on_host: true}); a runtime's overrides, file or entry decide."""
+    from benchmarks.advise_bands import MEASUREMENTS, kv_on_host
+    from moesim.sim.study.advise_bands import load_table
+
+    yes = {(r["set"], r["system"], r["row"]) for r in load_table() if r["kv_on_host"] == "yes"}
+    assert yes == {("ktransformers-sosp25-decode", "cpu-moe", str(i)) for i in range(9, 15)}
+    assert kv_on_host("llama-cpp-like", MEASUREMENTS) == kv_on_host(None, MEASUREMENTS) == "no"
+    assert kv_on_host({"base": "llama-cpp-like", "kv_on_host": True}, MEASUREMENTS) == "yes"
+    (tmp_path / "rt.yaml").write_text("name: mine\nkv_on_host: true\n")
+    assert kv_on_host("rt.yaml", tmp_path) == "yes"
+    assert kv_on_host({"base": "rt.yaml", "kv_on_host": False}, tmp_path) == "no"

@@ -41,7 +41,10 @@ overrides are not named), and for ``published_systems.md`` the runtime
 ``benchmarks/published_systems.py`` predicted its section with (``E_M_RUNTIME``,
 ``FIDDLER_RUNTIME``, ``MOE_INF_RUNTIME``). A runtime given as a YAML file (a committed fit's
 ``fitted.yaml``) is written as its path from the repository root, which no catalog name matches;
-a spec with no base, as its ``name`` (empty when it has none).
+a spec with no base, as its ``name`` (empty when it has none). As the name leaves the overrides
+out, column ``kv_on_host`` says whether the runtime, overrides and all, kept the KV cache in host
+memory (``yes``/``no``; ``runtime.kv_on_host``, llama.cpp's ``-nkvo``: the SOSP '25 set's llama.cpp
+rows), so that advise's ``-nkvo`` options can keep to those rows.
 """
 
 from __future__ import annotations
@@ -117,6 +120,24 @@ def runtime_name(ref: Any, base_dir: Path) -> str:
     return ref
 
 
+def kv_on_host(ref: Any, base_dir: Path) -> str:
+    """``yes`` when a scenario's ``runtime:`` value keeps the KV cache in host memory
+    (``kv_on_host``: a catalog name's entry, a file's spec, or a base with overrides, the
+    overrides winning), else ``no``; a runtime that cannot be resolved says ``no`` only when it
+    sets nothing of the kind."""
+    from moesim.sim.config.catalog import CatalogError, get_runtime, is_spec_file, load_spec_file
+
+    try:
+        if is_spec_file(ref):
+            ref = load_spec_file(base_dir / str(ref), "runtime")
+        elif isinstance(ref, dict) and is_spec_file(ref.get("base")):
+            ref = {**load_spec_file(base_dir / str(ref["base"]), "runtime"), **{k: v for k, v in ref.items() if k != "base"}}
+        on = get_runtime(ref).kv_on_host
+    except (CatalogError, ValueError, TypeError):
+        on = bool(isinstance(ref, dict) and ref.get("kv_on_host"))
+    return "yes" if on else "no"
+
+
 def _published_sections() -> list[tuple[str, list[list[str]]]]:
     """``published_systems.md`` as (section heading, table rows as cells)."""
     out: list[tuple[str, list[list[str]]]] = []
@@ -153,6 +174,7 @@ def published_rows() -> list[dict[str, Any]]:
             else:
                 raise SystemExit(f"{PUBLISHED}: section {heading!r} is new: teach benchmarks/advise_bands.py its rows")
             row["hardware"], row["gpu_class"] = _hardware_class(hw, ROOT)
+            row["kv_on_host"] = kv_on_host(row["runtime"], ROOT)
             time_metric = row["metric"] == "s_per_token"
             row["speed_ratio"] = pub / pred if time_metric else pred / pub
             rows.append(row)
@@ -192,6 +214,7 @@ def fit_rows() -> list[dict[str, Any]]:
             hw_ref = setting.get("hardware", base.get("hardware"))
             hardware, cls = _hardware_class(hw_ref, base_dir)
             pub, pred = float(r["measured"]), float(r["predicted"])
+            runtime = setting.get("runtime", base.get("runtime", DEFAULT_RUNTIME))
             rows.append({"source": f"benchmarks/results/fits/{stem}/rows.csv", "set": stem, "row": r["row"],
                          "system": systems[int(r["row"])] or _policy_name(setting.get("policy", base.get("policy"))),
                          "hardware": hardware, "gpu_class": cls,
@@ -199,7 +222,7 @@ def fit_rows() -> list[dict[str, Any]]:
                          "published": pub, "predicted": pred,
                          "speed_ratio": pub / pred if SPEED[r["metric"]] else pred / pub,
                          "prediction": kind, "counted": "yes",
-                         "runtime": runtime_name(setting.get("runtime", base.get("runtime", DEFAULT_RUNTIME)), base_dir)})
+                         "runtime": runtime_name(runtime, base_dir), "kv_on_host": kv_on_host(runtime, base_dir)})
     return rows
 
 
@@ -208,7 +231,7 @@ def unfitted_rows() -> list[dict[str, Any]]:
     names every set (and differs from the committed one as soon as a set is added)."""
     return [{"source": f"measurements/{stem}.yaml", "set": stem, "row": "", "system": "", "hardware": "",
              "gpu_class": "", "model": "", "metric": "", "published": "", "predicted": "", "speed_ratio": "",
-             "prediction": "", "runtime": "", "counted": f"no: no committed fit folder (simctl fit measurements/{stem}.yaml "
+             "prediction": "", "runtime": "", "kv_on_host": "", "counted": f"no: no committed fit folder (simctl fit measurements/{stem}.yaml "
                                           f"--out benchmarks/results/fits/{stem}, then rerun this script)"}
             for stem in unfitted_sets()]
 

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moesim.sim.study import advise_ktransformers
+from moesim.sim.study import advise_ktransformers, advise_nkvo
 from moesim.sim.study.advise_bands import Band
-from moesim.sim.study.advise_host import CPU_EXPERT_POLICIES, cpu_words, kernel_lines, numa_caveats
+from moesim.sim.study.advise_calibration import calibration_lines
+from moesim.sim.study.advise_host import CPU_EXPERT_POLICIES, cpu_words, numa_caveats
 from moesim.sim.study.advise_inputs import (
     AdviseError,
     at_width,
@@ -39,6 +40,8 @@ from moesim.sim.study.advise_inputs import (
     synthetic_trace,
 )
 from moesim.sim.study.advise_options import (
+    HOST_KV_FLAG,
+    RUNTIMES,
     SYSTEMS,
     Memory,
     Option,
@@ -243,7 +246,7 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
                          f"{max(vram):.1f} GiB of VRAM; experts {shape.routed_bytes / 2**30:.1f} GiB, other weights "
                          f"{shape.non_expert_bytes / 2**30:.1f} GiB")
         else:
-            shortfall.append(least_needed(shape, mem))
+            shortfall.append(least_needed(shape, mem, host_kv=req.systems is None or "cpu-moe" in req.systems))
             notes.append(f"at {shape.bits:g} bits per weight{own}{size}: nothing fits ({shortfall[-1]})")
     if not options:
         raise AdviseError(f"nothing fits {req.vram_gib:g} GiB of VRAM and {req.host_gib:g} GiB of host memory: "
@@ -263,15 +266,31 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
     return base, options, workload, notes
 
 
+def _runtime(req: AdviseRequest, option: Option) -> str | dict[str, Any]:
+    """The scenario's ``runtime:`` of an option: its own (:attr:`Option.runtime_ref`), or the
+    user's ``--runtime`` file, with ``kv_on_host`` for an option that keeps the KV cache in host
+    memory (llama.cpp's ``-nkvo``: the user's runtime with its KV cache moved, not another)."""
+    if not req.runtime:
+        return option.runtime_ref
+    path = str(Path(req.runtime).resolve())
+    if not option.kv_on_host:
+        return path
+    from moesim.sim.config.catalog import CatalogError, load_spec_file
+
+    try:
+        return {**load_spec_file(Path(path), "runtime"), "kv_on_host": True}
+    except CatalogError as exc:
+        raise AdviseError(f"--runtime: {exc}") from None
+
+
 def to_sweep(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> Any:
     """The options as the points of one sweep (one zipped axis, in option order)."""
     from moesim.sim.study.sweep import SweepError, SweepSpec, expand
 
-    runtime = str(Path(req.runtime).resolve()) if req.runtime else None
     spec = SweepSpec(name=str(base["name"]), base=copy.deepcopy(base), zip={
         "policy": [{"name": o.policy, "params": o.params} for o in options],
         "cache.experts_per_layer": [o.experts_per_layer for o in options],
-        "runtime": [runtime or o.runtime_ref for o in options],
+        "runtime": [_runtime(req, o) for o in options],
         "model": [o.model for o in options],
     })
     try:
@@ -324,31 +343,47 @@ def mark(rows: list[Row], floor: float = TIE_FLOOR) -> None:
                 r.tie = best.tie = True
 
 
-def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[list[Band], str]:
-    """Each option's error band and a line saying where the bands come from: the held-out error
-    of the first ``simctl fit`` file given (``--calibration``, ``--gpu``, ``--runtime``) that has
-    one, else the published rows of each system predicted with the option's runtime (``--runtime``
-    when given) on GPUs of this one's class (:func:`moesim.sim.study.advise_bands.catalog_band`)."""
-    from moesim.sim.study.advise_bands import CLASS_WORDS, catalog_band, fit_band, gpu_class
+def fitted_band(req: AdviseRequest) -> tuple[str, str, Band] | None:
+    """The flag, file and held-out error of the first ``simctl fit`` file given (``--calibration``,
+    ``--gpu``, ``--runtime``) that has one, which then gives every option's band; else None."""
+    from moesim.sim.study.advise_bands import fit_band
 
     for flag, path in (("--calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
         if path and path.endswith((".yaml", ".yml")) and Path(path).is_file():
             band = fit_band(path)
             if band is not None:
-                return [band] * len(options), f"error bands: {flag} {Path(path).name}'s own held-out error, {band.words}"
+                return flag, path, band
+    return None
+
+
+def bands(req: AdviseRequest, options: list[Option], hbm_gbps: float) -> tuple[list[Band], str]:
+    """Each option's error band and a line saying where the bands come from: the held-out error
+    of the first ``simctl fit`` file given that has one (:func:`fitted_band`), else the published
+    rows of each system predicted with the option's runtime (``--runtime`` when given; an option
+    that keeps the KV cache in host memory, on the rows that did too where there are some) on GPUs
+    of this one's class (:func:`moesim.sim.study.advise_bands.catalog_band`)."""
+    from moesim.sim.study.advise_bands import CLASS_WORDS, catalog_band, gpu_class
+
+    fitted = fitted_band(req)
+    if fitted is not None:
+        flag, path, band = fitted
+        return [band] * len(options), f"error bands: {flag} {Path(path).name}'s own held-out error, {band.words}"
     cls = gpu_class(hbm_gbps)
-    return ([catalog_band(o.band_system, o.system, cls, runtime=req.runtime or o.runtime) for o in options],
+    return ([catalog_band(o.band_system, o.system, cls, runtime=req.runtime or o.runtime, host_kv=o.kv_on_host)
+             for o in options],
             f"error bands: predicted / published tokens/s of each system's published rows (this GPU is of the "
             f"{CLASS_WORDS[cls]}: {hbm_gbps:g} GB/s), from sim/study/advise_bands.csv "
             "(python benchmarks/advise_bands.py); a band is no guarantee for a machine unlike theirs")
 
 
-def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec, gpu_class: str = "gddr") -> list[str]:
+def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec, gpu_class: str = "gddr", hw: Any = None) -> list[str]:
     """What the answer assumes that the user may not: options resting on unmerged upstream
-    features, llama.cpp's pageable copies under its default mmap, the host assumed, a
-    NUMA-unaware system read at a multi-socket host's full rate, kTransformers' threads, NUMA
-    copies, kernels and band (:func:`moesim.sim.study.advise_ktransformers.caveats`, on a GPU
-    of ``gpu_class``) or why it has no options, the error bands' reach."""
+    features, llama.cpp's pageable copies under its default mmap, its ``-nkvo`` options'
+    attention on the CPU (:func:`moesim.sim.study.advise_nkvo.caveats`, given the GPU ``hw``),
+    the host assumed, a NUMA-unaware system read at a multi-socket host's full rate,
+    kTransformers' threads, NUMA copies, kernels and band
+    (:func:`moesim.sim.study.advise_ktransformers.caveats`, on a GPU of ``gpu_class``) or why it
+    has no options, the error bands' reach."""
     cpu_name, words = cpu.name, cpu_words(cpu)
     out = []
     unmerged = dict.fromkeys(r.option.unmerged for r in rows if r.option.unmerged)
@@ -368,6 +403,9 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec, gpu_class: str = 
                    "(src/llama-model-loader.cpp), so what it copies of them (prompt batches of 32 tokens or more, "
                    "--moe-expert-cache uploads) is priced at the GPU's pageable rate; --no-mmap would pin them "
                    "(simctl policies cpu-moe: mmap)")
+    if hw is not None:
+        band_runtime = None if fitted_band(req) else req.runtime or RUNTIMES["cpu-moe"]
+        out += advise_nkvo.caveats(cpu, hw, [r.option for r in rows], gpu_class, band_runtime)
     if req.cpu is None and cpu_name == "default":
         on_cpu = [s for s in ("llama.cpp", "Fiddler", "kTransformers") if s.lower() in {r.option.system for r in rows}]
         who = " and ".join([", ".join(on_cpu[:-1]), on_cpu[-1]] if len(on_cpu) > 1 else on_cpu) or "llama.cpp and Fiddler"
@@ -384,71 +422,6 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec, gpu_class: str = 
             out.append(short)
         out += advise_ktransformers.caveats(cpu, [r.option for r in rows], gpu_class)
     return out
-
-
-def calibration_lines(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> list[str]:
-    """Where the predictions' numbers come from: the GPU's link, memory and compute, the host
-    CPU, each runtime profile used, and a fit's held-out error."""
-    from moesim.sim.config.catalog import get_runtime, load_spec_file
-    from moesim.sim.config.scenario import load_scenario_data
-
-    loaded = load_scenario_data(copy.deepcopy(base), source="simctl advise", base_dir=Path.cwd())
-    hw = loaded.hardware_spec()
-    where = Path(req.gpu).name if req.gpu.endswith((".yaml", ".yml")) else f"catalog entry {req.gpu}"
-    lines = [f"hardware {hw.name} ({where}): {hw.source or 'no source stated'}"]
-    for f, unit in (("pcie_gbps", "GB/s pinned"), ("pageable_gbps", "GB/s pageable"), ("hbm_gbps", "GB/s HBM"),
-                    ("peak_tflops", "TFLOP/s")):
-        value = getattr(hw, f) if f != "pageable_gbps" else hw.pageable_rate_gbps
-        lines.append(f"  {f} {value:g} {unit}: {hw.source_of(f, where)}")
-    cpu = hw.cpu
-    lines.append(f"  host cpu {cpu.name}: {cpu_words(cpu)}: {cpu.source or 'no source stated'}")
-    if cpu.numa_unaware_gbps is not None:
-        lines.append(f"    numa_unaware_gbps {cpu.numa_unaware_gbps:g} GB/s a socket (runtimes that place no weights per "
-                     f"NUMA node): {cpu.sources.get('numa_unaware_gbps', 'no source stated')}")
-    if req.runtime:
-        rt = get_runtime(load_spec_file(Path(req.runtime), "runtime"))
-        lines.append(f"runtime (every system) {rt.name} ({req.runtime}): {rt.source or 'no source stated'}")
-        lines += kernel_lines(rt)
-    else:
-        for name in dict.fromkeys(o.runtime for o in options):
-            users = ", ".join(dict.fromkeys(o.system for o in options if o.runtime == name))
-            rt = get_runtime(name)
-            lines.append(f"runtime {name} ({users}): {rt.source or 'no source stated'}")
-            lines += kernel_lines(rt)
-            for changed in dict.fromkeys(str(o.runtime_overrides) for o in options
-                                         if o.runtime == name and o.runtime_overrides):
-                lines.append(f"  with {changed} where a setting says so (kTransformers' experts on the GPU, "
-                             "--use_cuda_graph False: sim/study/advise_ktransformers.py)")
-    for label, path in (("calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
-        held = fit_error(path) if path else None
-        if held:
-            lines.append(f"{label} {Path(path or '').name}: {held}")
-    if not any("held-out" in line for line in lines):
-        lines.append("no `simctl fit` file given: the catalog figures are spec sheets and derivations, not fitted "
-                     "to this machine; the error bands beside each number say how far they were from published rows")
-    return lines
-
-
-def fit_error(path: str) -> str | None:
-    """A ``simctl fit`` file's name, source and held-out error in one line (None for any other file)."""
-    from moesim.sim.core.yamlio import YamlError, load_yaml_file
-
-    if not path.endswith((".yaml", ".yml")) or not Path(path).is_file():
-        return None
-    try:
-        data = load_yaml_file(Path(path))
-    except YamlError:
-        return None
-    fit = data.get("fit") if isinstance(data, dict) else None
-    if not isinstance(fit, dict):
-        return None
-    held = fit.get("held_out") or {}
-    if isinstance(held, dict) and held.get("rows"):
-        err = (f"held-out error over {held['rows']} rows: median {held.get('median_abs_error_pct', float('nan')):.1f}%, "
-               f"max ratio {held.get('max_ratio', float('nan')):.2f}x")
-    else:
-        err = "held-out error: the fit held out no rows"
-    return f"fit {fit.get('name', '?')} ({fit.get('source', 'no source')}): {err}"
 
 
 def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: str | None = None,
@@ -482,16 +455,18 @@ def run_advice(req: AdviseRequest, out: Path, *, jobs: int | None = None, dask: 
         vram_line = (f"VRAM used = non-expert weights + experts on the GPU + the KV cache ({kv:.2f} GiB: {req.batch} x "
                      f"({req.context_tokens} + {req.decode_tokens}) tokens) + {req.reserve_gib:g} GiB reserve (CUDA "
                      "context, activations, compute buffers: not KV)")
+        if any(o.kv_on_host for o in options):
+            vram_line += (f"; llama.cpp's {HOST_KV_FLAG} options count the KV cache in host memory instead")
     else:
         vram_line = (f"VRAM used = non-expert weights + experts on the GPU + {req.reserve_gib:g} GiB reserve (CUDA "
                      "context, KV cache, activations)")
     notes = notes + [f"{vram_line}; host = what the system keeps there + {req.host_reserve_gib:g} GiB reserve"]
     from moesim.sim.study.advise_bands import gpu_class
 
-    found = caveats(req, rows, hw.cpu, gpu_class(hw.hbm_gbps)) + [band_line]
+    found = caveats(req, rows, hw.cpu, gpu_class(hw.hbm_gbps), hw) + [band_line]
     return Advice(rows, calib, workload, notes, points_run=outcome.ran, points_reused=outcome.skipped, caveats=found,
                   model_name=model_ref(req.model)[1])
 
 
-__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "likely_speed", "mark", "pareto", "run_advice",
+__all__ = ["AdviseError", "AdviseRequest", "Advice", "Row", "bands", "build", "caveats", "fitted_band", "likely_speed", "mark", "pareto", "run_advice",
            "widths"]

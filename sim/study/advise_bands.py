@@ -13,7 +13,12 @@ too); rows predicted after fitting to their own testbed are mentioned, not used.
 
 Each row names the runtime it was predicted with (column ``runtime``); given the runtime an
 option runs, a band is made of the system's rows that ran it, when there are any (and says so),
-else of all the system's rows (saying none ran it).
+else of all the system's rows (saying none ran it). The runtime column names a runtime's base,
+not its overrides, so a row also says whether its runtime kept the KV cache in host memory
+(column ``kv_on_host``, ``yes``/``no``: llama.cpp's ``-nkvo``): an option that keeps it there
+(``host_kv``) is banded on the rows that did, within its runtime's, when there are some (said),
+else on the rows it would have had (saying none did); the other options' bands are as before,
+over rows of either kind.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ TABLE = Path(__file__).with_name("advise_bands.csv")
 """The committed table (written by ``benchmarks/advise_bands.py``)."""
 
 COLUMNS = ["source", "set", "row", "system", "hardware", "gpu_class", "model", "metric", "published", "predicted",
-           "speed_ratio", "prediction", "counted", "runtime"]
+           "speed_ratio", "prediction", "counted", "runtime", "kv_on_host"]
 """The table's columns, in order."""
 
 HBM_GBPS = 1500.0
@@ -94,32 +99,46 @@ def _band(rows: list[dict[str, str]], words: str) -> Band:
 
 
 def band_rows(system: str, cls: str, table: tuple[dict[str, str], ...] | None = None,
-              runtime: str | None = None) -> tuple[list[dict[str, str]], bool, bool]:
+              runtime: str | None = None, host_kv: bool = False) -> tuple[list[dict[str, str]], bool, bool]:
     """The rows a band of ``system`` on a GPU of class ``cls`` is made of, as :func:`catalog_band`
-    picks them: the counted rows, only those that ran ``runtime`` when some did; of them the
-    ones predicted at the catalogs' figures (in class ``cls`` where there are some), else the
-    fitted ones. Returns the rows, whether they are of class ``cls`` and whether they ran
-    ``runtime`` (False when no runtime is given)."""
+    picks them: the counted rows, only those that ran ``runtime`` when some did, and with
+    ``host_kv`` of those only the ones whose runtime kept the KV cache in host memory when some
+    did; of them the ones predicted at the catalogs' figures (in class ``cls`` where there are
+    some), else the fitted ones. Returns the rows, whether they are of class ``cls`` and whether
+    they ran ``runtime`` (False when no runtime is given)."""
     rows = [r for r in (load_table() if table is None else table) if r["system"] == system and r["counted"] == "yes"]
     ran = [r for r in rows if runtime is not None and r.get("runtime") == runtime]
     rows = ran or rows
+    if host_kv:
+        rows = host_kv_rows(rows) or rows
     catalog = [r for r in rows if r["prediction"] == "catalog"]
     same = [r for r in catalog if r["gpu_class"] == cls]
     chosen = same or catalog or [r for r in rows if r["prediction"] == "fitted"]
     return chosen, bool(same), bool(ran)
 
 
+def host_kv_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows of ``rows`` whose runtime kept the KV cache in host memory (column ``kv_on_host``)."""
+    return [r for r in rows if r.get("kv_on_host") == "yes"]
+
+
 def catalog_band(system: str, label: str, cls: str, table: tuple[dict[str, str], ...] | None = None,
-                 runtime: str | None = None) -> Band:
+                 runtime: str | None = None, host_kv: bool = False) -> Band:
     """The band of ``system`` (a policy name; ``label`` its name in words) on a GPU of class
     ``cls``, from the rows predicted at the catalogs' figures: the same class where there are
     rows, else every class (said), else none (said, with the fitted rows' spread if any). Given
     ``runtime`` (the catalog runtime the option runs), only the rows that ran it, when the
     system has some (``run as RUNTIME``, said), else all of them (``none with runtime RUNTIME``,
-    said); without it the words are as they always were."""
-    rows, same, ran = band_rows(system, cls, table, runtime)
-    run_as = f" run as {runtime}" if ran else ""
+    said); without it the words are as they always were. With ``host_kv`` (an option that keeps
+    the KV cache in host memory) only the rows whose runtime did too, when there are some
+    (``with the KV cache in host memory``, said), else the rows without it (``none with the KV
+    cache in host memory``, said)."""
+    rows, same, ran = band_rows(system, cls, table, runtime, host_kv)
+    on_host = host_kv and bool(host_kv_rows(rows))
+    run_as = (f" run as {runtime}" if ran else "") + (" with the KV cache in host memory" if on_host else "")
     others = f"; none with runtime {runtime}" if runtime is not None and not ran and rows else ""
+    if host_kv and not on_host and rows:
+        others += "; none with the KV cache in host memory"
     if rows and rows[0]["prediction"] == "catalog":
         named = _rows(len(rows)).replace(" row", f" {label} row") + run_as
         if same:
@@ -165,4 +184,5 @@ def fit_band(path: str) -> Band | None:
     return Band(1 / mx, mx, int(held["rows"]), f"within {mx:.2f}x either way on the {held['rows']} held-out rows of {name}")
 
 
-__all__ = ["Band", "CLASS_WORDS", "COLUMNS", "HBM_GBPS", "TABLE", "band_rows", "catalog_band", "fit_band", "gpu_class", "load_table"]
+__all__ = ["Band", "CLASS_WORDS", "COLUMNS", "HBM_GBPS", "TABLE", "band_rows", "catalog_band", "fit_band", "gpu_class",
+           "host_kv_rows", "load_table"]

@@ -16,7 +16,10 @@ Systems and their knobs (the policy that stands for each, and its runtime overhe
   each the pattern ``blk.<i>.ffn_(up|down|gate|gate_up)_(ch|)exps`` of ``common/common.h``'s
   ``llm_ffn_exps_block_regex``; a dense block has no such tensor to move), so the flag printed is ``n`` plus the model's
   leading dense blocks (``ModelSpec.dense_blocks``), and the policy is given both. Runtime
-  ``llama-cpp-like``.
+  ``llama-cpp-like``. With a KV cache to place (``--context``), also ``-nkvo``
+  (``--no-kv-offload``: ``llama_context_params.offload_kqv`` false): the KV cache in host memory
+  and attention on the CPU (runtime ``llama-cpp-like`` with ``kv_on_host``), so the VRAM it took
+  holds experts instead: :data:`HOST_KV_FLAG` and :func:`llamacpp_host_kv_options` say which.
 * ``fiddler``: the GPU holds as many experts as fit, most popular first, plus one staging slot
   for a copied expert; a missed expert is computed on the CPU or copied. Its user sets nothing
   but the memory; smaller placements are listed too, for the VRAM-speed front. Runtime
@@ -37,9 +40,10 @@ Systems and their knobs (the policy that stands for each, and its runtime overhe
 
 Memory: VRAM used = the model's non-expert weights (all of them on the GPU, as the simulator
 counts them) + the experts on the GPU + ``reserve_gib`` (CUDA context, KV cache, activations;
-an assumption the user may change). Host used = what the system keeps there +
-``host_reserve_gib`` (the operating system and the framework). An option fits when both are
-within the given memory.
+an assumption the user may change) + the KV cache of ``--context`` (``Memory.kv_gib``), which
+an option with ``kv_on_host`` (llama.cpp's ``-nkvo``) counts in host memory instead. Host used
+= what the system keeps there + ``host_reserve_gib`` (the operating system and the framework).
+An option fits when both are within the given memory.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ MAX_STEPS = 8     # values tried per knob (all of them when there are few)
 UNMERGED_HOT_CACHE = ("llama.cpp's --moe-expert-cache is ggml-org/llama.cpp PR #27861, an open pull request: "
                       "in no llama.cpp release; build that branch to use it")
 """What an option with llama.cpp's hot cache rests on (see ``simctl policies cpu-moe``)."""
+HOST_KV_FLAG = "-nkvo"
+"""llama.cpp's flag that keeps the KV cache in host memory, as llama-server and llama-cli take it
+(``common/arg.cpp``: ``-nkvo, --no-kv-offload``, a switch without a value; llama-bench's own
+parser takes a value, ``-nkvo 1``)."""
+HOST_KV_RUNTIME: dict[str, Any] = {"kv_on_host": True}
+"""What an option with :data:`HOST_KV_FLAG` changes of its runtime (``runtime.kv_on_host``)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,9 @@ class Option:
     """Fields of ``runtime`` this option changes (kTransformers without its CUDA graph)."""
     published_as: str = ""
     """The ``system`` of the published rows that make its error band ("": its policy)."""
+    kv_on_host: bool = False
+    """The KV cache (``Memory.kv_gib``) lives in host memory, not VRAM (llama.cpp's ``-nkvo``;
+    its runtime then carries ``kv_on_host`` too, :data:`HOST_KV_RUNTIME`)."""
 
     @property
     def band_system(self) -> str:
@@ -139,14 +152,16 @@ class Option:
 
     @property
     def vram_gib(self) -> float:
-        """GPU memory the option takes, reserve and KV cache included."""
+        """GPU memory the option takes, reserve and KV cache included (the KV cache unless it
+        lives in host memory)."""
         mem = self.memory
-        return (self.shape.non_expert_bytes + self.gpu_experts * self.shape.expert_bytes) / GIB + mem.reserve_gib + mem.kv_gib
+        kv = 0.0 if self.kv_on_host else mem.kv_gib
+        return (self.shape.non_expert_bytes + self.gpu_experts * self.shape.expert_bytes) / GIB + mem.reserve_gib + kv
 
     @property
     def host_gib(self) -> float:
-        """Host memory the option takes, reserve included."""
-        return self.host_bytes / GIB + self.memory.host_reserve_gib
+        """Host memory the option takes, reserve included (and the KV cache when it lives there)."""
+        return self.host_bytes / GIB + self.memory.host_reserve_gib + (self.memory.kv_gib if self.kv_on_host else 0.0)
 
     @property
     def experts_per_layer(self) -> float:
@@ -169,8 +184,16 @@ def steps(lo: int, hi: int, n: int = MAX_STEPS) -> list[int]:
     return sorted({lo + round(i * (hi - lo) / (n - 1)) for i in range(n)})
 
 
-def _max_gpu_experts(shape: Shape, mem: Memory) -> int:
-    return int((mem.expert_room - shape.non_expert_bytes) // shape.expert_bytes)
+def _max_gpu_experts(shape: Shape, mem: Memory, kv_in_vram: bool = True) -> int:
+    room = mem.expert_room + (0.0 if kv_in_vram else mem.kv_gib * GIB)
+    return int((room - shape.non_expert_bytes) // shape.expert_bytes)
+
+
+def _least_cpu_layers(shape: Shape, room: int) -> int | None:
+    """The fewest MoE layers on the CPU that let the others' experts fit ``room`` experts (every
+    layer on the CPU takes one expert of room: the simulator's least budget); None when none do."""
+    L, E = shape.num_layers, shape.num_experts
+    return next((n for n in range(L + 1) if max(1, (L - n) * E) <= room), None)
 
 
 def cache_options(shape: Shape, mem: Memory, policy: str) -> list[Option]:
@@ -187,21 +210,28 @@ def cache_options(shape: Shape, mem: Memory, policy: str) -> list[Option]:
     return out
 
 
-def llamacpp_flags(shape: Shape, n: int, hot: int) -> str:
+def llamacpp_flags(shape: Shape, n: int, hot: int, host_kv: bool = False) -> str:
     """The llama.cpp flags of ``n`` MoE layers on the CPU and ``hot`` cache slots per CPU layer,
-    as llama.cpp spells them: ``--n-cpu-moe`` counts blocks, dense ones included."""
+    as llama.cpp spells them: ``--n-cpu-moe`` counts blocks, dense ones included; ``host_kv``:
+    the KV cache in host memory (:data:`HOST_KV_FLAG`)."""
+    kv = f" {HOST_KV_FLAG}" if host_kv else ""
     if n == 0:
-        return "-ngl 99 (every expert on the GPU)"
-    return f"-ngl 99 --n-cpu-moe {n + shape.dense_blocks}" + (f" --moe-expert-cache {hot}" if hot else "")
+        return f"-ngl 99{kv} (every expert on the GPU)"
+    return f"-ngl 99 --n-cpu-moe {n + shape.dense_blocks}" + (f" --moe-expert-cache {hot}" if hot else "") + kv
 
 
 def llamacpp_options(shape: Shape, mem: Memory, merged_only: bool = False) -> list[Option]:
     """``--n-cpu-moe`` from the fewest layers that fit up to all of them, each without and
-    with a few hot-cache sizes (without them when ``merged_only``)."""
-    L, E, eb = shape.num_layers, shape.num_experts, shape.expert_bytes
+    with a few hot-cache sizes (without them when ``merged_only``); then, with a KV cache in
+    ``mem``, the settings only ``-nkvo`` lets fit (:func:`llamacpp_host_kv_options`)."""
     room = _max_gpu_experts(shape, mem)
-    out = []
-    least = next((n for n in range(L + 1) if (L - n) * E <= room), None)
+    least = _least_cpu_layers(shape, room)
+    return _llamacpp_kv_in_vram(shape, mem, room, least, merged_only) + llamacpp_host_kv_options(shape, mem, least)
+
+
+def _llamacpp_kv_in_vram(shape: Shape, mem: Memory, room: int, least: int | None, merged_only: bool) -> list[Option]:
+    L, E, eb = shape.num_layers, shape.num_experts, shape.expert_bytes
+    out: list[Option] = []
     if least is None:
         return []
     slot_choices = [0] + ([] if merged_only else [h for h in sorted({max(1, E // 8), max(1, E // 4), max(1, E // 2)})
@@ -217,6 +247,33 @@ def llamacpp_options(shape: Shape, mem: Memory, merged_only: bool = False) -> li
                 params["dense_blocks"] = d
             out.append(Option(SYSTEMS["cpu-moe"], "cpu-moe", params, llamacpp_flags(shape, n, h), gpu, shape,
                               n * E * eb, RUNTIMES["cpu-moe"], mem, unmerged=UNMERGED_HOT_CACHE if h else ""))
+    return out
+
+
+def llamacpp_host_kv_options(shape: Shape, mem: Memory, least_in_vram: int | None) -> list[Option]:
+    """llama.cpp with ``-nkvo``: the KV cache in host memory, so its VRAM holds experts. Offered
+    only where that changes what fits: ``--n-cpu-moe`` from the fewest MoE layers on the CPU
+    that fit with the KV cache out of VRAM up to ``least_in_vram``, the fewest that fit with it
+    in (all of them when nothing fits so: every layer on the CPU), that one included so the
+    price of attention on the CPU shows beside the same experts without it; none without a KV
+    cache (no ``--context``) or when moving it frees no whole layer. Without hot-cache slots (an
+    unmerged feature already offered on its own) and at most :data:`MAX_STEPS` settings, so
+    that ``-nkvo`` adds at most as many options as one hot-cache size does."""
+    if mem.kv_gib <= 0:
+        return []
+    L, E, eb, d = shape.num_layers, shape.num_experts, shape.expert_bytes, shape.dense_blocks
+    room = _max_gpu_experts(shape, mem, kv_in_vram=False)
+    least = _least_cpu_layers(shape, room)
+    if least is None or (least_in_vram is not None and least >= least_in_vram):
+        return []
+    out = []
+    for n in steps(least, L if least_in_vram is None else least_in_vram):
+        params: dict[str, Any] = {"n_cpu_moe": n + d if n else 0, "hot_cache_slots": 0}
+        if d:
+            params["dense_blocks"] = d
+        out.append(Option(SYSTEMS["cpu-moe"], "cpu-moe", params, llamacpp_flags(shape, n, 0, host_kv=True),
+                          max(1, (L - n) * E), shape, n * E * eb, RUNTIMES["cpu-moe"], mem,
+                          runtime_overrides=dict(HOST_KV_RUNTIME), kv_on_host=True))
     return out
 
 
@@ -291,14 +348,24 @@ def all_options(shape: Shape, mem: Memory, systems: list[str] | None = None, mer
     return [o for o in out if o.fits()]
 
 
-def least_needed(shape: Shape, mem: Memory) -> str:
-    """Why nothing fits, in a few words: the smallest VRAM and host memory any system needs."""
-    vram = (shape.non_expert_bytes + 2 * shape.expert_bytes) / GIB + mem.reserve_gib + mem.kv_gib
+def least_needed(shape: Shape, mem: Memory, host_kv: bool = False) -> str:
+    """Why nothing fits, in a few words: the smallest VRAM and host memory any system needs.
+    ``host_kv``: a system that may keep the KV cache in host memory is among them (llama.cpp's
+    ``-nkvo``), so the least VRAM leaves the KV cache out. The least host memory is the same
+    either way (within an expert): moving the KV cache to the host frees as much VRAM for
+    experts, which then leave the host."""
+    kv_vram = 0.0 if host_kv else mem.kv_gib
+    vram = (shape.non_expert_bytes + 2 * shape.expert_bytes) / GIB + mem.reserve_gib + kv_vram
     # the least host memory: everything but what the GPU can hold
     gpu = max(0, min(shape.routed_bytes, _max_gpu_experts(shape, mem) * shape.expert_bytes))
     host = (shape.routed_bytes - gpu) / GIB + mem.host_reserve_gib
+    if not mem.kv_gib:
+        kv_words = ""
+    elif host_kv:
+        kv_words = f"; the {mem.kv_gib:.2f} GiB KV cache in host memory, llama.cpp's {HOST_KV_FLAG}"
+    else:
+        kv_words = f" + {mem.kv_gib:.2f} GiB KV cache"
     return (f"{shape.name} at {shape.bits:g} bits needs at least {vram:.1f} GiB of VRAM (non-expert weights "
-            f"{shape.non_expert_bytes / GIB:.1f} GiB + 2 experts + {mem.reserve_gib:g} GiB reserve"
-            + (f" + {mem.kv_gib:.2f} GiB KV cache" if mem.kv_gib else "") + ") and "
+            f"{shape.non_expert_bytes / GIB:.1f} GiB + 2 experts + {mem.reserve_gib:g} GiB reserve{kv_words}) and "
             f"{host:.1f} GiB of host memory ({shape.routed_bytes / GIB:.1f} GiB of experts, less the "
             f"{gpu / GIB:.1f} GiB the GPU can hold, + {mem.host_reserve_gib:g} GiB reserve)")

@@ -175,3 +175,23 @@ def test_a_supported_model_that_does_not_fit_says_what_it_needs() -> None:
                     f"{12800 / GIB:.1f} GiB of host memory (reserves included, 2 copies of the experts: one per NUMA "
                     f"node, USE_NUMA=1); given {32 * 100 / GIB:g} and {5000 / GIB:g}")
     assert kt.shortfall_note([]) is None and kt.shortfall_note(ktransformers_options(SHAPE, Memory(1, 1, 0, 0))) is None
+
+
+def test_a_user_runtime_keeps_the_settings_eager_launches(tmp_path: Path) -> None:
+    """--runtime FILE replaces the catalog runtime of every option, but a setting that changes its
+    runtime still changes the user's: kTransformers' GPU expert layers run without the CUDA graph
+    (its docs' --use_cuda_graph False) on the user's runtime too; the default rules keep it whole."""
+    from moesim.sim.config.scenario import load_scenario_data
+    from moesim.sim.study.advise import to_sweep
+
+    rt = tmp_path / "rt.yaml"
+    rt.write_text("name: mine\nlayer_us: 7\ncuda_graphs: true\n")
+    req = AdviseRequest(model="deepseek-v2-lite", gpu="rtx-4090", vram_gib=8, host_gib=40, reserve_gib=0.0,
+                        host_reserve_gib=0.0, bits=[16.0], systems=["ktransformers"], runtime=str(rt))
+    base, options, _, _ = build(req)
+    sweep = to_sweep(req, base, options)
+    runtimes = [load_scenario_data(p.data, source="test", base_dir=tmp_path).runtime_spec() for p in sweep.points]
+    assert len(runtimes) > 1 and {r.name for r in runtimes} == {"mine"} and {r.layer_us for r in runtimes} == {7}
+    assert [r.cuda_graphs for r in runtimes] == [not o.runtime_overrides for o in options]
+    assert [r.launch_us for r in runtimes] == [kt.EAGER_RUNTIME["launch_us"] if o.runtime_overrides else 0.0
+                                               for o in options]

@@ -268,17 +268,18 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
 
 def _runtime(req: AdviseRequest, option: Option) -> str | dict[str, Any]:
     """The scenario's ``runtime:`` of an option: its own (:attr:`Option.runtime_ref`), or the
-    user's ``--runtime`` file, with ``kv_on_host`` for an option that keeps the KV cache in host
-    memory (llama.cpp's ``-nkvo``: the user's runtime with its KV cache moved, not another)."""
+    user's ``--runtime`` file with the option's overrides (:attr:`Option.runtime_overrides`:
+    ``kv_on_host`` for llama.cpp's ``-nkvo``, kTransformers' eager launches without its CUDA
+    graph), so that the user's runtime is changed where the setting changes it, not replaced."""
     if not req.runtime:
         return option.runtime_ref
     path = str(Path(req.runtime).resolve())
-    if not option.kv_on_host:
+    if not option.runtime_overrides:
         return path
     from moesim.sim.config.catalog import CatalogError, load_spec_file
 
     try:
-        return {**load_spec_file(Path(path), "runtime"), "kv_on_host": True}
+        return {**load_spec_file(Path(path), "runtime"), **option.runtime_overrides}
     except CatalogError as exc:
         raise AdviseError(f"--runtime: {exc}") from None
 

@@ -297,3 +297,26 @@ def test_unmerged_rows_are_marked_in_the_table(capsys: pytest.CaptureFixture[str
     assert main([*args, "--merged-only"]) == 0
     out = capsys.readouterr().out
     assert "--moe-expert-cache" not in out.split("caveat:")[0] and "caveat: --merged-only" in out
+
+
+def test_the_table_and_the_headline_round_memory_alike() -> None:
+    """8.749 GiB of host memory reads 8.7 in the headline, the table and advise.md alike (the table
+    once rounded the CSV's 2-decimal 8.75 again, to 8.8)."""
+    import io
+
+    from rich.console import Console
+
+    from moesim.sim.study.advise import Advice, AdviseRequest, Row
+    from moesim.sim.study.advise_options import Option
+    from moesim.sim.study.advise_report import headline, markdown, print_report
+
+    shape = Shape("m", 2, 4, GIB, 0, 16)
+    mem = Memory(vram_gib=24.0, host_gib=20.0, reserve_gib=0.0, host_reserve_gib=0.0)
+    option = Option("llama.cpp", "cpu-moe", {}, "-ngl 99 --n-cpu-moe 1", 4, shape, 8.749 * GIB, "llama-cpp-like", mem)
+    advice = Advice([Row(option, 10.0, "ok", best=True)], [], "w", model_name="m")
+    req = AdviseRequest(model="m", gpu="rtx-4090", vram_gib=24.0, host_gib=20.0)
+    assert "4.0 of 24 GiB VRAM, 8.7 of 20 GiB host" in headline(req, advice)[0]
+    assert "| 4.0 | 8.7 |" in markdown(req, advice)
+    buf = io.StringIO()
+    print_report(req, advice, Console(file=buf, width=200))
+    assert "│ 8.7 " in buf.getvalue() and "8.8" not in buf.getvalue()

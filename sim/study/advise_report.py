@@ -78,8 +78,8 @@ def print_report(req: AdviseRequest, advice: Advice, console: Any, *, limit: int
     for r in shown:
         v = row_values(r)
         tps = f"{r.tokens_per_s:.2f}" if r.tokens_per_s is not None else r.status
-        t.add_row(escape(v["system"]), escape(_setting(r)), f"{v['bits']:g}", f"{v['vram_gib']:.1f}",
-                  f"{v['host_gib']:.1f}", tps, r.band.short() if r.band else "", r.mark())
+        t.add_row(escape(v["system"]), escape(_setting(r)), f"{v['bits']:g}", f"{r.option.vram_gib:.1f}",
+                  f"{r.option.host_gib:.1f}", tps, r.band.short() if r.band else "", r.mark())
     console.print(t)
     if limit is not None and len(rows) > limit:
         console.print(f"... {len(rows) - limit} more options (--all lists them, --out writes them all)")
@@ -122,7 +122,7 @@ def markdown(req: AdviseRequest, advice: Advice) -> str:
     for r in _ordered(advice):
         v = row_values(r)
         tps = f"{r.tokens_per_s:.2f}" if r.tokens_per_s is not None else r.status
-        cells = [v["system"], _setting(r), f"{v['bits']:g}", f"{v['vram_gib']:.1f}", f"{v['host_gib']:.1f}", tps,
+        cells = [v["system"], _setting(r), f"{v['bits']:g}", f"{r.option.vram_gib:.1f}", f"{r.option.host_gib:.1f}", tps,
                  r.band.short() if r.band else "", r.mark()]
         out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     out += ["", f"Workload: {advice.workload}.", ""] + [f"Memory: {n}." for n in advice.notes] + ["", "Calibration:", ""]

@@ -84,7 +84,8 @@ SETS = ("eliseev-mazur-2023-table2", "eliseev-mazur-2023-table2-one-runtime", "m
 expert-cache sets whose misses a per-miss cost and a warm start would move."""
 
 CPU_SETS = ("ktransformers-deepseek-v3", "ktransformers-v021-deepseek-v3-context", "llmfit-rtx2080-llamacpp-moe",
-            "ktransformers-epyc9654-deepseek-r1", "ktransformers-sosp25-decode")
+            "ktransformers-epyc9654-deepseek-r1", "ktransformers-sosp25-decode",
+            "llamacpp-rtx4080-7950x-qwen3-30b")
 """The sets ablated for the CPU-side costs: systems that compute experts on the CPU."""
 
 CPU_ABLATIONS: dict[str, dict[str, float | bool | None]] = {

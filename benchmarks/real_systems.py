@@ -41,7 +41,8 @@ FITS = ROOT / "benchmarks" / "results" / "fits"
 
 SETS = ("fiddler-repo-baselines", "moe-infinity-readme", "imp-qwen3-30b-budget", "ktransformers-deepseek-v3",
         "llmfit-rtx2080-llamacpp-moe", "ktransformers-epyc9654-deepseek-r1", "ktransformers-v021-deepseek-v3-context",
-        "llamacpp-epyc9374f-deepseek-v32", "ktransformers-sosp25-decode")
+        "llamacpp-epyc9374f-deepseek-v32", "ktransformers-sosp25-decode",
+        "llamacpp-rtx4080-7950x-qwen3-30b")
 """The real-system sets of issue 32 item 3, in report order."""
 
 ORDER_VARIANTS: tuple[tuple[str, int, dict[str, Any]], ...] = (

@@ -38,6 +38,7 @@ OPTIONS: dict[str, list[str]] = {
     "imp-qwen3-30b-budget": ["--loo", "none", "--grid", "2", "--max-evals", "8"],
     "ktransformers-sosp25-decode": ["--loo", "none"],
     "llamacpp-epyc9374f-deepseek-v32": ["--loo", "none"],
+    "llamacpp-rtx4080-7950x-qwen3-30b": ["--loo", "none"],
 }
 """Each committed set and the ``simctl fit`` options of its committed fit."""
 

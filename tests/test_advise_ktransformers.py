@@ -195,3 +195,8 @@ def test_a_user_runtime_keeps_the_settings_eager_launches(tmp_path: Path) -> Non
     assert [r.cuda_graphs for r in runtimes] == [not o.runtime_overrides for o in options]
     assert [r.launch_us for r in runtimes] == [kt.EAGER_RUNTIME["launch_us"] if o.runtime_overrides else 0.0
                                                for o in options]
+    from moesim.sim.study.advise_calibration import calibration_lines
+
+    said = [line for line in calibration_lines(req, base, options) if "where a setting says so" in line]
+    assert said == [f"  with {kt.EAGER_RUNTIME} where a setting says so (kTransformers' experts on the GPU, "
+                    "--use_cuda_graph False: sim/study/advise_ktransformers.py)"]

@@ -37,18 +37,14 @@ def calibration_lines(req: Any, base: dict[str, Any], options: list[Option]) -> 
         rt = get_runtime(load_spec_file(Path(req.runtime), "runtime"))
         lines.append(f"runtime (every system) {rt.name} ({req.runtime}): {rt.source or 'no source stated'}")
         lines += kernel_lines(rt)
+        lines += override_lines(options)
     else:
         for name in dict.fromkeys(o.runtime for o in options):
             users = ", ".join(dict.fromkeys(o.system for o in options if o.runtime == name))
             rt = get_runtime(name)
             lines.append(f"runtime {name} ({users}): {rt.source or 'no source stated'}")
             lines += kernel_lines(rt)
-            for changed in dict.fromkeys(str(o.runtime_overrides) for o in options
-                                         if o.runtime == name and o.runtime_overrides):
-                why = ("llama.cpp's -nkvo: the KV cache in host memory, attention on the CPU: sim/study/advise_nkvo.py"
-                       if changed == str(HOST_KV_RUNTIME) else
-                       "kTransformers' experts on the GPU, --use_cuda_graph False: sim/study/advise_ktransformers.py")
-                lines.append(f"  with {changed} where a setting says so ({why})")
+            lines += override_lines([o for o in options if o.runtime == name])
     for label, path in (("calibration", req.calibration), ("--gpu", req.gpu), ("--runtime", req.runtime)):
         held = fit_error(path) if path else None
         if held:
@@ -56,6 +52,19 @@ def calibration_lines(req: Any, base: dict[str, Any], options: list[Option]) -> 
     if not any("held-out" in line for line in lines):
         lines.append("no `simctl fit` file given: the catalog figures are spec sheets and derivations, not fitted "
                      "to this machine; the error bands beside each number say how far they were from published rows")
+    return lines
+
+
+def override_lines(options: list[Option]) -> list[str]:
+    """One line for each set of runtime fields that settings among ``options`` change
+    (:attr:`Option.runtime_overrides`, applied to the catalog runtime or to ``--runtime``'s file
+    alike), and why."""
+    lines = []
+    for changed in dict.fromkeys(str(o.runtime_overrides) for o in options if o.runtime_overrides):
+        why = ("llama.cpp's -nkvo: the KV cache in host memory, attention on the CPU: sim/study/advise_nkvo.py"
+               if changed == str(HOST_KV_RUNTIME) else
+               "kTransformers' experts on the GPU, --use_cuda_graph False: sim/study/advise_ktransformers.py")
+        lines.append(f"  with {changed} where a setting says so ({why})")
     return lines
 
 
@@ -81,4 +90,4 @@ def fit_error(path: str) -> str | None:
     return f"fit {fit.get('name', '?')} ({fit.get('source', 'no source')}): {err}"
 
 
-__all__ = ["calibration_lines", "fit_error"]
+__all__ = ["calibration_lines", "fit_error", "override_lines"]

@@ -131,6 +131,26 @@ def test_bad_input_is_one_line(args: list[str], needle: str, capsys: pytest.Capt
     assert len(lines) == 1 and needle in lines[0], err
 
 
+@pytest.mark.parametrize("flag, text, needle", [
+    ("--runtime", "name: mine\nlayer_us: -3\n", "--runtime {f}: layer_us: Input should be greater than or equal to 0"),
+    ("--gpu", "name: mine\npcie_gbps: -1\n", "--gpu {f}: pcie_gbps: Input should be greater than 0"),
+])
+def test_a_bad_spec_file_is_one_line_naming_it_before_any_run(tmp_path: Path, flag: str, text: str, needle: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A --runtime or --gpu file with a field out of range is refused up front, naming the file
+    (the runtime file was checked only after every option had been simulated, and neither line
+    named the file); nothing is written."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    gpu = [] if flag == "--gpu" else ["--gpu", "rtx-4090"]
+    code = main(["advise", "--model", "tiny-moe", "--vram", "1", "--host-mem", "8", "--reserve", "0", *gpu,
+                 flag, str(spec), "--jobs", "1", "--no-progress", "--out", str(tmp_path / "o")])
+    _, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0 and len(lines) == 1 and needle.format(f=spec) in lines[0], err
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_writes_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["advise", "--model", "tiny-moe", "--gpu", "rtx-4090", "--vram", str(TINY_VRAM), "--host-mem", "1",
                  "--reserve", "0", "--host-reserve", "0", "--tokens", "8", "--jobs", "1", "--no-progress",

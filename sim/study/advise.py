@@ -205,8 +205,8 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
     unknown = [s for s in req.systems or [] if s not in SYSTEMS]
     if unknown:
         raise AdviseError(f"--systems {','.join(unknown)}: unknown; known: {', '.join(SYSTEMS)}")
-    if req.runtime is not None and not Path(req.runtime).is_file():
-        raise AdviseError(f"--runtime {req.runtime}: no such file")
+    if req.runtime is not None:
+        _check_runtime_file(req.runtime)
     if req.calibration is not None:
         if not Path(req.calibration).is_file():
             raise AdviseError(f"--calibration {req.calibration}: no such file")
@@ -264,6 +264,23 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
     if req.calibration is not None:
         base["calibration"] = str(Path(req.calibration).resolve())
     return base, options, workload, notes
+
+
+def _check_runtime_file(path: str) -> None:
+    """``--runtime FILE``: a file whose ``runtime`` section (or whole body) is a valid runtime
+    spec, checked before any option is simulated; else one line naming the file and the field."""
+    from moesim.sim.config.catalog import CatalogError, get_runtime, load_spec_file
+
+    if not Path(path).is_file():
+        raise AdviseError(f"--runtime {path}: no such file")
+    try:
+        spec = load_spec_file(Path(path), "runtime")
+    except CatalogError as exc:   # it names the file
+        raise AdviseError(f"--runtime: {exc}") from None
+    try:
+        get_runtime(spec)
+    except (CatalogError, ValueError) as exc:
+        raise AdviseError(f"--runtime {path}: {exc}") from None
 
 
 def _runtime(req: AdviseRequest, option: Option) -> str | dict[str, Any]:

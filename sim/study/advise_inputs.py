@@ -18,7 +18,8 @@ class AdviseError(MoesimError, ValueError):
 
 
 def hardware_ref(gpu: str, cpu: str | None, vram_gib: float) -> dict[str, Any]:
-    """The scenario's ``hardware:`` for ``--gpu`` (catalog name or ``.yaml`` file) and ``--cpu``."""
+    """The scenario's ``hardware:`` for ``--gpu`` (catalog name or ``.yaml`` file) and ``--cpu``,
+    checked: a file with a field out of range is one line naming the file and the field."""
     from moesim.sim.config.catalog import CatalogError, hardware_names, is_spec_file, load_spec_file
     from moesim.sim.config.catalog.host import host_names
 
@@ -41,6 +42,12 @@ def hardware_ref(gpu: str, cpu: str | None, vram_gib: float) -> dict[str, Any]:
             raise AdviseError(f"--cpu {cpu}: not in the host catalog (simctl hardware lists it); {hint}")
         hw["cpu"] = cpu
     hw["vram_gib"] = vram_gib
+    from moesim.sim.config.catalog import get_hardware
+
+    try:   # a file's fields are checked here, once, with the flag that named it
+        get_hardware(hw)
+    except (CatalogError, ValueError) as exc:
+        raise AdviseError(f"--gpu {gpu}: {exc}") from None
     return hw
 
 

@@ -126,3 +126,25 @@ def test_a_kv_cache_on_the_host_takes_no_vram() -> None:
         run_loaded(load_scenario(scen, ["workload.context_tokens=200000", "workload.requests=1"]))
     far = ["workload.context_tokens=200000", "workload.requests=1", "runtime={base: llama-cpp-like, kv_on_host: true}"]
     assert run_loaded(load_scenario(scen, far)).metrics["experts_held"] == 128
+
+
+def test_the_summary_says_where_the_kv_cache_is() -> None:
+    """The summary's KV cache row: beside the experts in VRAM, or in host memory with kv_on_host
+    (it said 'held beside it' for both)."""
+    import io
+
+    from rich.console import Console
+
+    from moesim.sim.run.outputs import print_summary
+
+    scen = ROOT / "scenarios" / "mixtral-4090-lru.yaml"
+    sets = ["workload.context_tokens=140000", "workload.requests=1"]
+
+    def kv_row(extra: list[str]) -> str:
+        buf = io.StringIO()
+        print_summary(run_loaded(load_scenario(scen, [*sets, *extra])), Console(file=buf, width=400))
+        return next(line for line in buf.getvalue().splitlines() if line.startswith("KV cache"))
+
+    assert kv_row([]).rstrip().endswith("47 experts held beside it")
+    on_host = kv_row(["runtime={base: llama-cpp-like, kv_on_host: true}"]).rstrip()
+    assert on_host.endswith("in host memory (runtime.kv_on_host), none of it in VRAM; 128 experts held")

@@ -273,14 +273,17 @@ def summary_table(result: RunResult, speedups: list[Any] | None = None) -> Table
         t.add_row("overhead", f"runtime {m['runtime_overhead_ms']:.1f} ms, policy decisions {m['policy_cpu_ms']:.1f} ms")
     t.add_row(f"{words['memory']} peak", f"{binary_size(m['vram_peak_gib'] * 1024**3)} "
               f"(experts {binary_size(m['expert_vram_peak_gib'] * 1024**3)})")
+    # runtime.kv_on_host (llama.cpp's -nkvo): the KV cache is in host memory and takes no VRAM
+    held = ("in host memory (runtime.kv_on_host), none of it in VRAM; {n} experts held" if (r.get("runtime") or {}).get(
+        "kv_on_host") else "{n} experts held beside it")
     if "kv_gib" in m and "serving" in m:
         t.add_row("KV cache", f"{binary_size(m['kv_gib'] * 1024**3)} kept for the running batch at its bound "
                   f"({m['kv_peak_tokens']} tokens: the {m['serving']['max_batch']} largest requests' ends from a starting "
                   f"context of {m['context_tokens']}; live at most {m['serving']['kv_live_peak_tokens']}); "
-                  f"{m['experts_held']} experts held beside it")
+                  + held.format(n=m['experts_held']))
     elif "kv_gib" in m:
         t.add_row("KV cache", f"{binary_size(m['kv_gib'] * 1024**3)} at its peak ({m['kv_peak_tokens']} tokens from a "
-                  f"context of {m['context_tokens']}); {m['experts_held']} experts held beside it")
+                  f"context of {m['context_tokens']}); " + held.format(n=m['experts_held']))
     elif "kv_cache" in m:
         t.add_row("KV cache", escape(m["kv_cache"]))
     if m.get("policy_report"):

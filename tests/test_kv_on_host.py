@@ -121,6 +121,10 @@ def test_a_kv_cache_on_the_host_takes_no_vram() -> None:
     host = run_loaded(load_scenario(scen, [*sets, "runtime={base: llama-cpp-like, kv_on_host: true}"])).metrics
     assert (gpu["experts_held"], host["experts_held"]) == (47, 128)
     assert host["kv_gib"] == gpu["kv_gib"] == pytest.approx(host["kv_peak_tokens"] * 4096 * 32 / 2**30)
+    # the VRAM peak counts the KV cache only where it is: both runs' peaks less their experts are
+    # the non-expert weights, plus the KV cache in VRAM's
+    other = gpu["vram_peak_gib"] - gpu["expert_vram_peak_gib"] - gpu["kv_gib"]
+    assert host["vram_peak_gib"] - host["expert_vram_peak_gib"] == pytest.approx(other) and other > 0
     # 200k tokens (24.4 GiB) do not fit beside the weights at all, unless they are on the host
     with pytest.raises(ScenarioError, match="workload.context_tokens: the KV cache at its peak"):
         run_loaded(load_scenario(scen, ["workload.context_tokens=200000", "workload.requests=1"]))

@@ -183,7 +183,8 @@ class PreparedRun:
         wl = self.engine.state.workload
         if wl.kv_modelled:   # the KV cache is modelled: its size and what it left to experts
             metrics.update(context_metrics(model, wl, self.budget))
-            metrics["vram_peak_gib"] += metrics["kv_gib"]
+            if not self.runtime.kv_on_host:   # runtime.kv_on_host: the KV cache is in host memory
+                metrics["vram_peak_gib"] += metrics["kv_gib"]
         elif wl.serving is not None:   # serving without an attention shape: say so, never leave it out silently
             metrics["kv_cache"] = kv_not_modelled(model)
         if state.scheduler is not None:   # serving: latency percentiles, throughput, goodput

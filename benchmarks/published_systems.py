@@ -22,8 +22,10 @@ Sources and what each comparison assumes:
    layer), except on the A100, where that rule keeps the whole model and the paper's cap is
    unknown: there the GPU memory of the cache rows (k = 4 experts per layer) filled with whole
    layers, less room for one streamed layer (15 resident).
-2. **Fiddler (Kamahori et al., arXiv 2402.07033)**: its per-configuration tables were not
-   retrievable; what exists is the first version's README averages (unquantized 16-bit
+2. **Fiddler (Kamahori et al., arXiv 2402.07033)**: its per-configuration figures are charts
+   (the README's ``asset/results.png``, efeslab/fiddler f31a336: Fiddler's tokens/s per input and
+   output length, with no host named beyond its family and core count, so not a held-out set);
+   the rows here are the first version's README averages (unquantized 16-bit
    Mixtral-8x7B, batch 1, "faster by 19.4 and 8.2 times for Environment 1, and by 22.5 and
    10.1 times for Environment 2" than DeepSpeed-MII and Mixtral-offloading; Env1 Quadro RTX
    6000 24 GB + Intel Skylake, Env2 L4 24 GB + Intel Cascade Lake). So the comparison is of

@@ -37,6 +37,7 @@ from moesim.sim.study.advise_inputs import (
     at_width,
     hardware_ref,
     model_ref,
+    runtime_file,
     synthetic_trace,
 )
 from moesim.sim.study.advise_options import (
@@ -206,7 +207,7 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
     if unknown:
         raise AdviseError(f"--systems {','.join(unknown)}: unknown; known: {', '.join(SYSTEMS)}")
     if req.runtime is not None:
-        _check_runtime_file(req.runtime)
+        runtime_file(req.runtime)
     if req.calibration is not None:
         if not Path(req.calibration).is_file():
             raise AdviseError(f"--calibration {req.calibration}: no such file")
@@ -266,49 +267,26 @@ def build(req: AdviseRequest) -> tuple[dict[str, Any], list[Option], str, list[s
     return base, options, workload, notes
 
 
-def _check_runtime_file(path: str) -> None:
-    """``--runtime FILE``: a file whose ``runtime`` section (or whole body) is a valid runtime
-    spec, checked before any option is simulated; else one line naming the file and the field."""
-    from moesim.sim.config.catalog import CatalogError, get_runtime, load_spec_file
-
-    if not Path(path).is_file():
-        raise AdviseError(f"--runtime {path}: no such file")
-    try:
-        spec = load_spec_file(Path(path), "runtime")
-    except CatalogError as exc:   # it names the file
-        raise AdviseError(f"--runtime: {exc}") from None
-    try:
-        get_runtime(spec)
-    except (CatalogError, ValueError) as exc:
-        raise AdviseError(f"--runtime {path}: {exc}") from None
-
-
-def _runtime(req: AdviseRequest, option: Option) -> str | dict[str, Any]:
+def _runtime(option: Option, user: dict[str, Any] | None, path: str | None) -> str | dict[str, Any]:
     """The scenario's ``runtime:`` of an option: its own (:attr:`Option.runtime_ref`), or the
-    user's ``--runtime`` file with the option's overrides (:attr:`Option.runtime_overrides`:
-    ``kv_on_host`` for llama.cpp's ``-nkvo``, kTransformers' eager launches without its CUDA
-    graph), so that the user's runtime is changed where the setting changes it, not replaced."""
-    if not req.runtime:
+    user's ``--runtime`` file (``path``, its spec ``user``) with the option's overrides
+    (:attr:`Option.runtime_overrides`: ``kv_on_host`` for llama.cpp's ``-nkvo``, kTransformers'
+    eager launches without its CUDA graph), so that the user's runtime is changed where the
+    setting changes it, not replaced."""
+    if user is None or path is None:
         return option.runtime_ref
-    path = str(Path(req.runtime).resolve())
-    if not option.runtime_overrides:
-        return path
-    from moesim.sim.config.catalog import CatalogError, load_spec_file
-
-    try:
-        return {**load_spec_file(Path(path), "runtime"), **option.runtime_overrides}
-    except CatalogError as exc:
-        raise AdviseError(f"--runtime: {exc}") from None
+    return {**user, **option.runtime_overrides} if option.runtime_overrides else str(Path(path).resolve())
 
 
 def to_sweep(req: AdviseRequest, base: dict[str, Any], options: list[Option]) -> Any:
     """The options as the points of one sweep (one zipped axis, in option order)."""
     from moesim.sim.study.sweep import SweepError, SweepSpec, expand
 
+    user = runtime_file(req.runtime) if req.runtime else None   # read once for every option
     spec = SweepSpec(name=str(base["name"]), base=copy.deepcopy(base), zip={
         "policy": [{"name": o.policy, "params": o.params} for o in options],
         "cache.experts_per_layer": [o.experts_per_layer for o in options],
-        "runtime": [_runtime(req, o) for o in options],
+        "runtime": [_runtime(o, user, req.runtime) for o in options],
         "model": [o.model for o in options],
     })
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from moesim.sim.study.advise_host import cpu_words, kernel_lines
+from moesim.sim.study.advise_inputs import runtime_file
 from moesim.sim.study.advise_options import HOST_KV_RUNTIME, Option
 
 
@@ -17,7 +18,7 @@ def calibration_lines(req: Any, base: dict[str, Any], options: list[Option]) -> 
     """Where the predictions' numbers come from: the GPU's link, memory and compute, the host
     CPU, each runtime profile used, and a fit's held-out error (``req``: the
     :class:`moesim.sim.study.advise.AdviseRequest`, which imports this module)."""
-    from moesim.sim.config.catalog import get_runtime, load_spec_file
+    from moesim.sim.config.catalog import get_runtime
     from moesim.sim.config.scenario import load_scenario_data
 
     loaded = load_scenario_data(copy.deepcopy(base), source="simctl advise", base_dir=Path.cwd())
@@ -34,7 +35,7 @@ def calibration_lines(req: Any, base: dict[str, Any], options: list[Option]) -> 
         lines.append(f"    numa_unaware_gbps {cpu.numa_unaware_gbps:g} GB/s a socket (runtimes that place no weights per "
                      f"NUMA node): {cpu.sources.get('numa_unaware_gbps', 'no source stated')}")
     if req.runtime:
-        rt = get_runtime(load_spec_file(Path(req.runtime), "runtime"))
+        rt = get_runtime(runtime_file(req.runtime))
         lines.append(f"runtime (every system) {rt.name} ({req.runtime}): {rt.source or 'no source stated'}")
         lines += kernel_lines(rt)
         lines += override_lines(options)

@@ -7,7 +7,6 @@ full rate)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 CPU_EXPERT_POLICIES = ("cpu-moe", "fiddler")
@@ -33,11 +32,12 @@ def numa_caveats(cpu: Any, systems: Iterable[tuple[str, str]], runtime_file: str
     ``runtime_file`` when given) that computes experts on ``cpu``, a host of several sockets that
     gives no ``numa_unaware_gbps``, under a runtime that places no weights per NUMA node (not
     ``numa_aware``): its prediction reads every socket at the full rate."""
-    from moesim.sim.config.catalog import get_runtime, load_spec_file
+    from moesim.sim.config.catalog import get_runtime
+    from moesim.sim.study.advise_inputs import runtime_file as user_runtime
 
     if cpu.sockets == 1 or cpu.numa_unaware_gbps is not None:
         return []
-    own = get_runtime(load_spec_file(Path(runtime_file), "runtime")) if runtime_file else None
+    own = get_runtime(user_runtime(runtime_file)) if runtime_file else None
     out = []
     for system, name in dict.fromkeys(systems):
         rt = own or get_runtime(name)

@@ -1,5 +1,5 @@
 """What ``simctl advise`` is given, resolved: the GPU (a catalog name or a hardware file) with
-the host CPU, the model (a catalog name, a model YAML file or an inline mapping), and the trace
+the host CPU, a runtime file (``--runtime``), the model (a catalog name, a model YAML file or an inline mapping), and the trace
 (a file, or the model's synthetic preset). Bad input raises
 :class:`AdviseError` with one line naming the flag."""
 
@@ -49,6 +49,26 @@ def hardware_ref(gpu: str, cpu: str | None, vram_gib: float) -> dict[str, Any]:
     except (CatalogError, ValueError) as exc:
         raise AdviseError(f"--gpu {gpu}: {exc}") from None
     return hw
+
+
+def runtime_file(path: str) -> dict[str, Any]:
+    """``--runtime FILE``'s runtime spec (its ``runtime`` section, or the whole file), checked: a
+    missing file, one that is no spec, or a field out of range is one line naming the file. Every
+    reader of the flag (the check before any option runs, the options' scenarios, the
+    calibration lines, the NUMA caveat) takes it from here."""
+    from moesim.sim.config.catalog import CatalogError, get_runtime, load_spec_file
+
+    if not Path(path).is_file():
+        raise AdviseError(f"--runtime {path}: no such file")
+    try:
+        spec = load_spec_file(Path(path), "runtime")
+    except CatalogError as exc:   # it names the file
+        raise AdviseError(f"--runtime: {exc}") from None
+    try:
+        get_runtime(spec)
+    except (CatalogError, ValueError) as exc:
+        raise AdviseError(f"--runtime {path}: {exc}") from None
+    return spec
 
 
 def model_ref(model: str) -> tuple[dict[str, Any], str]:
@@ -136,4 +156,4 @@ def synthetic_trace(ref: dict[str, Any], name: str, requests: int, prompt: int, 
     return {"synthetic": synth}, f"a synthetic trace of {name} (default router knobs: no preset for this model)"
 
 
-__all__ = ["AdviseError", "at_width", "hardware_ref", "model_ref", "synthetic_trace"]
+__all__ = ["AdviseError", "at_width", "hardware_ref", "model_ref", "runtime_file", "synthetic_trace"]

@@ -171,3 +171,26 @@ def test_the_table_marks_the_rows_that_kept_the_kv_cache_on_the_host(tmp_path: P
     (tmp_path / "rt.yaml").write_text("name: mine\nkv_on_host: true\n")
     assert kv_on_host("rt.yaml", tmp_path) == "yes"
     assert kv_on_host({"base": "rt.yaml", "kv_on_host": False}, tmp_path) == "no"
+
+
+def test_the_caveat_reads_at_the_rate_of_the_runtime_the_options_run(tmp_path: Path) -> None:
+    """On a two-socket host that gives numa_unaware_gbps, the -nkvo caveat's host rate is the one
+    the options' runtime reads at: the catalog's llama-cpp-like (not NUMA-aware) or a --runtime
+    file that is (it read the catalog runtime's figure whatever the file said)."""
+    from moesim.sim.config.catalog import get_hardware
+    from moesim.sim.study.advise import Row, caveats
+
+    hw = get_hardware({"base": "rtx-4090", "cpu": "xeon-platinum-8452y-2s"})
+    cpu = hw.cpu
+
+    def rate(**kw: object) -> str:
+        req = _req(760, cpu="xeon-platinum-8452y-2s", **kw)
+        _, options, _, _ = build(req)
+        line = next(c for c in caveats(req, [Row(o, 1.0, "ok") for o in options], cpu, "gddr", hw) if "-nkvo" in c)
+        return line.split("at the host's ")[1].split(" GB/s")[0]
+
+    assert rate() == f"{cpu.runtime_read_gbps(False):g}"
+    aware = tmp_path / "aware.yaml"
+    aware.write_text("name: mine\nnuma_aware: true\n")
+    assert rate(runtime=str(aware)) == f"{cpu.runtime_read_gbps(True):g}"
+    assert cpu.runtime_read_gbps(True) != cpu.runtime_read_gbps(False)

@@ -400,8 +400,11 @@ def caveats(req: AdviseRequest, rows: list[Row], cpu: CpuSpec, gpu_class: str = 
                    "--moe-expert-cache uploads) is priced at the GPU's pageable rate; --no-mmap would pin them "
                    "(simctl policies cpu-moe: mmap)")
     if hw is not None:
+        from moesim.sim.config.catalog import get_runtime
+
         band_runtime = None if fitted_band(req) else req.runtime or RUNTIMES["cpu-moe"]
-        out += advise_nkvo.caveats(cpu, hw, [r.option for r in rows], gpu_class, band_runtime)
+        ran = get_runtime(runtime_file(req.runtime) if req.runtime else RUNTIMES["cpu-moe"])   # what -nkvo options run
+        out += advise_nkvo.caveats(cpu, hw, [r.option for r in rows], gpu_class, band_runtime, ran)
     if req.cpu is None and cpu_name == "default":
         on_cpu = [s for s in ("llama.cpp", "Fiddler", "kTransformers") if s.lower() in {r.option.system for r in rows}]
         who = " and ".join([", ".join(on_cpu[:-1]), on_cpu[-1]] if len(on_cpu) > 1 else on_cpu) or "llama.cpp and Fiddler"

@@ -36,20 +36,19 @@ def host_kv_band_sets(cls: str, runtime: str) -> list[str]:
     return list(dict.fromkeys(r["set"] for r in host_kv_rows(rows)))
 
 
-def caveats(cpu: Any, hw: Any, options: list[Any], cls: str, band_runtime: str | None) -> list[str]:
+def caveats(cpu: Any, hw: Any, options: list[Any], cls: str, band_runtime: str | None, runtime: Any) -> list[str]:
     """One line for the ``-nkvo`` options among ``options`` (``Option.kv_on_host``), none when
     there are none: where the KV cache and attention then are, what a token's read of it costs on
-    host ``cpu`` against GPU ``hw`` (at the largest KV cache advised), how each tool spells the
-    flag, and, when the error bands are the published rows' (``band_runtime``: the runtime they
-    were picked for, None when a fit's held-out error gives every band), which rows on a GPU of
-    class ``cls`` the band rests on."""
-    from moesim.sim.config.catalog import get_runtime
-
+    host ``cpu`` (at the rate ``runtime``, the runtime spec those options run, reads it: the
+    catalog's or ``--runtime``'s) against GPU ``hw`` (at the largest KV cache advised), how each
+    tool spells the flag, and, when the error bands are the published rows' (``band_runtime``: the
+    runtime they were picked for, None when a fit's held-out error gives every band), which rows
+    on a GPU of class ``cls`` the band rests on."""
     mine = [o for o in options if o.kv_on_host]
     if not mine:
         return []
     kv = max(o.memory.kv_gib for o in mine)
-    host, gpu = cpu.runtime_read_gbps(get_runtime(mine[0].runtime).numa_aware), hw.kv_gbps
+    host, gpu = cpu.runtime_read_gbps(runtime.numa_aware), hw.kv_gbps
     per_token, on_gpu = (kv * 2**30 / (rate * 1e9) * 1e3 for rate in (host, gpu))
     line = (f"llama.cpp with {HOST_KV_FLAG} ({len(mine)} option{'s' if len(mine) != 1 else ''}): the KV cache "
             f"({kv:.2f} GiB) is in host memory and attention runs on the CPU, so every decoded token reads it at the "

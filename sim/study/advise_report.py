@@ -42,6 +42,15 @@ def _speed(r: Row) -> str:
     return f"{r.tokens_per_s:.2f} tokens/s ({band.lo:.2f}-{band.hi:.2f}x {band.words})"
 
 
+def _cells(r: Row) -> list[str]:
+    """One option as the table and ``advise.md`` show it: system, setting, bits, VRAM and host GiB
+    (rounded once, as the headline rounds them), tokens/s (or why none), band, mark."""
+    o = r.option
+    tps = f"{r.tokens_per_s:.2f}" if r.tokens_per_s is not None else r.status
+    return [o.system, _setting(r), f"{round(o.shape.bits, 3):g}", f"{o.vram_gib:.1f}", f"{o.host_gib:.1f}", tps,
+            r.band.short() if r.band else "", r.mark()]
+
+
 def _setting(r: Row) -> str:
     return r.option.setting + (" [unmerged]" if r.option.unmerged else "")
 
@@ -76,10 +85,7 @@ def print_report(req: AdviseRequest, advice: Advice, console: Any, *, limit: int
                            f"{req.host_gib:g} GiB host"))
     shown = rows if limit is None else rows[:limit]
     for r in shown:
-        v = row_values(r)
-        tps = f"{r.tokens_per_s:.2f}" if r.tokens_per_s is not None else r.status
-        t.add_row(escape(v["system"]), escape(_setting(r)), f"{v['bits']:g}", f"{r.option.vram_gib:.1f}",
-                  f"{r.option.host_gib:.1f}", tps, r.band.short() if r.band else "", r.mark())
+        t.add_row(*(escape(c) for c in _cells(r)))
     console.print(t)
     if limit is not None and len(rows) > limit:
         console.print(f"... {len(rows) - limit} more options (--all lists them, --out writes them all)")
@@ -120,11 +126,7 @@ def markdown(req: AdviseRequest, advice: Advice) -> str:
     out += ["| system | setting (as the tool spells it) | bits | VRAM GiB | host GiB | tokens/s | error band | |",
             "|---|---|---|---|---|---|---|---|"]
     for r in _ordered(advice):
-        v = row_values(r)
-        tps = f"{r.tokens_per_s:.2f}" if r.tokens_per_s is not None else r.status
-        cells = [v["system"], _setting(r), f"{v['bits']:g}", f"{r.option.vram_gib:.1f}", f"{r.option.host_gib:.1f}", tps,
-                 r.band.short() if r.band else "", r.mark()]
-        out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |")
     out += ["", f"Workload: {advice.workload}.", ""] + [f"Memory: {n}." for n in advice.notes] + ["", "Calibration:", ""]
     out += [f"- {line.strip()}" for line in advice.calibration]
     return "\n".join(out) + "\n"
